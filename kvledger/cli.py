@@ -1,0 +1,45 @@
+"""The ``kvledger`` command line: plan | probe | generate | serve | bench.
+
+Each subcommand lives in ``kvledger/commands/<name>.py`` and imports its heavy dependencies
+(torch, transformers, fastapi) inside the function, so ``kvledger plan`` starts without torch.
+User mistakes (:class:`kvledger.errors.KVLedgerError`) print one line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+
+import typer
+
+from kvledger.commands import bench, generate, plan, serve
+from kvledger.errors import KVLedgerError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="kvledger: an LLM inference engine that knows its KV-cache bill before paying it.",
+)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Wrap a command so a KVLedgerError becomes ``error: <message>`` and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KVLedgerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+app.command("plan")(user_errors(plan.plan))
+app.command("probe")(user_errors(plan.probe))
+app.command("generate")(user_errors(generate.generate))
+app.command("serve")(user_errors(serve.serve))
+app.command("bench")(user_errors(bench.bench))

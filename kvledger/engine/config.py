@@ -1,0 +1,41 @@
+"""EngineConfig: every knob of the engine, with the CLI flag it comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    """Engine construction options.
+
+    Attributes:
+        model: ``"default"`` (bundled SmolLM2-135M-Instruct GGUF), a GGUF file, or an HF folder.
+        dtype: ``"fp32"`` or ``"bf16"`` for weights, activations and the KV pool.
+        block_size: tokens per KV block (``--block-size``).
+        kv_cache_gib: KV pool size in GiB (``--kv-cache-gib``); sized by the ledger.
+        num_blocks: KV pool size in blocks (``--num-blocks``); overrides ``kv_cache_gib``.
+            With neither, the pool holds ``max_num_seqs`` full-context sequences, capped at 1 GiB.
+        max_num_seqs: most sequences in one step (``--max-num-seqs``).
+        max_num_batched_tokens: token budget of one step, prefill chunks included.
+        enable_prefix_caching: reuse full blocks by hash (``--no-prefix-caching`` disables).
+        long_prompt_tokens / long_kv_share: requests with prompts >= N tokens may hold at most
+            this share of the pool's blocks (seed §3.4 isolation); None = no isolation.
+        max_kv_tokens_per_request: per-request KV quota in tokens (prompt + max_tokens).
+        use_kv_cache: False recomputes the whole sequence every step (seed §1.3, for measuring).
+        num_threads: torch intra-op threads (None = leave torch's default).
+    """
+
+    model: str = "default"
+    dtype: str = "fp32"
+    block_size: int = 16
+    kv_cache_gib: float | None = None
+    num_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    long_prompt_tokens: int | None = None
+    long_kv_share: float = 1.0
+    max_kv_tokens_per_request: int | None = None
+    use_kv_cache: bool = True
+    num_threads: int | None = None

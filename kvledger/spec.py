@@ -1,0 +1,81 @@
+"""ModelSpec: the model as the ledger and the engine see it.
+
+One frozen dataclass holds every architectural number the KV/weight ledger and the engine need.
+It is built from a Hugging Face ``config.json`` (file or folder), from a GGUF file's metadata, or
+from ``"default"`` (the bundled SmolLM2-135M-Instruct GGUF). No torch here: the planner must run
+on a laptop without an ML stack.
+
+Layer kinds (``layer_types``), one entry per decoder layer:
+  ``full_attention``    K and V for every token (MHA/GQA/MQA)
+  ``sliding_attention`` K and V for the last ``sliding_window`` tokens only
+  ``mla``               one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` per token
+                        (DeepSeek-V2, arXiv:2405.04434 §2.1)
+  ``linear_attention``  a fixed per-sequence state, independent of length (Qwen3-Next)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+MLA = "mla"
+LINEAR = "linear_attention"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers of a decoder-only transformer (counts, not bytes).
+
+    Attributes use Hugging Face names where one exists. ``head_dim`` is always explicit (never
+    assumed to be hidden/heads). ``eos_token_ids`` may hold several ids (chat end + eos).
+    """
+
+    name: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    first_k_dense_layers: int = 0
+    # multi-head latent attention
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # linear-attention layers (fixed per-sequence state, in elements per layer)
+    linear_state_elements: int = 0
+    # what a GGUF file really holds (None for config.json)
+    gguf_tensor_elements: int | None = None
+    gguf_tensor_bytes: int | None = None
+    source: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
+        assert len(self.layer_types) == self.num_layers, "one layer kind per layer"
+
+    @property
+    def gqa_group_size(self) -> int:
+        """Query heads per KV head (1 = MHA, num_attention_heads = MQA)."""
+        return self.num_attention_heads // self.num_kv_heads
