@@ -51,7 +51,8 @@ class RequestOutput:
     """Progress of one request after an engine step.
 
     ``finish_reason`` is ``"stop"`` (EOS or a stop string/token), ``"length"`` (max_tokens or
-    the context limit), ``"abort"`` or ``None`` while running.
+    the context limit), ``"abort"``, ``"error"`` (the scheduler refused it; ``error`` says why)
+    or ``None`` while running.
     """
 
     request_id: str
@@ -64,6 +65,7 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    error: str | None = None
 
     @property
     def tpot_s(self) -> float | None:

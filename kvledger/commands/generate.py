@@ -1,0 +1,113 @@
+"""``kvledger generate``: run prompts through the engine and print the KV bill beside the answer.
+
+One prompt streams to stdout token by token; ``--prompts-file`` runs every line as one
+continuous batch. At the end a summary gives prompt/output tokens, TTFT, TPOT, decode tok/s and
+the KV bytes the request held in the pool tensors next to the ledger's figure for its tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvledger.errors import InvalidParameterError
+
+Opt = typer.Option
+
+
+def generate(
+    prompt: Annotated[str | None, typer.Argument(help="Prompt text, or '-' to read stdin")] = None,
+    chat: Annotated[bool, Opt("--chat", help="Wrap the prompt in the model's chat template")] = False,
+    system: Annotated[str | None, Opt(help="System message (implies --chat)")] = None,
+    prompts_file: Annotated[Path | None, Opt(help="One prompt per line, run as one batch")] = None,
+    max_tokens: Annotated[int, Opt(help="Most new tokens per prompt")] = 128,
+    temperature: Annotated[float, Opt(help="0 = greedy")] = 0.0,
+    top_p: Annotated[float, Opt()] = 1.0,
+    top_k: Annotated[int, Opt(help="0 = disabled")] = 0,
+    seed: Annotated[int | None, Opt()] = None,
+    dtype: Annotated[str, Opt(help="fp32 or bf16")] = "fp32",
+    no_kv_cache: Annotated[bool, Opt("--no-kv-cache",
+                                     help="Recompute the whole sequence every step")] = False,
+    model: Annotated[str, Opt(help="GGUF file, HF folder, or 'default'")] = "default",
+    json_out: Annotated[bool, Opt("--json", help="Print one JSON object instead")] = False,
+    kv_cache_gib: Annotated[float | None, Opt(help="KV pool size in GiB")] = None,
+    num_blocks: Annotated[int | None, Opt(help="KV pool size in blocks")] = None,
+    block_size: Annotated[int, Opt(help="Tokens per KV block")] = 16,
+    max_num_seqs: Annotated[int, Opt()] = 64,
+    max_num_batched_tokens: Annotated[int, Opt()] = 2048,
+    no_prefix_caching: Annotated[bool, Opt("--no-prefix-caching")] = False,
+    max_kv_tokens_per_request: Annotated[int | None, Opt()] = None,
+    threads: Annotated[int | None, Opt(help="torch threads")] = None,
+) -> None:
+    """Generate text with the engine; print TTFT, TPOT and the KV bytes held vs the ledger."""
+    prompts = _read_prompts(prompt, prompts_file)
+    if max_tokens <= 0:
+        raise InvalidParameterError(f"--max-tokens must be >= 1, got {max_tokens}")
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.sampling_params import SamplingParams
+
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineConfig(
+        model=model, dtype=dtype, use_kv_cache=not no_kv_cache, kv_cache_gib=kv_cache_gib,
+        num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, num_threads=threads,
+        enable_prefix_caching=not no_prefix_caching,
+        max_kv_tokens_per_request=max_kv_tokens_per_request))
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                            top_k=top_k, seed=seed)
+    if chat or system:
+        prompts = [_messages(p, system) for p in prompts]
+    ids = [f"cli-{i}" for i in range(len(prompts))]
+    for rid, p in zip(ids, prompts):
+        engine.add_request(rid, p, params)
+    final = _run(engine, stream=len(prompts) == 1 and not json_out)
+    results = [final[rid] for rid in ids]
+    from kvledger.commands.generate_report import print_json, print_summary
+
+    if json_out:
+        print_json(engine, results, load_s)
+    else:
+        print_summary(engine, results, load_s)
+
+
+def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise InvalidParameterError(f"prompts file not found: {prompts_file}")
+        lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
+        if not lines:
+            raise InvalidParameterError(f"prompts file has no prompts: {prompts_file}")
+        return lines
+    if prompt is None:
+        raise InvalidParameterError("give a PROMPT, '-' to read stdin, or --prompts-file")
+    text = sys.stdin.read() if prompt == "-" else prompt
+    if not text.strip():
+        raise InvalidParameterError("the prompt is empty")
+    return [text]
+
+
+def _messages(text: str, system: str | None) -> list[dict]:
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [{"role": "user", "content": text}]
+
+
+def _run(engine, stream: bool) -> dict:
+    final = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if stream and out.new_text:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            if out.finished:
+                final[out.request_id] = out
+    if stream:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return final
+

@@ -1,0 +1,80 @@
+"""Summary of a ``kvledger generate`` run: timings and the KV bill, as a table or JSON.
+
+KV "held" comes from the pool tensors: the request's peak block count times the bytes one
+block really occupies (``store.nbytes / num_blocks``). The ledger figure is
+``kv_bytes_per_token × tokens`` for the tokens whose K/V were cached (prompt + output − 1: the
+last sampled token is never fed back), and the same rounded up to whole blocks.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+
+def request_figures(engine, out) -> dict:
+    """Per-request metrics and KV bytes (measured from tensors vs the ledger)."""
+    m = out.metrics
+    block_bytes = engine.store.nbytes // engine.store.num_blocks
+    blocks = m.peak_kv_bytes // engine.bytes_per_block
+    cached_tokens = len(out.prompt_token_ids) + len(out.token_ids) - 1
+    bs = engine.config.block_size
+    tpot = out.tpot_s
+    return {
+        "prompt_tokens": len(out.prompt_token_ids),
+        "output_tokens": len(out.token_ids),
+        "prefix_cache_hit_tokens": m.num_cached_tokens,
+        "ttft_s": m.ttft_s,
+        "tpot_s": tpot,
+        "decode_tok_s": (1.0 / tpot) if tpot else None,
+        "kv_blocks_held": blocks,
+        "kv_bytes_held": blocks * block_bytes,
+        "kv_tokens_cached": cached_tokens,
+        "kv_bytes_ledger": cached_tokens * engine.bytes_per_token,
+        "kv_bytes_ledger_blocks": -(-cached_tokens // bs) * engine.bytes_per_block,
+    }
+
+
+def print_json(engine, results, load_s: float) -> None:
+    """One JSON object: text, token ids, finish reason and metrics per request."""
+    items = [{"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+              "error": o.error, "metrics": request_figures(engine, o)} for o in results]
+    doc = {"model": engine.model_name, "dtype": engine.config.dtype, "load_s": load_s,
+           "kv_format": engine.kv_format, "kv_bytes_per_token": engine.bytes_per_token,
+           "kv_pool_bytes": engine.store.nbytes}
+    doc.update(items[0] if len(items) == 1 else {"results": items})
+    print(json.dumps(doc))
+
+
+def print_summary(engine, results, load_s: float) -> None:
+    """One small rich table per request on stderr (stdout keeps only the generated text)."""
+    console = Console(stderr=True)
+    console.print(f"[bold]{engine.model_name}[/bold] · {engine.config.dtype} · KV "
+                  f"{engine.kv_format}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
+    for i, o in enumerate(results):
+        if len(results) > 1:
+            print(f"--- [{i}] {o.text}")
+        if o.error:
+            console.print(f"[red]request {i} failed: {o.error}[/red]")
+            continue
+        f = request_figures(engine, o)
+        table = Table(show_header=False, box=None, padding=(0, 2))
+        table.add_column(style="dim")
+        table.add_column(justify="right")
+        table.add_row("tokens", f"{f['prompt_tokens']} prompt + {f['output_tokens']} output "
+                      f"({o.finish_reason})")
+        table.add_row("TTFT", _ms(f["ttft_s"]))
+        table.add_row("TPOT", _ms(f["tpot_s"]) + (
+            f" ({f['decode_tok_s']:.1f} tok/s)" if f["decode_tok_s"] else ""))
+        table.add_row("KV held (tensors)", f"{f['kv_bytes_held']:,} B in {f['kv_blocks_held']} "
+                      f"blocks of {engine.config.block_size} tokens")
+        table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens_cached']} tokens "
+                      f"× {engine.bytes_per_token:,} B ({f['kv_bytes_ledger_blocks']:,} B in "
+                      "whole blocks)")
+        console.print(table)
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"

@@ -1,0 +1,54 @@
+"""KVStore: the tensors of the paged KV cache.
+
+Layout: one tensor per layer for K and one for V, each ``[num_blocks, block_size, kv_heads,
+head_dim]`` (vLLM's layout). A *slot* is ``block_id * block_size + offset``; the flat view
+``[num_blocks * block_size, kv_heads, head_dim]`` shares the memory, so writing new tokens is
+one ``index_copy_`` by slot mapping and reading a sequence is one gather by slot index.
+
+Only K and V are stored, never Q (seed §2.1). The store holds exactly
+``num_blocks * ledger.kv_bytes_per_block(spec, block_size, kv_format)`` bytes; tests check that
+equality. The KV format is the model dtype here (fp32 or bf16); the codec seam is this class:
+quantized formats will keep their per-block scales in tensors indexed by the same block ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+KV_FORMAT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class KVStore:
+    """Per-layer K/V block tensors.
+
+    Args:
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim: shape of the pool.
+        dtype: element type of K and V.
+    """
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.key_blocks = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.value_blocks = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        flat = (num_blocks * block_size, num_kv_heads, head_dim)
+        self._keys = [t.view(flat) for t in self.key_blocks]
+        self._values = [t.view(flat) for t in self.value_blocks]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all K and V tensors (what the ledger must predict exactly)."""
+        return sum(t.nbytes for t in self.key_blocks + self.value_blocks)
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor) -> None:
+        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` [tokens]."""
+        self._keys[layer].index_copy_(0, slot_mapping, key)
+        self._values[layer].index_copy_(0, slot_mapping, value)
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at ``slots`` (any shape S) -> two tensors of shape S + [kv_heads, head_dim]."""
+        return self._keys[layer][slots], self._values[layer][slots]

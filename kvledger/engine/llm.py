@@ -1,0 +1,79 @@
+"""LLM: the offline Python API (``from kvledger import LLM, SamplingParams``).
+
+A thin loop over :class:`LLMEngine`: add every prompt, step until all finish, return the final
+outputs in prompt order. All prompts run as one continuous batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.engine import LLMEngine
+from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int] | list[dict]
+
+
+class LLM:
+    """An engine over one model for batch generation.
+
+    Args:
+        model: ``"default"`` (bundled SmolLM2-135M-Instruct), a GGUF file or an HF folder.
+        dtype: ``"fp32"`` or ``"bf16"``.
+        **options: any other :class:`EngineConfig` field (block_size, kv_cache_gib, ...).
+
+    Attributes:
+        tokenizer: the model's transformers tokenizer (with its chat template).
+        engine: the underlying LLMEngine (``engine.stats()`` for KV figures).
+    """
+
+    def __init__(self, model: str = "default", dtype: str = "fp32", **options) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **options))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Final outputs, one per prompt, in order.
+
+        A prompt is a string, a list of token ids, or a list of chat messages; pass one prompt
+        or a list of them. Raises what :meth:`LLMEngine.add_request` raises (nothing is left
+        queued when it does).
+        """
+        final: dict[str, RequestOutput] = {}
+        ids: list[str] = []
+        for out in self.stream(prompts, sampling_params, ids):
+            if out.finished:
+                final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def stream(self, prompts: Prompt | list[Prompt],
+               sampling_params: SamplingParams | list[SamplingParams] | None = None,
+               request_ids: list[str] | None = None) -> Iterator[RequestOutput]:
+        """Yield every step's outputs (deltas in ``new_text``) until all prompts finish.
+
+        ``request_ids``, if given, is filled with the ids assigned to the prompts, in order.
+        """
+        batch = [prompts] if _is_single(prompts) else list(prompts)
+        params = sampling_params if isinstance(sampling_params, list) else (
+            [sampling_params or SamplingParams()] * len(batch))
+        ids = request_ids if request_ids is not None else []
+        start = len(ids)
+        try:
+            for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
+                ids.append(f"offline-{id(self)}-{i}")
+                self.engine.add_request(ids[-1], prompt, p)
+        except Exception:
+            for rid in ids[start:]:
+                self.engine.abort(rid)
+            raise
+        while self.engine.has_unfinished_requests():
+            yield from self.engine.step()
+
+
+def _is_single(prompts) -> bool:
+    if isinstance(prompts, str):
+        return True
+    return bool(prompts) and all(isinstance(p, int | dict) for p in prompts)

@@ -1,0 +1,107 @@
+"""Llama-family decoder forward pass in plain PyTorch, reading and writing the paged KV cache.
+
+Architecture (Touvron et al., "LLaMA", arXiv:2302.13971; GQA: Ainslie et al., arXiv:2305.13245):
+token embedding -> N x [RMSNorm -> attention (Q, K, V projections, RoPE on Q and K, GQA) ->
+residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or untied).
+
+For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
+layer runs four matmuls. RMSNorm is computed in fp32 and cast back, like the Hugging Face
+implementation, so fp32 logits match it to ~1e-5 and bf16 follows the same rounding steps.
+Q is never cached: only the K/V of new tokens go to the store (seed §2.1).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.engine.attention import AttentionMetadata, paged_attention
+from kvledger.engine.kv.store import KVStore
+from kvledger.engine.rope import RotaryEmbedding
+from kvledger.errors import UnsupportedModelError
+from kvledger.spec import FULL, ModelSpec
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+class LlamaModel:
+    """Weights and forward pass of a Llama-family causal LM.
+
+    Args:
+        spec: the architecture.
+        weights: Hugging Face Llama parameter names -> tensors ([out, in] for projections).
+        dtype: compute dtype (torch.float32 or torch.bfloat16).
+
+    Raises:
+        UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
+    """
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype):
+        check_supported(spec)
+        self.spec, self.dtype = spec, dtype
+        w = {name: t.to(dtype) for name, t in weights.items()}
+        self.embed = w["model.embed_tokens.weight"]
+        self.lm_head = w.get("lm_head.weight", self.embed)
+        self.final_norm = w["model.norm.weight"]
+        self.layers = [_fuse_layer(w, f"model.layers.{i}.") for i in range(spec.num_layers)]
+        self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
+                                    spec.rope_theta, spec.rope_scaling, dtype)
+        self.q_size = spec.num_attention_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, store: KVStore | None) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T]."""
+        spec = self.spec
+        h = F.embedding(input_ids, self.embed)
+        heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        for i, layer in enumerate(self.layers):
+            x = self._norm(h, layer["input_norm"])
+            qkv = F.linear(x, layer["qkv"], layer.get("qkv_bias"))
+            qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
+            qk = self.rope.apply(qk, positions)
+            q, k = qk[:, :heads], qk[:, heads:]
+            v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
+            attn = paged_attention(i, q, k, v, meta, store)
+            h = h + F.linear(attn.reshape(-1, self.q_size), layer["o"])
+            x = self._norm(h, layer["post_norm"])
+            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer["down"])
+        return self._norm(h, self.final_norm)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 for hidden states [N, hidden]."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
+        return weight * normed.to(self.dtype)
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """Raise UnsupportedModelError unless the engine can run ``spec`` exactly."""
+    if spec.model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model_type {spec.model_type!r} cannot run in the engine yet (supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}); `kvledger plan` still sizes it")
+    kinds = set(spec.layer_types)
+    if kinds != {FULL}:
+        raise UnsupportedModelError(
+            f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
+
+
+def _fuse_layer(w: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+    layer = {
+        "input_norm": w[prefix + "input_layernorm.weight"],
+        "post_norm": w[prefix + "post_attention_layernorm.weight"],
+        "qkv": torch.cat([w[attn + f"{p}_proj.weight"] for p in "qkv"]).contiguous(),
+        "o": w[attn + "o_proj.weight"].contiguous(),
+        "gate_up": torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]),
+        "down": w[mlp + "down_proj.weight"].contiguous(),
+    }
+    if attn + "q_proj.bias" in w:
+        layer["qkv_bias"] = torch.cat([w[attn + f"{p}_proj.bias"] for p in "qkv"])
+    return layer

@@ -1,0 +1,43 @@
+"""Prompt encoding: text, chat messages (through the model's chat template) or token ids."""
+
+from __future__ import annotations
+
+from kvledger.errors import InvalidParameterError
+
+
+def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: int) -> list[int]:
+    """Token ids for a prompt.
+
+    A ``str`` is tokenized as is (the tokenizer decides about BOS); a list of ``{"role",
+    "content"}`` dicts goes through the chat template with the generation prompt appended; a list
+    of ints is used as given.
+
+    Raises:
+        InvalidParameterError: empty prompt, ids outside the vocabulary, malformed messages,
+            or text given to a model loaded without a tokenizer.
+    """
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidParameterError(
+                f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        return list(prompt)
+    if tokenizer is None:
+        raise InvalidParameterError("this model has no tokenizer: give token ids")
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
+        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        raise InvalidParameterError(
+            "a prompt must be a non-empty string, a list of token ids, or a list of chat "
+            "messages ({'role': ..., 'content': ...})")
+    if not ids:
+        raise InvalidParameterError("the prompt is empty")
+    return ids
+
+
+def _is_message(m) -> bool:
+    return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(
+        m.get("content"), str)

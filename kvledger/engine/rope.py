@@ -1,0 +1,68 @@
+"""Rotary position embeddings (RoPE), with Llama-3 frequency scaling.
+
+RoPE: Su et al., "RoFormer" (arXiv:2104.09864). We use the "rotate half" layout of the Hugging
+Face Llama implementation (the first and second halves of head_dim form the rotation pairs); GGUF
+files store Q/K rows permuted for the interleaved layout and the loader undoes that.
+Llama-3 scaling ("llama3" rope_type): Meta's Llama 3.1 reference code — low frequencies divided
+by ``factor``, high ones kept, the band between smoothly interpolated.
+
+The cos/sin tables are computed once in fp32 for every position up to the context limit and
+cast to the model dtype, so a step only indexes them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvledger.errors import UnsupportedModelError
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Per-pair inverse frequencies, shape [head_dim // 2], fp32.
+
+    Raises:
+        UnsupportedModelError: an unknown ``rope_type`` in ``scaling``.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(scaling["factor"])
+    if rope_type == "llama3":
+        return _llama3_scaled(inv_freq, scaling)
+    raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
+
+
+def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding:
+    """Precomputed cos/sin tables, each [max_positions, head_dim] in the model dtype."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
+                 dtype: torch.dtype) -> None:
+        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = emb.cos().to(dtype)
+        self.sin = emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [tokens, heads, head_dim] by each token's position ([tokens] int64)."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin

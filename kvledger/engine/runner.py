@@ -1,0 +1,114 @@
+"""ModelRunner: turns a scheduler step into tensors, runs the model, returns logits.
+
+For each scheduled chunk (a sequence and how many of its tokens to compute) it builds the flat
+step batch: input ids, positions, slot mapping (slot = block_table[pos // block_size] *
+block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
+segment per chunk). Logits are computed only at the last position of chunks that sample.
+
+With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
+sequence from position 0, which is what decoding without a KV cache costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
+from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model import LlamaModel
+
+
+class ModelRunner:
+    """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode)."""
+
+    def __init__(self, model: LlamaModel, store: KVStore | None, block_size: int) -> None:
+        self.model, self.store, self.block_size = model, store, block_size
+        self._offsets = torch.arange(block_size)
+
+    def execute(self, chunks: Seq) -> torch.Tensor:
+        """Logits [num_sampling_chunks, vocab] (fp32), in the order of ``chunks`` that sample.
+
+        ``chunks``: objects with ``seq`` (a Sequence: num_computed_tokens, block_table, tokens) and
+        ``num_new_tokens``; a chunk samples when it reaches the end of its sequence.
+        """
+        if self.store is None:
+            ids, pos, meta, last = self._no_cache_batch(chunks)
+        else:
+            ids, pos, meta, last = self._paged_batch(chunks)
+        hidden = self.model.forward(ids, pos, meta, self.store)
+        return self.model.compute_logits(hidden[last])
+
+    def _paged_batch(self, chunks: Seq):
+        decodes = [c for c in chunks if c.num_new_tokens == 1 and c.seq.num_computed_tokens > 0]
+        prefills = [c for c in chunks if not (c.num_new_tokens == 1
+                                              and c.seq.num_computed_tokens > 0)]
+        ids, pos, slots = [], [], []
+        meta = AttentionMetadata(slot_mapping=None)
+        last_of = {}
+        if decodes:
+            contexts = [self._context_slots(c.seq, c.seq.num_computed_tokens + 1) for c in decodes]
+            meta.decode = _decode_group(contexts)
+            for c, ctx in zip(decodes, contexts):
+                p = c.seq.num_computed_tokens
+                ids.extend(c.seq.token_ids_range(p, p + 1))
+                pos.append(p)
+                slots.append(int(ctx[-1]))
+                last_of[id(c)] = len(ids) - 1
+        slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
+        for c in prefills:
+            start, n = c.seq.num_computed_tokens, c.num_new_tokens
+            ctx = self._context_slots(c.seq, start + n)
+            seg = PrefillSegment(start=len(ids), length=n)
+            if start > 0:
+                seg.slots = ctx
+                seg.mask = _prefix_causal_mask(start, n)
+            meta.prefills.append(seg)
+            ids.extend(c.seq.token_ids_range(start, start + n))
+            pos.extend(range(start, start + n))
+            slot_chunks.append(ctx[start:])
+            last_of[id(c)] = len(ids) - 1
+        meta.slot_mapping = torch.cat(slot_chunks)
+        return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+
+    def _no_cache_batch(self, chunks: Seq):
+        ids, pos, last_of = [], [], {}
+        meta = AttentionMetadata(slot_mapping=None)
+        for c in chunks:
+            end = c.seq.num_computed_tokens + c.num_new_tokens
+            meta.prefills.append(PrefillSegment(start=len(ids), length=end))
+            ids.extend(c.seq.token_ids_range(0, end))
+            pos.extend(range(end))
+            last_of[id(c)] = len(ids) - 1
+        return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+
+    def _context_slots(self, seq, length: int) -> torch.Tensor:
+        """Slots [length] of positions 0..length-1 of ``seq`` through its block table."""
+        blocks = torch.tensor(seq.block_table[: -(-length // self.block_size)], dtype=torch.int64)
+        return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
+
+
+def _decode_group(contexts: list[torch.Tensor]) -> DecodeGroup:
+    lengths = [len(c) for c in contexts]
+    longest = max(lengths)
+    if min(lengths) == longest:
+        return DecodeGroup(len(contexts), torch.stack(contexts), None)
+    slots = torch.stack([torch.cat([c, c[:1].expand(longest - len(c))]) for c in contexts])
+    mask = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
+    return DecodeGroup(len(contexts), slots, mask[:, None, None, :])
+
+
+def _prefix_causal_mask(start: int, n: int) -> torch.Tensor:
+    """[n, start + n] bool: new token i (position start + i) sees keys at positions <= start + i."""
+    return torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+
+
+def _sampling_rows(chunks: Seq, last_of: dict) -> torch.Tensor:
+    rows = [last_of[id(c)] for c in chunks
+            if c.seq.num_computed_tokens + c.num_new_tokens == c.seq.num_tokens]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def _as_tensor(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)

@@ -1,0 +1,73 @@
+"""Engine fixtures: a tiny random Llama in HF format, and the bundled model with its oracle."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def make_tiny_llama(folder, *, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0):
+    """Save a small random LlamaForCausalLM (safetensors) and return the HF model (fp32, eval)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-5,
+        rope_scaling=rope_scaling, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """(folder, hf_model): untied head, GQA 4:2, Llama-3 RoPE scaling."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    return folder, make_tiny_llama(folder, rope_scaling=scaling)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_factory(tiny_llama):
+    """Build an LLMEngine over the tiny model (token-id prompts) with engine options."""
+    import torch
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_weights
+
+    folder, _ = tiny_llama
+    spec, weights = load_weights(folder, torch.float32)
+
+    def build(**options) -> LLMEngine:
+        return LLMEngine(EngineConfig(model=str(folder), **options), spec=spec, weights=weights)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def bundled_path():
+    from kvledger.paths import bundled_model_path
+
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_oracle(bundled_path):
+    """transformers' own load of the bundled GGUF, fp32 (~20 s): the logits oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(bundled_path.parent), gguf_file=bundled_path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def bundled_llm():
+    """Our LLM on the bundled model, fp32."""
+    from kvledger import LLM
+
+    return LLM("default", dtype="fp32")

@@ -1,0 +1,129 @@
+"""Self-consistency of the engine (fp32 greedy): the same tokens whatever the batching, the
+prefix cache, the pool size, the prefill chunking or the KV cache itself (DESIGN.md oracles).
+
+The tiny random Llama keeps these fast; the bundled-model variants are marked slow.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def _prompts(n: int, length: int = 40, shared: int = 0) -> list[list[int]]:
+    import random
+
+    rng = random.Random(7)
+    prefix = [rng.randrange(3, 320) for _ in range(shared)]
+    return [prefix + [rng.randrange(3, 320) for _ in range(length - shared + i)] for i in range(n)]
+
+
+def _run(engine, prompts, params=GREEDY) -> list[list[int]]:
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert all(o.finish_reason == "length" for o in done.values())
+    return [done[f"r{i}"].token_ids for i in range(len(prompts))]
+
+
+def _idle_accounting(engine) -> None:
+    s = engine.stats()
+    assert s["num_running"] == s["num_waiting"] == 0
+    assert s["kv_blocks_free"] == s["kv_blocks_total"]
+    assert s["kv_usage"] == 0
+
+
+def test_batch_of_16_equals_alone(tiny_engine_factory):
+    prompts = _prompts(16)
+    alone = [_run(tiny_engine_factory(), [p])[0] for p in prompts]
+    engine = tiny_engine_factory()
+    assert _run(engine, prompts) == alone
+    _idle_accounting(engine)
+
+
+def test_no_kv_cache_equals_paged(tiny_engine_factory):
+    prompts = _prompts(3)
+    assert _run(tiny_engine_factory(use_kv_cache=False), prompts) == _run(
+        tiny_engine_factory(), prompts)
+
+
+def test_prefix_cache_off_cold_warm_agree(tiny_engine_factory):
+    prompts = _prompts(4, length=70, shared=50)
+    off = _run(tiny_engine_factory(enable_prefix_caching=False), prompts)
+    engine = tiny_engine_factory()
+    cold = _run(engine, prompts)
+    warm = _run(engine, prompts)
+    assert off == cold == warm
+    s = engine.stats()
+    assert s["prefix_cache_hit_tokens"] >= 3 * 48  # 3 full shared blocks, at least, per rerun
+    _idle_accounting(engine)
+
+
+def test_chunked_prefill_equals_whole(tiny_engine_factory):
+    prompts = _prompts(3, length=100)
+    whole = _run(tiny_engine_factory(max_num_batched_tokens=2048), prompts)
+    chunked = _run(tiny_engine_factory(max_num_batched_tokens=24), prompts)
+    assert whole == chunked
+
+
+def test_small_pool_preempts_and_matches_unbounded(tiny_engine_factory):
+    prompts = _prompts(8, length=40)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    big = _run(tiny_engine_factory(), prompts, params)
+    engine = tiny_engine_factory(num_blocks=12)  # each request needs up to 6 blocks
+    small = _run(engine, prompts, params)
+    assert small == big
+    assert engine.stats()["num_preemptions"] > 0
+    _idle_accounting(engine)
+
+
+def test_request_larger_than_pool_fails_small_one_completes(tiny_engine_factory):
+    engine = tiny_engine_factory(num_blocks=4)
+    with pytest.raises(KVBudgetError, match="block"):
+        engine.add_request("big", list(range(3, 100)), GREEDY)
+    assert len(_run(engine, _prompts(1, length=10))[0]) == GREEDY.max_tokens
+    _idle_accounting(engine)
+
+
+def test_abort_mid_chunked_prefill_frees_blocks(tiny_engine_factory):
+    engine = tiny_engine_factory(max_num_batched_tokens=16)
+    engine.add_request("long", list(range(3, 200)), GREEDY)
+    engine.step()
+    assert engine.stats()["kv_blocks_free"] < engine.stats()["kv_blocks_total"]
+    engine.abort("long")
+    assert not engine.has_unfinished_requests()
+    s = engine.stats()
+    assert s["kv_blocks_total"] - s["kv_blocks_free"] == 0
+
+
+def test_bad_requests_are_refused_clearly(tiny_engine_factory):
+    engine = tiny_engine_factory()
+    with pytest.raises(ContextLengthError, match="512"):
+        engine.add_request("a", [5] * 600, GREEDY)
+    with pytest.raises(ContextLengthError, match="max_tokens is 100"):
+        engine.add_request("b", [5] * 500, SamplingParams(max_tokens=100))
+    with pytest.raises(InvalidParameterError, match="outside the vocabulary"):
+        engine.add_request("c", [5, 10_000], GREEDY)
+    with pytest.raises(InvalidParameterError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    quota = tiny_engine_factory(max_kv_tokens_per_request=64)
+    with pytest.raises(KVBudgetError):
+        quota.add_request("d", [5] * 60, SamplingParams(max_tokens=10))
+    assert not engine.has_unfinished_requests()
+
+
+def test_pool_bytes_equal_ledger(tiny_engine_factory):
+    from kvledger.ledger.kv import kv_bytes_per_block
+
+    engine = tiny_engine_factory(num_blocks=37)
+    spec = engine.spec
+    by_hand = 37 * 16 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4
+    assert engine.store.nbytes == by_hand == 37 * kv_bytes_per_block(spec, 16, "fp32")
