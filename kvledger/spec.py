@@ -16,6 +16,9 @@ Layer kinds (``layer_types``), one entry per decoder layer:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvledger.errors import ModelNotFoundError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -55,15 +58,36 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
-    first_k_dense_layers: int = 0
+    first_k_dense_layers: int = 0  # decoder layers with a dense MLP instead of experts
+    # layer structure beyond the Llama defaults (used by the parameter count)
+    mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False  # biases on MLP / expert projections
+    norm_bias: bool = False  # LayerNorm (weight + bias) instead of RMSNorm (weight only)
+    norms_per_layer: int = 2  # Gemma 2/3: 4 (pre and post norm around attention and MLP)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma 3)
+    attn_output_gate: bool = False  # q_proj also emits a sigmoid gate (Qwen3-Next)
+    attention_sinks: bool = False  # one learned sink logit per head, no KV (gpt-oss)
+    position_embeddings: int = 0  # rows of a learned absolute position table (GPT-2)
+    router_bias: bool = False  # per-expert router bias (gpt-oss, DeepSeek-V3 score correction)
+    shared_expert_gate: bool = False  # sigmoid gate on the shared expert (Qwen2-MoE family)
+    weights_dtype: str = "bf16"  # native storage of the checkpoint's weights
     # multi-head latent attention
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
-    # linear-attention layers (fixed per-sequence state, in elements per layer)
+    # linear-attention layers (Gated DeltaNet, Qwen3-Next): fixed per-sequence state, in
+    # elements per layer = value_heads x key_head_dim x value_head_dim (recurrent matrix)
+    # + (conv_kernel - 1) x (2 x key_heads x key_head_dim + value_heads x value_head_dim)
     linear_state_elements: int = 0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
     # what a GGUF file really holds (None for config.json)
     gguf_tensor_elements: int | None = None
     gguf_tensor_bytes: int | None = None
@@ -79,3 +103,31 @@ class ModelSpec:
     def gqa_group_size(self) -> int:
         """Query heads per KV head (1 = MHA, num_attention_heads = MQA)."""
         return self.num_attention_heads // self.num_kv_heads
+
+
+def load_spec(model: str | Path) -> ModelSpec:
+    """Build a ModelSpec from ``"default"``, a ``.gguf`` file, a ``config.json`` file, or a
+    folder holding a ``config.json`` (preferred) or a ``.gguf`` file.
+
+    Raises:
+        ModelNotFoundError: the path does not exist or holds neither file.
+        ConfigError: the file is malformed or lacks a required key.
+        UnsupportedModelError: a GGUF architecture the reader does not know.
+    """
+    from kvledger.paths import resolve_model_path
+    from kvledger.spec_gguf import spec_from_gguf
+    from kvledger.spec_hf import spec_from_hf_config
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return spec_from_hf_config(path / "config.json")
+        ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs:
+            raise ModelNotFoundError(f"{path} holds neither a config.json nor a .gguf file")
+        return spec_from_gguf(ggufs[0])
+    with open(path, "rb") as f:
+        is_gguf = f.read(4) == b"GGUF"
+    if is_gguf or path.suffix == ".gguf":
+        return spec_from_gguf(path)
+    return spec_from_hf_config(path)

@@ -55,12 +55,13 @@ class LlamaModel:
         """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T]."""
         spec = self.spec
         h = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope.lookup(positions)
         heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer["input_norm"])
             qkv = F.linear(x, layer["qkv"], layer.get("qkv_bias"))
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
-            qk = self.rope.apply(qk, positions)
+            qk = self.rope.apply(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
             attn = paged_attention(i, q, k, v, meta, store)

@@ -1,0 +1,154 @@
+"""``kvledger plan`` and ``kvledger probe``: the ledger's bill for a model on a device.
+
+``plan`` renders :class:`kvledger.ledger.planner.Plan` as rich tables (or ``--json``, the
+contract in the planner) and can draw KV bytes and concurrency against context (``--plot``).
+``probe`` measures this machine and saves it as the ``local`` device. Neither imports torch
+until ``probe`` runs its measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvledger.errors import InvalidParameterError
+
+Opt = typer.Option
+
+
+def parse_contexts(text: str) -> tuple[int, ...]:
+    """``"2048,8k,128K"`` -> ``(2048, 8192, 131072)``.
+
+    Raises:
+        InvalidParameterError: a part is not an integer (optionally with a k suffix).
+    """
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        try:
+            out.append(int(part.removesuffix("k")) * scale)
+        except ValueError:
+            raise InvalidParameterError(
+                f"--context takes comma-separated token counts (e.g. 2048,8k,32k), got {text!r}"
+            ) from None
+    return tuple(out)
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def plan(
+    model: Annotated[
+        str, typer.Argument(help="config.json, HF folder, GGUF file, or 'default'")
+    ] = "default",
+    context: Annotated[
+        str, Opt(help="Context lengths, comma-separated (8k = 8192)")
+    ] = "2048,8192,32768,131072",
+    device: Annotated[
+        str, Opt(help="Device name, 'custom' or 'local' (see kvledger probe)")
+    ] = "H100-SXM",
+    memory_gib: Annotated[float | None, Opt(help="Device memory, GiB (custom/override)")] = None,
+    bandwidth_gbs: Annotated[float | None, Opt(help="Memory bandwidth, GB/s")] = None,
+    tflops: Annotated[float | None, Opt(help="Dense bf16 TFLOPS")] = None,
+    kv_dtype: Annotated[str, Opt(help="KV format: fp32 fp16 bf16 fp8 int8 int4")] = "bf16",
+    weights_dtype: Annotated[
+        str | None, Opt(help="fp32 bf16 fp16 fp8 int8 int4 (default: GGUF bytes / checkpoint)")
+    ] = None,
+    tp: Annotated[int, Opt(help="Tensor-parallel ranks")] = 1,
+    batch: Annotated[int, Opt(help="Sequences per decode step (TPOT floor)")] = 1,
+    reserve_gib: Annotated[float, Opt(help="Activation reserve per device, GiB")] = 2.0,
+    gpu_util: Annotated[float, Opt(help="Fraction of device memory the engine may use")] = 0.9,
+    block_size: Annotated[int, Opt(help="Tokens per KV block")] = 16,
+    no_window_savings: Annotated[
+        bool, Opt("--no-window-savings", help="Size sliding layers as full attention")
+    ] = False,
+    kv_group_size: Annotated[int | None, Opt(help="Elements per int8/int4 scale group")] = None,
+    kv_outlier_frac: Annotated[float, Opt(help="Fraction of channels kept in fp16")] = 0.0,
+    shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
+    turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
+    mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,
+    json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
+    plot: Annotated[
+        Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
+    ] = None,
+) -> None:
+    """KV, weights, concurrency, TTFT and TPOT of MODEL at each context on a device."""
+    from kvledger.ledger.hardware import get_device
+    from kvledger.ledger.planner import PlanOptions
+    from kvledger.ledger.planner import plan as make_plan
+    from kvledger.spec import load_spec
+
+    if turn_tokens <= 0:
+        raise InvalidParameterError(f"--turn-tokens must be positive, got {turn_tokens}")
+    contexts = parse_contexts(context)
+    dev = get_device(device, memory_gib, bandwidth_gbs, tflops)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = load_spec(model)
+    for w in caught:
+        _warn(str(w.message))
+    options = PlanOptions(
+        contexts=contexts,
+        kv_format=kv_dtype,
+        weights_dtype=weights_dtype,
+        tp=tp,
+        batch=batch,
+        reserve_gib=reserve_gib,
+        gpu_util=gpu_util,
+        block_size=block_size,
+        window_aware=not no_window_savings,
+        kv_group_size=kv_group_size,
+        kv_outlier_frac=kv_outlier_frac,
+        shared_prefix=shared_prefix,
+        turn_tokens=turn_tokens,
+        mfu=mfu,
+    )
+    result = make_plan(spec, dev, options)
+    for message in result.warnings:
+        _warn(message)
+    if plot is not None:
+        from kvledger.commands.plan_plot import write_plot
+
+        write_plot(spec, dev, options, plot)
+    if json_out:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        from kvledger.commands.plan_render import render
+
+        render(result)
+        if plot is not None:
+            print(f"plot written to {plot}")
+
+
+def probe(
+    buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
+    matmul_n: Annotated[
+        int | None, Opt(help="Square matmul side (default 8192 GPU / 2048 CPU)")
+    ] = None,
+    repeats: Annotated[int, Opt(help="Timed trials; the best counts")] = 5,
+) -> None:
+    """Measure this machine's memory bandwidth and matmul FLOPS; save it as device 'local'."""
+    from kvledger.ledger.hardware import save_local_device
+    from kvledger.ledger.probe import measure
+
+    for name, value in (
+        ("--buffer-mib", buffer_mib),
+        ("--repeats", repeats),
+        ("--matmul-n", matmul_n or 1),
+    ):
+        if value <= 0:
+            raise InvalidParameterError(f"{name} must be positive, got {value}")
+    dev = measure(buffer_mib, matmul_n, repeats)
+    path = save_local_device(dev)
+    print(
+        f"local device: {dev.memory_gib:.2f} GiB memory, {dev.bandwidth_gbs:.1f} GB/s, "
+        f"{dev.tflops:.3f} TFLOPS ({dev.source})\n"
+        f"saved to {path}; use `kvledger plan --device local`"
+    )

@@ -1,0 +1,177 @@
+"""Parameter counts (total and active) and weight bytes.
+
+Counted per component from the ModelSpec, the way the transformers modules hold them:
+
+  embeddings    ``vocab x hidden``, once when ``tie_word_embeddings``; an untied ``lm_head``
+                adds another ``vocab x hidden``; GPT-2 adds its learned position table
+  attention     q, k, v, o projections (+ biases, q/k norms, sinks, output gate); MLA: the
+                low-rank q (``q_a``, ``q_b``), ``kv_a`` (latent + rope key), ``kv_b``, o
+                (DeepSeek-V2, arXiv:2405.04434 §2.1); Gated DeltaNet: ``in_proj_qkvz``,
+                ``in_proj_ba``, the causal conv, ``A_log``, ``dt_bias``, the gated norm and
+                ``out_proj`` (Qwen3-Next)
+  MLP           gated (SwiGLU/GeGLU): ``3 x hidden x inter``; plain (GPT-2, NeoX): ``2 x``
+  MoE           routed experts, shared experts, router (+ bias), shared-expert gate
+  norms         ``norms_per_layer`` per layer plus the final norm
+
+Active parameters (seed §3.3; Mixtral, arXiv:2401.04088 §2): everything except the routed
+experts, plus ``num_experts_per_tok`` of them per MoE layer. A GGUF file's total is the element
+count of its tensors. Multi-token-prediction modules (DeepSeek-V3 ``num_nextn_predict_layers``)
+are not part of the served model and are not counted.
+
+Weight bytes per dtype: fp32 4, bf16/fp16 2, fp8 1 (one per-tensor scale), int8 1 byte + an
+fp16 scale per group, int4 half a byte + an fp16 scale and an fp16 zero point per group
+(GPTQ/AWQ-style, default group 128), applied uniformly to every parameter (an approximation:
+real checkpoints keep norms and sometimes embeddings in 16 bits). For a GGUF, the file's real
+tensor bytes. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvledger.errors import InvalidParameterError
+from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+
+WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
+_GROUP_META_BYTES = {"int8": 2, "int4": 4}
+DEFAULT_WEIGHT_GROUP = 128
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter counts (elements).
+
+    Attributes:
+        total: every parameter of the served model.
+        active: parameters touched per token (MoE: top-k routed experts only).
+        embedding: the input embedding table (+ learned positions).
+        lm_head: the untied output head (0 when tied).
+    """
+
+    total: int
+    active: int
+    embedding: int
+    lm_head: int
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _mlp(spec: ModelSpec, inter: int) -> int:
+    h, b = spec.hidden_size, spec.mlp_bias
+    if spec.mlp_gated:
+        return 2 * _linear(h, inter, b) + _linear(inter, h, b)
+    return _linear(h, inter, b) + _linear(inter, h, b)
+
+
+def attention_params(spec: ModelSpec, layer_kind: str) -> int:
+    """Parameters of one layer's token mixer (attention or linear attention), in elements."""
+    h, heads, hd = spec.hidden_size, spec.num_attention_heads, spec.head_dim
+    if layer_kind == MLA:
+        q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+        if spec.q_lora_rank:
+            q = h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * q_dim
+        else:
+            q = h * q_dim
+        latent = spec.kv_lora_rank
+        kv = h * (latent + spec.qk_rope_head_dim) + latent
+        kv += latent * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q + kv + heads * spec.v_head_dim * h
+    if layer_kind == LINEAR:
+        kdim = spec.linear_num_key_heads * spec.linear_key_head_dim
+        vdim = spec.linear_num_value_heads * spec.linear_value_head_dim
+        vh = spec.linear_num_value_heads
+        conv = (2 * kdim + vdim) * spec.linear_conv_kernel_dim
+        return (
+            h * (2 * kdim + 2 * vdim)
+            + h * 2 * vh
+            + conv
+            + 2 * vh
+            + spec.linear_value_head_dim
+            + vdim * h
+        )
+    if layer_kind not in (FULL, SLIDING):
+        raise ValueError(f"unknown layer kind {layer_kind!r}")
+    q_out = heads * hd * (2 if spec.attn_output_gate else 1)
+    kv_out = spec.num_kv_heads * hd
+    total = _linear(h, q_out, spec.qkv_bias) + 2 * _linear(h, kv_out, spec.qkv_bias)
+    total += _linear(heads * hd, h, spec.o_bias)
+    total += 2 * hd if spec.qk_norm else 0
+    return total + (heads if spec.attention_sinks else 0)
+
+
+def _moe_params(spec: ModelSpec, experts: int) -> int:
+    """One MoE block with ``experts`` routed experts in use (all of them for the total)."""
+    h = spec.hidden_size
+    routed = experts * _mlp(spec, spec.moe_intermediate_size)
+    shared = spec.num_shared_experts * _mlp(spec, spec.shared_expert_intermediate_size)
+    router = _linear(h, spec.num_experts, spec.router_bias)
+    return routed + shared + router + (h if spec.shared_expert_gate else 0)
+
+
+def count_params(spec: ModelSpec) -> ParamCount:
+    """Total and active parameters of ``spec`` (see the module docstring for what counts).
+
+    For a GGUF spec the total is the file's tensor element count; active is derived the same
+    way as for a config (equal to total for dense models).
+    """
+    h = spec.hidden_size
+    norm = h * (2 if spec.norm_bias else 1)
+    embedding = spec.vocab_size * h + spec.position_embeddings * h
+    lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
+    common = embedding + lm_head + norm
+    common += sum(
+        attention_params(spec, kind) + spec.norms_per_layer * norm for kind in spec.layer_types
+    )
+    moe_layers = spec.num_layers - spec.first_k_dense_layers if spec.num_experts else 0
+    dense = (spec.num_layers - moe_layers) * _mlp(spec, spec.intermediate_size)
+    total = common + dense + moe_layers * _moe_params(spec, spec.num_experts)
+    active = common + dense + moe_layers * _moe_params(spec, spec.num_experts_per_tok)
+    if spec.gguf_tensor_elements is not None:
+        active += spec.gguf_tensor_elements - total
+        total = spec.gguf_tensor_elements
+    return ParamCount(total=total, active=active, embedding=embedding, lm_head=lm_head)
+
+
+def params_read_per_step(spec: ModelSpec, batch: int = 1) -> int:
+    """Parameters one decode step of ``batch`` sequences reads from memory.
+
+    Dense models read every weight. An MoE layer reads the experts its tokens are routed to:
+    with uniform routing the expected number of distinct experts touched by ``batch`` tokens
+    choosing ``k`` of ``E`` is ``E x (1 - (1 - k/E)^batch)`` (k at batch 1, -> E as it grows).
+    """
+    p = count_params(spec)
+    if not spec.num_experts:
+        return p.total
+    e, k = spec.num_experts, spec.num_experts_per_tok
+    touched = e * (1 - (1 - k / e) ** batch)
+    per_expert = (p.total - p.active) / (e - k)
+    return round(p.active + (touched - k) * per_expert)
+
+
+def weight_bytes(params: int, dtype: str, group_size: int = DEFAULT_WEIGHT_GROUP) -> int:
+    """Bytes of ``params`` weights stored as ``dtype`` (group scales included for int8/int4).
+
+    Raises:
+        InvalidParameterError: unknown dtype or non-positive group size.
+    """
+    if dtype not in _BITS:
+        raise InvalidParameterError(
+            f"unknown weights dtype {dtype!r}; choose one of {', '.join(WEIGHT_DTYPES)}"
+        )
+    if group_size <= 0:
+        raise InvalidParameterError(f"weight group size must be positive, got {group_size}")
+    meta = _GROUP_META_BYTES.get(dtype, 0) * math.ceil(params / group_size)
+    return math.ceil(params * _BITS[dtype] / 8) + meta
+
+
+def spec_weight_bytes(spec: ModelSpec, dtype: str | None = None) -> int:
+    """Weight bytes of a model: the GGUF file's real tensor bytes when ``dtype`` is None and the
+    spec comes from a GGUF, else :func:`weight_bytes` of its total parameters in ``dtype``
+    (default: the checkpoint's ``weights_dtype``)."""
+    if dtype is None and spec.gguf_tensor_bytes is not None:
+        return spec.gguf_tensor_bytes
+    return weight_bytes(count_params(spec).total, dtype or spec.weights_dtype)

@@ -1,0 +1,69 @@
+"""`kvledger generate` end to end on the bundled model, and its clear errors (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.cli import app
+
+runner = CliRunner()
+
+
+def _invoke(*args, stdin: str | None = None):
+    return runner.invoke(app, ["generate", *args], input=stdin)
+
+
+def test_unknown_model_path_is_a_clear_error(tmp_path):
+    result = _invoke("hi", "--model", str(tmp_path / "nope.gguf"))
+    assert result.exit_code == 2
+    assert "model path not found" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_not_a_gguf_file_is_a_clear_error(tmp_path):
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"this is not a model" * 10)
+    result = _invoke("hi", "--model", str(bogus))
+    assert result.exit_code == 2
+    assert "GGUF" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("n", ["0", "-3"])
+def test_non_positive_max_tokens(n):
+    result = _invoke("hi", "--max-tokens", n)
+    assert result.exit_code == 2
+    assert "--max-tokens must be >= 1" in result.output
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context():
+    result = _invoke("-", "--max-tokens", "4", stdin="word " * 9000)
+    assert result.exit_code == 2
+    assert "maximum context length is 8192" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_chat_answers_paris_and_reports_kv():
+    result = _invoke("What is the capital of France?", "--chat", "--max-tokens", "32", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output.strip().splitlines()[-1])
+    assert "Paris" in doc["text"]
+    m = doc["metrics"]
+    # the bundled model: 30 layers x 2 (K,V) x 3 KV heads x 64 dims x 4 B (fp32) per token
+    assert doc["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 4
+    assert m["kv_bytes_ledger"] == m["kv_tokens_cached"] * 30 * 2 * 3 * 64 * 4
+    assert m["kv_bytes_held"] == m["kv_blocks_held"] * 16 * 30 * 2 * 3 * 64 * 4
+    assert m["kv_blocks_held"] == -(-m["kv_tokens_cached"] // 16)
+
+
+@pytest.mark.slow
+def test_no_kv_cache_gives_the_same_greedy_tokens():
+    args = ("Explain what a KV cache is.", "--chat", "--max-tokens", "24", "--json")
+    cached = json.loads(_invoke(*args).output.strip().splitlines()[-1])
+    uncached = json.loads(_invoke(*args, "--no-kv-cache").output.strip().splitlines()[-1])
+    assert cached["token_ids"] == uncached["token_ids"]
+    assert len(cached["token_ids"]) > 5

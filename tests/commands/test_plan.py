@@ -1,0 +1,139 @@
+"""``kvledger plan`` / ``kvledger probe`` through the real CLI app (typer's CliRunner)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.cli import app
+
+CONFIGS = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "configs"
+LLAMA = str(CONFIGS / "meta-llama__Llama-3.1-8B.json")
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_tables():
+    r = run("plan", LLAMA, "--device", "H100-SXM", "--context", "8192,32k")
+    assert r.exit_code == 0, r.output
+    for text in (
+        "KV per token, by layer kind",
+        "128.0 KiB",
+        "4.00 GiB",
+        "Chat growth",
+        "What if the KV",
+        "TPOT floor",
+    ):
+        assert text in r.stdout
+
+
+def test_json_contract():
+    r = run("plan", LLAMA, "--json", "--context", "8192", "--kv-dtype", "fp8")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["kv_bytes_per_token"] == 32 * 2 * 8 * 128 * 1
+    assert out["contexts"][0]["context"] == 8192
+    assert out["contexts"][0]["kv_bytes_per_sequence"] == 8192 * 32 * 2 * 8 * 128
+    assert {"params_total", "params_active", "weights_bytes"} <= set(out)
+
+
+def test_plot(tmp_path):
+    png = tmp_path / "plan.png"
+    r = run("plan", str(CONFIGS / "google__gemma-2-9b.json"), "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_custom_device_and_options():
+    r = run(
+        "plan",
+        str(CONFIGS / "openai__gpt-oss-20b.json"),
+        "--device",
+        "custom",
+        "--memory-gib",
+        "48",
+        "--bandwidth-gbs",
+        "900",
+        "--tflops",
+        "150",
+        "--batch",
+        "32",
+        "--context",
+        "8192",
+        "--kv-dtype",
+        "int4",
+        "--kv-group-size",
+        "32",
+        "--kv-outlier-frac",
+        "0.05",
+        "--shared-prefix",
+        "1000",
+        "--tp",
+        "2",
+        "--weights-dtype",
+        "int4",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["device"]["memory_gib"] == 48
+
+
+def test_no_window_savings_flag():
+    args = ("plan", str(CONFIGS / "google__gemma-2-9b.json"), "--context", "8192", "--json")
+    aware = json.loads(run(*args).stdout)["contexts"][0]["kv_bytes_per_sequence"]
+    full = json.loads(run(*args, "--no-window-savings").stdout)["contexts"][0]
+    assert full["kv_bytes_per_sequence"] == int(2.625 * 2**30) > aware
+
+
+def _one_line_error(r, pattern: str) -> None:
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], r.stderr
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (("--device", "TPU-v9"), "known devices: H100-SXM"),
+        (("--context", "0"), "--context must be positive"),
+        (("--context=-4096",), "--context must be positive"),
+        (("--context", "lots"), "comma-separated"),
+        (("--tp", "3"), "--tp 3 does not divide"),
+        (("--device", "custom", "--memory-gib", "24"), "--device custom needs"),
+        (("--kv-dtype", "int2"), "unknown KV format"),
+    ],
+)
+def test_bad_options_are_one_line_errors(args, pattern):
+    _one_line_error(run("plan", LLAMA, *args), pattern)
+
+
+def test_bad_config_files_are_one_line_errors(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    _one_line_error(run("plan", str(bad)), "not valid JSON")
+    bad.write_text(Path(LLAMA).read_text()[:300])
+    _one_line_error(run("plan", str(bad)), "not valid JSON")
+    _one_line_error(run("plan", str(tmp_path / "missing.json")), "model path not found")
+
+
+def test_context_beyond_max_position_warns_and_runs():
+    r = run("plan", str(CONFIGS / "openai-community__gpt2.json"), "--context", "4096")
+    assert r.exit_code == 0, r.output
+    assert "warning: context 4096 is beyond the model's max_position_embeddings (1024)" in r.stderr
+
+
+def test_probe_then_plan_on_local(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path))
+    r = run("probe", "--buffer-mib", "4", "--matmul-n", "64", "--repeats", "1")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "local_device.json").is_file()
+    r = run("plan", LLAMA, "--device", "local", "--json", "--context", "1024")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["device"]["name"] == "local"

@@ -1,0 +1,183 @@
+"""KV bytes per token / block / sequence against the seed's worked numbers and hand arithmetic.
+
+Every expected value is written as the arithmetic that produces it from the model's config
+(layers x 2 (K and V) x kv_heads x head_dim x bytes), or quoted from the seed / the issue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv import (
+    KV_FORMATS,
+    fixed_state_bytes,
+    kv_bytes_per_block,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_heads_per_rank,
+    vector_bytes,
+)
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+CONFIGS = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "configs"
+
+# name -> KV bytes per token in bf16, every per-token layer counted, no window cap
+HAND_KV_PER_TOKEN = {
+    "HuggingFaceTB__SmolLM2-135M": 30 * 2 * 3 * 64 * 2,  # 30 layers, 3 KV heads, 576/9 = 64
+    "HuggingFaceTB__SmolLM2-360M": 32 * 2 * 5 * 64 * 2,  # 960/15 = 64
+    "Qwen__Qwen2.5-7B": 28 * 2 * 4 * 128 * 2,  # 3584/28 = 128
+    "Qwen__Qwen3-30B-A3B": 48 * 2 * 4 * 128 * 2,  # explicit head_dim 128 (hidden 2048 / 32 = 64!)
+    "Qwen__Qwen3-8B": 36 * 2 * 8 * 128 * 2,
+    "Qwen__Qwen3-Next-80B-A3B-Thinking": (48 // 4) * 2 * 2 * 256 * 2,  # 12 full-attention layers
+    "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # MLA latent + rope key, no factor 2
+    "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,
+    "google__gemma-2-9b": 42 * 2 * 8 * 256 * 2,
+    "google__gemma-3-1b-it": 26 * 2 * 1 * 256 * 2,
+    "meta-llama__Llama-2-13b-hf": 40 * 2 * 40 * 128 * 2,
+    "meta-llama__Llama-2-7b-hf": 32 * 2 * 32 * 128 * 2,
+    "meta-llama__Llama-3.1-70B": 80 * 2 * 8 * 128 * 2,
+    "meta-llama__Llama-3.1-8B": 32 * 2 * 8 * 128 * 2,
+    "meta-llama__Llama-3.2-1B": 16 * 2 * 8 * 64 * 2,  # explicit head_dim 64
+    "mistralai__Mistral-7B-v0.1": 32 * 2 * 8 * 128 * 2,
+    "mistralai__Mixtral-8x7B-v0.1": 32 * 2 * 8 * 128 * 2,
+    "openai-community__gpt2": 12 * 2 * 12 * 64 * 2,  # n_layer 12, n_head 12, 768/12
+    "openai__gpt-oss-20b": 24 * 2 * 8 * 64 * 2,
+    "togethercomputer__RedPajama-INCITE-Chat-3B-v1": 32 * 2 * 32 * 80 * 2,  # 2560/32 = 80
+}
+
+
+def test_every_vendored_config_has_a_hand_checked_figure():
+    assert {p.stem for p in CONFIGS.glob("*.json")} == set(HAND_KV_PER_TOKEN)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_KV_PER_TOKEN))
+def test_kv_per_token_of_every_real_config(real_spec, name):
+    assert kv_bytes_per_token(real_spec(name), "bf16") == HAND_KV_PER_TOKEN[name]
+
+
+def test_kv_formats_names():
+    assert KV_FORMATS == ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+
+
+def test_seed_7b_mha_and_gqa8(real_spec):
+    """Seed §2.2 / §3.1 / §5.2: Llama-2-7B (32 layers, 32 heads, head_dim 128, fp16)."""
+    mha = real_spec("meta-llama__Llama-2-7b-hf")
+    assert kv_bytes_per_token(mha, "fp16") == 512 * KiB
+    assert kv_bytes_per_sequence(mha, 8192, "fp16") == 4 * GiB
+    assert kv_bytes_per_sequence(mha, 32768, "fp16") == 16 * GiB
+    assert kv_bytes_per_sequence(mha, 131072, "fp16") == 64 * GiB
+    gqa = dataclasses.replace(mha, num_kv_heads=8)
+    assert kv_bytes_per_token(gqa, "fp16") == 128 * KiB
+    assert kv_bytes_per_sequence(gqa, 8192, "fp16") == 1 * GiB
+    assert kv_bytes_per_sequence(gqa, 32768, "fp16") == 4 * GiB
+
+
+def test_seed_chat_growth_by_turn(real_spec):
+    """Seed §2.3: 1K tokens per turn; after turns 1/2/4/8: 512 MiB / 1 / 2 / 4 GiB."""
+    mha = real_spec("meta-llama__Llama-2-7b-hf")
+    got = [kv_bytes_per_sequence(mha, t * 1024, "fp16") for t in (1, 2, 4, 8)]
+    assert got == [512 * MiB, 1 * GiB, 2 * GiB, 4 * GiB]
+
+
+def test_gpt_oss_20b_batch_32_full_vs_window_aware(real_spec):
+    """Issue: 8192 tokens x batch 32, bf16: 12.00 GiB full reservation, 6.09 GiB window-aware."""
+    spec = real_spec("openai__gpt-oss-20b")
+    full = 32 * kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=False)
+    aware = 32 * kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=True)
+    assert full == 32 * 8192 * 24 * 2 * 8 * 64 * 2 == 12 * GiB
+    # 12 full layers keep 8192 tokens, 12 sliding layers keep 128
+    assert aware == 32 * (12 * 8192 + 12 * 128) * 2 * 8 * 64 * 2
+    assert round(aware / GiB, 2) == 6.09
+
+
+def test_gemma2_9b_window_saves_a_quarter(real_spec):
+    """Issue: Gemma-2-9B at 8192: 2.625 GiB full vs ~1.97 GiB window-aware (25 % saving)."""
+    spec = real_spec("google__gemma-2-9b")
+    full = kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=False)
+    aware = kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=True)
+    assert full / GiB == 2.625
+    assert aware == (21 * 8192 + 21 * 4096) * 2 * 8 * 256 * 2
+    assert round(aware / GiB, 2) == 1.97
+    assert 1 - aware / full == 0.25
+
+
+def test_deepseek_v3_mla_latent(real_spec):
+    """Issue: DeepSeek-V3 stores 70,272 B/token (not K+V heads, not GQA)."""
+    spec = real_spec("deepseek-ai__DeepSeek-V3")
+    assert kv_bytes_per_token(spec, "bf16") == 70_272
+    assert kv_bytes_per_token(spec, "fp8") == 61 * 576
+
+
+def test_window_aware_per_token_is_the_growth_past_every_window(real_spec):
+    gemma3 = real_spec("google__gemma-3-1b-it")  # 22 sliding (512) + 4 global layers
+    assert kv_bytes_per_token(gemma3, window_aware=True) == 4 * 2 * 1 * 256 * 2
+    grow = kv_bytes_per_sequence(gemma3, 10_001) - kv_bytes_per_sequence(gemma3, 10_000)
+    assert grow == 4 * 2 * 1 * 256 * 2
+
+
+def test_mistral_uniform_window(real_spec):
+    spec = real_spec("mistralai__Mistral-7B-v0.1")
+    assert kv_bytes_per_sequence(spec, 32768) == 4096 * 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_sequence(spec, 32768, window_aware=False) == 32768 * 32 * 2 * 8 * 128 * 2
+
+
+def test_qwen3_next_fixed_state(real_spec):
+    """36 Gated DeltaNet layers: 32 value heads x 128 x 128 recurrent state plus a 3-step conv
+    tail over 2 x 16 x 128 (q, k) + 32 x 128 (v) channels, kept in bf16."""
+    spec = real_spec("Qwen__Qwen3-Next-80B-A3B-Thinking")
+    per_layer = 32 * 128 * 128 + (4 - 1) * (2 * 16 * 128 + 32 * 128)
+    assert fixed_state_bytes(spec) == 36 * per_layer * 2
+    assert kv_bytes_per_sequence(spec, 1000) == 1000 * 12 * 2 * 2 * 256 * 2
+
+
+def test_block_bytes_and_rounding(real_spec):
+    spec = real_spec("meta-llama__Llama-3.1-8B")
+    assert kv_bytes_per_block(spec, 16, "bf16") == 16 * 32 * 2 * 8 * 128 * 2 == 2 * MiB
+    assert kv_bytes_per_block(spec, 16, "fp32") == 16 * 32 * 2 * 8 * 128 * 4
+    assert kv_bytes_per_sequence(spec, 100, block_size=16) == 112 * 32 * 2 * 8 * 128 * 2
+    with pytest.raises(InvalidParameterError):
+        kv_bytes_per_block(spec, 0, "bf16")
+
+
+def test_quantized_formats_with_scales_and_outliers(real_spec):
+    """int8: 1 B/elem + fp16 scale per group; int4: 0.5 B/elem + fp16 scale + fp16 zero point
+    per group; default group = the whole head vector; outliers kept in fp16."""
+    spec = real_spec("meta-llama__Llama-3.1-8B")
+    vectors = 32 * 2 * 8  # layers x (K, V) x kv heads
+    assert kv_bytes_per_token(spec, "fp8") == vectors * 128
+    assert kv_bytes_per_token(spec, "int8") == vectors * (128 + 2)
+    assert kv_bytes_per_token(spec, "int4") == vectors * (64 + 4)
+    assert kv_bytes_per_token(spec, "int4", group_size=32) == vectors * (64 + 4 * 4)
+    assert kv_bytes_per_token(spec, "int8", group_size=64) == vectors * (128 + 2 * 2)
+    # 2 % of 128 channels -> ceil(2.56) = 3 in fp16; 125 in int4 -> ceil(62.5) bytes; one group
+    assert kv_bytes_per_token(spec, "int4", outlier_frac=0.02) == vectors * (63 + 4 + 3 * 2)
+    assert vector_bytes(128, "fp32") == 512
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fmt": "int3"},
+        {"fmt": "int4", "group_size": 0},
+        {"fmt": "int4", "outlier_frac": 1.0},
+        {"fmt": "bf16", "outlier_frac": 0.1},
+    ],
+)
+def test_bad_format_arguments(kwargs):
+    with pytest.raises(InvalidParameterError):
+        vector_bytes(128, **kwargs)
+
+
+def test_tensor_parallel_heads(real_spec):
+    spec = real_spec("meta-llama__Llama-3.1-8B")  # 32 query heads, 8 KV heads
+    assert kv_heads_per_rank(spec, 2) == 4
+    assert kv_heads_per_rank(spec, 16) == 1  # 8 KV heads over 16 ranks: each rank keeps a copy
+    assert kv_bytes_per_token(spec, tp=16) == 32 * 2 * 1 * 128 * 2
+    assert kv_bytes_per_token(spec, tp=2) == 32 * 2 * 4 * 128 * 2
+    for bad in (3, 64, 0):
+        with pytest.raises(InvalidParameterError):
+            kv_heads_per_rank(spec, bad)

@@ -1,0 +1,47 @@
+"""The ledger, the spec readers and ``kvledger plan`` must run without importing torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFIG = (
+    Path(__file__).resolve().parents[2].parent / "shared/models/configs/openai__gpt-oss-20b.json"
+)
+
+
+def _torch_free(code: str) -> None:
+    check = code + "\nimport sys\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_ledger_and_spec_import_no_torch():
+    _torch_free(
+        "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.params, "
+        "kvledger.ledger.hardware, kvledger.ledger.costs, kvledger.ledger.planner, "
+        "kvledger.ledger.probe, kvledger.spec, kvledger.spec_hf\n"
+        "from kvledger.spec import load_spec\n"
+        "from kvledger.ledger.planner import plan\n"
+        "from kvledger.ledger.hardware import get_device\n"
+        f"plan(load_spec({str(CONFIG)!r}), get_device('H100-SXM'))\n"
+    )
+
+
+def test_plan_command_runs_without_torch():
+    _torch_free(
+        "from typer.testing import CliRunner\n"
+        "from kvledger.cli import app\n"
+        f"r = CliRunner().invoke(app, ['plan', {str(CONFIG)!r}, '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+    )
+
+
+@pytest.mark.slow
+def test_gguf_spec_reads_without_torch():
+    _torch_free("from kvledger.spec import load_spec\nload_spec('default')\n")

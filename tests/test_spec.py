@@ -1,0 +1,48 @@
+"""``load_spec``: which reader a model argument goes to."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvledger.errors import ModelNotFoundError
+from kvledger.spec import load_spec
+
+LLAMA = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared/models/configs/meta-llama__Llama-3.1-8B.json"
+)
+
+
+def test_config_file_and_folder(tmp_path):
+    assert load_spec(LLAMA).num_kv_heads == 8
+    folder = tmp_path / "Llama-3.1-8B"
+    folder.mkdir()
+    shutil.copy(LLAMA, folder / "config.json")
+    spec = load_spec(folder)
+    assert spec.name == "Llama-3.1-8B" and spec.num_layers == 32
+
+
+def test_gguf_file_and_folder(tmp_path, gguf_kit):
+    tensors = gguf_kit.to_gguf(gguf_kit.hf_weights())
+    path = gguf_kit.write(tmp_path / "tiny.gguf", tensors)
+    spec = load_spec(path)
+    assert spec.gguf_tensor_elements == sum(int(np.prod(t.shape)) for t in tensors.values())
+    assert load_spec(tmp_path).gguf_tensor_elements == spec.gguf_tensor_elements
+
+
+def test_missing_paths(tmp_path):
+    with pytest.raises(ModelNotFoundError):
+        load_spec(tmp_path / "nope")
+    with pytest.raises(ModelNotFoundError, match="neither"):
+        load_spec(tmp_path)
+
+
+@pytest.mark.slow
+def test_default_is_the_bundled_gguf():
+    spec = load_spec("default")
+    assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (30, 3, 64)
+    assert spec.gguf_tensor_elements == 134_515_008
