@@ -1,0 +1,131 @@
+"""Shared test fixtures.
+
+``gguf_kit`` builds tiny llama-family GGUF files with the ``gguf`` package's own writer, so
+GGUF reading and loading are tested against files produced by an independent implementation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+TINY = {"layers": 1, "hidden": 32, "heads": 2, "kv_heads": 1, "ffn": 64, "vocab": 10, "ctx": 64}
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf ``LlamaModel.permute`` (HF rotate-half rows -> pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape
+    )
+
+
+def tiny_hf_weights(seed: int = 0, tied: bool = True) -> dict[str, np.ndarray]:
+    """Random fp32 weights of a TINY Llama with Hugging Face names and [out, in] shapes."""
+    rng = np.random.default_rng(seed)
+    h, f, v = TINY["hidden"], TINY["ffn"], TINY["vocab"]
+    d = h // TINY["heads"]
+    shapes = {
+        "model.embed_tokens.weight": (v, h),
+        "model.norm.weight": (h,),
+        "model.layers.0.input_layernorm.weight": (h,),
+        "model.layers.0.post_attention_layernorm.weight": (h,),
+        "model.layers.0.self_attn.q_proj.weight": (TINY["heads"] * d, h),
+        "model.layers.0.self_attn.k_proj.weight": (TINY["kv_heads"] * d, h),
+        "model.layers.0.self_attn.v_proj.weight": (TINY["kv_heads"] * d, h),
+        "model.layers.0.self_attn.o_proj.weight": (h, TINY["heads"] * d),
+        "model.layers.0.mlp.gate_proj.weight": (f, h),
+        "model.layers.0.mlp.up_proj.weight": (f, h),
+        "model.layers.0.mlp.down_proj.weight": (h, f),
+    }
+    if not tied:
+        shapes["lm_head.weight"] = (v, h)
+    return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+
+
+# HF name -> GGUF name, written out by hand from llama.cpp's tensor naming (gguf/constants.py).
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "model.layers.0.input_layernorm.weight": "blk.0.attn_norm.weight",
+    "model.layers.0.post_attention_layernorm.weight": "blk.0.ffn_norm.weight",
+    "model.layers.0.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+    "model.layers.0.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+    "model.layers.0.self_attn.v_proj.weight": "blk.0.attn_v.weight",
+    "model.layers.0.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+    "model.layers.0.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+    "model.layers.0.mlp.up_proj.weight": "blk.0.ffn_up.weight",
+    "model.layers.0.mlp.down_proj.weight": "blk.0.ffn_down.weight",
+}
+
+
+def gguf_tensors_from_hf(hf: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What llama.cpp's converter writes for ``hf``: GGUF names, Q/K rows permuted."""
+    out = {}
+    for name, w in hf.items():
+        if name.endswith("q_proj.weight"):
+            w = llamacpp_permute(w, TINY["heads"])
+        elif name.endswith("k_proj.weight"):
+            w = llamacpp_permute(w, TINY["kv_heads"])
+        out[HF_TO_GGUF[name]] = w
+    return out
+
+
+def _write_gguf(
+    path: Path,
+    tensors: dict,
+    *,
+    arch: str = "llama",
+    omit: tuple[str, ...] = (),
+    tokens: list[str] | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write a GGUF with TINY's metadata and ``tensors`` (name -> float array, or
+    name -> (uint8 block bytes [rows, row_bytes], GGMLQuantizationType)); ``omit`` drops
+    metadata keys (without the ``{arch}.`` prefix), ``extra`` adds ``key -> value``."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    meta = {
+        "block_count": TINY["layers"], "context_length": TINY["ctx"],
+        "embedding_length": TINY["hidden"], "feed_forward_length": TINY["ffn"],
+        "attention.head_count": TINY["heads"], "attention.head_count_kv": TINY["kv_heads"],
+        "attention.layer_norm_rms_epsilon": 1e-5, "rope.freq_base": 10000.0,
+        "vocab_size": TINY["vocab"],
+    }
+    for key, value in {**meta, **(extra or {})}.items():
+        if key in omit:
+            continue
+        full = key if key.startswith(("general.", "tokenizer.")) else f"{arch}.{key}"
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, float):
+            w.add_float32(full, value)
+        else:
+            w.add_uint32(full, value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens or [f"t{i}" for i in range(TINY["vocab"])])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    for name, value in tensors.items():
+        if isinstance(value, tuple):
+            w.add_tensor(name, value[0], raw_dtype=value[1])
+        else:
+            w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def gguf_kit():
+    """Tiny-GGUF helpers: ``write``, ``hf_weights``, ``to_gguf``, ``permute``, ``TINY``."""
+    return SimpleNamespace(
+        write=_write_gguf, hf_weights=tiny_hf_weights, to_gguf=gguf_tensors_from_hf,
+        permute=llamacpp_permute, TINY=TINY,
+    )
