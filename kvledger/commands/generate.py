@@ -40,6 +40,8 @@ def generate(
     max_num_seqs: Annotated[int, Opt()] = 64,
     max_num_batched_tokens: Annotated[int, Opt()] = 2048,
     no_prefix_caching: Annotated[bool, Opt("--no-prefix-caching")] = False,
+    long_prompt_tokens: Annotated[int | None, Opt(help="Prompts this long are 'long'")] = None,
+    long_kv_share: Annotated[float, Opt(help="Most pool share long requests hold")] = 1.0,
     max_kv_tokens_per_request: Annotated[int | None, Opt()] = None,
     threads: Annotated[int | None, Opt(help="torch threads")] = None,
 ) -> None:
@@ -56,7 +58,8 @@ def generate(
         model=model, dtype=dtype, use_kv_cache=not no_kv_cache, kv_cache_gib=kv_cache_gib,
         num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens, num_threads=threads,
-        enable_prefix_caching=not no_prefix_caching,
+        enable_prefix_caching=not no_prefix_caching, long_prompt_tokens=long_prompt_tokens,
+        long_kv_share=long_kv_share,
         max_kv_tokens_per_request=max_kv_tokens_per_request))
     load_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
