@@ -155,30 +155,3 @@ def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm)
     preempted = [o.token_ids for o in small.generate(prompts, params)]
     assert preempted == alone
     assert small.engine.stats()["num_preemptions"] > 0
-
-
-@pytest.mark.slow
-def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm):
-    from kvledger import LLM
-
-    system = "You are a terse assistant. Answer in one short sentence, no lists."
-    questions = [
-        "What is a KV cache?",
-        "Why is decoding memory-bound?",
-        "Name a prime number.",
-        "What is the capital of Italy?",
-        "What does GQA stand for?",
-        "Say hello.",
-    ]
-    prompts = [
-        [{"role": "system", "content": system}, {"role": "user", "content": q}] for q in questions
-    ]
-    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
-    alone = [bundled_llm.generate(p, params)[0].token_ids for p in prompts]
-    batched = [o.token_ids for o in bundled_llm.generate(prompts, params)]  # warm prefix cache
-    assert batched == alone
-    assert bundled_llm.engine.stats()["prefix_cache_hit_tokens"] > 0
-    small = LLM("default", dtype="fp32", num_blocks=16)  # 6 x ~4 blocks needed: preemption
-    preempted = [o.token_ids for o in small.generate(prompts, params)]
-    assert preempted == alone
-    assert small.engine.stats()["num_preemptions"] > 0
