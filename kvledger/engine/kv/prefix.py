@@ -1,0 +1,115 @@
+"""Prefix cache: reuse the KV of full blocks whose whole token prefix was computed before.
+
+Each FULL block i of a sequence gets a chained hash
+
+    h_i = sha256(repr((h_{i-1}, tuple(tokens of block i), extra_keys_i)))
+
+with ``h_{-1} = None`` and ``extra_keys_0 = (cache_salt,)`` when the request has a salt (later
+blocks inherit the salt through the chain), else ``()``. Because the hash covers the parent, equal
+``h_i`` means equal tokens for the whole prefix ``[0, (i+1) * block_size)``, which is what makes
+the block's K/V (a function of every earlier token through attention) reusable. sha256 over
+``repr`` is stable across processes (unlike Python's salted ``hash`` of str); a hit is still
+verified by comparing the stored key (parent hash, token ids, extra keys) with the querying
+sequence's, so a collision can never hand out wrong K/V.
+
+A hit is capped at ``(num_tokens - 1) // block_size`` blocks so at least one token is always
+computed: the forward pass of the last token yields the logits to sample from. Prompt blocks and
+full blocks of generated tokens are both cached once their K/V is computed. Counters: tokens
+queried (whole sequence length per admission) and tokens hit, for the hit rate. With
+``enabled=False`` nothing is hashed, looked up or counted.
+
+The hash -> block map lives in the BlockPool (eviction happens there); this module computes
+hashes and decides hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from kvledger.engine.kv.pool import BlockPool
+from kvledger.engine.sequence import Sequence
+
+
+def block_hash_key(parent: bytes | None, token_ids: list[int], extra_keys: tuple) -> tuple:
+    """What a block's hash is computed from: (parent hash, token ids, extra keys)."""
+    return (parent, tuple(token_ids), extra_keys)
+
+
+def hash_block_key(key: tuple) -> bytes:
+    """sha256 digest (32 bytes) of a block hash key; stable across processes."""
+    return hashlib.sha256(repr(key).encode()).digest()
+
+
+class PrefixCache:
+    """Chained block hashes, longest-hit lookup with verification, and hit counters.
+
+    Args:
+        pool: the block pool holding the hash -> block map.
+        block_size: tokens per block.
+        enabled: False turns the prefix cache off (``--no-prefix-caching``).
+    """
+
+    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.enabled = enabled
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+
+    def _key(self, seq: Sequence, index: int) -> tuple:
+        """Hash key of full block ``index`` of ``seq`` (needs the parent's hash)."""
+        bs = self.block_size
+        parent = seq.block_hashes[index - 1] if index > 0 else None
+        extra = (seq.cache_salt,) if index == 0 and seq.cache_salt is not None else ()
+        return block_hash_key(parent, seq.token_ids_range(index * bs, (index + 1) * bs), extra)
+
+    def block_hash(self, seq: Sequence, index: int) -> tuple[bytes, tuple]:
+        """(hash, key) of full block ``index``; blocks are hashed in order and memoized in
+        ``seq.block_hashes``.
+
+        Raises:
+            AssertionError: the block is not full, or an earlier block was never hashed.
+        """
+        assert (index + 1) * self.block_size <= seq.num_tokens, f"block {index} is not full"
+        assert index <= len(seq.block_hashes), "blocks are hashed in order"
+        key = self._key(seq, index)
+        if index == len(seq.block_hashes):
+            seq.block_hashes.append(hash_block_key(key))
+        return seq.block_hashes[index], key
+
+    def find_longest_hit(self, seq: Sequence) -> list[int]:
+        """Block ids of the longest verified cached prefix of ``seq`` (no references taken).
+
+        At most ``(seq.num_tokens - 1) // block_size`` blocks. Does not touch the counters:
+        call ``record`` when the hit is actually used.
+        """
+        if not self.enabled:
+            return []
+        hits = []
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            block_hash, key = self.block_hash(seq, i)
+            block = self.pool.lookup(block_hash)
+            if block is None or block.hash_key != key:
+                break
+            hits.append(block.block_id)
+        return hits
+
+    def record(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admission's lookup: its whole length queried, ``num_hit_tokens`` reused."""
+        if self.enabled:
+            self.queried_tokens += num_queried_tokens
+            self.hit_tokens += num_hit_tokens
+
+    def cache_full_blocks(self, seq: Sequence, num_done: int) -> int:
+        """Register ``seq``'s full, computed blocks from index ``num_done`` on.
+
+        Returns:
+            The number of leading blocks of ``seq.block_table`` now registered (pass it back as
+            ``num_done`` next time).
+        """
+        num_full = seq.num_computed_tokens // self.block_size
+        if not self.enabled or num_full <= num_done:
+            return num_done
+        for i in range(num_done, num_full):
+            self.pool.cache_block(seq.block_table[i], *self.block_hash(seq, i))
+        return num_full
