@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.errors import InvalidParameterError
+
 
 @dataclass
 class EngineConfig:
@@ -24,6 +26,9 @@ class EngineConfig:
         max_kv_tokens_per_request: per-request KV quota in tokens (prompt + max_tokens).
         use_kv_cache: False recomputes the whole sequence every step (seed §1.3, for measuring).
         num_threads: torch intra-op threads (None = leave torch's default).
+
+    Raises:
+        InvalidParameterError: a size or share out of range.
     """
 
     model: str = "default"
@@ -39,3 +44,16 @@ class EngineConfig:
     max_kv_tokens_per_request: int | None = None
     use_kv_cache: bool = True
     num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
+                    "max_num_batched_tokens": self.max_num_batched_tokens,
+                    "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
+                    "long_prompt_tokens": self.long_prompt_tokens,
+                    "max_kv_tokens_per_request": self.max_kv_tokens_per_request}
+        for name, value in positive.items():
+            if value is not None and value <= 0:
+                raise InvalidParameterError(f"{name} must be > 0, got {value}")
+        if not 0 < self.long_kv_share <= 1:
+            raise InvalidParameterError(
+                f"long_kv_share must be in (0, 1], got {self.long_kv_share}")

@@ -67,3 +67,17 @@ def test_no_kv_cache_gives_the_same_greedy_tokens():
     uncached = json.loads(_invoke(*args, "--no-kv-cache").output.strip().splitlines()[-1])
     assert cached["token_ids"] == uncached["token_ids"]
     assert len(cached["token_ids"]) > 5
+
+
+@pytest.mark.slow
+def test_prompts_file_runs_one_batch_with_the_same_tokens_as_alone(tmp_path):
+    lines = ["The capital of Spain is", "Water boils at", "The KV cache stores"]
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(lines) + "\n\n")
+    batch = json.loads(_invoke("--prompts-file", str(path), "--max-tokens", "8",
+                               "--json").output.strip().splitlines()[-1])
+    assert [r["finish_reason"] for r in batch["results"]] == ["length"] * 3
+    for line, got in zip(lines, batch["results"]):
+        alone = json.loads(_invoke(line, "--max-tokens", "8", "--json").output.strip()
+                           .splitlines()[-1])
+        assert got["token_ids"] == alone["token_ids"]

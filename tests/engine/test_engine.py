@@ -155,3 +155,12 @@ def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm)
     preempted = [o.token_ids for o in small.generate(prompts, params)]
     assert preempted == alone
     assert small.engine.stats()["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("option", [{"block_size": 0}, {"num_blocks": -1}, {"long_kv_share": 0},
+                                    {"long_kv_share": 1.5}, {"max_num_seqs": 0}])
+def test_bad_engine_options_are_refused(option):
+    from kvledger.engine.config import EngineConfig
+
+    with pytest.raises(InvalidParameterError, match=next(iter(option))):
+        EngineConfig(**option)
