@@ -138,9 +138,10 @@ class LLMEngine:
     def _max_tokens(self, prompt_len: int, max_tokens: int | None) -> int:
         limit = self.max_model_len
         if prompt_len >= limit:
+            asked = "up to the limit" if max_tokens is None else str(max_tokens)
             raise ContextLengthError(
                 f"this model's maximum context length is {limit} tokens, but the prompt has "
-                f"{prompt_len} tokens (no room for one new token)")
+                f"{prompt_len} tokens (max_tokens {asked}; no room for one new token)")
         if max_tokens is None:
             return limit - prompt_len
         if prompt_len + max_tokens > limit:

@@ -27,7 +27,11 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt, add_special_tokens=True)
     elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
-        text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        try:
+            text = tokenizer.apply_chat_template(prompt, tokenize=False,
+                                                 add_generation_prompt=True)
+        except Exception as exc:  # jinja TemplateError, raise_exception() in templates, ...
+            raise InvalidParameterError(f"the chat template rejected the messages: {exc}") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
         raise InvalidParameterError(

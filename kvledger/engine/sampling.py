@@ -41,6 +41,9 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)
         if p.top_p < 1.0:
             probs = _nucleus(probs, p.top_p)
+        total = float(probs.sum())
+        if not total > 0 or total == float("inf"):  # underflow/overflow: the limit is greedy
+            return int(torch.argmax(logits))
         return int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)))
 
     def _generator(self, request_id: str, p: SamplingParams) -> torch.Generator | None:

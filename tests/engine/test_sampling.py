@@ -52,3 +52,9 @@ def test_logprobs_are_the_raw_log_softmax_with_top_alternatives():
     assert abs(lp.logprob - (3.0 - log_z)) < 1e-6
     assert [t for t, _ in lp.top] == [4, 0]
     assert abs(lp.top[1][1] - (2.0 - log_z)) < 1e-6
+
+
+def test_degenerate_distribution_falls_back_to_greedy():
+    huge = torch.tensor([1e38, -1e38, 3e38, 0.0])
+    assert _draw(SamplingParams(temperature=1e-30, seed=0), 2, huge) == [2, 2]
+    assert _draw(SamplingParams(temperature=1.0, top_p=1e-300, seed=0), 2) == [4, 4]

@@ -1,0 +1,71 @@
+"""``kvledger serve``: the OpenAI-compatible HTTP server (FastAPI + uvicorn), loopback by default.
+
+Heavy imports (torch through the engine, fastapi, uvicorn) happen inside the function so that
+``kvledger plan`` starts without them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def serve(
+    model: Annotated[str, typer.Option(help="'default' (bundled SmolLM2-135M-Instruct), a GGUF "
+                                            "file or an HF folder.")] = "default",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    api_key: Annotated[str | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' on /v1 routes and /tokenize.")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 or bf16.")] = "fp32",
+    kv_cache_gib: Annotated[float | None, typer.Option(help="KV pool size in GiB.")] = None,
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    max_num_seqs: Annotated[int, typer.Option(help="Most sequences in one step.")] = 64,
+    max_num_batched_tokens: Annotated[int, typer.Option(
+        help="Token budget of one step (prefill chunks included).")] = 2048,
+    no_prefix_caching: Annotated[bool, typer.Option(
+        "--no-prefix-caching", help="Disable the prefix cache.")] = False,
+    long_prompt_tokens: Annotated[int | None, typer.Option(
+        help="Prompts of at least this many tokens are 'long' (KV isolation).")] = None,
+    long_kv_share: Annotated[float, typer.Option(
+        help="Most share of the KV pool that long requests may hold.")] = 1.0,
+    max_kv_tokens_per_request: Annotated[int | None, typer.Option(
+        help="Per-request KV quota in tokens (prompt + max_tokens); over it: HTTP 429.")] = None,
+    max_queue: Annotated[int | None, typer.Option(
+        help="Most requests waiting for a slot; more get HTTP 429.")] = None,
+    kv_alert_bytes: Annotated[int | None, typer.Option(
+        help="Log a warning and count kv_alerts when a request's KV passes this many bytes.")]
+    = None,
+    log_interval_s: Annotated[float, typer.Option(
+        help="Seconds between engine status log lines.")] = 10.0,
+) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /tokenize,
+    /health and Prometheus /metrics."""
+    import logging
+
+    import uvicorn
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.server.app import create_app
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = EngineConfig(
+        model=model, dtype=dtype, block_size=block_size, kv_cache_gib=kv_cache_gib,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=not no_prefix_caching, long_prompt_tokens=long_prompt_tokens,
+        long_kv_share=long_kv_share, max_kv_tokens_per_request=max_kv_tokens_per_request,
+    )
+    engine = LLMEngine(config)
+    app = create_app(engine, api_key=api_key, max_queue=max_queue,
+                     kv_alert_bytes=kv_alert_bytes, log_interval_s=log_interval_s)
+    log = logging.getLogger("kvledger.server")
+    log.info("serving %s (max_model_len %d) on http://%s:%d", engine.model_name,
+             engine.max_model_len, host, port)
+    if host not in LOOPBACK and not api_key:
+        log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
+    uvicorn.run(app, host=host, port=port, log_level="info")

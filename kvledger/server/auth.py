@@ -1,0 +1,41 @@
+"""API-key check for the ``/v1`` routes and ``/tokenize`` (``--api-key``).
+
+A pure ASGI middleware, so it answers before the body is parsed: a request without the right
+``Authorization: Bearer <key>`` gets 401 in the OpenAI error shape whatever its body.
+``/health``, ``/metrics`` and the OpenAPI documents stay open, as in vLLM. Keys are compared
+in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kvledger.server.protocol import error_body
+
+PROTECTED_PREFIXES = ("/v1", "/tokenize")
+
+
+def is_protected(path: str) -> bool:
+    """True for the paths that need the key."""
+    return path.startswith(PROTECTED_PREFIXES)
+
+
+class ApiKeyMiddleware:
+    """Reject protected requests lacking ``Authorization: Bearer <api_key>`` with 401."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and is_protected(scope["path"]):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = error_body("invalid or missing API key (send 'Authorization: Bearer KEY')",
+                                  "authentication_error", None, "invalid_api_key")
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

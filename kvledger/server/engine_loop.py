@@ -1,0 +1,208 @@
+"""The engine thread: the one thread that owns the (not thread-safe) LLMEngine.
+
+The asyncio event loop serves HTTP; this thread runs continuous batching beside it, so every
+concurrent request joins the same engine steps. The two sides talk through:
+
+- an inbox (``queue.SimpleQueue``) of commands: a call of a function on the engine (adding a
+  request, tokenizing) answered through a ``concurrent.futures.Future``, or an abort;
+- one ``asyncio.Queue`` per request, fed with a snapshot of that request's ``RequestOutput``
+  after each step via ``loop.call_soon_threadsafe`` (one hand-off per step for all requests);
+  snapshots, because the engine mutates its outputs in place on the next step.
+
+Loop invariant: drain the inbox, then ``step()`` while the engine has unfinished requests, else
+sleep on an event that every new command sets. Commands are handled in arrival order, so an
+abort sent after an add always finds its request. An add is validated in this thread (context
+length, KV quota, queue size) and its error reaches the HTTP handler before any stream starts.
+If an iteration fails (a bug in ``step()``), every live request gets an ``error`` output and is
+aborted; the thread keeps serving. On shutdown the live requests get an ``error`` output too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import KVBudgetError, KVLedgerError
+from kvledger.server.observer import RequestObserver
+
+log = logging.getLogger("kvledger.server")
+
+IDLE_WAKE_S = 1.0  # idle loop period: the periodic engine log still runs
+INTERNAL_ERROR = "internal engine error"  # prefix of the error of requests failed by a bug
+
+
+class QueueFullError(KVLedgerError):
+    """The server's waiting queue holds ``--max-queue`` requests; retry later (HTTP 429)."""
+
+    http_status = 429
+    code = "queue_full"
+
+
+class EngineLoop:
+    """Runs ``engine.step()`` in a dedicated thread and routes outputs to asyncio queues.
+
+    Args:
+        engine: an ``LLMEngine`` (or any object with its API); only this thread touches it.
+        observer: receives every output and the engine stats after each step.
+        max_queue: most requests waiting for a slot; more are refused (None = no limit).
+    """
+
+    def __init__(self, engine: Any, observer: RequestObserver, max_queue: int | None = None):
+        self._engine = engine
+        self._observer = observer
+        self._max_queue = max_queue
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine thread runs."""
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask the engine thread to exit and wait for it."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    async def call(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(engine)`` in the engine thread; return its result or raise its error."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", fn, future))
+        self._wake.set()
+        return await asyncio.wrap_future(future)
+
+    async def add(self, request_id: str, prompt: Any, params: SamplingParams) -> asyncio.Queue:
+        """Add a request; return the queue its ``RequestOutput``\\ s arrive on.
+
+        Raises:
+            ContextLengthError, InvalidParameterError (400), KVBudgetError, QueueFullError (429).
+        """
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+
+        def add(engine: Any) -> None:
+            if self._max_queue is not None and engine.stats()["num_waiting"] >= self._max_queue:
+                raise QueueFullError(
+                    f"the server's queue is full ({self._max_queue} requests waiting); retry later"
+                )
+            try:
+                engine.add_request(request_id, prompt, params)
+            except KVBudgetError:
+                self._observer.on_quota_rejected()
+                raise
+            self._streams[request_id] = (loop, outputs)
+            self._observer.on_added(request_id)
+
+        try:
+            await self.call(add)
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        return outputs
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its KV blocks are freed before the next step). Never raises."""
+        self._inbox.put(("abort", request_id, None))
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._iterate()
+            except Exception as exc:  # a bug: fail the live requests, keep serving
+                log.exception("engine step failed; failing %d live requests", len(self._streams))
+                self._fail_all(f"{INTERNAL_ERROR}: {exc}")
+        self._fail_all(f"{INTERNAL_ERROR}: the server is shutting down")
+
+    def _iterate(self) -> None:
+        worked = self._drain_inbox()
+        if self._engine.has_unfinished_requests():
+            self._deliver(self._engine.step())
+            worked = True
+        self._observer.on_stats(self._engine.stats(), time.perf_counter())
+        if not worked:
+            self._wake.wait(IDLE_WAKE_S)
+            self._wake.clear()
+
+    def _drain_inbox(self) -> bool:
+        worked = False
+        while True:
+            try:
+                kind, arg, future = self._inbox.get_nowait()
+            except queue.Empty:
+                return worked
+            worked = True
+            if kind == "abort":
+                self._abort_now(arg)
+            elif future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(arg(self._engine))
+                except Exception as exc:  # noqa: BLE001 - handed to the caller, who maps it to HTTP
+                    future.set_exception(exc)
+
+    def _abort_now(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is None:
+            return  # finished already, or never added
+        try:
+            self._engine.abort(request_id)
+        except Exception:
+            log.exception("engine.abort(%s) failed", request_id)
+        self._observer.on_aborted(request_id)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        now = time.perf_counter()
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for out in outputs:
+            entry = self._streams.get(out.request_id)
+            if entry is None:
+                continue  # aborted by the server; its outputs have no reader
+            self._observer.on_output(out, now)
+            if out.finished:
+                del self._streams[out.request_id]
+            batches.setdefault(entry[0], []).append((entry[1], snapshot(out)))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                log.warning("event loop closed; dropping %d outputs", len(items))
+
+    def _fail_all(self, message: str) -> None:
+        failed = []
+        for request_id in list(self._streams):
+            failed.append(RequestOutput(request_id=request_id, prompt_token_ids=[],
+                                        finished=True, finish_reason="error", error=message))
+            try:
+                self._engine.abort(request_id)
+            except Exception:
+                log.exception("engine.abort(%s) failed", request_id)
+        self._deliver(failed)
+
+
+def snapshot(out: RequestOutput) -> RequestOutput:
+    """A copy the engine will not mutate: it updates one RequestOutput per request in place."""
+    copy = dataclasses.replace(out, metrics=dataclasses.replace(out.metrics))
+    if out.logprobs is not None:
+        copy.logprobs = list(out.logprobs)
+    return copy
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for outputs, out in items:
+        outputs.put_nowait(out)

@@ -1,0 +1,154 @@
+"""OpenAI response objects built from the engine's ``RequestOutput``\\ s.
+
+Two formatters, one per endpoint, with the same three methods: ``chunks(out)`` (the stream
+chunks of one engine step), ``usage_chunk(out)`` (the ``include_usage`` chunk, empty
+``choices``) and ``response(out, logprobs)`` (the whole non-streamed body). Shapes follow the
+OpenAI API reference: ``text_completion`` with legacy logprobs (``tokens``, ``token_logprobs``,
+``top_logprobs``, ``text_offset``) and ``chat.completion(.chunk)`` with ``logprobs.content``.
+
+The first chat chunk carries only ``role``; it is emitted in the same ``chunks()`` call as the
+first content, never earlier, so a client's TTFT measured on it is the real one. A step whose
+tokens add no text and no logprobs (a held-back stop-string prefix) yields no chunk.
+``usage.completion_tokens`` is ``len(out.token_ids)``: every generated token is counted once
+and (with logprobs on) appears once in the streamed logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from kvledger.engine.outputs import RequestOutput, TokenLogprob
+
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
+
+
+def step_logprobs(out: RequestOutput) -> list[TokenLogprob]:
+    """The logprobs of this step's new tokens (whether the engine's list is cumulative or not)."""
+    lps, n_new = out.logprobs or [], len(out.new_token_ids)
+    return lps[len(lps) - n_new:] if n_new else []
+
+
+def usage(out: RequestOutput) -> dict:
+    """OpenAI ``usage`` (tokens), with the prefix-cache hits as ``cached_tokens``."""
+    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens},
+    }
+
+
+def _clamp(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else MIN_LOGPROB
+
+
+class _Formatter:
+    object_name = ""
+
+    def __init__(self, request_id: str, model: str, tokenizer: Any, logprobs: bool) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.tokenizer = tokenizer
+        self.logprobs = logprobs
+
+    def _envelope(self, choices: list[dict], obj: str | None = None) -> dict:
+        return {"id": self.request_id, "object": obj or self.object_name,
+                "created": self.created, "model": self.model, "choices": choices}
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def usage_chunk(self, out: RequestOutput) -> dict:
+        """The single ``include_usage`` chunk: empty ``choices`` and the usage."""
+        return {**self._envelope([], self.chunk_object), "usage": usage(out)}
+
+
+class CompletionFormatter(_Formatter):
+    """``/v1/completions`` bodies and chunks (object ``text_completion``)."""
+
+    object_name = chunk_object = "text_completion"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._text_offset = 0
+
+    def _logprobs(self, lps: list[TokenLogprob]) -> dict:
+        tokens = [self._token_text(lp.token_id) for lp in lps]
+        offsets = []
+        for token in tokens:
+            offsets.append(self._text_offset)
+            self._text_offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [_clamp(lp.logprob) for lp in lps],
+            "top_logprobs": [{self._token_text(t): _clamp(v) for t, v in lp.top} for lp in lps],
+            "text_offset": offsets,
+        }
+
+    def chunks(self, out: RequestOutput) -> list[dict]:
+        """Stream chunks of one step (at most one)."""
+        lps = step_logprobs(out) if self.logprobs else []
+        if not (out.new_text or lps or out.finished):
+            return []
+        choice = {"index": 0, "text": out.new_text,
+                  "logprobs": self._logprobs(lps) if self.logprobs else None,
+                  "finish_reason": out.finish_reason if out.finished else None}
+        return [self._envelope([choice])]
+
+    def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
+        """The whole non-streamed body."""
+        choice = {"index": 0, "text": out.text,
+                  "logprobs": self._logprobs(lps) if self.logprobs else None,
+                  "finish_reason": out.finish_reason}
+        return {**self._envelope([choice]), "usage": usage(out)}
+
+
+class ChatFormatter(_Formatter):
+    """``/v1/chat/completions`` bodies and chunks."""
+
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._role_sent = False
+
+    def _entry(self, token_id: int, logprob: float) -> dict:
+        text = self._token_text(token_id)
+        return {"token": text, "logprob": _clamp(logprob), "bytes": list(text.encode())}
+
+    def _logprobs(self, lps: list[TokenLogprob]) -> dict:
+        return {"content": [
+            {**self._entry(lp.token_id, lp.logprob),
+             "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
+            for lp in lps
+        ]}
+
+    def _chunk(self, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return self._envelope([choice], self.chunk_object)
+
+    def chunks(self, out: RequestOutput) -> list[dict]:
+        """Stream chunks of one step; the first content comes right after the role chunk."""
+        lps = step_logprobs(out) if self.logprobs else []
+        if not (out.new_text or lps or out.finished):
+            return []
+        chunks = []
+        if not self._role_sent:
+            self._role_sent = True
+            chunks.append(self._chunk({"role": "assistant", "content": ""}, None, None))
+        delta = {"content": out.new_text} if out.new_text else {}
+        chunks.append(self._chunk(delta, self._logprobs(lps) if self.logprobs else None,
+                                  out.finish_reason if out.finished else None))
+        return chunks
+
+    def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
+        """The whole non-streamed body."""
+        choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                  "logprobs": self._logprobs(lps) if self.logprobs else None,
+                  "finish_reason": out.finish_reason}
+        return {**self._envelope([choice]), "usage": usage(out)}

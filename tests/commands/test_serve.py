@@ -1,0 +1,44 @@
+"""``kvledger serve``: CLI flags reach EngineConfig and the app; uvicorn gets host and port."""
+
+from types import SimpleNamespace
+
+import uvicorn
+from typer.testing import CliRunner
+
+import kvledger.engine.engine as engine_module
+from kvledger.cli import app
+
+
+def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
+    seen = {}
+
+    def fake_engine(config):
+        seen["config"] = config
+        return SimpleNamespace(model_name="m", max_model_len=64, tokenizer=None)
+
+    def fake_run(app_, host, port, **kwargs):
+        seen.update(app=app_, host=host, port=port)
+
+    monkeypatch.setattr(engine_module, "LLMEngine", fake_engine)
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    result = CliRunner().invoke(app, [
+        "serve", "--port", "9123", "--block-size", "32", "--kv-cache-gib", "0.5",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--no-prefix-caching",
+        "--long-prompt-tokens", "1000", "--long-kv-share", "0.25",
+        "--max-kv-tokens-per-request", "4096", "--api-key", "k", "--max-queue", "3",
+        "--kv-alert-bytes", "1000",
+    ])
+    assert result.exit_code == 0, result.output
+    c = seen["config"]
+    assert (c.model, c.block_size, c.kv_cache_gib, c.max_num_seqs) == ("default", 32, 0.5, 8)
+    assert (c.max_num_batched_tokens, c.enable_prefix_caching) == (512, False)
+    assert (c.long_prompt_tokens, c.long_kv_share, c.max_kv_tokens_per_request) == (
+        1000, 0.25, 4096)
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 9123)  # loopback by default
+    assert seen["app"].state.server.model_name == "m"
+
+
+def test_a_missing_model_is_a_one_line_error(tmp_path):
+    result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "nope.gguf")])
+    assert result.exit_code == 2
+    assert "error: model path not found" in result.output

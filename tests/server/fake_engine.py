@@ -1,0 +1,135 @@
+"""A fake engine with LLMEngine's API, for fast server tests without a model.
+
+Tokens are characters (token id = code point). A request emits the characters of ``TEXT`` one
+per step, then ``"stop"`` at its end (unless ``ignore_eos``), or ``"length"`` at ``max_tokens``.
+Each token holds ``KV_BYTES_PER_TOKEN`` bytes of KV. Context and quota checks mirror the real
+engine's contract: prompt + max_tokens over ``max_model_len`` -> ContextLengthError, over the
+quota -> KVBudgetError.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvledger.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import ContextLengthError, KVBudgetError
+
+TEXT = "Hello from the fake engine."
+KV_BYTES_PER_TOKEN = 100
+
+
+class FakeTokenizer:
+    """decode(ids) joins code points."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+@dataclass
+class _Req:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    out: list[int] = field(default_factory=list)
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+
+
+class FakeEngine:
+    """Same API as LLMEngine; not thread-safe on purpose (asserts a single owner thread)."""
+
+    model_name = "fake-model"
+    max_model_len = 256
+
+    def __init__(self, step_delay_s: float = 0.0, kv_quota_tokens: int | None = None):
+        self.tokenizer = FakeTokenizer()
+        self.step_delay_s = step_delay_s
+        self.kv_quota_tokens = kv_quota_tokens
+        self.fail_next_step = False  # step() raises (an engine bug)
+        self.refuse_message: str | None = None  # step() fails every request, as the scheduler
+        self.requests: dict[str, _Req] = {}
+        self.aborted: list[str] = []
+        self.owner: threading.Thread | None = None
+
+    def _check_thread(self) -> None:
+        self.owner = self.owner or threading.current_thread()
+        assert self.owner is threading.current_thread(), "engine used from two threads"
+
+    def tokenize(self, prompt) -> list[int]:
+        self._check_thread()
+        if isinstance(prompt, list):
+            prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
+        return [ord(c) for c in prompt]
+
+    def add_request(self, request_id, prompt, params: SamplingParams) -> None:
+        self._check_thread()
+        ids = prompt if prompt and isinstance(prompt[0], int) else self.tokenize(prompt)
+        max_tokens = params.max_tokens or self.max_model_len - len(ids)
+        if len(ids) + max_tokens > self.max_model_len or max_tokens <= 0:
+            raise ContextLengthError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the prompt "
+                f"has {len(ids)} tokens and max_tokens is {params.max_tokens}"
+            )
+        if self.kv_quota_tokens and len(ids) + max_tokens > self.kv_quota_tokens:
+            raise KVBudgetError(f"request needs {len(ids) + max_tokens} tokens of KV")
+        req = _Req(ids, params, max_tokens)
+        req.metrics.arrival_time = time.perf_counter()
+        req.metrics.num_prompt_tokens = len(ids)
+        self.requests[request_id] = req
+
+    def abort(self, request_id: str) -> None:
+        self._check_thread()
+        self.aborted.append(request_id)
+        self.requests.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        self._check_thread()
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("boom")
+        time.sleep(self.step_delay_s)
+        if self.refuse_message:
+            refused = [RequestOutput(rid, r.prompt_ids, finished=True, finish_reason="error",
+                                     error=self.refuse_message) for rid, r in self.requests.items()]
+            self.requests.clear()
+            return refused
+        return [self._advance(rid, req) for rid, req in list(self.requests.items())]
+
+    def _advance(self, request_id: str, req: _Req) -> RequestOutput:
+        now = time.perf_counter()
+        token = ord(TEXT[len(req.out) % len(TEXT)])
+        req.out.append(token)
+        req.metrics.first_token_time = req.metrics.first_token_time or now
+        req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
+        req.metrics.last_token_time = now
+        req.metrics.peak_kv_bytes = (len(req.prompt_ids) + len(req.out)) * KV_BYTES_PER_TOKEN
+        reason = None
+        if len(req.out) >= req.max_tokens:
+            reason = "length"
+        elif len(req.out) == len(TEXT) and not req.params.ignore_eos:
+            reason = "stop"
+        if reason:
+            del self.requests[request_id]
+        lps = None
+        if req.params.logprobs is not None:
+            top = [(token, -0.25), (ord("?"), -2.0)][: req.params.logprobs]
+            lps = [TokenLogprob(t, -0.25 - i, top) for i, t in enumerate(req.out)]
+        return RequestOutput(
+            request_id=request_id, prompt_token_ids=req.prompt_ids, token_ids=list(req.out),
+            text="".join(map(chr, req.out)), new_token_ids=[token], new_text=chr(token),
+            finished=reason is not None, finish_reason=reason, logprobs=lps,
+            metrics=req.metrics,
+        )
+
+    def stats(self) -> dict:
+        used = sum(len(r.prompt_ids) + len(r.out) for r in self.requests.values())
+        return {"num_running": len(self.requests), "num_waiting": 0,
+                "kv_usage": used / 4096, "kv_bytes_allocated": used * KV_BYTES_PER_TOKEN,
+                "kv_bytes_predicted": used * KV_BYTES_PER_TOKEN,
+                "prefix_cache_queried_tokens": 10, "prefix_cache_hit_tokens": 5,
+                "num_preemptions": 0}
