@@ -20,7 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def real_text_ids(tokenizer, n_tokens: int, offset: int = 0) -> list[int]:
     """``n_tokens`` token ids of pydoc topics text, starting ``offset`` topics in."""
-    import pydoc_data.topics as topics
+    from pydoc_data import topics
 
     texts = list(topics.topics.values())
     text = "\n\n".join(texts[offset:] + texts[:offset])

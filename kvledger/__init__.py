@@ -6,7 +6,7 @@ lazily so ``import kvledger.ledger`` never pulls in torch.
 
 from __future__ import annotations
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "EngineConfig"]
+__all__ = ["LLM", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
 __version__ = "0.1.0"
 
 _LAZY = {

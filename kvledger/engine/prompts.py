@@ -30,7 +30,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
         try:
             text = tokenizer.apply_chat_template(prompt, tokenize=False,
                                                  add_generation_prompt=True)
-        except Exception as exc:  # jinja TemplateError, raise_exception() in templates, ...
+        except Exception as exc:  # noqa: BLE001 (jinja TemplateError, raise_exception(), ...)
             raise InvalidParameterError(f"the chat template rejected the messages: {exc}") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
     else:
