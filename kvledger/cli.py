@@ -43,3 +43,7 @@ app.command("probe")(user_errors(plan.probe))
 app.command("generate")(user_errors(generate.generate))
 app.command("serve")(user_errors(serve.serve))
 app.command("bench")(user_errors(bench.bench))
+
+
+if __name__ == "__main__":
+    app()
