@@ -53,7 +53,7 @@ def main() -> None:
     print(machine_line(args.threads), "·", args.dtype)
 
     t = time.perf_counter()
-    llm = LLM("default", dtype=args.dtype)
+    llm = LLM("default", dtype=args.dtype, enable_prefix_caching=False)
     load_s = time.perf_counter() - t
     ids = real_text_ids(llm.tokenizer, args.prompt)
     ttft, tpot = ours_ttft_tpot(llm, ids, args.new, args.repeat)
@@ -66,7 +66,7 @@ def main() -> None:
           "(target TPOT <= 0.5x)")
 
     print("no-KV-cache TPOT / cached TPOT (ours, 8 new tokens):")
-    nocache = LLM("default", dtype=args.dtype, use_kv_cache=False)
+    nocache = LLM("default", dtype=args.dtype, use_kv_cache=False, enable_prefix_caching=False)
     for ctx in (256, 512, 1024):
         ctx_ids = real_text_ids(llm.tokenizer, ctx)
         _, cached = ours_ttft_tpot(llm, ctx_ids, 8, 1)
