@@ -26,6 +26,7 @@ import re
 import numpy as np
 import torch
 
+from kvledger.engine.q4 import Q4_TYPES, q4_parts
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import ModelSpec
 
@@ -110,6 +111,10 @@ def dequantize(tensor) -> np.ndarray:
 def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of an open GGUF into HF-named contiguous fp32 torch tensors.
 
+    Q4_0 / Q4_1 matrices also keep their packed form for the int4 decode kernel, as
+    ``<stem>.q4_codes`` (uint8 [out, in]), ``<stem>.q4_scale`` and ``<stem>.q4_zero``
+    (float32 [out, in / 32]); see :mod:`kvledger.engine.q4`.
+
     Args:
         reader: a ``gguf.GGUFReader`` of the file ``spec`` was read from.
         spec: its ModelSpec (head counts for the rotary un-permutation).
@@ -126,9 +131,16 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
                 "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
             )
         name = hf_name(tensor.name)
-        array = dequantize(tensor)
+        arrays = {name: dequantize(tensor)}
+        if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
+            rows = arrays[name].shape[0]
+            stem = name.removesuffix(".weight")
+            q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
+            arrays.update({stem + ".q4_codes": q, stem + ".q4_scale": scale,
+                           stem + ".q4_zero": zero})
         part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-        if permuted and part in heads:
-            array = unpermute_rotary(array, heads[part])
-        state[name] = torch.from_numpy(np.ascontiguousarray(array))
+        for key, array in arrays.items():
+            if permuted and part in heads:
+                array = unpermute_rotary(array, heads[part])
+            state[key] = torch.from_numpy(np.ascontiguousarray(array))
     return state

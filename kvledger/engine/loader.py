@@ -41,7 +41,7 @@ from kvledger.errors import ConfigError, ModelNotFoundError, UnsupportedModelErr
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v1"
+CACHE_VERSION = "kvledger-weights-v2"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
@@ -74,7 +74,12 @@ def load_weights(
     else:
         spec, state = _load_gguf_cached(path, dtype)
     _check_complete(spec, state)
-    return spec, {name: t.to(dtype).contiguous() for name, t in state.items()}
+    return spec, {name: _cast(t, dtype) for name, t in state.items()}
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Floating tensors to ``dtype``; integer ones (packed 4-bit codes) unchanged."""
+    return t.to(dtype).contiguous() if t.is_floating_point() else t.contiguous()
 
 
 def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
@@ -98,7 +103,7 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
         except (SafetensorError, OSError, KeyError, ValueError, TypeError):
             pass  # corrupt, truncated or stale (older ModelSpec) entry: rebuild it below
     spec, state = _load_gguf(path)
-    state = {name: t.to(dtype) for name, t in state.items()}
+    state = {name: _cast(t, dtype) for name, t in state.items()}
     _save_atomically(state, {"spec": _spec_to_json(spec)}, cached)
     return spec, state
 

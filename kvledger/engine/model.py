@@ -5,7 +5,8 @@ token embedding -> N x [RMSNorm -> attention (Q, K, V projections, RoPE on Q and
 residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or untied).
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
-layer runs four matmuls. RMSNorm is computed in fp32 and cast back, like the Hugging Face
+layer runs four matmuls; in bf16, GGUF Q4 weights also run packed for small batches
+(:mod:`kvledger.engine.q4`). RMSNorm is computed in fp32 and cast back, like the Hugging Face
 implementation, so fp32 logits match it to ~1e-5 and bf16 follows the same rounding steps.
 Q is never cached: only the K/V of new tokens go to the store (seed §2.1).
 """
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 
 from kvledger.engine.attention import AttentionMetadata, paged_attention
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.q4 import Linear
 from kvledger.engine.rope import RotaryEmbedding
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import FULL, ModelSpec
@@ -39,11 +41,12 @@ class LlamaModel:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype):
         check_supported(spec)
         self.spec, self.dtype = spec, dtype
-        w = {name: t.to(dtype) for name, t in weights.items()}
+        w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.lm_head = w.get("lm_head.weight", self.embed)
         self.final_norm = w["model.norm.weight"]
         self.layers = [_fuse_layer(w, f"model.layers.{i}.") for i in range(spec.num_layers)]
+        self.packed_q4 = any(layer["qkv"].packed is not None for layer in self.layers)
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim
@@ -59,16 +62,16 @@ class LlamaModel:
         heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
         for i, layer in enumerate(self.layers):
             x = self._norm(h, layer["input_norm"])
-            qkv = F.linear(x, layer["qkv"], layer.get("qkv_bias"))
+            qkv = layer["qkv"](x)
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
             qk = self.rope.apply(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
             attn = paged_attention(i, q, k, v, meta, store)
-            h = h + F.linear(attn.reshape(-1, self.q_size), layer["o"])
+            h = h + layer["o"](attn.reshape(-1, self.q_size))
             x = self._norm(h, layer["post_norm"])
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer["down"])
+            gate, up = layer["gate_up"](x).chunk(2, dim=-1)
+            h = h + layer["down"](F.silu(gate) * up)
         return self._norm(h, self.final_norm)
 
     @torch.inference_mode()
@@ -93,16 +96,26 @@ def check_supported(spec: ModelSpec) -> None:
             f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
 
 
-def _fuse_layer(w: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+def _fuse_layer(w: dict[str, torch.Tensor], prefix: str) -> dict:
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
-    layer = {
+    qkv = [attn + f"{p}_proj" for p in "qkv"]
+    bias = [w.get(stem + ".bias") for stem in qkv]
+    return {
         "input_norm": w[prefix + "input_layernorm.weight"],
         "post_norm": w[prefix + "post_attention_layernorm.weight"],
-        "qkv": torch.cat([w[attn + f"{p}_proj.weight"] for p in "qkv"]).contiguous(),
-        "o": w[attn + "o_proj.weight"].contiguous(),
-        "gate_up": torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]),
-        "down": w[mlp + "down_proj.weight"].contiguous(),
+        "qkv": _fused_linear(w, qkv, torch.cat(bias) if bias[0] is not None else None),
+        "o": _fused_linear(w, [attn + "o_proj"]),
+        "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"]),
+        "down": _fused_linear(w, [mlp + "down_proj"]),
     }
-    if attn + "q_proj.bias" in w:
-        layer["qkv_bias"] = torch.cat([w[attn + f"{p}_proj.bias"] for p in "qkv"])
-    return layer
+
+
+def _fused_linear(w: dict[str, torch.Tensor], stems: list[str],
+                  bias: torch.Tensor | None = None) -> Linear:
+    """One Linear over the row-concatenation of several projections (and their 4-bit forms)."""
+    weight = torch.cat([w[s + ".weight"] for s in stems]).contiguous()
+    q4 = None
+    if all(s + ".q4_codes" in w for s in stems):
+        q4 = tuple(torch.cat([w[s + part] for s in stems])
+                   for part in (".q4_codes", ".q4_scale", ".q4_zero"))
+    return Linear(weight, bias, q4)
