@@ -1,12 +1,13 @@
 """Attention over block tables: prefill (with or without a cached prefix) and batched decode.
 
-A step's tokens are flattened to ``[T]``: first one token for each decoding sequence (the
-*decode group*), then the new tokens of each prefill chunk, one *segment* per sequence. New K/V
+A step's tokens are flattened to ``[T]``: first one token for each decoding sequence (in
+*decode groups*), then the new tokens of each prefill chunk, one *segment* per sequence. New K/V
 are written to their slots first (``slot_mapping``), then each query attends over its sequence's
 context gathered from the blocks:
 
-- decode group: ``[B, L]`` slot indices (padded to the longest context, with a mask), one
-  scaled-dot-product attention call for the whole batch;
+- decode groups: ``[B, L]`` slot indices (padded to the group's longest context, with a mask),
+  one scaled-dot-product attention call per group; decoding sequences are sorted by context
+  length and grouped so that padding wastes little gather and attention work;
 - prefill segment without a cached prefix: causal attention over its own new K/V (no gather);
 - prefill segment after a cached prefix (prefix-cache hit or chunked prefill): gather the
   ``context_len`` slots, mask so the query at position p sees keys at positions <= p.
@@ -28,13 +29,14 @@ from kvledger.engine.kv.store import KVStore
 
 @dataclass
 class DecodeGroup:
-    """The first ``num_seqs`` tokens of the step, one per decoding sequence.
+    """``num_seqs`` decode tokens (one per sequence) from flat offset ``start``.
 
     ``slots``: [num_seqs, max_context] int64 slot of each context position (padding repeats a
     valid slot); ``mask``: [num_seqs, 1, 1, max_context] bool (True = attend) or None when all
     contexts have the same length.
     """
 
+    start: int
     num_seqs: int
     slots: torch.Tensor
     mask: torch.Tensor | None
@@ -60,7 +62,7 @@ class AttentionMetadata:
     """Everything attention needs about one step, built once and shared by all layers."""
 
     slot_mapping: torch.Tensor | None
-    decode: DecodeGroup | None = None
+    decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
 
 
@@ -74,8 +76,8 @@ def paged_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if meta.slot_mapping is not None:
         store.write(layer, meta.slot_mapping, k, v)
     parts = []
-    if meta.decode is not None:
-        parts.append(_decode(layer, q[: meta.decode.num_seqs], meta.decode, store))
+    for group in meta.decodes:
+        parts.append(_decode(layer, q[group.start: group.start + group.num_seqs], group, store))
     for seg in meta.prefills:
         parts.append(_prefill(layer, q, k, v, seg, store))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

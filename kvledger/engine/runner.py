@@ -47,10 +47,11 @@ class ModelRunner:
         ids, pos, slots = [], [], []
         meta = AttentionMetadata(slot_mapping=None)
         last_of = {}
-        if decodes:
-            contexts = [self._context_slots(c.seq, c.seq.num_computed_tokens + 1) for c in decodes]
-            meta.decode = _decode_group(contexts)
-            for c, ctx in zip(decodes, contexts):
+        decodes.sort(key=lambda c: c.seq.num_computed_tokens)
+        for group in _length_groups(decodes):
+            contexts = [self._context_slots(c.seq, c.seq.num_computed_tokens + 1) for c in group]
+            meta.decodes.append(_decode_group(len(ids), contexts))
+            for c, ctx in zip(group, contexts):
                 p = c.seq.num_computed_tokens
                 ids.extend(c.seq.token_ids_range(p, p + 1))
                 pos.append(p)
@@ -89,14 +90,26 @@ class ModelRunner:
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
 
 
-def _decode_group(contexts: list[torch.Tensor]) -> DecodeGroup:
+def _length_groups(decodes: list, max_padding: float = 1.25) -> list[list]:
+    """Split decodes sorted by context length so no group pads past ``max_padding`` x."""
+    groups: list[list] = []
+    for c in decodes:
+        if groups and c.seq.num_computed_tokens <= max_padding * (
+                groups[-1][0].seq.num_computed_tokens + 1):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return groups
+
+
+def _decode_group(start: int, contexts: list[torch.Tensor]) -> DecodeGroup:
     lengths = [len(c) for c in contexts]
     longest = max(lengths)
     if min(lengths) == longest:
-        return DecodeGroup(len(contexts), torch.stack(contexts), None)
+        return DecodeGroup(start, len(contexts), torch.stack(contexts), None)
     slots = torch.stack([torch.cat([c, c[:1].expand(longest - len(c))]) for c in contexts])
     mask = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
-    return DecodeGroup(len(contexts), slots, mask[:, None, None, :])
+    return DecodeGroup(start, len(contexts), slots, mask[:, None, None, :])
 
 
 def _prefix_causal_mask(start: int, n: int) -> torch.Tensor:

@@ -49,6 +49,16 @@ def test_batch_of_16_equals_alone(tiny_engine_factory):
     _idle_accounting(engine)
 
 
+def test_batch_of_very_different_lengths_equals_alone(tiny_engine_factory):
+    """Decodes of contexts 10..300 tokens fall into several length groups in one step."""
+    import random
+
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 320) for _ in range(n)] for n in (10, 13, 40, 90, 100, 300)]
+    alone = [_run(tiny_engine_factory(), [p])[0] for p in prompts]
+    assert _run(tiny_engine_factory(), prompts) == alone
+
+
 def test_no_kv_cache_equals_paged(tiny_engine_factory):
     prompts = _prompts(3)
     assert _run(tiny_engine_factory(use_kv_cache=False), prompts) == _run(
