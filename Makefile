@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast bench lint
+.PHONY: setup demo test test-fast lint
 
 setup: $(VENV)/.installed
 

@@ -89,7 +89,7 @@ def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
         return lines
     if prompt is None:
         raise InvalidParameterError("give a PROMPT, '-' to read stdin, or --prompts-file")
-    text = sys.stdin.read() if prompt == "-" else prompt
+    text = sys.stdin.read().rstrip("\r\n") if prompt == "-" else prompt
     if not text.strip():
         raise InvalidParameterError("the prompt is empty")
     return [text]

@@ -17,8 +17,9 @@ from rich.table import Table
 def request_figures(engine, out) -> dict:
     """Per-request metrics and KV bytes (measured from tensors vs the ledger)."""
     m = out.metrics
-    block_bytes = engine.store.nbytes // engine.store.num_blocks
-    blocks = m.peak_kv_bytes // engine.bytes_per_block
+    store = engine.store  # None with --no-kv-cache: nothing is held between steps
+    block_bytes = store.nbytes // store.num_blocks if store is not None else 0
+    blocks = m.peak_kv_bytes // engine.bytes_per_block if store is not None else 0
     cached_tokens = len(out.prompt_token_ids) + len(out.token_ids) - 1
     bs = engine.config.block_size
     tpot = out.tpot_s
@@ -43,7 +44,7 @@ def print_json(engine, results, load_s: float) -> None:
               "error": o.error, "metrics": request_figures(engine, o)} for o in results]
     doc = {"model": engine.model_name, "dtype": engine.config.dtype, "load_s": load_s,
            "kv_format": engine.kv_format, "kv_bytes_per_token": engine.bytes_per_token,
-           "kv_pool_bytes": engine.store.nbytes}
+           "kv_pool_bytes": engine.stats()["kv_pool_bytes"]}
     doc.update(items[0] if len(items) == 1 else {"results": items})
     print(json.dumps(doc))
 
@@ -69,8 +70,10 @@ def print_summary(engine, results, load_s: float) -> None:
         table.add_row("TTFT", _ms(f["ttft_s"]))
         table.add_row("TPOT", _ms(f["tpot_s"]) + (
             f" ({f['decode_tok_s']:.1f} tok/s)" if f["decode_tok_s"] else ""))
-        table.add_row("KV held (tensors)", f"{f['kv_bytes_held']:,} B in {f['kv_blocks_held']} "
-                      f"blocks of {engine.config.block_size} tokens")
+        held = (f"{f['kv_bytes_held']:,} B in {f['kv_blocks_held']} blocks of "
+                f"{engine.config.block_size} tokens" if engine.store is not None
+                else "none: --no-kv-cache recomputes every K/V at every step")
+        table.add_row("KV held (tensors)", held)
         table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens_cached']} tokens "
                       f"× {engine.bytes_per_token:,} B ({f['kv_bytes_ledger_blocks']:,} B in "
                       "whole blocks)")

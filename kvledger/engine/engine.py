@@ -83,9 +83,8 @@ class LLMEngine:
         self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)
         num_blocks = self._pool_blocks()
         self.store = KVStore(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
-                             spec.head_dim, dtype)
-        self.runner = ModelRunner(self.model, self.store if config.use_kv_cache else None,
-                                  config.block_size)
+                             spec.head_dim, dtype) if config.use_kv_cache else None
+        self.runner = ModelRunner(self.model, self.store, config.block_size)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len)
         self.sampler = Sampler()
@@ -233,5 +232,5 @@ class LLMEngine:
         held = sum(r.seq.num_computed_tokens for r in self._requests.values())
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
         s["kv_bytes_predicted"] = held * self.bytes_per_token
-        s["kv_pool_bytes"] = self.store.nbytes
+        s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
         return s
