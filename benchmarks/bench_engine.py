@@ -28,7 +28,7 @@ from kvledger.ledger.kv import kv_bytes_per_sequence
 
 def batch_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
-    return [real_text_ids(tokenizer, rng.randint(256, 512), offset=i * 7) for i in range(n)]
+    return [real_text_ids(tokenizer, rng.randint(256, 512), offset=i * 600) for i in range(n)]
 
 
 def ours_throughput(llm: LLM, prompts, new: int) -> tuple[float, int]:
@@ -60,10 +60,10 @@ def hf_throughput(model, prompts, new: int) -> tuple[float, int]:
 
 
 def shared_prefix_ttft(llm: LLM, tokenizer, n: int = 16) -> float:
-    system = real_text_ids(tokenizer, 1024, offset=3)
+    system = real_text_ids(tokenizer, 1024, offset=40_000)
     ttfts = []
     for i in range(n):
-        question = real_text_ids(tokenizer, 32, offset=40 + i)
+        question = real_text_ids(tokenizer, 32, offset=60_000 + 100 * i)
         out = llm.generate([system + question], SamplingParams(max_tokens=1, temperature=0.0))[0]
         ttfts.append(out.metrics.ttft_s)
     return statistics.median(ttfts)

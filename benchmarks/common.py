@@ -7,6 +7,7 @@ the model's tokenizer. The Hugging Face peer loads the same bundled GGUF weights
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import statistics
@@ -19,14 +20,20 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def real_text_ids(tokenizer, n_tokens: int, offset: int = 0) -> list[int]:
-    """``n_tokens`` token ids of pydoc topics text, starting ``offset`` topics in."""
+    """``n_tokens`` token ids of pydoc topics text, starting ``offset`` tokens in.
+
+    Different offsets give different prompts (no shared prefix unless the ranges overlap).
+    """
+    ids = _topic_ids(tokenizer)
+    assert offset + n_tokens <= len(ids), "pydoc topics are shorter than the requested range"
+    return ids[offset:offset + n_tokens]
+
+
+@functools.cache
+def _topic_ids(tokenizer) -> list[int]:
     from pydoc_data import topics
 
-    texts = list(topics.topics.values())
-    text = "\n\n".join(texts[offset:] + texts[:offset])
-    ids = tokenizer.encode(text)
-    assert len(ids) >= n_tokens, "pydoc topics are shorter than the requested prompt"
-    return ids[:n_tokens]
+    return tokenizer.encode("\n\n".join(topics.topics.values()))
 
 
 def load_hf_peer(dtype: str):
