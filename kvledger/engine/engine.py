@@ -81,7 +81,7 @@ class LLMEngine:
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         self.bytes_per_block = kv_bytes_per_block(spec, config.block_size, self.kv_format)
         self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)
-        num_blocks = self._pool_blocks()
+        num_blocks = self.store_blocks = self._pool_blocks()
         self.store = KVStore(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
                              spec.head_dim, dtype) if config.use_kv_cache else None
         self.runner = ModelRunner(self.model, self.store, config.block_size)
@@ -141,14 +141,29 @@ class LLMEngine:
             raise ContextLengthError(
                 f"this model's maximum context length is {limit} tokens, but the prompt has "
                 f"{prompt_len} tokens (max_tokens {asked}; no room for one new token)")
-        if max_tokens is None:
-            return limit - prompt_len
+        if max_tokens is None:  # "up to the limit": the context, the KV quota or the pool
+            room = self._kv_token_room(prompt_len) - prompt_len
+            if room < 1:
+                raise KVBudgetError(
+                    f"the prompt has {prompt_len} tokens and leaves no room for one new token "
+                    "within the KV quota or pool (--max-kv-tokens-per-request, --kv-cache-gib)")
+            return room
         if prompt_len + max_tokens > limit:
             raise ContextLengthError(
                 f"this model's maximum context length is {limit} tokens; the prompt has "
                 f"{prompt_len} tokens and max_tokens is {max_tokens} ({prompt_len + max_tokens} "
                 "in total); shorten the prompt or lower max_tokens")
         return max_tokens
+
+    def _kv_token_room(self, prompt_len: int) -> int:
+        """Most tokens (prompt + output) one request may reach: context, quota, pool share."""
+        c, sched = self.config, self.scheduler
+        is_long = c.long_prompt_tokens is not None and prompt_len >= c.long_prompt_tokens
+        blocks = sched.long_cap_blocks if is_long else self.store_blocks
+        # the last sampled token is never fed back, so it needs no KV slot
+        room = min(self.max_model_len, blocks * c.block_size + 1)
+        return room if c.max_kv_tokens_per_request is None else min(
+            room, c.max_kv_tokens_per_request)
 
     def abort(self, request_id: str) -> None:
         """Drop a request in any state; its KV blocks are free when this returns."""
@@ -172,9 +187,9 @@ class LLMEngine:
             m.first_scheduled_time = m.first_scheduled_time or now
         sampling = [c.seq for c in plan.chunks if c.samples]
         logits = self.runner.execute(plan.chunks)
-        self.scheduler.advance(plan)
         tokens, logprobs = self.sampler.sample(
             logits, [s.request_id for s in sampling], [s.params for s in sampling])
+        self.scheduler.advance(plan)
         now = time.perf_counter()
         for seq, token, lp in zip(sampling, tokens, logprobs):
             outputs.append(self._append(seq, token, lp, now))

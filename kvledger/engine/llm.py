@@ -6,6 +6,7 @@ outputs in prompt order. All prompts run as one continuous batch.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 from kvledger.engine.config import EngineConfig
@@ -32,6 +33,7 @@ class LLM:
     def __init__(self, model: str = "default", dtype: str = "fp32", **options) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **options))
         self.tokenizer = self.engine.tokenizer
+        self._counter = itertools.count()
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None
@@ -62,18 +64,17 @@ class LLM:
         ids = request_ids if request_ids is not None else []
         start = len(ids)
         try:
-            for i, (prompt, p) in enumerate(zip(batch, params, strict=True)):
-                ids.append(f"offline-{id(self)}-{i}")
+            for prompt, p in zip(batch, params, strict=True):
+                ids.append(f"offline-{next(self._counter)}")
                 self.engine.add_request(ids[-1], prompt, p)
-        except Exception:
+            while self.engine.has_unfinished_requests():
+                yield from self.engine.step()
+        finally:  # an error (or a caller that stops iterating) leaves nothing queued
             for rid in ids[start:]:
                 self.engine.abort(rid)
-            raise
-        while self.engine.has_unfinished_requests():
-            yield from self.engine.step()
 
 
 def _is_single(prompts) -> bool:
-    if isinstance(prompts, str):
-        return True
+    if not isinstance(prompts, list | tuple):
+        return True  # a string, or something encode_prompt will refuse clearly
     return bool(prompts) and all(isinstance(p, int | dict) for p in prompts)

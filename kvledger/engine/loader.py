@@ -151,6 +151,7 @@ def _spec_from_json(text: str, path: Path) -> ModelSpec:
 
 
 def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from kvledger.spec_gguf import LLAMA_FAMILY
@@ -167,7 +168,10 @@ def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
         )
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
-        state.update(load_file(str(shard)))
+        try:
+            state.update(load_file(str(shard)))
+        except (SafetensorError, OSError) as exc:
+            raise ConfigError(f"corrupt safetensors file {shard}: {exc}") from None
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if spec.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -25,14 +25,14 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
     if tokenizer is None:
         raise InvalidParameterError("this model has no tokenizer: give token ids")
     if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt, add_special_tokens=True)
+        ids = _encode(tokenizer, prompt, add_special_tokens=True)
     elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
         try:
             text = tokenizer.apply_chat_template(prompt, tokenize=False,
                                                  add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 (jinja TemplateError, raise_exception(), ...)
             raise InvalidParameterError(f"the chat template rejected the messages: {exc}") from None
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = _encode(tokenizer, text, add_special_tokens=False)
     else:
         raise InvalidParameterError(
             "a prompt must be a non-empty string, a list of token ids, or a list of chat "
@@ -40,6 +40,13 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
     if not ids:
         raise InvalidParameterError("the prompt is empty")
     return ids
+
+
+def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    try:
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    except (TypeError, ValueError, UnicodeError) as exc:  # e.g. lone surrogates
+        raise InvalidParameterError(f"the prompt cannot be tokenized: {exc}") from None
 
 
 def _is_message(m) -> bool:

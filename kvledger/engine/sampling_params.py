@@ -47,8 +47,11 @@ class SamplingParams:
             self.stop = [self.stop]
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise InvalidParameterError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidParameterError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # also refuses NaN
+            raise InvalidParameterError(
+                f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidParameterError(f"seed must be in [0, 2**63), got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

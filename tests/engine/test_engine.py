@@ -174,3 +174,37 @@ def test_bad_engine_options_are_refused(option):
 
     with pytest.raises(InvalidParameterError, match=next(iter(option))):
         EngineConfig(**option)
+
+
+def test_omitted_max_tokens_means_up_to_the_quota_or_pool(tiny_engine_factory):
+    quota = tiny_engine_factory(max_kv_tokens_per_request=64)
+    quota.add_request("q", [5] * 40, SamplingParams(max_tokens=None, temperature=0.0,
+                                                     ignore_eos=True))
+    small = tiny_engine_factory(num_blocks=3)  # 48 KV slots: 49 tokens at most
+    small.add_request("p", [5] * 40, SamplingParams(max_tokens=None, temperature=0.0,
+                                                     ignore_eos=True))
+    lengths = {}
+    for engine in (quota, small):
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    lengths[out.request_id] = (len(out.token_ids), out.finish_reason)
+    assert lengths == {"q": (64 - 40, "length"), "p": (49 - 40, "length")}
+
+
+def test_failed_generate_leaves_the_llm_usable(tiny_engine_factory):
+    from kvledger.engine.llm import LLM
+
+    llm = LLM.__new__(LLM)  # an LLM over the tiny engine, without loading a model
+    llm.engine, llm.tokenizer = tiny_engine_factory(), None
+    import itertools
+
+    llm._counter = itertools.count()
+    with pytest.raises(InvalidParameterError, match="vocabulary"):
+        llm.generate([[5, 6], [7, 10_000]], GREEDY)  # the second is refused after the first
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.stats()["kv_blocks_free"] == llm.engine.stats()["kv_blocks_total"]
+    assert len(llm.generate([[5, 6]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+    for bad in ({"temperature": float("nan")}, {"seed": 2**70}):
+        with pytest.raises(InvalidParameterError):
+            SamplingParams(**bad)
