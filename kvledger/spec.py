@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvledger.errors import ModelNotFoundError
+from kvledger.errors import ConfigError, ModelNotFoundError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -95,9 +95,20 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        where = f" in {self.source}" if self.source else ""
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+                     "head_dim", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}{where}")
+        if MLA not in self.layer_types and self.num_attention_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) is not a multiple of the KV "
+                f"heads ({self.num_kv_heads}){where}")
         if not self.layer_types:
             object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
-        assert len(self.layer_types) == self.num_layers, "one layer kind per layer"
+        if len(self.layer_types) != self.num_layers:
+            raise ConfigError(f"{len(self.layer_types)} layer types for {self.num_layers} "
+                              f"layers{where}")
 
     @property
     def gqa_group_size(self) -> int:

@@ -116,7 +116,10 @@ def plan(
     if plot is not None:
         from kvledger.commands.plan_plot import write_plot
 
-        write_plot(spec, dev, options, plot)
+        try:
+            write_plot(spec, dev, options, plot)
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot write the plot to {plot}: {exc}") from None
     if json_out:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -120,6 +120,14 @@ def test_bad_config_files_are_one_line_errors(tmp_path):
     bad.write_text(Path(LLAMA).read_text()[:300])
     _one_line_error(run("plan", str(bad)), "not valid JSON")
     _one_line_error(run("plan", str(tmp_path / "missing.json")), "model path not found")
+    for key, value, pattern in [("num_hidden_layers", -3, "num_layers must be >= 1"),
+                                ("head_dim", -128, "head_dim must be >= 1"),
+                                ("num_key_value_heads", 0, "num_kv_heads must be >= 1"),
+                                ("num_key_value_heads", 7, "not a multiple of the KV heads")]:
+        bad.write_text(json.dumps({**json.loads(Path(LLAMA).read_text()), key: value}))
+        _one_line_error(run("plan", str(bad)), pattern)
+    _one_line_error(run("plan", LLAMA, "--plot", str(tmp_path / "no" / "dir.png")),
+                    "cannot write the plot")
 
 
 def test_context_beyond_max_position_warns_and_runs():
