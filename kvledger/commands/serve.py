@@ -44,6 +44,7 @@ def serve(
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /tokenize,
     /health and Prometheus /metrics."""
+    _check_options(host, port, max_queue, kv_alert_bytes)
     import logging
 
     import uvicorn
@@ -69,3 +70,23 @@ def serve(
     if host not in LOOPBACK and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def _check_options(host: str, port: int, max_queue: int | None,
+                   kv_alert_bytes: int | None) -> None:
+    """One-line errors (exit 2) for options uvicorn would only fail on with a traceback."""
+    import socket
+
+    from kvledger.errors import InvalidParameterError
+
+    if not 0 < port < 65536:
+        raise InvalidParameterError(f"--port must be in 1..65535, got {port}")
+    for name, value in (("--max-queue", max_queue), ("--kv-alert-bytes", kv_alert_bytes)):
+        if value is not None and value < 1:
+            raise InvalidParameterError(f"{name} must be >= 1, got {value}")
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InvalidParameterError(f"cannot listen on {host}:{port}: {exc.strerror}") from None

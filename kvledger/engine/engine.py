@@ -41,6 +41,16 @@ class _Request:
     output: RequestOutput
 
 
+def _text_chars(prompt) -> int:
+    """Characters of a text prompt or of all chat messages' contents (0 for token ids)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(len(m["content"]) for m in prompt
+                   if isinstance(m, dict) and isinstance(m.get("content"), str))
+    return 0
+
+
 def _model_name(model: str) -> str:
     """The id clients use: the file stem of a GGUF, the folder name of an HF model."""
     from kvledger.paths import resolve_model_path
@@ -75,6 +85,8 @@ class LLMEngine:
             spec, weights = load_weights(config.model, dtype)
             tokenizer = load_tokenizer(config.model)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
+        # characters of the longest vocabulary entry: no token covers more text than that
+        self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
         self.model = LlamaModel(spec, weights, dtype)
@@ -106,7 +118,17 @@ class LLMEngine:
         return blocks
 
     def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
-        """Token ids of a text prompt, chat messages (chat template applied) or ids."""
+        """Token ids of a text prompt, chat messages (chat template applied) or ids.
+
+        Raises:
+            ContextLengthError: the text is so long that even at the vocabulary's longest
+                token it cannot fit the context; refused before the (slow) tokenization.
+        """
+        chars = _text_chars(prompt)
+        if self.tokenizer is not None and chars > self.max_model_len * self._token_chars:
+            raise ContextLengthError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the "
+                f"prompt has {chars} characters, so at least {chars // self._token_chars} tokens")
         return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size)
 
     def add_request(self, request_id: str, prompt: str | list[int] | list[dict],

@@ -50,8 +50,8 @@ class SamplingParams:
         if not 0 <= self.temperature < float("inf"):  # also refuses NaN
             raise InvalidParameterError(
                 f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidParameterError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise InvalidParameterError(f"seed must be a 64-bit integer, got {self.seed}")
         if not 0 < self.top_p <= 1:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:

@@ -28,12 +28,13 @@ class ApiKeyMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_protected(scope["path"]):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+            scheme, _, given = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+            # the auth scheme is case-insensitive (RFC 9110 §11.1)
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given, self._expected):
                 body = error_body("invalid or missing API key (send 'Authorization: Bearer KEY')",
                                   "authentication_error", None, "invalid_api_key")
                 await JSONResponse(body, status_code=401)(scope, receive, send)

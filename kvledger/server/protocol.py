@@ -66,7 +66,7 @@ class ErrorResponse(BaseModel):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # no "yes" for true, no true for 1
 
 
 class StreamOptions(_Body):

@@ -81,3 +81,10 @@ def test_prompts_file_runs_one_batch_with_the_same_tokens_as_alone(tmp_path):
         alone = json.loads(_invoke(line, "--max-tokens", "8", "--json").output.strip()
                            .splitlines()[-1])
         assert got["token_ids"] == alone["token_ids"]
+
+
+@pytest.mark.slow
+def test_huge_prompt_is_refused_before_tokenizing():
+    result = _invoke("-", "--max-tokens", "4", stdin="x" * 3_000_000)
+    assert result.exit_code == 2
+    assert "3000000 characters" in result.output and "8192" in result.output

@@ -95,6 +95,10 @@ def test_api_key_guards_v1_but_not_health_or_metrics(make_client):
     _assert_error(client.post("/tokenize", json={"prompt": "x"}), 401)
     ok = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer sekret"})
     assert ok.status_code == 200
+    lower = client.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "bearer sekret"})
+    assert lower.status_code == 200  # the scheme is case-insensitive (RFC 9110)
+    _assert_error(client.post("/v1/chat/completions", json=CHAT,
+                              headers={"Authorization": "Basic sekret"}), 401)
     assert client.get("/health").status_code == 200
     assert client.get("/metrics").status_code == 200
 

@@ -112,3 +112,10 @@ def test_a_tiny_nucleus_decodes_greedily():
 def test_lone_surrogates_are_refused(bad):
     with pytest.raises(ValidationError, match="lone surrogates"):
         ChatCompletionRequest.model_validate(json.loads(bad))  # FastAPI parses with json.loads
+
+
+@pytest.mark.parametrize("field", [{"stream": "yes"}, {"max_tokens": True},
+                                   {"temperature": "0.5"}, {"top_k": 2.5}])
+def test_json_types_are_strict(field):
+    with pytest.raises(ValidationError):
+        CompletionRequest(prompt="hi", **field)
