@@ -23,7 +23,8 @@ def generate(
     prompt: Annotated[str | None, typer.Argument(help="Prompt text, or '-' to read stdin")] = None,
     chat: Annotated[bool, Opt("--chat", help="Wrap the prompt in the model's chat template")] = False,
     system: Annotated[str | None, Opt(help="System message (implies --chat)")] = None,
-    prompts_file: Annotated[Path | None, Opt(help="One prompt per line, run as one batch")] = None,
+    prompts_file: Annotated[Path | None, Opt(
+        help="One prompt per line (blank lines skipped), run as one batch")] = None,
     max_tokens: Annotated[int, Opt(help="Most new tokens per prompt")] = 128,
     temperature: Annotated[float, Opt(help="0 = greedy")] = 0.0,
     top_p: Annotated[float, Opt()] = 1.0,
@@ -81,7 +82,7 @@ def generate(
 
 def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
     if prompts_file is not None:
-        if not prompts_file.is_file():
+        if not prompts_file.exists():
             raise InvalidParameterError(f"prompts file not found: {prompts_file}")
         lines = [ln for ln in prompts_file.read_text().splitlines() if ln.strip()]
         if not lines:
