@@ -78,7 +78,8 @@ def test_completion_streamed_text_equals_whole_text_at_temperature_0(client):
 def test_include_usage_gives_one_usage_chunk_counting_the_streamed_tokens(client):
     chunks = list(client.chat.completions.create(
         model=client.models.list().data[0].id, messages=QUESTION, max_tokens=12, stream=True,
-        logprobs=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        logprobs=True, temperature=0, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True}))
     with_usage = [c for c in chunks if c.usage is not None]
     assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and chunks[-1].choices == []
     streamed_tokens = sum(len(c.choices[0].logprobs.content) for c in chunks[:-1]
