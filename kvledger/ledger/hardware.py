@@ -12,11 +12,11 @@ saved as JSON in the user's config folder (``$KVLEDGER_CONFIG_DIR`` overrides it
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvledger.errors import ConfigError, InvalidParameterError
+from kvledger.paths import config_dir
 
 GiB = 2**30
 
@@ -101,16 +101,6 @@ SPECIAL_DEVICES = ("custom", "local")
 
 def _key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "").replace(" ", "")
-
-
-def config_dir() -> Path:
-    """User config folder (``$KVLEDGER_CONFIG_DIR`` overrides the platform default)."""
-    env = os.environ.get("KVLEDGER_CONFIG_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("kvledger"))
 
 
 def local_device_path() -> Path:

@@ -9,8 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvledger.cli import app
+from kvledger.data import configs_dir
 
-CONFIGS = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "configs"
+CONFIGS = configs_dir()
 LLAMA = str(CONFIGS / "meta-llama__Llama-3.1-8B.json")
 
 

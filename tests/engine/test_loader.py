@@ -294,12 +294,10 @@ def test_bundled_tokenizer_cache_keeps_chat_template(_private_cache, tmp_path):
 
 
 def test_corrupt_safetensors_next_to_a_valid_config_is_a_config_error(tmp_path):
-    from pathlib import Path
-
+    from kvledger.data import config_path
     from kvledger.errors import ConfigError
 
-    configs = Path(__file__).resolve().parents[3] / "shared" / "models" / "configs"
-    shutil.copy(configs / "HuggingFaceTB__SmolLM2-135M.json", tmp_path / "config.json")
+    shutil.copy(config_path("HuggingFaceTB__SmolLM2-135M"), tmp_path / "config.json")
     (tmp_path / "model.safetensors").write_bytes(b"garbage\n")
     with pytest.raises(ConfigError, match="corrupt safetensors"):
         load_weights(tmp_path, torch.float32)

@@ -7,10 +7,10 @@ Every expected value is written as the arithmetic that produces it from the mode
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
+from kvledger.data import config_names
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import (
     KV_FORMATS,
@@ -23,7 +23,6 @@ from kvledger.ledger.kv import (
 )
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
-CONFIGS = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "configs"
 
 # name -> KV bytes per token in bf16, every per-token layer counted, no window cap
 HAND_KV_PER_TOKEN = {
@@ -50,8 +49,9 @@ HAND_KV_PER_TOKEN = {
 }
 
 
-def test_every_vendored_config_has_a_hand_checked_figure():
-    assert {p.stem for p in CONFIGS.glob("*.json")} == set(HAND_KV_PER_TOKEN)
+def test_every_bundled_config_has_a_hand_checked_figure():
+    """A config added to ``kvledger/data/configs`` needs its hand figure here too."""
+    assert set(config_names()) == set(HAND_KV_PER_TOKEN)
 
 
 @pytest.mark.parametrize("name", sorted(HAND_KV_PER_TOKEN))

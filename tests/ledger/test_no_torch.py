@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-CONFIG = (
-    Path(__file__).resolve().parents[2].parent / "shared/models/configs/openai__gpt-oss-20b.json"
-)
+from kvledger.data import config_path
+
+CONFIG = config_path("openai__gpt-oss-20b")
 
 
 def _torch_free(code: str) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
+from kvledger.data import configs_dir
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.params import (
     count_params,
@@ -15,8 +15,6 @@ from kvledger.ledger.params import (
     spec_weight_bytes,
     weight_bytes,
 )
-
-CONFIGS = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "configs"
 
 
 def within(value: float, card: float, tol: float = 0.01) -> bool:
@@ -128,7 +126,7 @@ def test_totals_match_transformers_on_the_meta_device():
     transformers = pytest.importorskip("transformers")
     from kvledger.spec_hf import spec_from_hf_config
 
-    for path in sorted(CONFIGS.glob("*.json")):
+    for path in sorted(configs_dir().glob("*.json")):
         raw = json.loads(path.read_text())
         raw.pop("auto_map", None)
         raw.pop("quantization_config", None)
