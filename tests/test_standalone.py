@@ -46,7 +46,7 @@ def test_a_copy_of_the_repository_alone_passes_the_ledger_tests(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
          "tests/ledger", "tests/test_spec_hf.py", "tests/commands/test_plan.py"],
-        cwd=copy, env=env, capture_output=True, text=True, timeout=600,
+        cwd=copy, env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout
