@@ -1,12 +1,12 @@
 """ModelRunner: turns a scheduler step into tensors, runs the model, returns logits.
 
-For each scheduled chunk (a sequence and how many of its tokens to compute) it builds the flat
+For each scheduled chunk (a request and how many of its tokens to compute) it builds the flat
 step batch: input ids, positions, slot mapping (slot = block_table[pos // block_size] *
 block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
 segment per chunk). Logits are computed only at the last position of chunks that sample.
 
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
-sequence from position 0, which is what decoding without a KV cache costs.
+request from position 0, which is what decoding without a KV cache costs.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class ModelRunner:
     def execute(self, chunks: Seq) -> torch.Tensor:
         """Logits [num_sampling_chunks, vocab] (fp32), in the order of ``chunks`` that sample.
 
-        ``chunks``: objects with ``seq`` (a Sequence: num_computed_tokens, block_table, tokens) and
-        ``num_new_tokens``; a chunk samples when it reaches the end of its sequence.
+        ``chunks``: objects with ``request`` (a Request: num_computed_tokens, block_table,
+        tokens) and ``num_new_tokens``; a chunk samples when it reaches the end of its request.
         """
         if self.store is None:
             ids, pos, meta, last = self._no_cache_batch(chunks)
@@ -41,32 +41,32 @@ class ModelRunner:
         return self.model.compute_logits(hidden[last])
 
     def _paged_batch(self, chunks: Seq):
-        decodes = [c for c in chunks if c.num_new_tokens == 1 and c.seq.num_computed_tokens > 0]
+        decodes = [c for c in chunks if c.num_new_tokens == 1 and c.request.num_computed_tokens > 0]
         prefills = [c for c in chunks if not (c.num_new_tokens == 1
-                                              and c.seq.num_computed_tokens > 0)]
+                                              and c.request.num_computed_tokens > 0)]
         ids, pos, slots = [], [], []
         meta = AttentionMetadata(slot_mapping=None)
         last_of = {}
-        decodes.sort(key=lambda c: c.seq.num_computed_tokens)
+        decodes.sort(key=lambda c: c.request.num_computed_tokens)
         for group in _length_groups(decodes):
-            contexts = [self._context_slots(c.seq, c.seq.num_computed_tokens + 1) for c in group]
+            contexts = [self._context_slots(c.request, c.request.num_computed_tokens + 1) for c in group]
             meta.decodes.append(_decode_group(len(ids), contexts))
             for c, ctx in zip(group, contexts):
-                p = c.seq.num_computed_tokens
-                ids.extend(c.seq.token_ids_range(p, p + 1))
+                p = c.request.num_computed_tokens
+                ids.extend(c.request.token_ids_range(p, p + 1))
                 pos.append(p)
                 slots.append(int(ctx[-1]))
                 last_of[id(c)] = len(ids) - 1
         slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
         for c in prefills:
-            start, n = c.seq.num_computed_tokens, c.num_new_tokens
-            ctx = self._context_slots(c.seq, start + n)
+            start, n = c.request.num_computed_tokens, c.num_new_tokens
+            ctx = self._context_slots(c.request, start + n)
             seg = PrefillSegment(start=len(ids), length=n)
             if start > 0:
                 seg.slots = ctx
                 seg.mask = _prefix_causal_mask(start, n)
             meta.prefills.append(seg)
-            ids.extend(c.seq.token_ids_range(start, start + n))
+            ids.extend(c.request.token_ids_range(start, start + n))
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
@@ -77,16 +77,16 @@ class ModelRunner:
         ids, pos, last_of = [], [], {}
         meta = AttentionMetadata(slot_mapping=None)
         for c in chunks:
-            end = c.seq.num_computed_tokens + c.num_new_tokens
+            end = c.request.num_computed_tokens + c.num_new_tokens
             meta.prefills.append(PrefillSegment(start=len(ids), length=end))
-            ids.extend(c.seq.token_ids_range(0, end))
+            ids.extend(c.request.token_ids_range(0, end))
             pos.extend(range(end))
             last_of[id(c)] = len(ids) - 1
         return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
 
-    def _context_slots(self, seq, length: int) -> torch.Tensor:
-        """Slots [length] of positions 0..length-1 of ``seq`` through its block table."""
-        blocks = torch.tensor(seq.block_table[: -(-length // self.block_size)], dtype=torch.int64)
+    def _context_slots(self, req, length: int) -> torch.Tensor:
+        """Slots [length] of positions 0..length-1 of ``req`` through its block table."""
+        blocks = torch.tensor(req.block_table[: -(-length // self.block_size)], dtype=torch.int64)
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
 
 
@@ -94,8 +94,8 @@ def _length_groups(decodes: list, max_padding: float = 1.25) -> list[list]:
     """Split decodes sorted by context length so no group pads past ``max_padding`` x."""
     groups: list[list] = []
     for c in decodes:
-        if groups and c.seq.num_computed_tokens <= max_padding * (
-                groups[-1][0].seq.num_computed_tokens + 1):
+        if groups and c.request.num_computed_tokens <= max_padding * (
+                groups[-1][0].request.num_computed_tokens + 1):
             groups[-1].append(c)
         else:
             groups.append([c])
@@ -119,7 +119,7 @@ def _prefix_causal_mask(start: int, n: int) -> torch.Tensor:
 
 def _sampling_rows(chunks: Seq, last_of: dict) -> torch.Tensor:
     rows = [last_of[id(c)] for c in chunks
-            if c.seq.num_computed_tokens + c.num_new_tokens == c.seq.num_tokens]
+            if c.request.num_computed_tokens + c.num_new_tokens == c.request.num_tokens]
     return torch.tensor(rows, dtype=torch.int64)
 
 

@@ -10,28 +10,25 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.outputs import TokenLogprob
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.request import Request
 
 
 class Sampler:
-    """Picks one token per row of logits, each row with its own SamplingParams."""
+    """Picks one token per row of logits, each row with its request's SamplingParams and seeded
+    generator (``Request.generator``); it keeps no per-request state of its own."""
 
-    def __init__(self) -> None:
-        self._generators: dict[str, torch.Generator] = {}
-
-    def sample(self, logits: torch.Tensor, request_ids: list[str],
-               params: list[SamplingParams]) -> tuple[list[int], list[TokenLogprob | None]]:
-        """Token ids and (when asked) logprobs for logits [N, vocab] fp32."""
-        tokens = [self._pick(row, rid, p) for row, rid, p in zip(logits, request_ids, params)]
-        logprobs = [_logprobs(row, tok, p.logprobs) if p.logprobs is not None else None
-                    for row, tok, p in zip(logits, tokens, params)]
+    def sample(self, logits: torch.Tensor, requests: list[Request]
+               ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Token ids and (when asked) logprobs for logits [N, vocab] fp32, row i for
+        ``requests[i]``."""
+        tokens = [self._pick(row, req) for row, req in zip(logits, requests)]
+        logprobs = [_logprobs(row, tok, req.params.logprobs)
+                    if req.params.logprobs is not None else None
+                    for row, tok, req in zip(logits, tokens, requests)]
         return tokens, logprobs
 
-    def forget(self, request_id: str) -> None:
-        """Drop a finished request's generator."""
-        self._generators.pop(request_id, None)
-
-    def _pick(self, logits: torch.Tensor, request_id: str, p: SamplingParams) -> int:
+    def _pick(self, logits: torch.Tensor, req: Request) -> int:
+        p = req.params
         if p.greedy:
             return int(torch.argmax(logits))
         scaled = logits / p.temperature
@@ -44,14 +41,7 @@ class Sampler:
         total = float(probs.sum())
         if not total > 0 or total == float("inf"):  # underflow/overflow: the limit is greedy
             return int(torch.argmax(logits))
-        return int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)))
-
-    def _generator(self, request_id: str, p: SamplingParams) -> torch.Generator | None:
-        if p.seed is None:
-            return None
-        if request_id not in self._generators:
-            self._generators[request_id] = torch.Generator().manual_seed(p.seed)
-        return self._generators[request_id]
+        return int(torch.multinomial(probs, 1, generator=req.generator))
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -5,7 +5,8 @@ concurrent request joins the same engine steps. The two sides talk through:
 
 - an inbox (``queue.SimpleQueue``) of commands: a call of a function on the engine (adding a
   request, tokenizing) answered through a ``concurrent.futures.Future``, or an abort;
-- one ``asyncio.Queue`` per request, fed with a snapshot of that request's ``RequestOutput``
+- one entry per live request (``_Stream``: its event loop, its ``asyncio.Queue`` and the
+  observer's track; the server's only per-request table), the queue fed with a snapshot of that request's ``RequestOutput``
   after each step via ``loop.call_soon_threadsafe`` (one hand-off per step for all requests);
   snapshots, because the engine mutates its outputs in place on the next step.
 
@@ -27,12 +28,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
-from kvledger.server.observer import RequestObserver
+from kvledger.server.observer import RequestObserver, RequestTrack
 
 log = logging.getLogger("kvledger.server")
 
@@ -45,6 +47,15 @@ class QueueFullError(KVLedgerError):
 
     http_status = 429
     code = "queue_full"
+
+
+@dataclass(slots=True)
+class _Stream:
+    """Where one live request's outputs go, and its observer track."""
+
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    track: RequestTrack
 
 
 class EngineLoop:
@@ -62,7 +73,7 @@ class EngineLoop:
         self._max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
 
@@ -107,8 +118,7 @@ class EngineLoop:
             except KVBudgetError:
                 self._observer.on_quota_rejected()
                 raise
-            self._streams[request_id] = (loop, outputs)
-            self._observer.on_added(request_id)
+            self._streams[request_id] = _Stream(loop, outputs, self._observer.on_added(request_id))
 
         try:
             await self.call(add)
@@ -158,25 +168,26 @@ class EngineLoop:
                     future.set_exception(exc)
 
     def _abort_now(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is None:
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
             return  # finished already, or never added
         try:
             self._engine.abort(request_id)
         except Exception:
             log.exception("engine.abort(%s) failed", request_id)
-        self._observer.on_aborted(request_id)
+        self._observer.on_aborted(stream.track)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = time.perf_counter()
         batches: dict[asyncio.AbstractEventLoop, list] = {}
         for out in outputs:
-            entry = self._streams.get(out.request_id)
-            if entry is None:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
                 continue  # aborted by the server; its outputs have no reader
-            self._observer.on_output(out, now)
+            self._observer.on_output(stream.track, out, now)
             if out.finished:
                 del self._streams[out.request_id]
-            batches.setdefault(entry[0], []).append((entry[1], snapshot(out)))
+            batches.setdefault(stream.loop, []).append((stream.outputs, snapshot(out)))
         for loop, items in batches.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)

@@ -1,6 +1,8 @@
 """Per-request accounting: metrics, KV alerts and the log lines, fed by the engine thread.
 
-For every request the engine thread reports each step's output here. The observer turns them
+For every request the engine thread reports each step's output here, with the request's
+``RequestTrack`` (kept by the engine loop in its one per-request entry, so the observer holds no
+table of its own). The observer turns them
 into Prometheus samples (TTFT at the first token, ITL between two output steps, queue time, E2E
 latency and the request's peak KV bytes at finish) and into log lines, vLLM-style:
 
@@ -26,9 +28,10 @@ log = logging.getLogger("kvledger.server")
 
 
 @dataclass(slots=True)
-class _Track:
-    """What the observer remembers about one live request."""
+class RequestTrack:
+    """What the observer remembers about one live request (owned by the engine loop's entry)."""
 
+    request_id: str
     arrival: float
     last_token_time: float | None = None
     last: RequestOutput | None = None
@@ -47,37 +50,32 @@ class RequestObserver:
         self.metrics = metrics
         self.kv_alert_bytes = kv_alert_bytes
         self.log_interval_s = log_interval_s
-        self._tracks: dict[str, _Track] = {}
         self._totals = {"prompt": 0, "generation": 0}
         self._last_log = (time.perf_counter(), 0, 0)  # time, prompt total, generation total
 
-    def on_added(self, request_id: str) -> None:
-        """The engine accepted the request."""
-        self._tracks[request_id] = _Track(arrival=time.perf_counter())
+    def on_added(self, request_id: str) -> RequestTrack:
+        """The engine accepted the request; the caller keeps the returned track."""
+        return RequestTrack(request_id, arrival=time.perf_counter())
 
     def on_quota_rejected(self) -> None:
         """A request was refused because its KV can never fit its quota or the pool."""
         self.metrics.counters["kv_quota_rejections"].inc()
 
-    def on_output(self, out: RequestOutput, now: float) -> None:
+    def on_output(self, track: RequestTrack, out: RequestOutput, now: float) -> None:
         """One step's progress of a tracked request (finished ones are closed here)."""
-        track = self._tracks.get(out.request_id)
-        if track is None:
-            return
         track.last = out
         n_new = len(out.new_token_ids)
         if n_new:
             self._count_tokens(out, track, n_new, now)
         self._check_kv_alert(out, track)
         if out.finished:
-            self._finish(out.request_id, out.finish_reason or "stop", now)
+            self._finish(track, out.finish_reason or "stop", now)
 
-    def on_aborted(self, request_id: str) -> None:
+    def on_aborted(self, track: RequestTrack) -> None:
         """The server aborted the request (client gone); it counts as ``abort``."""
-        if request_id in self._tracks:
-            self._finish(request_id, "abort", time.perf_counter())
+        self._finish(track, "abort", time.perf_counter())
 
-    def _count_tokens(self, out: RequestOutput, track: _Track, n_new: int, now: float) -> None:
+    def _count_tokens(self, out: RequestOutput, track: RequestTrack, n_new: int, now: float) -> None:
         m, h = self.metrics, self.metrics.histograms
         m.counters["generation_tokens"].inc(n_new)
         self._totals["generation"] += n_new
@@ -93,7 +91,7 @@ class RequestObserver:
             h["inter_token_latency_seconds"].observe(now - track.last_token_time)
         track.last_token_time = now
 
-    def _check_kv_alert(self, out: RequestOutput, track: _Track) -> None:
+    def _check_kv_alert(self, out: RequestOutput, track: RequestTrack) -> None:
         limit = self.kv_alert_bytes
         kv = out.metrics.peak_kv_bytes
         if limit is None or track.alerted or kv <= limit:
@@ -106,9 +104,8 @@ class RequestObserver:
             len(out.token_ids), kv, limit,
         )
 
-    def _finish(self, request_id: str, reason: str, now: float) -> None:
-        track = self._tracks.pop(request_id)
-        out = track.last
+    def _finish(self, track: RequestTrack, reason: str, now: float) -> None:
+        request_id, out = track.request_id, track.last
         self.metrics.count_finished(reason)
         self.metrics.histograms["e2e_request_latency_seconds"].observe(now - track.arrival)
         peak = out.metrics.peak_kv_bytes if out else 0

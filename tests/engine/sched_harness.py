@@ -14,9 +14,9 @@ shared block overwritten.
 from __future__ import annotations
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.scheduler import Scheduler, SchedulerOutput
-from kvledger.engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 50
 EOS = 0
@@ -54,7 +54,7 @@ class Harness:
         self.sched = Scheduler(self.config, num_blocks, block_size, 1000, max_model_len)
         self.bs = block_size
         self.memory: dict[int, int] = {}
-        self.seqs: dict[str, Sequence] = {}
+        self.reqs: dict[str, Request] = {}
         self.aborted: set[str] = set()
         self.steps = 0
         self.peak_usage = 0.0
@@ -93,45 +93,45 @@ class Harness:
         max_tokens: int | None,
         salt: str | None = None,
         ignore_eos: bool = True,
-    ) -> Sequence:
+    ) -> Request:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
-        seq = Sequence(rid, list(prompt), params, cache_salt=salt)
-        self.sched.add(seq)
-        self.seqs[rid] = seq
-        return seq
+        req = Request(rid, list(prompt), params, cache_salt=salt)
+        self.sched.add(req)
+        self.reqs[rid] = req
+        return req
 
     def abort(self, rid: str) -> None:
-        assert self.sched.abort(rid) is self.seqs[rid]
+        assert self.sched.abort(rid) is self.reqs[rid]
         self.aborted.add(rid)
 
-    def slot(self, seq: Sequence, pos: int) -> int:
-        return seq.block_table[pos // self.bs] * self.bs + pos % self.bs
+    def slot(self, req: Request, pos: int) -> int:
+        return req.block_table[pos // self.bs] * self.bs + pos % self.bs
 
     def step(self) -> SchedulerOutput:
         out = self.sched.schedule()
         self.steps += 1
         self.check(out)
         for chunk in out.chunks:
-            seq, fingerprints = chunk.seq, prefix_fingerprints(chunk.seq.all_token_ids)
+            req, fingerprints = chunk.request, prefix_fingerprints(chunk.request.all_token_ids)
             for pos in range(chunk.start):
-                assert self.memory[self.slot(seq, pos)] == fingerprints[pos], pos
+                assert self.memory[self.slot(req, pos)] == fingerprints[pos], pos
             for pos in range(chunk.start, chunk.start + chunk.num_new_tokens):
-                self.memory[self.slot(seq, pos)] = fingerprints[pos]
+                self.memory[self.slot(req, pos)] = fingerprints[pos]
         self.sched.advance(out)
         for chunk in out.chunks:
-            seq = chunk.seq
+            req = chunk.request
             if chunk.samples:
-                seq.output_token_ids.append(next_token(seq.all_token_ids))
-                done = len(seq.output_token_ids) >= seq.max_tokens_effective
-                if done or (seq.output_token_ids[-1] == EOS and not seq.params.ignore_eos):
-                    self.sched.finish(seq)
+                req.output_token_ids.append(next_token(req.all_token_ids))
+                done = len(req.output_token_ids) >= req.max_tokens_effective
+                if done or (req.output_token_ids[-1] == EOS and not req.params.ignore_eos):
+                    self.sched.finish(req)
         self.check_state()
         return out
 
     def run(self, max_steps: int = 5000) -> None:
         """Step until idle; more than ``max_steps`` steps means a livelock."""
         for _ in range(max_steps):
-            if not self.sched.has_unfinished():
+            if not self.sched.has_unfinished_requests():
                 return
             self.step()
         raise AssertionError("no progress: scheduler did not drain")
@@ -141,22 +141,24 @@ class Harness:
         cfg = self.config
         assert len(out.chunks) <= cfg.max_num_seqs
         assert out.num_batched_tokens <= cfg.max_num_batched_tokens
-        assert len({c.seq.request_id for c in out.chunks}) == len(out.chunks)
+        assert len({c.request.request_id for c in out.chunks}) == len(out.chunks)
         for c in out.chunks:
-            assert c.num_new_tokens >= 1 and c.seq.status is SequenceStatus.RUNNING
-            assert len(c.seq.block_table) * self.bs >= c.start + c.num_new_tokens
-            assert c.start + c.num_new_tokens <= c.seq.num_tokens
-        for seq, error in out.failed:
-            self.aborted.add(seq.request_id)
-            assert seq.status is SequenceStatus.FINISHED and seq.block_table == []
+            assert c.num_new_tokens >= 1 and c.request.status is RequestStatus.RUNNING
+            assert len(c.request.block_table) * self.bs >= c.start + c.num_new_tokens
+            assert c.start + c.num_new_tokens <= c.request.num_tokens
+        for req, error in out.failed:
+            self.aborted.add(req.request_id)
+            assert req.status is RequestStatus.FINISHED and req.block_table == []
             assert "KV pool" in str(error)
 
     def check_state(self) -> None:
         """The scheduler's own invariant check, plus a block appears once per table."""
         sched = self.sched
         sched.check_invariants()
-        for seq in sched.running:
-            assert len(set(seq.block_table)) == len(seq.block_table)
+        for rid, req in self.reqs.items():  # one definition of unfinished: in the registry
+            assert (rid in sched.requests) == (not req.is_finished), rid
+        for req in sched.running:
+            assert len(set(req.block_table)) == len(req.block_table)
         long_blocks = sum(len(s.block_table) for s in sched.running if s.is_long)
         self.max_long_blocks = max(self.max_long_blocks, long_blocks)
         self.peak_usage = max(self.peak_usage, sched.stats()["kv_usage"])
@@ -165,15 +167,16 @@ class Harness:
         """At idle every block is free (possibly cached) and every output is the oracle's."""
         stats = self.sched.stats()
         assert stats["num_running"] == stats["num_waiting"] == 0
+        assert self.sched.requests == {} and not self.sched.has_unfinished_requests()
         assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
         assert stats["kv_usage"] == 0.0
         assert all(b.ref_cnt == 0 for b in self.sched.kv.pool.blocks)
         assert self.taken == self.dropped  # every reference returned exactly once
-        for rid, seq in self.seqs.items():
-            assert seq.status is SequenceStatus.FINISHED and seq.block_table == []
+        for rid, req in self.reqs.items():
+            assert req.status is RequestStatus.FINISHED and req.block_table == []
             expected = reference_output(
-                seq.prompt_token_ids, seq.max_tokens_effective, seq.params.ignore_eos
+                req.prompt_token_ids, req.max_tokens_effective, req.params.ignore_eos
             )
             if rid in self.aborted:
-                expected = expected[: len(seq.output_token_ids)]
-            assert seq.output_token_ids == expected, rid
+                expected = expected[: len(req.output_token_ids)]
+            assert req.output_token_ids == expected, rid

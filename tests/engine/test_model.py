@@ -13,17 +13,17 @@ import torch
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.loader import load_weights
 from kvledger.engine.model import LlamaModel
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.sequence import Sequence
 
 TOL = 1e-3
 DECODE_STEPS = 16
 
 
 class _Chunk:
-    def __init__(self, seq, n):
-        self.seq, self.num_new_tokens = seq, n
+    def __init__(self, req, n):
+        self.request, self.num_new_tokens = req, n
 
 
 def _paged_runner(spec, weights, num_blocks=64, block_size=16):
@@ -36,19 +36,19 @@ def _paged_runner(spec, weights, num_blocks=64, block_size=16):
 
 def _compare_with_oracle(runner, hf_model, prompt, block_table, prefill_chunks):
     """Prefill in the given chunks, then greedy-decode; return the max |diff| per step."""
-    seq = Sequence("r", list(prompt), SamplingParams(max_tokens=DECODE_STEPS))
-    seq.block_table = list(block_table)
+    req = Request("r", list(prompt), SamplingParams(max_tokens=DECODE_STEPS))
+    req.block_table = list(block_table)
     diffs = []
     for n in prefill_chunks:
-        logits = runner.execute([_Chunk(seq, n)])
-        seq.num_computed_tokens += n
+        logits = runner.execute([_Chunk(req, n)])
+        req.num_computed_tokens += n
     for _ in range(DECODE_STEPS + 1):
         with torch.no_grad():
-            ref = hf_model(torch.tensor([seq.all_token_ids])).logits[0, -1]
+            ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
         diffs.append(float((logits[0] - ref).abs().max()))
-        seq.output_token_ids.append(int(ref.argmax()))
-        logits = runner.execute([_Chunk(seq, 1)])
-        seq.num_computed_tokens += 1
+        req.output_token_ids.append(int(ref.argmax()))
+        logits = runner.execute([_Chunk(req, 1)])
+        req.num_computed_tokens += 1
     return diffs
 
 
@@ -66,10 +66,10 @@ def test_tiny_llama_no_cache_matches_transformers(tiny_llama):
     folder, hf_model = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
     runner = ModelRunner(LlamaModel(spec, weights, torch.float32), None, 16)
-    seq = Sequence("r", [5, 17, 33, 2, 99, 100, 7], SamplingParams())
-    logits = runner.execute([_Chunk(seq, seq.num_tokens)])
+    req = Request("r", [5, 17, 33, 2, 99, 100, 7], SamplingParams())
+    logits = runner.execute([_Chunk(req, req.num_tokens)])
     with torch.no_grad():
-        ref = hf_model(torch.tensor([seq.all_token_ids])).logits[0, -1]
+        ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
     assert float((logits[0] - ref).abs().max()) <= TOL
 
 
@@ -92,12 +92,12 @@ def test_tiny_llama_bf16_paged_logits_track_fp32_oracle(tiny_llama):
     model = LlamaModel(spec, weights, torch.bfloat16)
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     runner = ModelRunner(model, store, 16)
-    seq = Sequence("r", list(range(10, 60)), SamplingParams())
-    seq.block_table = [4, 1, 9, 2]
-    runner.execute([_Chunk(seq, 30)])
-    seq.num_computed_tokens = 30
-    logits = runner.execute([_Chunk(seq, 20)])
+    req = Request("r", list(range(10, 60)), SamplingParams())
+    req.block_table = [4, 1, 9, 2]
+    runner.execute([_Chunk(req, 30)])
+    req.num_computed_tokens = 30
+    logits = runner.execute([_Chunk(req, 20)])
     with torch.no_grad():
-        ref = hf_model(torch.tensor([seq.all_token_ids])).logits[0, -1]
+        ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
     spread = float(ref.max() - ref.min())
     assert float((logits[0] - ref).abs().max()) <= 0.05 * spread

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from kvledger.engine.request import Request
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
 
@@ -13,8 +14,8 @@ LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])  # softmax: 0.229 0.084 0.051 
 
 
 def _draw(params: SamplingParams, n: int, logits=LOGITS) -> list[int]:
-    sampler = Sampler()
-    return [sampler.sample(logits[None], ["r"], [params])[0][0] for _ in range(n)]
+    sampler, req = Sampler(), Request("r", [1], params)  # one request: one seeded generator
+    return [sampler.sample(logits[None], [req])[0][0] for _ in range(n)]
 
 
 def test_greedy_is_argmax():
@@ -45,7 +46,8 @@ def test_seed_reproduces_and_frequencies_follow_softmax():
 
 def test_logprobs_are_the_raw_log_softmax_with_top_alternatives():
     sampler = Sampler()
-    _, lps = sampler.sample(LOGITS[None], ["r"], [SamplingParams(temperature=0.0, logprobs=2)])
+    _, lps = sampler.sample(LOGITS[None], [Request("r", [1], SamplingParams(temperature=0.0,
+                                                                             logprobs=2))])
     lp = lps[0]
     log_z = math.log(sum(math.exp(x) for x in LOGITS.tolist()))
     assert lp.token_id == 4

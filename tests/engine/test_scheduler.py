@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from sched_harness import Harness
 
 from kvledger.engine import scheduler as scheduler_module
-from kvledger.engine.sequence import SequenceStatus
+from kvledger.engine.request import RequestStatus
 from kvledger.errors import KVBudgetError
 
 
 def ids(out) -> list[tuple[str, int]]:
-    return [(c.seq.request_id, c.num_new_tokens) for c in out.chunks]
+    return [(c.request.request_id, c.num_new_tokens) for c in out.chunks]
 
 
 def test_whole_prompt_prefill_then_batched_decode():
@@ -36,10 +36,10 @@ def test_whole_prompt_prefill_then_batched_decode():
 
 def test_max_tokens_none_uses_the_context_limit():
     h = Harness(32, 4, max_model_len=20)
-    seq = h.add("a", [1, 2, 3, 4, 5], None)
-    assert seq.max_tokens_effective == 15
+    req = h.add("a", [1, 2, 3, 4, 5], None)
+    assert req.max_tokens_effective == 15
     h.run()
-    assert len(seq.output_token_ids) == 15
+    assert len(req.output_token_ids) == 15
     h.assert_idle()
 
 
@@ -49,10 +49,10 @@ def test_chunked_prefill_interleaves_with_decodes():
     h.step()
     h.add("long", list(range(5, 45)), 2)  # 40 tokens: 7-token chunks next to a 1-token decode
     starts = []
-    while h.seqs["long"].num_computed_tokens < 40:
+    while h.reqs["long"].num_computed_tokens < 40:
         out = h.step()
         assert ids(out)[0] == ("short", 1)  # the running stream keeps flowing
-        (chunk,) = [c for c in out.chunks if c.seq.request_id == "long"]
+        (chunk,) = [c for c in out.chunks if c.request.request_id == "long"]
         starts.append(chunk.start)
         assert chunk.samples == (chunk.start + chunk.num_new_tokens == 40)
     assert starts == [0, 7, 14, 21, 28, 35]
@@ -72,11 +72,11 @@ def test_64_requests_share_a_prefix_ending_mid_block(budget):
     # Oracle: distinct full-block prefixes ever computed (nothing evicted: 64 * 5 < 400).
     distinct = {
         tuple(s.all_token_ids[: k * 4])
-        for s in h.seqs.values()
+        for s in h.reqs.values()
         for k in range(1, (s.num_tokens - 1) // 4 + 1)
     }
     stats = h.sched.stats()
-    assert stats["kv_blocks_cached"] == len(distinct) == 2 + 64 * 2
+    assert stats["kv_blocks_evictable"] == len(distinct) == 2 + 64 * 2
     assert stats["prefix_cache_queried_tokens"] == 64 * 13
     # The first request computes the 2 prefix blocks; the 63 others wait for them and hit them.
     assert stats["prefix_cache_hit_tokens"] == 63 * 8
@@ -105,12 +105,12 @@ def test_abort_in_the_middle_of_a_chunked_prefill():
     h.add("a", list(range(30)), 4)
     h.step()
     h.step()
-    seq = h.seqs["a"]
-    assert seq.num_computed_tokens == 16 and len(seq.block_table) == 4
+    req = h.reqs["a"]
+    assert req.num_computed_tokens == 16 and len(req.block_table) == 4
     h.abort("a")
-    assert seq.status is SequenceStatus.FINISHED and not h.sched.has_unfinished()
+    assert req.status is RequestStatus.FINISHED and not h.sched.has_unfinished_requests()
     stats = h.sched.stats()
-    assert (stats["kv_blocks_free"], stats["kv_blocks_cached"]) == (20, 4)  # 16 tokens computed
+    assert (stats["kv_blocks_free"], stats["kv_blocks_evictable"]) == (20, 4)  # 16 tokens computed
     assert h.sched.schedule().chunks == []
     again = h.add("b", list(range(30)), 4)
     h.step()
@@ -132,7 +132,7 @@ def test_request_larger_than_the_pool_fails_at_once_small_one_completes():
         h.add("prompt-fits-total-does-not", list(range(20)), 20)  # 39 tokens = 10 blocks
     h.add("small", [1, 2, 3], 5)
     h.run()
-    assert len(h.seqs["small"].output_token_ids) == 5
+    assert len(h.reqs["small"].output_token_ids) == 5
     h.assert_idle()
 
 
@@ -160,7 +160,7 @@ def test_preemption_of_the_newest_and_resume_rehits_the_prefix():
     a = h.add("a", [1, 2, 3, 4, 5, 6, 7, 8], 12)
     b = h.add("b", [9, 10, 11, 12, 13, 14, 15, 16], 12)
     preempted = []
-    while h.sched.has_unfinished():
+    while h.sched.has_unfinished_requests():
         out = h.step()
         preempted += [s.request_id for s in out.preempted]
         if out.preempted:
@@ -194,11 +194,11 @@ def test_a_passed_over_request_stops_admission_behind_it(monkeypatch):
     for step in range(40):
         h.add(f"s{step}", [step % 40 + 1, 7], 2)  # 1 block each: always fits a free block
         out = h.step()
-        if head.status is not SequenceStatus.WAITING:
+        if head.status is not RequestStatus.WAITING:
             break
         skips += 1
-        admitted_behind.append(any(c.seq.request_id.startswith("s") for c in out.chunks))
-    assert head.status is not SequenceStatus.WAITING
+        admitted_behind.append(any(c.request.request_id.startswith("s") for c in out.chunks))
+    assert head.status is not RequestStatus.WAITING
     assert admitted_behind[0]  # no head-of-line blocking at first
     assert skips >= 3 and not any(admitted_behind[3:])  # then the guard holds the line
     h.run()
@@ -231,10 +231,10 @@ def test_per_request_quota():
 
 def test_a_lone_request_that_outgrows_the_pool_fails_instead_of_looping():
     h = Harness(2, 4)  # 8 slots
-    seq = h.add("a", [1, 2, 3], 4)  # fits: 6 KV tokens
-    seq.max_tokens_effective = 10  # the engine let it run further than admitted
+    req = h.add("a", [1, 2, 3], 4)  # fits: 6 KV tokens
+    req.max_tokens_effective = 10  # the engine let it run further than admitted
     failed = []
-    while h.sched.has_unfinished():
+    while h.sched.has_unfinished_requests():
         failed += h.step().failed
     assert [(s.request_id, s.num_computed_tokens) for s, _ in failed] == [("a", 8)]
     h.assert_idle()
@@ -299,7 +299,7 @@ def add_checked(h: Harness, rid: str, request: tuple) -> None:
 
 def report(h: Harness) -> None:
     stats = h.sched.stats()
-    assert stats["kv_blocks_cached"] <= stats["kv_blocks_total"]
+    assert stats["kv_blocks_evictable"] <= stats["kv_blocks_total"]
     event(f"preempted: {stats['num_preemptions'] > 0}")
     event(f"prefix hit: {stats['prefix_cache_hit_tokens'] > 0}")
     event(f"pool was full: {h.peak_usage == 1.0}")
@@ -338,7 +338,7 @@ def test_bursts_under_memory_pressure_drain(cfg, burst, aborts):
     for n, request in enumerate(burst):
         add_checked(h, f"r{n}", request)
     for step in range(5000):
-        if not h.sched.has_unfinished():
+        if not h.sched.has_unfinished_requests():
             break
         for when, which in aborts:
             if when == step and h.sched.requests:

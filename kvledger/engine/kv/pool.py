@@ -8,22 +8,22 @@ changes when a format adds them.
 Accounting invariant (seed §4.3, SGLang's ``free + evictable + in use == total``): every block is
 in exactly one of two states,
 
-* in use: ``ref_cnt > 0``, held by one or more sequences' block tables, not in the free list;
+* in use: ``ref_cnt > 0``, held by one or more requests' block tables, not in the free list;
 * free: ``ref_cnt == 0``, in the free list. A free block that still carries a block hash is
-  *cached*: a later request with the same prefix can take it back (``touch``) without
-  recomputing it, until allocation pops it and evicts its hash.
+  *evictable*: it is still in the prefix cache, so a later request with the same prefix can take
+  it back (``touch``) without recomputing it, until allocation pops it and evicts its hash.
 
-So ``num_free + num_in_use == num_blocks`` and ``num_cached <= num_free``
-(``num_free - num_cached`` free-and-empty + ``num_cached`` + ``num_in_use`` = total).
+So ``num_free + num_in_use == num_blocks`` and ``num_evictable <= num_free``
+(``num_free - num_evictable`` free-and-empty + ``num_evictable`` + ``num_in_use`` = total).
 
 Free-list order (vLLM v1's policy): allocation pops from the front. A block whose refcount drops
 to 0 goes to the tail if it is hashed, to the front if not, so empty blocks are reused before
-cached ones and cached blocks are evicted least-recently-freed first. Sequences free their
+evictable ones and evictable blocks are evicted least-recently-freed first. Sequences free their
 blocks tail-first, so a request's deepest prefix block is evicted before its parents. The free
 list is an ``OrderedDict`` (O(1) pop-front, append, move-to-front and removal from the middle).
 
 Block hashes are opaque ``bytes`` computed by ``engine/kv/prefix.py``; the pool keeps the
-hash -> block map because eviction happens here.
+hash -> block map (every cached block, in use or evictable) because eviction happens here.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Block:
         ref_cnt: number of block tables holding it.
         block_hash: chained prefix hash once the block is full and computed, else None.
         hash_key: what the hash was computed from (parent hash, token ids, extra keys), kept to
-            verify a hit against the querying sequence's tokens.
+            verify a hit against the querying request's tokens.
     """
 
     block_id: int
@@ -52,7 +52,7 @@ class Block:
 
 
 class BlockPool:
-    """Refcounted blocks with an O(1) free list and a hash -> block map of cached blocks.
+    """Refcounted blocks with an O(1) free list and the hash -> block map of the prefix cache.
 
     Args:
         num_blocks: blocks in the pool (>= 1).
@@ -66,18 +66,18 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[bytes, int] = {}
-        self._num_cached_free = 0
+        self._by_hash: dict[bytes, int] = {}
+        self._num_evictable = 0
 
     @property
     def num_free(self) -> int:
-        """Blocks with refcount 0 (cached ones included): what ``allocate`` can hand out."""
+        """Blocks with refcount 0 (evictable ones included): what ``allocate`` can hand out."""
         return len(self._free)
 
     @property
-    def num_cached(self) -> int:
-        """Free blocks still addressable by hash (reusable by a prefix-cache hit)."""
-        return self._num_cached_free
+    def num_evictable(self) -> int:
+        """Free blocks still in the prefix cache (reusable by a hit until evicted)."""
+        return self._num_evictable
 
     @property
     def num_in_use(self) -> int:
@@ -106,13 +106,13 @@ class BlockPool:
         return out
 
     def touch(self, block_ids: Iterable[int]) -> None:
-        """Take a reference on cached or shared blocks (a prefix-cache hit)."""
+        """Take a reference on evictable or shared blocks (a prefix-cache hit)."""
         for block_id in block_ids:
             block = self.blocks[block_id]
             if block.ref_cnt == 0:
                 del self._free[block_id]
                 if block.block_hash is not None:
-                    self._num_cached_free -= 1
+                    self._num_evictable -= 1
             block.ref_cnt += 1
 
     def free(self, block_ids: Iterable[int]) -> None:
@@ -134,10 +134,10 @@ class BlockPool:
             if block.block_hash is None:
                 self._free.move_to_end(block_id, last=False)
             else:
-                self._num_cached_free += 1
+                self._num_evictable += 1
 
     def cache_block(self, block_id: int, block_hash: bytes, hash_key: tuple) -> bool:
-        """Make an in-use, full, computed block addressable by ``block_hash``.
+        """Put an in-use, full, computed block in the prefix cache under ``block_hash``.
 
         Returns:
             False (and leaves the block unhashed) when another block already holds this hash,
@@ -147,23 +147,23 @@ class BlockPool:
         assert block.ref_cnt > 0, f"caching free block {block_id}"
         if block.block_hash is not None:
             return block.block_hash == block_hash
-        if block_hash in self._cached:
+        if block_hash in self._by_hash:
             return False
         block.block_hash = block_hash
         block.hash_key = hash_key
-        self._cached[block_hash] = block_id
+        self._by_hash[block_hash] = block_id
         return True
 
     def lookup(self, block_hash: bytes) -> Block | None:
-        """The block holding ``block_hash`` (in use or cached-free), or None."""
-        block_id = self._cached.get(block_hash)
+        """The block holding ``block_hash`` (in use or evictable), or None."""
+        block_id = self._by_hash.get(block_hash)
         return None if block_id is None else self.blocks[block_id]
 
     def _evict(self, block: Block) -> None:
-        del self._cached[block.block_hash]
+        del self._by_hash[block.block_hash]
         block.block_hash = None
         block.hash_key = None
-        self._num_cached_free -= 1
+        self._num_evictable -= 1
 
     def check_invariants(self) -> None:
         """Assert the accounting invariant (tests and debug mode; O(num_blocks))."""
@@ -171,8 +171,8 @@ class BlockPool:
         assert all(b.ref_cnt >= 0 for b in self.blocks)
         assert len(in_use) + len(self._free) == self.num_blocks
         assert all(self.blocks[i].ref_cnt == 0 for i in self._free)
-        cached_free = sum(1 for i in self._free if self.blocks[i].block_hash is not None)
-        assert cached_free == self._num_cached_free
-        assert all(self.blocks[i].block_hash == h for h, i in self._cached.items())
+        evictable = sum(1 for i in self._free if self.blocks[i].block_hash is not None)
+        assert evictable == self._num_evictable
+        assert all(self.blocks[i].block_hash == h for h, i in self._by_hash.items())
         hashed = sum(1 for b in self.blocks if b.block_hash is not None)
-        assert hashed == len(self._cached)
+        assert hashed == len(self._by_hash)

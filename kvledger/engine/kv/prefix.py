@@ -1,6 +1,6 @@
 """Prefix cache: reuse the KV of full blocks whose whole token prefix was computed before.
 
-Each FULL block i of a sequence gets a chained hash
+Each FULL block i of a request gets a chained hash
 
     h_i = sha256(repr((h_{i-1}, tuple(tokens of block i), extra_keys_i)))
 
@@ -10,16 +10,18 @@ blocks inherit the salt through the chain), else ``()``. Because the hash covers
 the block's K/V (a function of every earlier token through attention) reusable. sha256 over
 ``repr`` is stable across processes (unlike Python's salted ``hash`` of str); a hit is still
 verified by comparing the stored key (parent hash, token ids, extra keys) with the querying
-sequence's, so a collision can never hand out wrong K/V.
+request's, so a collision can never hand out wrong K/V.
 
 A hit is capped at ``(num_tokens - 1) // block_size`` blocks so at least one token is always
 computed: the forward pass of the last token yields the logits to sample from. Prompt blocks and
-full blocks of generated tokens are both cached once their K/V is computed. Counters: tokens
-queried (whole sequence length per admission) and tokens hit, for the hit rate. With
+full blocks of generated tokens both enter the cache once their K/V is computed. Counters: tokens
+queried (whole request length per admission) and tokens hit, for the hit rate. With
 ``enabled=False`` nothing is hashed, looked up or counted.
 
-The hash -> block map lives in the BlockPool (eviction happens there); this module computes
-hashes and decides hits.
+Words: a block is *cached* when it is in the prefix cache (hash-addressable, in use or free);
+a free cached block is *evictable*; a request's ``num_cached_tokens`` are the tokens it took from
+the cache. The hash -> block map lives in the BlockPool (eviction happens there); this module
+computes hashes and decides hits.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import hashlib
 
 from kvledger.engine.kv.pool import BlockPool
-from kvledger.engine.sequence import Sequence
+from kvledger.engine.request import Request
 
 
 def block_hash_key(parent: bytes | None, token_ids: list[int], extra_keys: tuple) -> tuple:
@@ -56,38 +58,38 @@ class PrefixCache:
         self.queried_tokens = 0
         self.hit_tokens = 0
 
-    def _key(self, seq: Sequence, index: int) -> tuple:
-        """Hash key of full block ``index`` of ``seq`` (needs the parent's hash)."""
+    def _key(self, req: Request, index: int) -> tuple:
+        """Hash key of full block ``index`` of ``req`` (needs the parent's hash)."""
         bs = self.block_size
-        parent = seq.block_hashes[index - 1] if index > 0 else None
-        extra = (seq.cache_salt,) if index == 0 and seq.cache_salt is not None else ()
-        return block_hash_key(parent, seq.token_ids_range(index * bs, (index + 1) * bs), extra)
+        parent = req.block_hashes[index - 1] if index > 0 else None
+        extra = (req.cache_salt,) if index == 0 and req.cache_salt is not None else ()
+        return block_hash_key(parent, req.token_ids_range(index * bs, (index + 1) * bs), extra)
 
-    def block_hash(self, seq: Sequence, index: int) -> tuple[bytes, tuple]:
+    def block_hash(self, req: Request, index: int) -> tuple[bytes, tuple]:
         """(hash, key) of full block ``index``; blocks are hashed in order and memoized in
-        ``seq.block_hashes``.
+        ``req.block_hashes``.
 
         Raises:
             AssertionError: the block is not full, or an earlier block was never hashed.
         """
-        assert (index + 1) * self.block_size <= seq.num_tokens, f"block {index} is not full"
-        assert index <= len(seq.block_hashes), "blocks are hashed in order"
-        key = self._key(seq, index)
-        if index == len(seq.block_hashes):
-            seq.block_hashes.append(hash_block_key(key))
-        return seq.block_hashes[index], key
+        assert (index + 1) * self.block_size <= req.num_tokens, f"block {index} is not full"
+        assert index <= len(req.block_hashes), "blocks are hashed in order"
+        key = self._key(req, index)
+        if index == len(req.block_hashes):
+            req.block_hashes.append(hash_block_key(key))
+        return req.block_hashes[index], key
 
-    def find_longest_hit(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest verified cached prefix of ``seq`` (no references taken).
+    def find_longest_cache_hit(self, req: Request) -> list[int]:
+        """Block ids of the longest verified cached prefix of ``req`` (no references taken).
 
-        At most ``(seq.num_tokens - 1) // block_size`` blocks. Does not touch the counters:
+        At most ``(req.num_tokens - 1) // block_size`` blocks. Does not touch the counters:
         call ``record`` when the hit is actually used.
         """
         if not self.enabled:
             return []
         hits = []
-        for i in range((seq.num_tokens - 1) // self.block_size):
-            block_hash, key = self.block_hash(seq, i)
+        for i in range((req.num_tokens - 1) // self.block_size):
+            block_hash, key = self.block_hash(req, i)
             block = self.pool.lookup(block_hash)
             if block is None or block.hash_key != key:
                 break
@@ -100,16 +102,16 @@ class PrefixCache:
             self.queried_tokens += num_queried_tokens
             self.hit_tokens += num_hit_tokens
 
-    def cache_full_blocks(self, seq: Sequence, num_done: int) -> int:
-        """Register ``seq``'s full, computed blocks from index ``num_done`` on.
+    def cache_full_blocks(self, req: Request, num_done: int) -> int:
+        """Register ``req``'s full, computed blocks from index ``num_done`` on.
 
         Returns:
-            The number of leading blocks of ``seq.block_table`` now registered (pass it back as
+            The number of leading blocks of ``req.block_table`` now registered (pass it back as
             ``num_done`` next time).
         """
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = req.num_computed_tokens // self.block_size
         if not self.enabled or num_full <= num_done:
             return num_done
         for i in range(num_done, num_full):
-            self.pool.cache_block(seq.block_table[i], *self.block_hash(seq, i))
+            self.pool.cache_block(req.block_table[i], *self.block_hash(req, i))
         return num_full

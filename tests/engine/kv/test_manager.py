@@ -3,40 +3,40 @@
 from __future__ import annotations
 
 from kvledger.engine.kv.manager import KVCacheManager
-from kvledger.engine.sequence import Sequence
+from kvledger.engine.request import Request
 
 BS = 4
 
 
 def test_allocate_slots_is_all_or_nothing():
     mgr = KVCacheManager(4, BS)
-    seq = Sequence("a", list(range(17)))  # 17 tokens need ceil(17 / 4) = 5 blocks > 4
-    assert not mgr.allocate_slots(seq, 17)
-    assert seq.block_table == [] and mgr.pool.num_free == 4
-    assert mgr.allocate_slots(seq, 16)
-    assert len(seq.block_table) == 4 and seq.peak_num_blocks == 4
+    req = Request("a", list(range(17)))  # 17 tokens need ceil(17 / 4) = 5 blocks > 4
+    assert not mgr.allocate_slots(req, 17)
+    assert req.block_table == [] and mgr.pool.num_free == 4
+    assert mgr.allocate_slots(req, 16)
+    assert len(req.block_table) == 4 and req.peak_num_blocks == 4
 
 
 def test_slots_grow_one_block_per_block_size_tokens():
     mgr = KVCacheManager(8, BS)
-    seq = Sequence("a", list(range(5)))
-    assert mgr.allocate_slots(seq, 5) and len(seq.block_table) == 2
-    seq.num_computed_tokens = 5
+    req = Request("a", list(range(5)))
+    assert mgr.allocate_slots(req, 5) and len(req.block_table) == 2
+    req.num_computed_tokens = 5
     for n_tokens, n_blocks in [(6, 2), (7, 2), (8, 2), (9, 3)]:  # slots for tokens [0, n)
-        seq.output_token_ids.append(0)
-        assert mgr.allocate_slots(seq, 1)
-        seq.num_computed_tokens += 1
-        assert (seq.num_computed_tokens, len(seq.block_table)) == (n_tokens, n_blocks)
+        req.output_token_ids.append(0)
+        assert mgr.allocate_slots(req, 1)
+        req.num_computed_tokens += 1
+        assert (req.num_computed_tokens, len(req.block_table)) == (n_tokens, n_blocks)
 
 
 def test_shared_hit_blocks_take_nothing_from_the_free_list():
     mgr = KVCacheManager(6, BS)
-    a = Sequence("a", list(range(10)))
+    a = Request("a", list(range(10)))
     assert mgr.allocate_slots(a, 10)  # 3 blocks
     a.num_computed_tokens = 10
     mgr.cache_full_blocks(a)
-    b = Sequence("b", list(range(8)) + [50, 51, 52])  # shares a's 2 full blocks
-    hit = mgr.get_computed_blocks(b)
+    b = Request("b", list(range(8)) + [50, 51, 52])  # shares a's 2 full blocks
+    hit = mgr.find_longest_cache_hit(b)
     assert hit == a.block_table[:2]
     assert mgr.blocks_needed(b, 3, hit) == (3, 1)  # table +3, only 1 block off the free list
     assert mgr.allocate_slots(b, 3, hit)
@@ -47,13 +47,13 @@ def test_shared_hit_blocks_take_nothing_from_the_free_list():
 
 def test_free_is_tail_first_and_keeps_prefix_blocks_cached():
     mgr = KVCacheManager(4, BS)
-    a = Sequence("a", list(range(10)))
+    a = Request("a", list(range(10)))
     assert mgr.allocate_slots(a, 10)
     a.num_computed_tokens = 10
     mgr.cache_full_blocks(a)
     table = list(a.block_table)
     mgr.free(a)
-    assert a.block_table == [] and mgr.pool.num_free == 4 and mgr.pool.num_cached == 2
+    assert a.block_table == [] and mgr.pool.num_free == 4 and mgr.pool.num_evictable == 2
     # Hand-worked: the partial block 2 (unhashed) is reused first, then the untouched block 3,
     # then block 1 (deepest cached) before its parent block 0.
     assert mgr.pool.allocate(4) == [table[2], 3, table[1], table[0]]
@@ -61,13 +61,13 @@ def test_free_is_tail_first_and_keeps_prefix_blocks_cached():
 
 def test_revived_cached_blocks_count_against_the_free_list():
     mgr = KVCacheManager(3, BS)
-    a = Sequence("a", list(range(9)))
+    a = Request("a", list(range(9)))
     assert mgr.allocate_slots(a, 9)
     a.num_computed_tokens = 9
     mgr.cache_full_blocks(a)
     mgr.free(a)
-    b = Sequence("b", list(range(9)))
-    hit = mgr.get_computed_blocks(b)
+    b = Request("b", list(range(9)))
+    hit = mgr.find_longest_cache_hit(b)
     assert len(hit) == 2
     assert mgr.blocks_needed(b, 1, hit) == (3, 3)  # 2 revived + 1 new, all from the free list
     assert mgr.allocate_slots(b, 1, hit) and mgr.pool.num_free == 0

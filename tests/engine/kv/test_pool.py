@@ -20,7 +20,7 @@ def h(i: int) -> bytes:
 def test_allocate_pops_front_and_counts():
     pool = BlockPool(5)
     assert pool.allocate(2) == [0, 1]
-    assert (pool.num_free, pool.num_in_use, pool.num_cached) == (3, 2, 0)
+    assert (pool.num_free, pool.num_in_use, pool.num_evictable) == (3, 2, 0)
     assert pool.allocate(3) == [2, 3, 4]
     assert pool.num_free == 0
     with pytest.raises(AssertionError):
@@ -33,12 +33,12 @@ def test_unhashed_free_goes_to_front_hashed_to_tail():
     pool.cache_block(a, h(0), ("k0",))
     pool.cache_block(b, h(1), ("k1",))
     pool.free(reversed([a, b, c]))  # tail-first: c (unhashed) -> front; b, a (hashed) -> tail
-    assert (pool.num_free, pool.num_cached, pool.num_in_use) == (5, 2, 1)
+    assert (pool.num_free, pool.num_evictable, pool.num_in_use) == (5, 2, 1)
     # Hand-worked order: [c, 4, 5, b, a]: empty blocks first, then the deepest prefix block b.
     assert pool.allocate(4) == [c, 4, 5, b]
     assert pool.lookup(h(1)) is None  # b was evicted when re-allocated
     assert pool.lookup(h(0)).block_id == a  # its parent a survives
-    assert pool.num_cached == 1
+    assert pool.num_evictable == 1
     pool.check_invariants()
 
 
@@ -50,9 +50,9 @@ def test_touch_revives_cached_block_and_shares_in_use_block():
     assert pool.blocks[a].ref_cnt == 2 and pool.num_free == 2
     pool.free([a])
     pool.free([a])
-    assert pool.num_cached == 1 and pool.is_free(a)
+    assert pool.num_evictable == 1 and pool.is_free(a)
     pool.touch([a])  # prefix-cache hit on a free cached block
-    assert pool.num_cached == 0 and not pool.is_free(a) and pool.blocks[a].ref_cnt == 1
+    assert pool.num_evictable == 0 and not pool.is_free(a) and pool.blocks[a].ref_cnt == 1
     assert pool.lookup(h(0)).block_id == a
     pool.check_invariants()
 
@@ -72,7 +72,7 @@ def test_duplicate_hash_keeps_first_block():
     assert not pool.cache_block(b, h(0), ("k",))
     assert pool.blocks[b].block_hash is None
     pool.free([b])
-    assert pool.num_cached == 0  # b was not cached, a is still in use
+    assert pool.num_evictable == 0  # b was not cached, a is still in use
 
 
 ops = st.lists(
@@ -112,6 +112,6 @@ def test_random_use_keeps_accounting(num_blocks, ops):
         assert [b.ref_cnt for b in pool.blocks] == refs
         assert pool.num_free == refs.count(0)
         assert pool.num_free + pool.num_in_use == num_blocks
-        assert pool.num_cached <= pool.num_free
+        assert pool.num_evictable <= pool.num_free
     pool.free(held)
     assert pool.num_free == num_blocks and pool.num_in_use == 0

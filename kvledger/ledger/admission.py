@@ -1,0 +1,80 @@
+"""The admission rule: how many tokens one request may ever reach, from the KV it may hold.
+
+One request of ``T`` tokens (prompt + output) stores K/V for ``T - 1`` of them: the last sampled
+token is returned, never fed back. Under full retention (every token kept, the only policy
+today) ``n`` KV tokens occupy ``ceil(n / block_size)`` paged blocks. A request may hold at most
+``max_blocks`` blocks (the whole pool, or the long-request share of it), at most
+``quota_tokens`` tokens (prompt + output, ``--max-kv-tokens-per-request``) and at most the
+model's context. So the most tokens it may reach is
+
+    min(context_tokens, max_blocks * block_size + 1, quota_tokens)
+
+and a request asking for ``prompt + max_tokens`` tokens can ever run exactly when that sum is
+within this limit. The engine's admission, its "up to the limit" max_tokens, its refusal
+messages and its failure of a request that outgrows the pool all read it from here; a
+retention policy (sliding window) changes ``blocks_for_kv_tokens`` here, a KV format changes the
+bytes per block and so ``max_blocks`` (``costs.blocks_for(pool_bytes, block_bytes)``), and
+nothing else has to follow.
+
+Pure integers, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def blocks_for_kv_tokens(num_kv_tokens: int, block_size: int) -> int:
+    """Paged blocks that hold ``num_kv_tokens`` K/V slots under full retention:
+    ``ceil(n / block_size)``. The KV manager allocates by it and admission checks by it."""
+    return math.ceil(num_kv_tokens / block_size)
+
+
+def kv_tokens_of(total_tokens: int) -> int:
+    """KV slots a request of ``total_tokens`` (prompt + output) ever fills: one fewer, because
+    the last sampled token is never fed back (0 for 0 tokens)."""
+    return max(total_tokens - 1, 0)
+
+
+@dataclass(frozen=True)
+class RequestBudget:
+    """What one request may hold.
+
+    Attributes:
+        block_size: tokens per KV block.
+        max_blocks: most blocks the request may hold at once (pool size, or its share of it).
+        context_tokens: the model's context limit in tokens.
+        quota_tokens: per-request limit on prompt + output tokens (None = no quota).
+    """
+
+    block_size: int
+    max_blocks: int
+    context_tokens: int
+    quota_tokens: int | None = None
+
+    def holds_kv_tokens(self, num_kv_tokens: int) -> bool:
+        """True when ``num_kv_tokens`` K/V slots fit in ``max_blocks`` blocks."""
+        return blocks_for_kv_tokens(num_kv_tokens, self.block_size) <= self.max_blocks
+
+    @property
+    def max_kv_tokens(self) -> int:
+        """Most K/V slots the request may fill: ``max_blocks * block_size``."""
+        return self.max_blocks * self.block_size
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Most tokens (prompt + output) the request may reach: context, pool share, quota."""
+        limit = min(self.context_tokens, self.max_kv_tokens + 1)
+        return limit if self.quota_tokens is None else min(limit, self.quota_tokens)
+
+    def exceeded_by(self, total_tokens: int) -> str | None:
+        """Which limit ``total_tokens`` (prompt + output) passes first, checked in the order
+        ``"context"``, ``"quota"``, ``"kv"``; None when it is within all of them."""
+        if total_tokens > self.context_tokens:
+            return "context"
+        if self.quota_tokens is not None and total_tokens > self.quota_tokens:
+            return "quota"
+        if not self.holds_kv_tokens(kv_tokens_of(total_tokens)):
+            return "kv"
+        return None
