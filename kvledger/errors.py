@@ -36,9 +36,12 @@ class ContextLengthError(KVLedgerError):
 
 
 class KVBudgetError(KVLedgerError):
-    """A request can never fit the KV pool or its per-request KV quota."""
+    """A request can never fit the KV pool or its per-request KV quota.
 
-    http_status = 429
+    A permanent refusal (HTTP 400, as for the context length): retrying cannot help, and the
+    official OpenAI client retries a 429 on its own.
+    """
+
     code = "kv_quota_exceeded"
 
 

@@ -7,10 +7,15 @@ to httpx, after the client got its own concurrency slot):
   ``choices[0].delta.content`` (chat; ``delta.reasoning_content`` also counts) or
   ``choices[0].text`` (completions). A role-only first chunk (``delta: {"role": "assistant"}``),
   comments (``: keep-alive``), the usage chunk and ``[DONE]`` are not content.
-- **E2E latency** = send -> the last content event.
+- **E2E latency** = send -> the last byte of the response (after ``[DONE]``), as vLLM's
+  benchmark defines it.
 - **ITL** = every gap between consecutive content events (one event may carry several tokens).
-- **TPOT** = (E2E - TTFT) / (output tokens - 1), output tokens from the final ``usage`` chunk
-  (``stream_options.include_usage``); undefined for one output token.
+- **TPOT** = (E2E - TTFT) / (output tokens - k), output tokens from the final ``usage`` chunk
+  (``stream_options.include_usage``), k the tokens the client had when it saw the first content
+  event: exact when the server reports usage in every chunk (vLLM's
+  ``stream_options.continuous_usage_stats``, which the bench asks for; kvledger serve honours
+  it), else taken as 1. Tokens that came before or with the first content event are part of
+  TTFT, so they are not divided into TPOT. Undefined when no token follows the first event.
 
 A stream is timed at the moment each network read arrives: every event completed by that read
 gets the read's timestamp. A request that errors, returns a non-200 status or streams no content
@@ -40,20 +45,23 @@ class StreamResult:
     output_tokens: int | None = None
     prompt_tokens: int | None = None
     content_events: int = 0
+    first_event_tokens: int = 1  # output tokens delivered up to the first content event
     text: str = ""
     notes: list[str] = field(default_factory=list)
 
     @property
     def tpot_s(self) -> float | None:
-        """(E2E - TTFT) / (output tokens - 1); None when undefined (failure, <= 1 token)."""
-        return tpot(self.ttft_s, self.e2e_s, self.output_tokens)
+        """(E2E - TTFT) / (output tokens - k); None when undefined (failure, no later token)."""
+        return tpot(self.ttft_s, self.e2e_s, self.output_tokens, self.first_event_tokens)
 
 
-def tpot(ttft_s: float | None, e2e_s: float | None, output_tokens: int | None) -> float | None:
-    """Time per output token after the first, in seconds; None when it is undefined."""
-    if ttft_s is None or e2e_s is None or not output_tokens or output_tokens < 2:
+def tpot(ttft_s: float | None, e2e_s: float | None, output_tokens: int | None,
+         first_tokens: int = 1) -> float | None:
+    """Time per output token after those of the first content event (``first_tokens``), in
+    seconds; None when it is undefined."""
+    if ttft_s is None or e2e_s is None or not output_tokens or output_tokens <= first_tokens:
         return None
-    return (e2e_s - ttft_s) / (output_tokens - 1)
+    return (e2e_s - ttft_s) / (output_tokens - first_tokens)
 
 
 def content_of(event: dict) -> str:
@@ -76,6 +84,7 @@ class _Collector:
         self.times: list[float] = []
         self.parts: list[str] = []
         self.usage: dict | None = None
+        self.first_tokens: int | None = None  # usage.completion_tokens at the first content
         self.error: str | None = None
         self.done = False
         self.malformed = 0
@@ -98,11 +107,15 @@ class _Collector:
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
         text = content_of(event)
+        if text and not self.times and isinstance(event.get("usage"), dict):
+            tokens = event["usage"].get("completion_tokens")
+            self.first_tokens = tokens if isinstance(tokens, int) and tokens >= 1 else None
         if text:
             self.times.append(now - self.sent)
             self.parts.append(text)
 
-    def result(self) -> StreamResult:
+    def result(self, end: float) -> StreamResult:
+        """The StreamResult; ``end`` is when the response's last byte arrived."""
         res = StreamResult(content_events=len(self.times), text="".join(self.parts))
         if self.malformed:
             res.notes.append(f"{self.malformed} event(s) were not JSON objects")
@@ -115,7 +128,8 @@ class _Collector:
             res.error = self.error or "the stream carried no generated content"
             return res
         res.ok = True
-        res.ttft_s, res.e2e_s = self.times[0], self.times[-1]
+        res.ttft_s, res.e2e_s = self.times[0], end - self.sent
+        res.first_event_tokens = self.first_tokens or 1
         res.itl_s = [b - a for a, b in zip(self.times, self.times[1:])]
         if res.output_tokens is None:
             res.output_tokens = len(self.times)
@@ -147,4 +161,4 @@ async def stream_request(
                 collector.add(data, now)
     except httpx.HTTPError as exc:
         return StreamResult(error=f"{type(exc).__name__}: {exc}")
-    return collector.result()
+    return collector.result(now)

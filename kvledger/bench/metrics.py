@@ -15,6 +15,10 @@ Metric names differ by server; each family lists the base names it accepts (the 
 - queue (gauge): ``num_requests_waiting``, ``num_queue_reqs``, ``requests_deferred``;
 - running (gauge): ``num_requests_running``, ``num_running_reqs``, ``requests_processing``;
 - prefix cache (counters, tokens): ``prefix_cache_hits_total`` / ``prefix_cache_queries_total``.
+
+A server may export one family under several label sets (one per engine, model or reason).
+Counters and the request-count gauges are summed over them; KV usage, a fraction of each
+engine's own pool, takes the largest (a sum of two pools' 0.6 would read as 1.2).
 """
 
 from __future__ import annotations
@@ -40,9 +44,12 @@ GAUGES = {
 }
 
 
-def parse_exposition(text: str) -> dict[str, float]:
-    """Prometheus text format -> {metric name: value summed over its label sets}."""
-    samples: dict[str, float] = {}
+FRACTIONS = frozenset({"kv_usage"})  # gauges that combine by max over label sets
+
+
+def parse_exposition(text: str) -> dict[str, list[float]]:
+    """Prometheus text format -> {metric name: its values, one per label set}."""
+    samples: dict[str, list[float]] = {}
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -58,14 +65,16 @@ def parse_exposition(text: str) -> dict[str, float]:
             value = float(fields[0])
         except ValueError:
             continue
-        samples[name] = samples.get(name, 0.0) + value
+        samples.setdefault(name, []).append(value)
     return samples
 
 
-def family(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
-    """Sum of the samples whose base name (after any ``namespace:``) is one of ``names``."""
-    hits = [v for k, v in samples.items() if k.rpartition(":")[2] in names]
-    return sum(hits) if hits else None
+def family(samples: dict[str, list[float]], names: tuple[str, ...],
+           combine=sum) -> float | None:
+    """``combine`` (sum, or max for a fraction) of the samples whose base name (after any
+    ``namespace:``) is one of ``names``; None when there is none."""
+    hits = [v for k, vs in samples.items() if k.rpartition(":")[2] in names for v in vs]
+    return combine(hits) if hits else None
 
 
 @dataclass
@@ -115,7 +124,7 @@ class MetricsWatcher:
             return None
         self._scrapes += 1
         for key, names in GAUGES.items():
-            value = family(samples, names)
+            value = family(samples, names, max if key in FRACTIONS else sum)
             if value is not None:
                 self._peaks[key] = max(value, self._peaks.get(key, value))
         return samples

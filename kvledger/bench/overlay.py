@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from kvledger.bench.records import BenchResult
 
-NOTE = ("TTFT floor: prefill FLOPs at 100 % of peak FLOP/s; TPOT floor: bytes read per decode "
-        "step (weights + the batch's KV) over peak bandwidth")
+NOTE = ("TTFT floor: prefill FLOPs of ONE request at 100 % of peak FLOP/s, at every concurrency "
+        "(a level of concurrency c prefills up to c prompts together, so its measured / floor "
+        "includes that queueing: compare TTFT ratios within one concurrency); TPOT floor: "
+        "bytes read per decode step (weights + the KV of a batch of the level's concurrency) "
+        "over peak bandwidth")
 
 
 class _Ledger:
@@ -64,14 +67,15 @@ def apply_overlay(result: BenchResult, plan_model: str, device: str,
             n = round(s["prompt_tokens_mean"])
             floor = ledger.row(n, 1).ttft_floor_s
             rows.append({"level": s["level"], "metric": "TTFT", "measured": ttft,
-                         "floor": floor, "ratio": ttft / floor})
+                         "floor": floor, "ratio": ttft / floor, "floor_basis": "1 request"})
             if s["concurrency"] == base_c:
                 ttft_curve.append((n, floor))
         if s["workload"] in ("sweep", "chat-growth") and tpot is not None:
             n = round(s["context_tokens_mean"])
             floor = ledger.row(n, s["concurrency"]).tpot_floor_s
             rows.append({"level": s["level"], "metric": "TPOT", "measured": tpot,
-                         "floor": floor, "ratio": tpot / floor})
+                         "floor": floor, "ratio": tpot / floor,
+                         "floor_basis": f"batch of {s['concurrency']}"})
             if s["concurrency"] == base_c:
                 tpot_curve.append((n, floor))
     d = ledger.device

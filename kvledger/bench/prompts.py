@@ -9,7 +9,8 @@ cannot make a sweep look faster than it is.
 Token counts come from, in order of preference:
 
 1. the server's ``POST /tokenize`` (vLLM's shape ``{"model", "prompt"} -> {"count" | "tokens"}``,
-   llama.cpp's ``{"content"} -> {"tokens"}``): exact for that server;
+   llama.cpp's ``{"content"} -> {"tokens"}``), once a known text got a plausible count
+   (:meth:`ServerTokenizer.probe`): exact for that server;
 2. a local transformers tokenizer (``--tokenizer``: a folder, or a ``.gguf`` file);
 3. otherwise an estimate of 4 characters per token, flagged as approximate.
 
@@ -29,6 +30,11 @@ from kvledger.bench.target import Target
 from kvledger.errors import KVLedgerError
 
 CHARS_PER_TOKEN_GUESS = 4.0
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog, then naps under an old oak tree."
+# A count for PROBE_TEXT (77 characters, 16 words) is plausible when it lies between one token
+# per 12 characters and one per character plus a few special tokens; llama.cpp's answer to the
+# key it does not know (``{"tokens": []}``) is not.
+PROBE_MIN_TOKENS, PROBE_MAX_TOKENS = len(PROBE_TEXT) // 12, len(PROBE_TEXT) + 4
 _STRIDE = 7919  # characters between the start offsets of consecutive prompts (a prime)
 
 
@@ -62,23 +68,34 @@ class ServerTokenizer(TokenCounter):
         return response.json()
 
     def count(self, text: str) -> int:
-        body = self._post(text)
-        return int(body["count"]) if "count" in body else len(body["tokens"])
+        return self._count_of(self._post(text))
 
     @classmethod
     def probe(cls, client: httpx.Client, target: Target) -> ServerTokenizer | None:
-        """A ServerTokenizer if the server tokenizes in either shape, else None."""
+        """A ServerTokenizer if the server tokenizes in either shape, else None.
+
+        A shape is taken only if it counts :data:`PROBE_TEXT` plausibly (between
+        :data:`PROBE_MIN_TOKENS` and :data:`PROBE_MAX_TOKENS`): llama.cpp's server ignores
+        the vLLM key ``prompt`` and answers ``{"tokens": []}``, which would make every prompt
+        count 0 tokens and the cut search grow a prompt without end.
+        """
         for key in ("prompt", "content"):
             tokenizer = cls(client, target, key)
             try:
-                body = tokenizer._post("Hello world")
-            except (httpx.HTTPError, ValueError):
+                body = tokenizer._post(PROBE_TEXT)
+                count = tokenizer._count_of(body)
+            except (httpx.HTTPError, ValueError, TypeError, KeyError):
                 continue
-            if isinstance(body, dict) and ("count" in body or "tokens" in body):
+            if PROBE_MIN_TOKENS <= count <= PROBE_MAX_TOKENS:
                 if isinstance(body.get("max_model_len"), int):
                     tokenizer.max_model_len = body["max_model_len"]
                 return tokenizer
         return None
+
+    @staticmethod
+    def _count_of(body: dict) -> int:
+        """Token count of a /tokenize answer: vLLM's ``count``, else ``len(tokens)``."""
+        return int(body["count"]) if "count" in body else len(body["tokens"])
 
 
 class LocalTokenizer(TokenCounter):

@@ -22,8 +22,13 @@ DEFINITIONS = {
     "TTFT": "send -> first SSE event carrying generated content (role-only chunks, comments "
             "and keep-alives excluded; time waiting for the client's own concurrency slot "
             "excluded and reported as slot wait)",
-    "E2E latency": "send -> last content event",
-    "TPOT": "(E2E - TTFT) / (output tokens - 1), output tokens from the final usage chunk",
+    "E2E latency": "send -> last byte of the response (after [DONE]), as vLLM's benchmark",
+    "TPOT": "(E2E - TTFT) / (output tokens - k), output tokens from the final usage chunk, k the "
+            "tokens delivered with the first content event (from per-chunk usage, "
+            "stream_options.continuous_usage_stats, where the server sends it; else 1): tokens "
+            "that arrived by TTFT are not divided into TPOT",
+    "KV usage peak": "largest /metrics KV-usage sample during the level; with several label "
+                     "sets (engines) the largest one, never their sum",
     "ITL": "every gap between consecutive content events, pooled over the level's requests "
            "(an event may carry several tokens, so ITL and TPOT differ)",
     "slot wait": "arrival -> send: time a request waited for the client's concurrency slot",
@@ -166,10 +171,11 @@ def write_html(result: BenchResult, pngs: list[Path], path: Path) -> Path:
     ]
     if result.overlay:
         rows = [[r["level"], r["metric"], f"{r['measured']:.4g}", f"{r['floor']:.4g}",
-                 f"{r['ratio']:.2f}"] for r in result.overlay["rows"]]
+                 r.get("floor_basis", ""), f"{r['ratio']:.2f}"] for r in result.overlay["rows"]]
         parts += [f"<h2>Ledger overlay ({html.escape(result.overlay['title'])})</h2>",
-                  _html_table(["level", "metric", "measured s", "ledger s", "measured/ledger"],
-                              rows), _list(result.overlay.get("notes", []))]
+                  _html_table(["level", "metric", "measured s", "ledger s", "ledger for",
+                               "measured/ledger"], rows),
+                  _list(result.overlay.get("notes", []))]
     parts += ["<h2>Plots</h2>", figures, "<h2>Definitions</h2>", defs]
     if result.notes:
         parts += ["<h2>Notes</h2>", _list(result.notes)]

@@ -91,7 +91,8 @@ class Target:
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # usage in every chunk where supported (vLLM, kvledger): exact TPOT (bench.client)
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         }
         if self.endpoint == "chat":
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]

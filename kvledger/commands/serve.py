@@ -41,10 +41,33 @@ def serve(
     = None,
     log_interval_s: Annotated[float, typer.Option(
         help="Seconds between engine status log lines.")] = 10.0,
+    max_body_bytes: Annotated[int, typer.Option(
+        help="Largest request body (bytes); larger: HTTP 413.")] = 4 << 20,
+    body_timeout_s: Annotated[float, typer.Option(
+        help="Most seconds for a request body to arrive; later: HTTP 408.")] = 30.0,
+    request_timeout_s: Annotated[float | None, typer.Option(
+        help="Abort a request running longer than this (HTTP 503 request_timeout).")] = None,
+    max_concurrent_streams: Annotated[int | None, typer.Option(
+        help="Most streamed responses open at once; more: HTTP 429.")] = None,
+    max_stop_strings: Annotated[int, typer.Option(
+        help="Most 'stop' strings per request; more: HTTP 400.")] = 16,
+    max_stop_chars: Annotated[int, typer.Option(
+        help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
+    send_timeout_s: Annotated[float, typer.Option(
+        help="Drop a streaming client that reads nothing for this long.")] = 30.0,
+    drain_timeout_s: Annotated[float, typer.Option(
+        help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /tokenize,
     /health and Prometheus /metrics."""
     _check_options(host, port, max_queue, kv_alert_bytes)
+    from kvledger.server.limits import ServerLimits
+
+    limits = ServerLimits(
+        max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
+        max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
+        max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
+        send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging
 
     import uvicorn
@@ -52,6 +75,7 @@ def serve(
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.server.app import create_app
+    from kvledger.server.lifecycle import DrainingServer
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,13 +87,16 @@ def serve(
     )
     engine = LLMEngine(config)
     app = create_app(engine, api_key=api_key, max_queue=max_queue,
-                     kv_alert_bytes=kv_alert_bytes, log_interval_s=log_interval_s)
+                     kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s)
     log = logging.getLogger("kvledger.server")
     log.info("serving %s (max_model_len %d) on http://%s:%d", engine.model_name,
              engine.max_model_len, host, port)
     if host not in LOOPBACK and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    config = uvicorn.Config(app, host=host, port=port, log_level="info",
+                            timeout_graceful_shutdown=1)
+    state = app.state.server
+    DrainingServer(config, state.drain, drain_timeout_s, state.loop.stop).run()
 
 
 def _check_options(host: str, port: int, max_queue: int | None,

@@ -2,8 +2,10 @@
 
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
-(:mod:`.routes`), the OpenAI-shaped error handlers, and two ASGI middlewares, outermost first:
-the body-size cap (413) and, with an API key, the key check (401).
+(:mod:`.routes`), the OpenAI-shaped error handlers, and three ASGI middlewares, outermost
+first: with an API key, the key check (401, before any byte of the body is read), the drain
+gate (503 once SIGTERM came, :mod:`.lifecycle`) and the body limits (413, 408). The limits a
+user can set are :class:`~kvledger.server.limits.ServerLimits`.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from kvledger.server.auth import ApiKeyMiddleware
 from kvledger.server.body_limit import BodyLimitMiddleware
 from kvledger.server.engine_loop import EngineLoop
 from kvledger.server.error_handlers import install_error_handlers
+from kvledger.server.lifecycle import Drain, DrainMiddleware
+from kvledger.server.limits import ServerLimits
 from kvledger.server.metrics import ServerMetrics
 from kvledger.server.observer import RequestObserver
 from kvledger.server.routes import router
-
-DEFAULT_MAX_BODY_BYTES = 4 << 20
 
 
 @dataclass
@@ -35,6 +37,9 @@ class ServerState:
     model_name: str
     max_model_len: int
     tokenizer: Any
+    limits: ServerLimits
+    drain: Drain
+    streams: int = 0  # streamed responses open now (--max-concurrent-streams)
 
     def check_model(self, model: str | None) -> str:
         """The served model's id; ``None`` means it.
@@ -50,23 +55,25 @@ class ServerState:
 
 
 def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None = None,
-               kv_alert_bytes: int | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               kv_alert_bytes: int | None = None, limits: ServerLimits | None = None,
                log_interval_s: float = 10.0) -> FastAPI:
     """Build the server around a loaded engine (an ``LLMEngine`` or an object with its API).
 
     Args:
-        api_key: required as ``Authorization: Bearer KEY`` on ``/v1`` and ``/tokenize``.
+        api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
+            ``/metrics`` and the OpenAPI documents (:mod:`.auth`).
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).
         kv_alert_bytes: a request whose KV passes this many bytes is logged and counted once.
-        max_body_bytes: largest accepted request body (bytes); larger ones get 413.
+        limits: body size, timeouts, stop strings, stream slots (default: ServerLimits()).
         log_interval_s: period of the engine status log line (seconds).
     """
+    limits = limits or ServerLimits()
     metrics = ServerMetrics(engine.model_name)
     observer = RequestObserver(metrics, kv_alert_bytes, log_interval_s)
     state = ServerState(
         loop=EngineLoop(engine, observer, max_queue), metrics=metrics,
         model_name=engine.model_name, max_model_len=engine.max_model_len,
-        tokenizer=engine.tokenizer,
+        tokenizer=engine.tokenizer, limits=limits, drain=Drain(),
     )
 
     @asynccontextmanager
@@ -79,7 +86,9 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None
     app.state.server = state
     app.include_router(router)
     install_error_handlers(app)
-    if api_key:
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
+                       timeout_s=limits.body_timeout_s)
+    app.add_middleware(DrainMiddleware, drain=state.drain)
+    if api_key:  # added last: outermost
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     return app

@@ -1,9 +1,10 @@
-"""API-key check for the ``/v1`` routes and ``/tokenize`` (``--api-key``).
+"""API-key check (``--api-key``): every route needs the key except :data:`OPEN_PATHS`.
 
-A pure ASGI middleware, so it answers before the body is parsed: a request without the right
-``Authorization: Bearer <key>`` gets 401 in the OpenAI error shape whatever its body.
-``/health``, ``/metrics`` and the OpenAPI documents stay open, as in vLLM. Keys are compared
-in constant time.
+A pure ASGI middleware, installed outermost, so it answers before any byte of the body is
+read: a request without the right ``Authorization: Bearer <key>`` gets 401 in the OpenAI error
+shape whatever its body. Default deny: every ``/v1`` route, ``/tokenize`` and any route added
+later needs the key; ``/health``, ``/metrics`` and the OpenAPI documents stay open, as in vLLM.
+Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvledger.server.protocol import error_body
 
-PROTECTED_PREFIXES = ("/v1", "/tokenize")
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs",
+                        "/docs/oauth2-redirect", "/redoc"})
 
 
 def is_protected(path: str) -> bool:
-    """True for the paths that need the key."""
-    return path.startswith(PROTECTED_PREFIXES)
+    """True for the paths that need the key (all but :data:`OPEN_PATHS`)."""
+    return path not in OPEN_PATHS
 
 
 class ApiKeyMiddleware:

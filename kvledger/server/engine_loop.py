@@ -15,7 +15,9 @@ sleep on an event that every new command sets. Commands are handled in arrival o
 abort sent after an add always finds its request. An add is validated in this thread (context
 length, KV quota, queue size) and its error reaches the HTTP handler before any stream starts.
 If an iteration fails (a bug in ``step()``), every live request gets an ``error`` output and is
-aborted; the thread keeps serving. On shutdown the live requests get an ``error`` output too.
+aborted; the thread keeps serving. On shutdown the live requests get an ``error`` output too,
+and once the thread has exited (or while it stops) every call fails at once with
+:class:`EngineUnavailableError` (503) instead of waiting for an answer that never comes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ log = logging.getLogger("kvledger.server")
 
 IDLE_WAKE_S = 1.0  # idle loop period: the periodic engine log still runs
 INTERNAL_ERROR = "internal engine error"  # prefix of the error of requests failed by a bug
+SHUTDOWN_ERROR = "the server is shutting down"  # error of requests cut off by a stop
 
 
 class QueueFullError(KVLedgerError):
@@ -56,6 +59,13 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     track: RequestTrack
+
+
+class EngineUnavailableError(KVLedgerError):
+    """The engine thread has stopped or is stopping (HTTP 503)."""
+
+    http_status = 503
+    code = "engine_unavailable"
 
 
 class EngineLoop:
@@ -75,12 +85,19 @@ class EngineLoop:
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
         self._stopping = False
+        self._closed = False  # set under _lock when the thread stops taking commands
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
 
     @property
     def alive(self) -> bool:
-        """True while the engine thread runs."""
-        return self._thread.is_alive()
+        """True while the engine thread runs and takes commands."""
+        return self._thread.is_alive() and not self._closed and not self._stopping
+
+    @property
+    def num_live(self) -> int:
+        """Requests added and neither finished nor aborted yet (read from any thread)."""
+        return len(self._streams)
 
     def start(self) -> None:
         """Start the engine thread."""
@@ -95,18 +112,24 @@ class EngineLoop:
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(engine)`` in the engine thread; return its result or raise its error."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(("call", fn, future))
+        with self._lock:
+            if self._closed or self._stopping or not self._thread.is_alive():
+                raise EngineUnavailableError("the engine is not running (the server is stopping "
+                                             "or its engine thread has exited); retry later")
+            self._inbox.put(("call", fn, future))
         self._wake.set()
         return await asyncio.wrap_future(future)
 
-    async def add(self, request_id: str, prompt: Any, params: SamplingParams) -> asyncio.Queue:
-        """Add a request; return the queue its ``RequestOutput``\\ s arrive on.
+    async def add(self, request_id: str, prompt: Any, params: SamplingParams,
+                  outputs: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
+        if given: several requests may share one queue).
 
         Raises:
             ContextLengthError, InvalidParameterError (400), KVBudgetError, QueueFullError (429).
         """
         loop = asyncio.get_running_loop()
-        outputs: asyncio.Queue = asyncio.Queue()
+        outputs = asyncio.Queue() if outputs is None else outputs
 
         def add(engine: Any) -> None:
             if self._max_queue is not None and engine.stats()["num_waiting"] >= self._max_queue:
@@ -133,13 +156,31 @@ class EngineLoop:
         self._wake.set()
 
     def _run(self) -> None:
-        while not self._stopping:
+        try:
+            while not self._stopping:
+                try:
+                    self._iterate()
+                except Exception as exc:  # a bug: fail the live requests, keep serving
+                    log.exception("engine step failed; failing %d live requests",
+                                  len(self._streams))
+                    self._fail_all(f"{INTERNAL_ERROR}: {exc}")
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        """Refuse new commands, fail the queued calls and the live requests."""
+        with self._lock:
+            self._closed = True
+        gone = EngineUnavailableError("the engine stopped before serving this request")
+        while True:
             try:
-                self._iterate()
-            except Exception as exc:  # a bug: fail the live requests, keep serving
-                log.exception("engine step failed; failing %d live requests", len(self._streams))
-                self._fail_all(f"{INTERNAL_ERROR}: {exc}")
-        self._fail_all(f"{INTERNAL_ERROR}: the server is shutting down")
+                kind, _arg, future = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "call" and future.set_running_or_notify_cancel():
+                future.set_exception(gone)
+        self._fail_all(SHUTDOWN_ERROR if self._stopping
+                       else f"{INTERNAL_ERROR}: the engine thread exited")
 
     def _iterate(self) -> None:
         worked = self._drain_inbox()

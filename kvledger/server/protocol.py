@@ -1,16 +1,25 @@
 """Request bodies of the OpenAI-compatible API, and the OpenAI error shape.
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
-the vLLM extensions ``top_k`` and ``ignore_eos`` (the bench tool sends ``ignore_eos``) and vLLM's
-``POST /tokenize``. Unknown fields are ignored, as OpenAI clients send many optional ones. Only
-``n = 1`` is served. An omitted ``max_tokens`` means "up to the context limit" (``None``) on both
-endpoints, as issue 5 specifies (OpenAI's legacy completions default is 16); the engine refuses
-prompt + max_tokens over the limit instead of clamping. ``max_completion_tokens`` wins over
-``max_tokens`` in chat.
+the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` and vLLM's
+``POST /tokenize``. Every field is either honoured or refused:
+
+- fields the models do not know are ignored and logged with a warning, as vLLM does
+  (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
+- fields of the API this server does not implement (:data:`UNSUPPORTED`: ``response_format``,
+  ``tools``, ``suffix``, ``best_of`` > 1, ...) are accepted only at their neutral value (what
+  the API does when they are omitted); any other value is a 400 naming the field
+  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``.
+
+Defaults (README "kvledger serve"): ``/v1/completions`` ``max_tokens`` 16 (OpenAI's legacy
+completions and vLLM); ``/v1/chat/completions`` up to the context limit (``None``). The engine
+refuses prompt + max_tokens over the limit instead of clamping. ``max_completion_tokens`` wins
+over ``max_tokens`` in chat. Only ``n = 1`` is served; a list of prompts gives one choice each.
 
 Decoding is greedy for a temperature below 1e-5, as in vLLM (dividing logits by a tinier one
 overflows), and for a ``top_p`` below 1e-6 (such a nucleus holds only the most likely token; in
-fp32 it underflows to 0). Text must be valid Unicode: JSON can carry lone surrogates.
+fp32 it underflows to 0). Text must be valid Unicode: JSON can carry lone surrogates. Numbers
+must be finite (Python's JSON parser accepts ``NaN`` and ``Infinity``).
 
 Every error, whatever its source, leaves the server as
 ``{"error": {"message", "type", "param", "code"}}`` (:func:`error_body`).
@@ -23,8 +32,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import InvalidParameterError
 
 MAX_LOGPROBS = 20
+MAX_PROMPTS = 64  # most prompts in one /v1/completions list
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI legacy completions and vLLM
 GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: a smaller temperature decodes greedily
 TOP_P_GREEDY_BELOW = 1e-6  # a nucleus this small keeps only the top token (and underflows fp32)
 
@@ -34,7 +46,7 @@ def _utf8(text: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
     return text
 
 
@@ -43,6 +55,17 @@ Text = Annotated[str, AfterValidator(_utf8)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 TokenId = Annotated[int, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]  # OpenAI's range of presence/frequency penalty
+
+
+class UnsupportedParameterError(InvalidParameterError):
+    """A request field of the OpenAI API that this server does not implement (HTTP 400)."""
+
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def error_body(message: str, err_type: str, param: str | None = None, code: Any = None) -> dict:
@@ -65,24 +88,38 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)  # no "yes" for true, no true for 1
+class _Part(BaseModel):
+    """Nested objects: strict JSON types, finite numbers, unknown keys ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
-class StreamOptions(_Body):
-    """``stream_options``: ``include_usage`` adds one usage chunk before ``[DONE]``."""
+class _Body(_Part):
+    """A request body: unknown top-level fields are kept aside to be warned about."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    def unknown_fields(self) -> list[str]:
+        """Names of the body's fields that no model field declares (ignored, logged)."""
+        return sorted(self.model_extra or {})
+
+
+class StreamOptions(_Part):
+    """``stream_options``: ``include_usage`` adds one usage chunk before ``[DONE]``;
+    ``continuous_usage_stats`` (vLLM's) puts the usage so far in every chunk."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
-class TextPart(_Body):
+class TextPart(_Part):
     """One part of a multi-part message content; only text parts are served."""
 
     type: Literal["text"] = "text"
     text: Text
 
 
-class ChatMessage(_Body):
+class ChatMessage(_Part):
     """One chat turn; list contents are joined text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -96,6 +133,34 @@ class ChatMessage(_Body):
         return {"role": self.role, "content": content or ""}
 
 
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+# Fields of the OpenAI (or vLLM) API that are not implemented: each with the test of its neutral
+# value, which is accepted (clients send defaults). Sampling penalties wait for the sampler.
+UNSUPPORTED: dict[str, Any] = {
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "tools": _empty,
+    "tool_choice": lambda v: v is None or v == "none",
+    "functions": _empty,
+    "function_call": lambda v: v is None or v == "none",
+    "parallel_tool_calls": lambda v: True,  # meaningless without tools
+    "suffix": lambda v: v is None or v == "",
+    "best_of": lambda v: v is None or v == 1,
+    "presence_penalty": lambda v: v is None or v == 0,
+    "frequency_penalty": lambda v: v is None or v == 0,
+    "repetition_penalty": lambda v: v is None or v == 1,
+    "logit_bias": _empty,
+    "min_p": lambda v: v is None or v == 0,
+    "audio": _empty,
+    "modalities": lambda v: v is None or v == ["text"],
+    "prediction": _empty,
+    "guided_json": _empty, "guided_regex": _empty, "guided_choice": _empty,
+    "guided_grammar": _empty,
+}
+
+
 class _SamplingBody(_Body):
     """Fields shared by completions and chat; turned into :class:`SamplingParams`."""
 
@@ -103,6 +168,11 @@ class _SamplingBody(_Body):
     temperature: NonNegFloat | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     seed: Annotated[int, Field(ge=-(2**63), lt=2**63, description="int64")] | None = None
     stop: Text | list[Text] | None = None
     stream: bool = False
@@ -111,8 +181,28 @@ class _SamplingBody(_Body):
     ignore_eos: bool = False
     user: Text | None = None
 
+    def check_supported(self) -> None:
+        """Refuse a non-neutral value of a field this server does not implement.
+
+        Raises:
+            UnsupportedParameterError: naming the first such field (HTTP 400).
+        """
+        given = {**(self.model_extra or {}), **self.model_dump(exclude_unset=True)}
+        for name, neutral in UNSUPPORTED.items():
+            if name in given and not neutral(given[name]):
+                raise UnsupportedParameterError(
+                    name, f"'{name}' is not supported by this server; omit it or send its "
+                          "default")
+
+    def unknown_fields(self) -> list[str]:
+        """Unknown fields, less the known-but-unsupported ones (refused or neutral)."""
+        return [name for name in super().unknown_fields() if name not in UNSUPPORTED]
+
+    def stop_strings(self) -> list[str]:
+        """``stop`` as a list."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
         greedy = temperature < GREEDY_BELOW or top_p < TOP_P_GREEDY_BELOW
@@ -122,7 +212,7 @@ class _SamplingBody(_Body):
             top_p=1.0 if greedy else top_p,
             top_k=0 if self.top_k is None else self.top_k,
             seed=self.seed,
-            stop=stop,
+            stop=self.stop_strings(),
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
         )
@@ -132,14 +222,41 @@ class _SamplingBody(_Body):
         """True when a streamed response must end with one usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """True when every stream chunk carries the usage so far."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+
+# How validation errors of the union-typed fields are worded (server.validation.describe).
+UNION_RULES = {
+    "prompt": f"must be a non-empty string, a non-empty list of token ids (integers >= 0), or "
+              f"a list of 1 to {MAX_PROMPTS} of either",
+    "stop": "must be a string or a list of strings (valid Unicode)",
+    "content": "must be a string (valid Unicode), a list of text parts, or null",
+}
+
+NonEmptyText = Annotated[Text, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
 
 class CompletionRequest(_SamplingBody):
-    """``POST /v1/completions``: a text prompt or a list of token ids."""
+    """``POST /v1/completions``: a text prompt, token ids, or a list of either (one choice
+    per prompt)."""
 
-    prompt: Annotated[Text, Field(min_length=1)] | Annotated[list[TokenId], Field(min_length=1)]
-    max_tokens: PositiveInt | None = None
+    prompt: (NonEmptyText | TokenIds
+             | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Literal[False] = False
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per choice: a text, or a list of token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]
+        return list(prompt)
 
     def sampling_params(self) -> SamplingParams:
         """SamplingParams of this request (raises InvalidParameterError on bad values)."""
@@ -158,12 +275,16 @@ class ChatCompletionRequest(_SamplingBody):
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         return self
 
     def template_messages(self) -> list[dict[str, str]]:
         """Messages as chat-template dicts."""
         return [m.as_template_dict() for m in self.messages]
+
+    def prompts(self) -> list[list[dict[str, str]]]:
+        """The one prompt of a chat request: its messages."""
+        return [self.template_messages()]
 
     def sampling_params(self) -> SamplingParams:
         """SamplingParams of this request (raises InvalidParameterError on bad values)."""
@@ -176,7 +297,7 @@ class TokenizeRequest(_Body):
     """``POST /tokenize``: exactly one of ``prompt`` (text) or ``messages`` (chat)."""
 
     model: Text | None = None
-    prompt: Annotated[Text, Field(min_length=1)] | None = None
+    prompt: NonEmptyText | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")

@@ -1,8 +1,9 @@
 """OpenAI response objects built from the engine's ``RequestOutput``\\ s.
 
-Two formatters, one per endpoint, with the same three methods: ``chunks(out)`` (the stream
-chunks of one engine step), ``usage_chunk(out)`` (the ``include_usage`` chunk, empty
-``choices``) and ``response(out, logprobs)`` (the whole non-streamed body). Shapes follow the
+Two formatters, one per endpoint and choice, with the same three methods: ``chunks(out)`` (the
+stream chunks of one engine step), ``usage_chunk(outs)`` (the ``include_usage`` chunk, empty
+``choices``, usage summed over the choices) and ``response(out, logprobs)`` (the whole
+non-streamed body of one choice; :func:`merge_choices` joins several). Shapes follow the
 OpenAI API reference: ``text_completion`` with legacy logprobs (``tokens``, ``token_logprobs``,
 ``top_logprobs``, ``text_offset``) and ``chat.completion(.chunk)`` with ``logprobs.content``.
 
@@ -30,15 +31,28 @@ def step_logprobs(out: RequestOutput) -> list[TokenLogprob]:
     return lps[len(lps) - n_new:] if n_new else []
 
 
-def usage(out: RequestOutput) -> dict:
-    """OpenAI ``usage`` (tokens), with the prefix-cache hits as ``cached_tokens``."""
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
+def usage(outs: RequestOutput | list[RequestOutput]) -> dict:
+    """OpenAI ``usage`` (tokens) summed over the choices, with the prefix-cache hits as
+    ``cached_tokens``."""
+    outs = outs if isinstance(outs, list) else [outs]
+    prompt = sum(len(o.prompt_token_ids) for o in outs)
+    completion = sum(len(o.token_ids) for o in outs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(o.metrics.num_cached_tokens
+                                                       for o in outs)},
     }
+
+
+def merge_choices(bodies: list[dict], finals: list[RequestOutput]) -> dict:
+    """One response of several choices: the first body's envelope, every choice in index
+    order, the summed usage."""
+    merged = dict(bodies[0])
+    merged["choices"] = sorted((b["choices"][0] for b in bodies), key=lambda c: c["index"])
+    merged["usage"] = usage(finals)
+    return merged
 
 
 def _clamp(logprob: float) -> float:
@@ -48,8 +62,11 @@ def _clamp(logprob: float) -> float:
 class _Formatter:
     object_name = ""
 
-    def __init__(self, request_id: str, model: str, tokenizer: Any, logprobs: bool) -> None:
+    def __init__(self, request_id: str, model: str, tokenizer: Any, logprobs: bool,
+                 index: int = 0) -> None:
         self.request_id = request_id
+        self.index = index
+        self.continuous_usage = False  # every chunk carries the usage so far
         self.model = model
         self.created = int(time.time())
         self.tokenizer = tokenizer
@@ -59,12 +76,18 @@ class _Formatter:
         return {"id": self.request_id, "object": obj or self.object_name,
                 "created": self.created, "model": self.model, "choices": choices}
 
+    def _with_usage(self, chunks: list[dict], out: RequestOutput) -> list[dict]:
+        if self.continuous_usage:
+            for chunk in chunks:
+                chunk["usage"] = usage(out)
+        return chunks
+
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def usage_chunk(self, out: RequestOutput) -> dict:
-        """The single ``include_usage`` chunk: empty ``choices`` and the usage."""
-        return {**self._envelope([], self.chunk_object), "usage": usage(out)}
+    def usage_chunk(self, outs: RequestOutput | list[RequestOutput]) -> dict:
+        """The single ``include_usage`` chunk: empty ``choices`` and the (summed) usage."""
+        return {**self._envelope([], self.chunk_object), "usage": usage(outs)}
 
 
 class CompletionFormatter(_Formatter):
@@ -94,14 +117,14 @@ class CompletionFormatter(_Formatter):
         lps = step_logprobs(out) if self.logprobs else []
         if not (out.new_text or lps or out.finished):
             return []
-        choice = {"index": 0, "text": out.new_text,
+        choice = {"index": self.index, "text": out.new_text,
                   "logprobs": self._logprobs(lps) if self.logprobs else None,
                   "finish_reason": out.finish_reason if out.finished else None}
-        return [self._envelope([choice])]
+        return self._with_usage([self._envelope([choice])], out)
 
     def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
         """The whole non-streamed body."""
-        choice = {"index": 0, "text": out.text,
+        choice = {"index": self.index, "text": out.text,
                   "logprobs": self._logprobs(lps) if self.logprobs else None,
                   "finish_reason": out.finish_reason}
         return {**self._envelope([choice]), "usage": usage(out)}
@@ -129,7 +152,8 @@ class ChatFormatter(_Formatter):
         ]}
 
     def _chunk(self, delta: dict, logprobs: dict | None, finish: str | None) -> dict:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": self.index, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish}
         return self._envelope([choice], self.chunk_object)
 
     def chunks(self, out: RequestOutput) -> list[dict]:
@@ -144,11 +168,11 @@ class ChatFormatter(_Formatter):
         delta = {"content": out.new_text} if out.new_text else {}
         chunks.append(self._chunk(delta, self._logprobs(lps) if self.logprobs else None,
                                   out.finish_reason if out.finished else None))
-        return chunks
+        return self._with_usage(chunks, out)
 
     def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
         """The whole non-streamed body."""
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+        choice = {"index": self.index, "message": {"role": "assistant", "content": out.text},
                   "logprobs": self._logprobs(lps) if self.logprobs else None,
                   "finish_reason": out.finish_reason}
         return {**self._envelope([choice]), "usage": usage(out)}

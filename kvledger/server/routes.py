@@ -1,40 +1,53 @@
 """HTTP routes: /health, /metrics, /v1/models, /tokenize, /v1/completions, /v1/chat/completions.
 
-Generation handlers validate the body (pydantic, -> 400), check the model (-> 404), build the
-SamplingParams (-> 400), and add the request through the engine thread, which raises context
-and quota errors (-> 400/429) before any byte of a stream is sent. Then they either stream SSE
-or wait for the final output, aborting the request if the client leaves.
+Generation handlers validate the body (pydantic, -> 400), refuse unsupported fields (-> 400
+naming the field) and log unknown ones, check the model (-> 404), the stop-string limits (->
+400) and the stream slots (-> 429), build the SamplingParams (-> 400), and add one engine
+request per prompt through the engine thread, which raises context and quota errors (-> 400,
+429 for a full queue) before any byte of a stream is sent; adding is all-or-nothing (a failed
+add aborts the ones before it). Then they either stream SSE or wait for the final outputs,
+aborting the requests if the client leaves or ``request_timeout_s`` passes.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
+import logging
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from kvledger.server.error_handlers import RETRY_AFTER_S, error_response
+from kvledger.errors import KVLedgerError
+from kvledger.server.error_handlers import error_response
 from kvledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     ErrorResponse,
     TokenizeRequest,
+    UnsupportedParameterError,
 )
-from kvledger.server.responses import ChatFormatter, CompletionFormatter
+from kvledger.server.responses import ChatFormatter, CompletionFormatter, merge_choices
 from kvledger.server.streaming import (
     ClientGone,
     EngineFailure,
+    EngineStream,
+    RequestTimedOut,
     collect,
     engine_error,
     sse_events,
+    timeout_error,
 )
+
+log = logging.getLogger("kvledger.server")
 
 # One documented 4xx shape; it also keeps FastAPI from documenting its default 422.
 ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (400, 401, 404, "
-                  "413, 429 with Retry-After)"}}
+                  "408, 413, 429 with Retry-After)"},
+          "503": {"model": ErrorResponse, "description": "engine stopped, server draining, or "
+                  "request timeout (Retry-After)"}}
 router = APIRouter(responses=ERRORS)
 STARTED = int(time.time())
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
@@ -51,9 +64,13 @@ def _model_card(state) -> dict:
 
 @router.get("/health")
 async def health(request: Request):
-    """200 while the engine thread runs, else 503."""
-    if not _state(request).loop.alive:
-        return error_response(503, "the engine thread has stopped", "engine_dead")
+    """200 while the engine thread runs and the server takes requests, else 503."""
+    state = _state(request)
+    if state.drain.draining:
+        return error_response(503, "the server is shutting down (draining)", "server_draining")
+    if not state.loop.alive:
+        return error_response(503, "the engine thread has stopped; the server cannot generate",
+                              "engine_unavailable")
     return {"status": "ok"}
 
 
@@ -81,6 +98,7 @@ async def get_model(model_id: str, request: Request) -> dict:
 async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     """Token ids of a prompt or of chat messages (with the generation prompt)."""
     state = _state(request)
+    _warn_unknown(body, request)
     state.check_model(body.model)
     engine_input = body.engine_input()
     tokens = await state.loop.call(lambda engine: engine.tokenize(engine_input))
@@ -89,37 +107,113 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
-    """OpenAI text completion, streamed or not."""
-    return await _generate(request, body, body.prompt, CompletionFormatter, "cmpl",
+    """OpenAI text completion (one choice per prompt), streamed or not."""
+    return await _generate(request, body, CompletionFormatter, "cmpl",
                            logprobs=body.logprobs is not None)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     """OpenAI chat completion (the model's chat template), streamed or not."""
-    return await _generate(request, body, body.template_messages(), ChatFormatter, "chatcmpl",
-                           logprobs=body.logprobs)
+    return await _generate(request, body, ChatFormatter, "chatcmpl", logprobs=body.logprobs)
 
 
-async def _generate(request: Request, body, prompt, formatter_cls, id_prefix: str,
-                    logprobs: bool):
-    state = _state(request)
-    model = state.check_model(body.model)
-    params = body.sampling_params()
-    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-    outputs = await state.loop.add(request_id, prompt, params)
-    abort = functools.partial(state.loop.abort, request_id)
-    formatter = formatter_cls(request_id, model, state.tokenizer, logprobs)
-    if body.stream:
-        events = sse_events(outputs, formatter, body.include_usage, abort)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+class TooManyStreamsError(KVLedgerError):
+    """``--max-concurrent-streams`` streams are open; retry later (HTTP 429)."""
+
+    http_status = 429
+    code = "too_many_streams"
+
+
+def _warn_unknown(body, request: Request) -> None:
+    unknown = body.unknown_fields()
+    if unknown:
+        log.warning("%s: ignoring unknown request fields: %s", request.url.path,
+                    ", ".join(unknown)[:500])
+
+
+def _check_request(state, body) -> None:
+    """The server's own limits on one request (stop strings, stream slots)."""
+    limits, stop = state.limits, body.stop_strings()
+    if len(stop) > limits.max_stop_strings:
+        raise UnsupportedParameterError(
+            "stop", f"'stop' has {len(stop)} strings; this server takes at most "
+                    f"{limits.max_stop_strings} (--max-stop-strings)")
+    if any(len(s) > limits.max_stop_chars for s in stop):
+        raise UnsupportedParameterError(
+            "stop", f"a 'stop' string is longer than {limits.max_stop_chars} characters "
+                    "(--max-stop-chars)")
+    if any(not s for s in stop):
+        raise UnsupportedParameterError("stop", "'stop' strings must not be empty")
+    cap = limits.max_concurrent_streams
+    if body.stream and cap is not None and state.streams >= cap:
+        raise TooManyStreamsError(f"{cap} streams are open (--max-concurrent-streams); "
+                                  "retry later")
+
+
+async def _add_all(state, request_ids: list[str], prompts: list, params) -> asyncio.Queue:
+    """Add one engine request per prompt, sharing one output queue; all or nothing."""
+    outputs: asyncio.Queue = asyncio.Queue()
+    added: list[str] = []
     try:
-        final, token_logprobs = await collect(outputs, request, abort)
+        for request_id, prompt in zip(request_ids, prompts, strict=True):
+            await state.loop.add(request_id, prompt, params, outputs)
+            added.append(request_id)
+    except BaseException:
+        for request_id in added:
+            state.loop.abort(request_id)
+        raise
+    return outputs
+
+
+async def _generate(request: Request, body, formatter_cls, id_prefix: str, logprobs: bool):
+    state = _state(request)
+    body.check_supported()
+    _warn_unknown(body, request)
+    model = state.check_model(body.model)
+    _check_request(state, body)
+    params = body.sampling_params()
+    prompts = body.prompts()
+    response_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    request_ids = ([response_id] if len(prompts) == 1
+                   else [f"{response_id}-{i}" for i in range(len(prompts))])
+    streaming = body.stream  # count the slot before the first await, so the cap holds
+    if streaming:
+        state.streams += 1
+    try:
+        outputs = await _add_all(state, request_ids, prompts, params)
+    except BaseException:
+        if streaming:
+            state.streams -= 1
+        raise
+    formatters = {rid: formatter_cls(response_id, model, state.tokenizer, logprobs, index=i)
+                  for i, rid in enumerate(request_ids)}
+    for formatter in formatters.values():
+        formatter.continuous_usage = body.continuous_usage
+
+    def abort() -> None:
+        for rid in request_ids:
+            state.loop.abort(rid)
+
+    timeout_s = state.limits.request_timeout_s
+    if streaming:
+        def close() -> None:
+            abort()
+            state.streams -= 1
+
+        events = sse_events(outputs, formatters, body.include_usage, abort, timeout_s)
+        return EngineStream(events, close, state.limits.send_timeout_s)
+    try:
+        finals = await collect(outputs, request, abort, len(request_ids), timeout_s)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except RequestTimedOut:
+        return JSONResponse(timeout_error(timeout_s), status_code=503,
+                            headers={"Retry-After": "1"})
     except EngineFailure as exc:
         status, error = engine_error(exc.args[0])
-        headers = {"Retry-After": RETRY_AFTER_S} if status == 429 else None
-        return JSONResponse(error, status_code=status, headers=headers)
-    return formatter.response(final, token_logprobs)
+        return JSONResponse(error, status_code=status)
+    bodies = [formatters[rid].response(*finals[rid]) for rid in request_ids]
+    if len(bodies) == 1:
+        return bodies[0]
+    return merge_choices(bodies, [finals[rid][0] for rid in request_ids])

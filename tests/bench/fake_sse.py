@@ -8,14 +8,19 @@ The ``model`` field of a request picks the script, so one server serves every ca
 - ``split``: ``: keep-alive`` comments, CRLF line ends, and one JSON event written in two TCP
   writes 50 ms apart;
 - ``no-usage``: 3 one-token chunks and no usage chunk;
+- ``late-done``: 2 one-token chunks, then 300 ms of silence before the usage and ``[DONE]``;
+- ``continuous-usage``: usage in every chunk (vLLM's ``continuous_usage_stats``): a first
+  content chunk that brings 3 tokens (two made no text of their own), then 3 one-token chunks
+  50 ms apart;
 - ``http-500``: an HTTP 500 error;
 - anything else (``steady``): role chunk, then ``max_tokens`` one-token chunks 2 ms apart, with
   TTFT growing with the prompt (1 ms per 100 characters), and a usage chunk (prompt tokens:
   characters / 4, or words when /tokenize is on, matching that tokenizer).
 
 ``/v1/models`` lists ``steady``. ``/metrics`` answers 404 unless the server is built with
-``metrics_text``; ``/tokenize`` answers 404 unless built with ``tokenize="llama.cpp"`` (then it
-takes ``{"content"}`` and returns one token per word). With ``api_key`` every route needs
+``metrics_text``; ``/tokenize`` answers 404 unless built with ``tokenize="llama.cpp"``: then, as llama.cpp's
+server does, it takes ``{"content"}`` (one token per word) and answers a body without
+``content`` (vLLM's ``{"prompt"}``) with ``{"tokens": []}``. With ``api_key`` every route needs
 ``Authorization: Bearer <key>`` (else 401). Responses are HTTP/1.0 (body ends when the
 connection closes).
 """
@@ -84,8 +89,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if not self._authorized():
             return
-        if self.path == "/tokenize" and self.tokenize == "llama.cpp" and "content" in body:
-            self._json(200, {"tokens": list(range(len(body["content"].split())))})
+        if self.path == "/tokenize" and self.tokenize == "llama.cpp":
+            self._json(200, {"tokens": list(range(len(body.get("content", "").split())))})
             return
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404, {"error": "not found"})
@@ -139,6 +144,20 @@ class _Handler(BaseHTTPRequestHandler):
         for word in ("x", "y", "z"):
             self._send(_chunk(_content(chat, word)), 0.01)
         self._send(b"data: [DONE]\n\n")
+
+    def _late_done(self, body: dict, chat: bool) -> None:
+        for word in ("x", "y"):
+            self._send(_chunk(_content(chat, word)), 0.01)
+        time.sleep(0.3)
+        self._send(_usage(3, 2) + b"data: [DONE]\n\n")
+
+    def _continuous_usage(self, body: dict, chat: bool) -> None:
+        self._role(chat)
+        for i, word in enumerate(("abc", "d", "e", "f")):
+            event = {**_content(chat, word),
+                     "usage": {"prompt_tokens": 3, "completion_tokens": 3 + i}}
+            self._send(_chunk(event), 0.05)
+        self._send(_usage(3, 6) + b"data: [DONE]\n\n")
 
     def _steady(self, body: dict, chat: bool) -> None:
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]

@@ -37,7 +37,8 @@ def test_role_only_chunk_is_not_the_first_token(fake_server, endpoint):
     assert r.output_tokens == 4 and r.prompt_tokens == 7  # from the usage chunk
     assert r.text == "Hello there dear user"
     assert len(r.itl_s) == 3
-    assert r.e2e_s == pytest.approx(r.ttft_s + sum(r.itl_s))
+    # E2E runs to the last byte: the usage chunk and [DONE] come after the last content
+    assert r.e2e_s >= r.ttft_s + sum(r.itl_s)
 
 
 def test_done_only_is_a_failure_not_a_zero(fake_server):
@@ -58,9 +59,22 @@ def test_multi_token_chunks_make_itl_and_tpot_differ(fake_server):
     # 3 events -> 2 ITL gaps; 6 tokens -> TPOT spreads E2E - TTFT over 5 token gaps
     assert len(r.itl_s) == 2
     assert r.tpot_s * 5 == pytest.approx(r.e2e_s - r.ttft_s)
-    assert r.tpot_s * 5 == pytest.approx(sum(r.itl_s))
+    assert r.tpot_s * 5 == pytest.approx(sum(r.itl_s), abs=0.02)  # + the usage/[DONE] write
     # so the mean ITL is (E2E - TTFT) / 2 = 2.5 x TPOT: per event, not per token
-    assert sum(r.itl_s) / len(r.itl_s) == pytest.approx(2.5 * r.tpot_s)
+    assert sum(r.itl_s) / len(r.itl_s) == pytest.approx(2.5 * r.tpot_s, rel=0.05)
+
+
+def test_e2e_runs_to_the_last_byte_not_the_last_content(fake_server):
+    r = run(fake_server, "late-done", "completions", max_tokens=2)
+    assert r.ok
+    assert r.e2e_s - (r.ttft_s + sum(r.itl_s)) >= 0.25  # the script's 300 ms before [DONE]
+
+
+def test_tokens_of_the_first_event_are_not_divided_into_tpot(fake_server):
+    # the first content event brings 3 of 6 tokens: TPOT spreads E2E - TTFT over 3, not 5
+    r = run(fake_server, "continuous-usage", max_tokens=6)
+    assert r.ok and r.first_event_tokens == 3 and r.output_tokens == 6
+    assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 3)
 
 
 def test_comments_crlf_and_a_json_event_split_across_writes(fake_server):
@@ -91,3 +105,5 @@ def test_tpot_hand_computed():
     assert tpot(0.5, 2.5, 11) == pytest.approx(0.2)
     assert tpot(0.5, 0.5, 1) is None  # one token: no gap to divide
     assert tpot(None, 2.5, 11) is None
+    assert tpot(0.5, 2.5, 11, first_tokens=3) == pytest.approx(0.25)  # 2 s over 8 tokens
+    assert tpot(0.5, 2.5, 3, first_tokens=3) is None

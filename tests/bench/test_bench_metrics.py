@@ -23,10 +23,11 @@ weird_line_without_value
 """
 
 
-def test_parse_sums_label_sets_and_skips_comments():
+def test_parse_keeps_label_sets_and_skips_comments():
     samples = parse_exposition(VLLM_TEXT)
-    assert samples["vllm:num_preemptions_total"] == 12.0
-    assert samples["vllm:num_requests_waiting"] == 4.0
+    assert samples["vllm:num_preemptions_total"] == [12.0]
+    assert samples["vllm:num_requests_waiting"] == [3.0, 1.0]
+    assert family(samples, GAUGES["waiting"]) == 4.0  # counts add up over engines
     assert "weird_line_without_value" not in samples
 
 
@@ -34,7 +35,22 @@ def test_families_match_any_namespace():
     samples = parse_exposition(VLLM_TEXT.replace("vllm:", "kvledger:"))
     assert family(samples, GAUGES["kv_usage"]) == 0.75
     assert family(samples, GAUGES["running"]) is None
-    assert family({"sglang:token_usage": 0.5}, GAUGES["kv_usage"]) == 0.5
+    assert family({"sglang:token_usage": [0.5]}, GAUGES["kv_usage"]) == 0.5
+
+
+def test_kv_usage_of_two_label_sets_never_exceeds_one():
+    # two engines at 60 % each: the peak is 0.6, not 1.2 (before: the family was summed)
+    text = ("vllm:kv_cache_usage_perc{engine=\"0\"} 0.6\n"
+            "vllm:kv_cache_usage_perc{engine=\"1\"} 0.6\n")
+
+    async def go(url):
+        async with httpx.AsyncClient(timeout=5) as client:
+            watcher = MetricsWatcher(client, Target.from_url(url), interval=0.01)
+            await watcher.start()
+            return await watcher.stop()
+
+    with FakeServer(metrics_text=text) as server:
+        assert asyncio.run(go(server.url)).kv_usage_peak == 0.6
 
 
 def test_watcher_reports_availability_and_peaks():

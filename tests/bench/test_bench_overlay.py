@@ -35,3 +35,7 @@ def test_overlay_floors_by_hand():
     assert rows["sweep L=1000 c=1", "TPOT"]["floor"] == pytest.approx(tpot_1, rel=1e-9)
     assert rows["sweep L=1000 c=4", "TPOT"]["floor"] == pytest.approx(tpot_4, rel=1e-9)
     assert result.overlay["tpot_curve"] == [(1016, pytest.approx(tpot_1))]  # c=1 only
+    # the TTFT floor is one request's at every concurrency, and the row says so
+    assert rows["sweep L=1000 c=4", "TTFT"]["floor_basis"] == "1 request"
+    assert rows["sweep L=1000 c=4", "TPOT"]["floor_basis"] == "batch of 4"
+    assert "ONE request" in result.overlay["notes"][0]

@@ -43,3 +43,32 @@ def test_prompts_are_real_text_and_distinct_per_uid():
 def test_estimate_counter_is_four_characters_per_token():
     assert TokenCounter().count("x" * 400) == 100
     assert not TokenCounter().exact
+
+
+def test_probe_skips_llama_cpp_empty_answer_to_the_unknown_key():
+    # llama.cpp's server ignores {"prompt"} and answers {"tokens": []}: before the fix the
+    # probe took it, every count was 0 and the bench built an 8-million-token prompt
+    import httpx
+    from fake_sse import FakeServer
+
+    from kvledger.bench.prompts import ServerTokenizer
+    from kvledger.bench.target import Target
+
+    with FakeServer(tokenize="llama.cpp") as server, httpx.Client() as client:
+        target = Target.from_url(server.url)
+        tokenizer = ServerTokenizer.probe(client, target)
+        assert tokenizer is not None and tokenizer.body_key == "content"
+        assert tokenizer.count("one two three") == 3
+
+
+def test_probe_refuses_a_server_whose_counts_are_implausible(monkeypatch):
+    import httpx
+
+    from kvledger.bench.prompts import ServerTokenizer
+    from kvledger.bench.target import Target
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"count": 0, "tokens": []})
+
+    with httpx.Client(transport=httpx.MockTransport(answer)) as client:
+        assert ServerTokenizer.probe(client, Target.from_url("http://127.0.0.1:9")) is None

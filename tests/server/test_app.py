@@ -103,15 +103,19 @@ def test_api_key_guards_v1_but_not_health_or_metrics(make_client):
     assert client.get("/metrics").status_code == 200
 
 
-def test_full_queue_and_kv_quota_answer_429_with_retry_after(make_client):
+def test_full_queue_is_429_with_retry_after(make_client):
     client = make_client(max_queue=0)
     resp = client.post("/v1/chat/completions", json=CHAT)
     _assert_error(resp, 429, "queue_full")
     assert resp.headers["Retry-After"] == "1"
+
+
+def test_a_request_that_can_never_fit_is_400_not_429(make_client):
+    # a 429 would make the openai client retry a request that cannot pass
     client = make_client(FakeEngine(kv_quota_tokens=10))
     resp = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 20})
-    _assert_error(resp, 429, "kv_quota_exceeded")
-    assert resp.headers["Retry-After"] == "1"
+    assert "23 tokens" in _assert_error(resp, 400, "kv_quota_exceeded")["message"]
+    assert "Retry-After" not in resp.headers
     assert _metric(client.get("/metrics").text, "kv_quota_rejections_total") == 1
 
 
@@ -124,18 +128,20 @@ def test_engine_failure_fails_live_requests_and_keeps_serving(make_client):
     assert client.get("/health").json() == {"status": "ok"}
 
 
-def test_scheduler_refusal_is_429_or_one_sse_error_event(make_client):
+def test_scheduler_refusal_is_400_or_one_sse_error_event(make_client):
+    # the scheduler fails a request only when it outgrows what the pool can ever hold
     engine = FakeEngine()
-    engine.refuse_message = "KV pool exhausted"
+    engine.refuse_message = "KV pool too small"
     client = make_client(engine)
     resp = client.post("/v1/chat/completions", json=CHAT)
-    assert _assert_error(resp, 429, "kv_pool_exhausted")["message"] == "KV pool exhausted"
-    assert resp.headers["Retry-After"] == "1"
+    assert _assert_error(resp, 400, "kv_quota_exceeded")["message"] == "KV pool too small"
+    assert "Retry-After" not in resp.headers
     stream = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert stream.status_code == 200
     events = [json.loads(b[6:]) for b in stream.text.split("\n\n") if b]
-    assert events == [{"error": {"message": "KV pool exhausted", "type": "rate_limit_error",
-                                 "param": None, "code": "kv_pool_exhausted"}}]
+    assert events == [{"error": {"message": "KV pool too small",
+                                 "type": "invalid_request_error", "param": None,
+                                 "code": "kv_quota_exceeded"}}]
 
 
 def test_metrics_and_logs_per_request(make_client, caplog):

@@ -17,8 +17,8 @@ MSG = [{"role": "user", "content": "hi"}]
 
 def test_completion_defaults():
     params = CompletionRequest(prompt="x").sampling_params()
-    # issue 5: omitted max_tokens = up to the context limit; OpenAI: temperature, top_p 1
-    assert (params.max_tokens, params.temperature, params.top_p) == (None, 1.0, 1.0)
+    # OpenAI's legacy completions and vLLM: max_tokens 16; temperature, top_p 1
+    assert (params.max_tokens, params.temperature, params.top_p) == (16, 1.0, 1.0)
     assert params.logprobs is None and not params.ignore_eos
 
 

@@ -35,7 +35,7 @@ async def _run_stream(outputs: list[RequestOutput], formatter, include_usage: bo
     for out in outputs:
         queue.put_nowait(out)
     aborted = []
-    writes = [w async for w in sse_events(queue, formatter, include_usage,
+    writes = [w async for w in sse_events(queue, {"r": formatter}, include_usage,
                                           lambda: aborted.append(True))]
     return writes, aborted
 
@@ -79,7 +79,7 @@ def test_cancelled_stream_aborts_its_request():
         queue: asyncio.Queue = asyncio.Queue()
         queue.put_nowait(_out("H", "H"))
         aborted = []
-        gen = sse_events(queue, _chat(), False, lambda: aborted.append(True))
+        gen = sse_events(queue, {"r": _chat()}, False, lambda: aborted.append(True))
         await gen.__anext__()
         await gen.aclose()  # what Starlette does when the client disconnects
         return aborted
@@ -114,7 +114,7 @@ def test_collect_returns_final_output_and_all_logprobs():
         queue.put_nowait(_out("Hi", "i", "stop", lps=lps))  # cumulative, as the engine keeps it
         return await collect(queue, _Request(False), lambda: None)
 
-    final, got = asyncio.run(scenario())
+    (final, got), = asyncio.run(scenario()).values()
     assert final.text == "Hi" and got == lps
 
 
