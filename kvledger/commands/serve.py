@@ -45,6 +45,10 @@ def serve(
         help="Largest request body (bytes); larger: HTTP 413.")] = 4 << 20,
     body_timeout_s: Annotated[float, typer.Option(
         help="Most seconds for a request body to arrive; later: HTTP 408.")] = 30.0,
+    header_timeout_s: Annotated[float, typer.Option(
+        help="Most seconds for request headers to arrive; later: connection closed.")] = 10.0,
+    max_header_bytes: Annotated[int, typer.Option(
+        help="Largest request header block (bytes); larger: HTTP 431.")] = 64 << 10,
     request_timeout_s: Annotated[float | None, typer.Option(
         help="Abort a request running longer than this (HTTP 503 request_timeout).")] = None,
     max_concurrent_streams: Annotated[int | None, typer.Option(
@@ -65,16 +69,16 @@ def serve(
 
     limits = ServerLimits(
         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
+        header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
         max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging
 
-    import uvicorn
-
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.server.app import create_app
+    from kvledger.server.connection import uvicorn_config
     from kvledger.server.lifecycle import DrainingServer
 
     logging.basicConfig(level=logging.INFO,
@@ -93,8 +97,7 @@ def serve(
              engine.max_model_len, host, port)
     if host not in LOOPBACK and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
-    config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=1)
+    config = uvicorn_config(app, host, port, limits)
     state = app.state.server
     DrainingServer(config, state.drain, drain_timeout_s, state.loop.stop).run()
 

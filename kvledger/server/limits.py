@@ -8,6 +8,10 @@ limit                      default    when hit
 ``max_body_bytes``         4 MiB      413, connection closed (the body is drained at most
                                       ``max_body_bytes`` more bytes / ``body_timeout_s``)
 ``body_timeout_s``         30 s       408: the body did not arrive in time (half-sent body)
+``header_timeout_s``       10 s       connection closed: headers not complete in time
+                                      (slowloris), counted from the connection or the
+                                      previous response
+``max_header_bytes``       64 KiB     431, connection closed
 ``max_stop_strings``       16         400 naming ``stop``
 ``max_stop_chars``         256        400 naming ``stop`` (characters of one stop string)
 ``max_concurrent_streams`` none       429 with Retry-After (streamed requests in flight)
@@ -36,6 +40,8 @@ class ServerLimits:
 
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 64 << 10
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_concurrent_streams: int | None = None

@@ -2,11 +2,11 @@
 
 from types import SimpleNamespace
 
-import uvicorn
 from typer.testing import CliRunner
 
 import kvledger.engine.engine as engine_module
 from kvledger.cli import app
+from kvledger.server.lifecycle import DrainingServer
 
 
 def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
@@ -16,17 +16,19 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
         seen["config"] = config
         return SimpleNamespace(model_name="m", max_model_len=64, tokenizer=None)
 
-    def fake_run(app_, host, port, **kwargs):
-        seen.update(app=app_, host=host, port=port)
+    def fake_run(server):
+        seen.update(app=server.config.app, host=server.config.host, port=server.config.port,
+                    drain_timeout_s=server.drain_timeout_s)
 
     monkeypatch.setattr(engine_module, "LLMEngine", fake_engine)
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(DrainingServer, "run", fake_run)
     result = CliRunner().invoke(app, [
         "serve", "--port", "9123", "--block-size", "32", "--kv-cache-gib", "0.5",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--no-prefix-caching",
         "--long-prompt-tokens", "1000", "--long-kv-share", "0.25",
         "--max-kv-tokens-per-request", "4096", "--api-key", "k", "--max-queue", "3",
-        "--kv-alert-bytes", "1000",
+        "--kv-alert-bytes", "1000", "--request-timeout-s", "9", "--max-concurrent-streams", "5",
+        "--max-stop-strings", "3", "--max-body-bytes", "1000", "--drain-timeout-s", "7",
     ])
     assert result.exit_code == 0, result.output
     c = seen["config"]
@@ -36,6 +38,10 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
         1000, 0.25, 4096)
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 9123)  # loopback by default
     assert seen["app"].state.server.model_name == "m"
+    limits = seen["app"].state.server.limits
+    assert (limits.request_timeout_s, limits.max_concurrent_streams, limits.max_stop_strings,
+            limits.max_body_bytes) == (9, 5, 3, 1000)
+    assert seen["drain_timeout_s"] == 7
 
 
 def test_a_missing_model_is_a_one_line_error(tmp_path):
