@@ -217,6 +217,7 @@ def test_async_clients_disconnecting_early_leave_nothing_running(shared_server):
     assert outcomes.count("left") == 20 and outcomes.count("done") == 20
     m = wait_for(server, "num_requests_running", 0)
     assert m["num_requests_running"] == 0 and m["kv_bytes_allocated"] == 0
+    assert m["kv_blocks_free"] == m["kv_blocks_total"]  # no block leaked
     for reason in ("abort", "length"):  # every request accounted for: none lost
         key = f"request_success_total:{reason}"
         assert m.get(key, 0) - before.get(key, 0) == 20, reason

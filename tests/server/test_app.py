@@ -160,6 +160,7 @@ def test_metrics_and_logs_per_request(make_client, caplog):
     assert _metric(text, "time_to_first_token_seconds_count") == 2
     assert _metric(text, "inter_token_latency_seconds_count") == 4 + 1
     assert _metric(text, "num_requests_running") == 0
+    assert _metric(text, "kv_blocks_free") == _metric(text, "kv_blocks_total") == 256
     alerts = [r for r in caplog.records if r.getMessage().startswith("kv_alert")]
     assert len(alerts) == 1 and alerts[0].levelno == logging.WARNING
     assert "kv_bytes=1100" in alerts[0].getMessage()

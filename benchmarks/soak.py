@@ -1,0 +1,190 @@
+"""Soak: ``kvledger serve`` (bundled model) under concurrent streaming load, for the record.
+
+N concurrent streaming clients on loopback for M minutes: mixed prompt lengths, a share of
+requests with one of a few shared system prompts (prefix-cache traffic), and a random share of
+clients that disconnect early. Every request ends in one of: a full answer (``[DONE]``), a
+clear error (HTTP 4xx/5xx with the OpenAI error shape, or one SSE error event), or an abort by
+its own client. Afterwards:
+
+- lost = sent - (full + clear errors + own aborts) must be 0, and the server's counters agree:
+  ``request_success_total`` over all reasons == requests the server accepted;
+- at idle every KV block is free (``kv_blocks_free == kv_blocks_total``, cached ones included)
+  and ``kv_bytes_allocated == 0``;
+- the server's RSS (``/proc/PID/status`` VmRSS) is sampled every 5 s; growth over the second
+  half of the run is reported (target < 5 %).
+
+Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24] [--out soak.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+SERVE = "import typer; from kvledger.commands.serve import serve; typer.run(serve)"
+SYSTEMS = [f"You are assistant number {i}. Answer briefly and politely. " * 6 for i in range(3)]
+WORDS = ["tea", "river", "lamp", "cloud", "stone", "seven", "orange", "quiet", "window",
+         "bridge", "paper"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
+
+
+def metrics(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    pattern = r"^kvledger:(\w+)(\{[^}]*\})? (\S+)$"
+    for name, labels, value in re.findall(pattern, text, re.MULTILINE):
+        reason = re.search(r'finished_reason="(\w+)"', labels or "")
+        key = f"{name}:{reason.group(1)}" if reason else name
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
+
+
+def make_body(rng: random.Random, max_tokens: int) -> dict:
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.choice((4, 16, 64, 200))))
+    messages = [{"role": "user", "content": f"Tell me about {words}."}]
+    if rng.random() < 0.5:
+        messages.insert(0, {"role": "system", "content": rng.choice(SYSTEMS)})
+    return {"messages": messages, "max_tokens": rng.randint(4, max_tokens), "stream": True,
+            "temperature": 0.7, "seed": rng.randrange(1 << 30)}
+
+
+async def client(url: str, rng: random.Random, deadline: float, max_tokens: int,
+                 outcomes: dict, latencies: list) -> None:
+    async with httpx.AsyncClient(timeout=120) as http:
+        while time.monotonic() < deadline:
+            body = make_body(rng, max_tokens)
+            leave_after = rng.randint(1, 4) if rng.random() < 0.2 else None
+            outcomes["sent"] += 1
+            start = time.perf_counter()
+            try:
+                async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    if r.status_code != 200:
+                        await r.aread()
+                        ok_shape = "error" in r.json()
+                        outcomes["clear_error" if ok_shape else "unclear"] += 1
+                        outcomes[f"http_{r.status_code}"] = outcomes.get(
+                            f"http_{r.status_code}", 0) + 1
+                        continue
+                    events, text = 0, ""
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: "):
+                            events += 1
+                            text = line
+                            if leave_after and events >= leave_after:
+                                break
+                    if leave_after and events >= leave_after and text != "data: [DONE]":
+                        outcomes["own_abort"] += 1
+                    elif text == "data: [DONE]":
+                        outcomes["full"] += 1
+                        latencies.append(time.perf_counter() - start)
+                    elif '"error"' in text:
+                        outcomes["clear_error"] += 1
+                    else:
+                        outcomes["unclear"] += 1
+            except httpx.HTTPError as exc:
+                outcomes["transport_error"] += 1
+                outcomes.setdefault("transport_errors", []).append(type(exc).__name__)
+
+
+async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int,
+               seed: int) -> dict:
+    outcomes = {"sent": 0, "full": 0, "clear_error": 0, "own_abort": 0, "unclear": 0,
+                "transport_error": 0}
+    latencies: list[float] = []
+    rss: list[tuple[float, float]] = []
+    start = time.monotonic()
+    deadline = start + seconds
+
+    async def sample_rss() -> None:
+        while time.monotonic() < deadline:
+            rss.append((time.monotonic() - start, rss_mib(pid)))
+            await asyncio.sleep(5)
+
+    rngs = [random.Random(seed * 1000 + i) for i in range(clients)]
+    await asyncio.gather(sample_rss(), *(client(url, rngs[i], deadline, max_tokens, outcomes,
+                                                latencies) for i in range(clients)))
+    return {"outcomes": outcomes, "latencies": latencies, "rss": rss,
+            "wall_s": time.monotonic() - start}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="soak.json")
+    args = ap.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open("soak-server.log", "w")  # noqa: SIM115 - the server writes until the end
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "--port", str(port),
+                             "--log-interval-s", "30"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        rss_start = rss_mib(proc.pid)
+        run = asyncio.run(load(url, args.clients, args.minutes * 60, args.max_tokens, proc.pid,
+                               args.seed))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            idle = metrics(url)
+            if idle["num_requests_running"] == 0 and idle["num_requests_waiting"] == 0:
+                break
+            time.sleep(0.5)
+        o = run["outcomes"]
+        accepted = o["sent"] - sum(v for k, v in o.items() if k.startswith("http_"))
+        served = sum(v for k, v in idle.items() if k.startswith("request_success_total:"))
+        lat = sorted(run["latencies"])
+        half = [r for t, r in run["rss"] if t >= run["wall_s"] / 2]
+        result = {
+            "clients": args.clients, "minutes": args.minutes, "max_tokens": args.max_tokens,
+            "outcomes": {k: v for k, v in o.items() if k != "transport_errors"},
+            "lost": o["sent"] - o["full"] - o["clear_error"] - o["own_abort"],
+            "server_finished": served, "server_accepted_by_client_count": accepted,
+            "p50_s": statistics.median(lat) if lat else None,
+            "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
+            "idle": {k: idle.get(k) for k in ("kv_blocks_total", "kv_blocks_free",
+                                              "kv_blocks_cached", "kv_bytes_allocated",
+                                              "num_requests_running")},
+            "rss_mib": {"start": rss_start, "second_half_first": half[0] if half else None,
+                        "end": rss_mib(proc.pid)},
+            "rss_growth_second_half": (rss_mib(proc.pid) / half[0] - 1) if half else None,
+            "log_tracebacks": Path("soak-server.log").read_text().count("Traceback"),
+        }
+        print(json.dumps(result, indent=2))
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    finally:
+        proc.terminate()
+        print("server exit code:", proc.wait(60))
+        log.close()
+
+
+if __name__ == "__main__":
+    main()
