@@ -8,7 +8,8 @@ histograms ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
 ``e2e_request_latency_seconds``, ``request_queue_time_seconds``. Ours: ``request_kv_bytes``
 (each request's peak KV bytes), gauges ``kv_bytes_allocated`` and ``kv_bytes_predicted`` (the
 ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
-``kv_blocks_cached`` (free counts the cached ones: at idle free == total, nothing leaked),
+``kv_blocks_evictable`` (free counts the evictable ones: at idle free == total, nothing
+leaked),
 counters ``kv_quota_rejections`` and ``kv_alerts``.
 
 Every metric carries the label ``model_name``, as vLLM's do. Each server owns its own registry,
@@ -50,7 +51,7 @@ STAT_GAUGES = {  # gauge name -> engine.stats() key
     "kv_bytes_predicted": "kv_bytes_predicted",
     "kv_blocks_total": "kv_blocks_total",
     "kv_blocks_free": "kv_blocks_free",
-    "kv_blocks_cached": "kv_blocks_cached",
+    "kv_blocks_evictable": "kv_blocks_evictable",
 }
 STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
     "prefix_cache_queries": "prefix_cache_queried_tokens",
@@ -74,7 +75,7 @@ class ServerMetrics:
             ("kv_bytes_predicted", "Ledger's KV bytes for the tokens held."),
             ("kv_blocks_total", "KV blocks in the pool."),
             ("kv_blocks_free", "KV blocks on the free list (cached ones included)."),
-            ("kv_blocks_cached", "Free KV blocks still holding a prefix-cache entry."),
+            ("kv_blocks_evictable", "Free KV blocks still holding a prefix-cache entry."),
         )}
         self.counters = {name: self._make(Counter, name, doc) for name, doc in (
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),

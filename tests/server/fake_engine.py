@@ -129,7 +129,8 @@ class FakeEngine:
     def stats(self) -> dict:
         used = sum(len(r.prompt_ids) + len(r.out) for r in self.requests.values())
         in_use = sum(-(-(len(r.prompt_ids) + len(r.out)) // 16) for r in self.requests.values())
-        return {"kv_blocks_total": 256, "kv_blocks_free": 256 - in_use, "kv_blocks_cached": 0,"num_running": len(self.requests), "num_waiting": 0,
+        return {"kv_blocks_total": 256, "kv_blocks_free": 256 - in_use, "kv_blocks_evictable": 0,
+                "num_running": len(self.requests), "num_waiting": 0,
                 "kv_usage": used / 4096, "kv_bytes_allocated": used * KV_BYTES_PER_TOKEN,
                 "kv_bytes_predicted": used * KV_BYTES_PER_TOKEN,
                 "prefix_cache_queried_tokens": 10, "prefix_cache_hit_tokens": 5,
