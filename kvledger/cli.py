@@ -1,4 +1,4 @@
-"""The ``kvledger`` command line: plan | probe | generate | serve | bench.
+"""The ``kvledger`` command line: plan | models | probe | generate | serve | bench.
 
 Each subcommand lives in ``kvledger/commands/<name>.py`` and imports its heavy dependencies
 (torch, transformers, fastapi) inside the function, so ``kvledger plan`` starts without torch.
@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import typer
 
-from kvledger.commands import bench, generate, plan, serve
+from kvledger import __version__
+from kvledger.commands import bench, generate, models, plan, serve
 from kvledger.errors import KVLedgerError
 
 app = typer.Typer(
@@ -38,7 +39,22 @@ def user_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kvledger {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """kvledger: an LLM inference engine that knows its KV-cache bill before paying it."""
+
+
 app.command("plan")(user_errors(plan.plan))
+app.command("models")(user_errors(models.models))
 app.command("probe")(user_errors(plan.probe))
 app.command("generate")(user_errors(generate.generate))
 app.command("serve")(user_errors(serve.serve))

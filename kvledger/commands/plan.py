@@ -46,7 +46,8 @@ def _warn(message: str) -> None:
 
 def plan(
     model: Annotated[
-        str, typer.Argument(help="config.json, HF folder, GGUF file, or 'default'")
+        str, typer.Argument(help="config.json, HF folder, GGUF file, 'default', or a Hugging "
+                                 "Face id from the catalogue (kvledger models)")
     ] = "default",
     context: Annotated[
         str, Opt(help="Context lengths, comma-separated (8k = 8192)")
@@ -80,10 +81,10 @@ def plan(
     ] = None,
 ) -> None:
     """KV, weights, concurrency, TTFT and TPOT of MODEL at each context on a device."""
+    from kvledger.catalogue import load_model_spec
     from kvledger.ledger.hardware import get_device
     from kvledger.ledger.planner import PlanOptions
     from kvledger.ledger.planner import plan as make_plan
-    from kvledger.spec import load_spec
 
     if turn_tokens <= 0:
         raise InvalidParameterError(f"--turn-tokens must be positive, got {turn_tokens}")
@@ -91,7 +92,7 @@ def plan(
     dev = get_device(device, memory_gib, bandwidth_gbs, tflops)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        spec = load_spec(model)
+        spec = load_model_spec(model)
     for w in caught:
         _warn(str(w.message))
     options = PlanOptions(
