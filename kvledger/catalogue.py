@@ -75,28 +75,37 @@ def catalogue_spec(entry: CatalogueEntry) -> ModelSpec:
     return dataclasses.replace(spec, name=entry.model_id)
 
 
+def lookup(model_id: str) -> CatalogueEntry:
+    """The entry of ``model_id`` (case-insensitive).
+
+    Raises:
+        ModelNotFoundError: no such id; the message names the closest ids and
+            ``kvledger models``.
+    """
+    entry = find(model_id)
+    if entry is not None:
+        return entry
+    close = closest_ids(model_id)
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    raise ModelNotFoundError(
+        f"{model_id!r} is neither a local path (config.json, HF folder, GGUF file) nor a model "
+        f"in the catalogue{hint} (list them with `kvledger models`)"
+    )
+
+
 def load_model_spec(model: str) -> ModelSpec:
     """ModelSpec of ``model``: ``"default"`` or an existing local path as :func:`load_spec`
     reads it, else a Hugging Face id from the catalogue.
 
     Raises:
-        ModelNotFoundError: neither a local path nor a catalogued id; the message names the
-            closest ids and ``kvledger models``.
+        ModelNotFoundError: neither a local path nor a catalogued id (see :func:`lookup`).
         ConfigError, UnsupportedModelError: as :func:`kvledger.spec.load_spec`.
     """
     from kvledger.spec import load_spec
 
     if model == "default" or Path(model).expanduser().exists():
         return load_spec(model)
-    entry = find(model)
-    if entry is not None:
-        return catalogue_spec(entry)
-    close = closest_ids(model)
-    hint = f"; closest: {', '.join(close)}" if close else ""
-    raise ModelNotFoundError(
-        f"{model!r} is neither a local path (config.json, HF folder, GGUF file) nor a model "
-        f"in the catalogue{hint} (list them with `kvledger models`)"
-    )
+    return catalogue_spec(lookup(model))
 
 
 def layer_kinds_summary(spec: ModelSpec) -> str:

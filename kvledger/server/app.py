@@ -2,7 +2,8 @@
 
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
-(:mod:`.routes`), the OpenAI-shaped error handlers, and three ASGI middlewares, outermost
+(:mod:`.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
+and three ASGI middlewares, outermost
 first: with an API key, the key check (401, before any byte of the body is read), the drain
 gate (503 once SIGTERM came, :mod:`.lifecycle`) and the body limits (413, 408). The limits a
 user can set are :class:`~kvledger.server.limits.ServerLimits`.
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 from kvledger.errors import ModelNotFoundError
 from kvledger.server.auth import ApiKeyMiddleware
 from kvledger.server.body_limit import BodyLimitMiddleware
+from kvledger.server.dashboard import router as dashboard_router
 from kvledger.server.engine_loop import EngineLoop
 from kvledger.server.error_handlers import install_error_handlers
 from kvledger.server.lifecycle import Drain, DrainMiddleware
@@ -85,6 +87,7 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None
     app = FastAPI(title="kvledger", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
     app.include_router(router)
+    app.include_router(dashboard_router)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        timeout_s=limits.body_timeout_s)

@@ -17,12 +17,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kvledger.server.protocol import error_body
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs",
-                        "/docs/oauth2-redirect", "/redoc"})
+                        "/docs/oauth2-redirect", "/redoc",
+                        "/dashboard", "/dashboard/plan"})  # pages without data: they ask for it
+OPEN_PREFIXES = ("/dashboard/assets/",)  # the dashboard's scripts, styles and licenses
 
 
 def is_protected(path: str) -> bool:
-    """True for the paths that need the key (all but :data:`OPEN_PATHS`)."""
-    return path not in OPEN_PATHS
+    """True for the paths that need the key (all but :data:`OPEN_PATHS` and
+    :data:`OPEN_PREFIXES`; the dashboard's data under ``/dashboard/api`` needs it)."""
+    return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
 
 
 class ApiKeyMiddleware:

@@ -5,6 +5,7 @@ Metrics"): gauges ``num_requests_running``, ``num_requests_waiting``, ``kv_cache
 (a 0-1 fraction, as in vLLM); counters ``prefix_cache_queries`` / ``prefix_cache_hits`` (tokens),
 ``num_preemptions``, ``prompt_tokens``, ``generation_tokens``, ``request_success{finished_reason}``;
 histograms ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
+``request_time_per_output_token_seconds``,
 ``e2e_request_latency_seconds``, ``request_queue_time_seconds``. Ours: ``request_kv_bytes``
 (each request's peak KV bytes), gauges ``kv_bytes_allocated`` and ``kv_bytes_predicted`` (the
 ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
@@ -92,6 +93,8 @@ class ServerMetrics:
         self.histograms = {name: self._make(Histogram, name, doc, buckets=b) for name, doc, b in (
             ("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
             ("inter_token_latency_seconds", "Time between two output steps.", ITL_BUCKETS),
+            ("request_time_per_output_token_seconds",
+             "Mean time per output token after the first (TPOT), per request.", ITL_BUCKETS),
             ("e2e_request_latency_seconds", "Arrival to finish.", E2E_BUCKETS),
             ("request_queue_time_seconds", "Arrival to first scheduled.", E2E_BUCKETS),
             ("request_kv_bytes", "Peak KV bytes of each request.", KV_BYTES_BUCKETS),

@@ -4,7 +4,7 @@ For every request the engine thread reports each step's output here, with the re
 ``RequestTrack`` (kept by the engine loop in its one per-request entry, so the observer holds no
 table of its own). The observer turns them
 into Prometheus samples (TTFT at the first token, ITL between two output steps, queue time, E2E
-latency and the request's peak KV bytes at finish) and into log lines, vLLM-style:
+latency, TPOT and the request's peak KV bytes at finish) and into log lines, vLLM-style:
 
 - one ``request finished`` line per request (id, prompt/output tokens, TTFT, TPOT, peak KV
   bytes, finish reason);
@@ -109,6 +109,8 @@ class RequestObserver:
         self.metrics.count_finished(reason)
         self.metrics.histograms["e2e_request_latency_seconds"].observe(now - track.arrival)
         peak = out.metrics.peak_kv_bytes if out else 0
+        if out is not None and out.tpot_s is not None:
+            self.metrics.histograms["request_time_per_output_token_seconds"].observe(out.tpot_s)
         self.metrics.histograms["request_kv_bytes"].observe(peak)
         log.info(
             "request finished id=%s prompt_tokens=%d output_tokens=%d ttft_s=%s tpot_s=%s "
