@@ -74,14 +74,15 @@ def free_port() -> int:
 class Served:
     """``kvledger serve`` (bundled model) on a free port with ``args``; ``url``, ``close()``."""
 
-    def __init__(self, log_path: Path, *args: str, command=None, timeout_s: float = 300.0):
+    def __init__(self, log_path: Path, *args: str, command: list[str] | None = None,
+                 env: dict | None = None, timeout_s: float = 300.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = command or [sys.executable, "-m", "kvledger"]
         self._log = open(log_path, "w")  # noqa: SIM115 - the server writes to it until close()
         self.log_path = log_path
         self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), *args],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
