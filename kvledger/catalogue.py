@@ -1,8 +1,8 @@
 """The model catalogue: Hugging Face ``config.json`` files shipped inside the package.
 
 ``kvledger plan meta-llama/Llama-3.1-8B`` must work offline, so the planner resolves a Hugging
-Face id against the configs in ``kvledger/data/configs/`` (package data, found with
-``importlib.resources``; their provenance is in ``SOURCES.md`` beside them). A file named
+Face id against the configs in ``kvledger/data/configs/`` (package data, see
+:mod:`kvledger.data`; their provenance is in ``SOURCES.md`` beside them). A file named
 ``owner__name.json`` is the config of the id ``owner/name``; ids match case-insensitively, as
 the Hub's do. No torch here.
 """
@@ -14,13 +14,11 @@ import difflib
 import warnings
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 from kvledger.errors import ModelNotFoundError
 from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
-CONFIGS = ("data", "configs")  # folder of the configs inside the kvledger package
 ID_SEPARATOR = "__"  # stands for the "/" of an HF id in a file name
 LAYER_KIND_SHORT = {FULL: "full", SLIDING: "sliding", MLA: "mla", LINEAR: "linear"}
 
@@ -36,13 +34,10 @@ class CatalogueEntry:
 @cache
 def entries() -> tuple[CatalogueEntry, ...]:
     """Every shipped config, sorted by id (case-insensitive)."""
-    folder = resources.files("kvledger").joinpath(*CONFIGS)
-    found = []
-    for item in folder.iterdir():
-        if item.name.endswith(".json") and ID_SEPARATOR in item.name:
-            model_id = item.name.removesuffix(".json").replace(ID_SEPARATOR, "/", 1)
-            # package data of an installed wheel or a checkout is a plain file on disk
-            found.append(CatalogueEntry(model_id, Path(str(item))))
+    from kvledger.data import configs_dir
+
+    found = [CatalogueEntry(path.stem.replace(ID_SEPARATOR, "/", 1), path)
+             for path in configs_dir().glob("*.json") if ID_SEPARATOR in path.stem]
     return tuple(sorted(found, key=lambda e: e.model_id.lower()))
 
 
@@ -117,8 +112,9 @@ def layer_kinds_summary(spec: ModelSpec) -> str:
 
 
 def catalogue_rows(kv_format: str = "bf16") -> list[dict]:
-    """One row per shipped config: id, model type, layers, layer kinds, KV heads, head_dim and
-    KV bytes per token (all layers storing per-token KV, ``kv_format``; as ``plan --json``)."""
+    """One row per shipped config: id, model type, layers, layer kinds, KV heads, head_dim, the
+    MLA latent width (None without MLA) and KV bytes per token (all layers storing per-token
+    KV, ``kv_format``; as ``plan --json``)."""
     from kvledger.ledger.kv import kv_bytes_per_token
 
     rows = []
@@ -133,6 +129,9 @@ def catalogue_rows(kv_format: str = "bf16") -> list[dict]:
             "layer_kinds": layer_kinds_summary(spec),
             "num_kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim,
+            # MLA caches one latent (kv_lora_rank + qk_rope_head_dim), not per-head K and V
+            "mla_latent_dim": spec.kv_lora_rank + spec.qk_rope_head_dim
+            if MLA in spec.layer_types else None,
             "kv_bytes_per_token": kv_bytes_per_token(spec, kv_format),
             "max_position_embeddings": spec.max_position_embeddings,
         })

@@ -33,8 +33,11 @@ def models(
     for i, col in enumerate(("model id", "layer kinds", "KV heads", "head_dim", "KV / token")):
         table.add_column(col, justify="left" if i < 2 else "right", no_wrap=i == 0)
     for r in rows:
-        table.add_row(r["model_id"], r["layer_kinds"], str(r["num_kv_heads"]),
-                      str(r["head_dim"]), fmt_bytes(r["kv_bytes_per_token"]))
+        latent = r["mla_latent_dim"]
+        heads, dim = ("latent", str(latent)) if latent else (str(r["num_kv_heads"]),
+                                                              str(r["head_dim"]))
+        table.add_row(r["model_id"], r["layer_kinds"], heads, dim,
+                      fmt_bytes(r["kv_bytes_per_token"]))
     console = Console()
     if not console.is_terminal:
         console.width = max(console.width, WIDE)  # pipes and files get the whole table

@@ -63,7 +63,7 @@ def serve(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /tokenize,
-    /health and Prometheus /metrics."""
+    /health, Prometheus /metrics and the live dashboard (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes)
     from kvledger.server.limits import ServerLimits
 
@@ -93,8 +93,8 @@ def serve(
     app = create_app(engine, api_key=api_key, max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s)
     log = logging.getLogger("kvledger.server")
-    log.info("serving %s (max_model_len %d) on http://%s:%d", engine.model_name,
-             engine.max_model_len, host, port)
+    log.info("serving %s (max_model_len %d) on http://%s:%d (dashboard: /dashboard)",
+             engine.model_name, engine.max_model_len, host, port)
     if host not in LOOPBACK and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     config = uvicorn_config(app, host, port, limits)

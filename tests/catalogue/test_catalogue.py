@@ -94,7 +94,11 @@ def test_models_json_rows():
     assert rows["google/gemma-2-9b"]["layer_kinds"] == "sliding 21 + full 21"
     # Qwen3-Next: one full-attention layer in four, the rest Gated DeltaNet
     assert rows["Qwen/Qwen3-Next-80B-A3B-Thinking"]["layer_kinds"] == "linear 36 + full 12"
-    assert rows["deepseek-ai/DeepSeek-V3"]["layer_kinds"] == "mla 61"
+    v3 = rows["deepseek-ai/DeepSeek-V3"]
+    assert v3["layer_kinds"] == "mla 61"
+    # one latent of kv_lora_rank 512 + rope 64 per layer (arXiv:2412.19437), bf16
+    assert v3["mla_latent_dim"] == 576 and v3["kv_bytes_per_token"] == 61 * 576 * 2
+    assert llama["mla_latent_dim"] is None
 
 
 def test_models_table_and_fp8_column():
