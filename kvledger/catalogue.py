@@ -88,17 +88,25 @@ def lookup(model_id: str) -> CatalogueEntry:
     )
 
 
+def is_path_like(model: str) -> bool:
+    """True when ``model`` can only be a path: absolute, starting with ``.`` or ``~``, ending
+    in ``.json`` / ``.gguf``, or with more than one ``/`` (an HF id is ``owner/name``)."""
+    return (model.startswith(("/", ".", "~")) or model.endswith((".json", ".gguf"))
+            or model.count("/") > 1 or "\\" in model)
+
+
 def load_model_spec(model: str) -> ModelSpec:
-    """ModelSpec of ``model``: ``"default"`` or an existing local path as :func:`load_spec`
-    reads it, else a Hugging Face id from the catalogue.
+    """ModelSpec of ``model``: ``"default"``, an existing local path or anything path-like as
+    :func:`load_spec` reads it, else a Hugging Face id from the catalogue.
 
     Raises:
-        ModelNotFoundError: neither a local path nor a catalogued id (see :func:`lookup`).
+        ModelNotFoundError: a path-like name that does not exist, or an id that is neither a
+            local path nor in the catalogue (see :func:`lookup`).
         ConfigError, UnsupportedModelError: as :func:`kvledger.spec.load_spec`.
     """
     from kvledger.spec import load_spec
 
-    if model == "default" or Path(model).expanduser().exists():
+    if model == "default" or is_path_like(model) or Path(model).expanduser().exists():
         return load_spec(model)
     return catalogue_spec(lookup(model))
 

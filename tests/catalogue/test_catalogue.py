@@ -70,6 +70,14 @@ def test_nothing_close_gives_no_suggestion():
     assert "closest" not in r.stderr and "kvledger models" in r.stderr
 
 
+@pytest.mark.parametrize("path", ["./meta-llama/Llama-3.1-8B", "models/meta-llama/Llama-3.1-8B",
+                                  "meta-llama__Llama-3.1-8B.json", "/nowhere/config.json"])
+def test_missing_paths_keep_the_path_error(path):
+    r = run("plan", path)
+    assert r.exit_code == 2
+    assert "model path not found" in r.stderr and "catalogue" not in r.stderr
+
+
 def test_local_path_wins_over_catalogue(tmp_path, monkeypatch):
     # a folder that happens to be named like an HF id holds GPT-2's config: the path is read
     local = tmp_path / "meta-llama" / "Llama-3.1-8B"
