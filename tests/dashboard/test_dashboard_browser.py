@@ -97,16 +97,18 @@ def test_live_updates_while_generating_then_blocks_cached(server, driver):
     worker = threading.Thread(target=generate)
     worker.start()
     try:
+        # the table is rebuilt on every poll: read it in one script call, never hold elements
         row = "#requests tr[data-request-id]"
         wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, row), 120, "no running row")
-        first = driver.find_element(By.CSS_SELECTOR, row)
-        request_id = first.get_attribute("data-request-id")
+        request_id = driver.execute_script(
+            f"return document.querySelector('{row}').dataset.requestId")
         assert request_id.startswith("cmpl-")
         start_usage = text(driver, "kv-usage")
 
         def output_tokens(d):
-            rows = d.find_elements(By.CSS_SELECTOR, f'{row}[data-request-id="{request_id}"]')
-            return int(rows[0].find_element(By.CLASS_NAME, "output").text) if rows else None
+            return d.execute_script(
+                "const r = document.querySelector(`tr[data-request-id='${arguments[0]}']`);"
+                "return r ? Number(r.querySelector('.output').textContent) : null;", request_id)
 
         seen = output_tokens(driver)
         wait(driver, lambda d: (output_tokens(d) or 0) > (seen or 0) + 5, 120,
