@@ -76,7 +76,7 @@ def engine_snapshot(engine: Any) -> dict:
     return {
         "stats": stats,
         "pool": {"blocks_total": pool.num_blocks, "blocks_free": pool.num_free,
-                 "blocks_cached": pool.num_cached, "blocks_in_use": pool.num_in_use,
+                 "blocks_cached": pool.num_evictable, "blocks_in_use": pool.num_in_use,
                  "bytes_per_block": bpb, "bytes_per_token": bpt, "block_size": bs},
         "blocks": blocks,
         "requests": [_request_row(s, state, bs, bpb, bpt) for s, state in listed],
