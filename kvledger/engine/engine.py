@@ -131,12 +131,21 @@ class LLMEngine:
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
         """Queue a request.
 
+        All or nothing: every check runs before the request is registered, so an error leaves no
+        state behind.
+
         Raises:
-            InvalidParameterError: empty prompt, bad token ids, duplicate request_id.
+            InvalidParameterError: not a SamplingParams, a bad sampling value, empty prompt, bad
+                token ids (also in ``logit_bias`` / ``stop_token_ids``), duplicate request_id.
             ContextLengthError: prompt + max_tokens over the context (max_tokens None = up to it).
             KVBudgetError: the request can never fit the pool or its per-request KV quota.
         """
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameterError(
+                f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        params.check_vocab(self.spec.vocab_size)
         ids = self.tokenize(prompt)
         self.scheduler.add(Request(request_id, ids, params, cache_salt=cache_salt,
                                    detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop)))

@@ -13,6 +13,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import InvalidParameterError
 
 Prompt = str | list[int] | list[dict]
 
@@ -59,8 +60,12 @@ class LLM:
         ``request_ids``, if given, is filled with the ids assigned to the prompts, in order.
         """
         batch = [prompts] if _is_single(prompts) else list(prompts)
-        params = sampling_params if isinstance(sampling_params, list) else (
-            [sampling_params or SamplingParams()] * len(batch))
+        params = sampling_params if isinstance(sampling_params, list | tuple) else (
+            [SamplingParams() if sampling_params is None else sampling_params] * len(batch))
+        if len(params) != len(batch):
+            raise InvalidParameterError(
+                f"got {len(batch)} prompts but {len(params)} SamplingParams; give one "
+                "SamplingParams for all, or one per prompt")
         ids = request_ids if request_ids is not None else []
         start = len(ids)
         try:

@@ -1,5 +1,9 @@
 """Token sampling: greedy, temperature, top-k, top-p (nucleus), per-request seeded generators.
 
+Before a token is picked, the step's logits go through :mod:`.penalties` in one batch (logit
+bias, repetition / frequency / presence penalties); greedy takes the argmax of the processed
+logits and min-p filters the tempered distribution, as in vLLM.
+
 Top-p: Holtzman et al., "The Curious Case of Neural Text Degeneration" (arXiv:1904.09751): keep
 the smallest set of most likely tokens whose probability mass reaches p. Logprobs are those of
 the model's raw distribution (log-softmax of the logits, before temperature), as vLLM returns.
@@ -10,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.outputs import TokenLogprob
+from kvledger.engine.penalties import apply_min_p, apply_penalties
 from kvledger.engine.request import Request
 
 
@@ -21,7 +26,10 @@ class Sampler:
                ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Token ids and (when asked) logprobs for logits [N, vocab] fp32, row i for
         ``requests[i]``."""
-        tokens = [self._pick(row, req) for row, req in zip(logits, requests)]
+        processed = apply_penalties(logits, [r.params for r in requests],
+                                    [r.prompt_token_ids for r in requests],
+                                    [r.output_token_ids for r in requests])
+        tokens = [self._pick(row, req) for row, req in zip(processed, requests)]
         logprobs = [_logprobs(row, tok, req.params.logprobs)
                     if req.params.logprobs is not None else None
                     for row, tok, req in zip(logits, tokens, requests)]
@@ -35,7 +43,7 @@ class Sampler:
         if p.top_k > 0:
             kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
+        probs = apply_min_p(torch.softmax(scaled, dim=-1), p.min_p)
         if p.top_p < 1.0:
             probs = _nucleus(probs, p.top_p)
         total = float(probs.sum())

@@ -2,7 +2,10 @@
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` and vLLM's
-``POST /tokenize``. Every field is either honoured or refused:
+``POST /tokenize``. The sampling penalties and ``logit_bias`` are honoured by the engine's
+sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
+are checked against the vocabulary when the request is added). Every field is either honoured
+or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
@@ -138,7 +141,7 @@ def _empty(value: Any) -> bool:
 
 
 # Fields of the OpenAI (or vLLM) API that are not implemented: each with the test of its neutral
-# value, which is accepted (clients send defaults). Sampling penalties wait for the sampler.
+# value, which is accepted (clients send defaults).
 UNSUPPORTED: dict[str, Any] = {
     "response_format": lambda v: v is None or v == {"type": "text"},
     "tools": _empty,
@@ -148,11 +151,6 @@ UNSUPPORTED: dict[str, Any] = {
     "parallel_tool_calls": lambda v: True,  # meaningless without tools
     "suffix": lambda v: v is None or v == "",
     "best_of": lambda v: v is None or v == 1,
-    "presence_penalty": lambda v: v is None or v == 0,
-    "frequency_penalty": lambda v: v is None or v == 0,
-    "repetition_penalty": lambda v: v is None or v == 1,
-    "logit_bias": _empty,
-    "min_p": lambda v: v is None or v == 0,
     "audio": _empty,
     "modalities": lambda v: v is None or v == ["text"],
     "prediction": _empty,
@@ -202,6 +200,17 @@ class _SamplingBody(_Body):
         """``stop`` as a list."""
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.isdigit():
+                raise UnsupportedParameterError(
+                    "logit_bias", f"'logit_bias' keys must be token ids (digits), got {key!r}")
+            bias[int(key)] = value
+        return bias
+
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
@@ -211,6 +220,11 @@ class _SamplingBody(_Body):
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
             top_k=0 if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self._logit_bias(),
             seed=self.seed,
             stop=self.stop_strings(),
             logprobs=logprobs,

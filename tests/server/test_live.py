@@ -260,3 +260,18 @@ def test_schemathesis_finds_no_server_error(server, tmp_path):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     log = server.log_text()
     assert "unhandled error" not in log and "engine step failed" not in log
+
+
+def test_logit_bias_forces_a_token_and_out_of_vocabulary_ids_are_400(server):
+    body = {"prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {"28": 100}}
+    resp = httpx.post(server.url + "/v1/completions", json=body, headers=server.headers,
+                      timeout=120)
+    text = resp.json()["choices"][0]["text"]
+    assert resp.status_code == 200 and text and text == text[:len(text) // 3] * 3
+    plain = httpx.post(server.url + "/v1/completions", json={**body, "logit_bias": {}},
+                       headers=server.headers, timeout=120).json()["choices"][0]["text"]
+    assert plain != text
+    bad = httpx.post(server.url + "/v1/completions", json={**body, "logit_bias": {"99999999": 1}},
+                     headers=server.headers, timeout=60)
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]

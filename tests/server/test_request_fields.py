@@ -55,11 +55,6 @@ def test_nan_and_infinity_are_refused(make_client):
     ("tool_choice", "auto"),
     ("suffix", "end"),
     ("best_of", 2),
-    ("presence_penalty", 0.5),
-    ("frequency_penalty", -0.5),
-    ("repetition_penalty", 1.2),
-    ("logit_bias", {"28": 100}),
-    ("min_p", 0.1),
 ])
 def test_unimplemented_fields_are_400_naming_the_field(make_client, field, value):
     resp = make_client().post("/v1/completions", json={"prompt": "x", field: value})
@@ -70,8 +65,7 @@ def test_unimplemented_fields_are_400_naming_the_field(make_client, field, value
 
 @pytest.mark.parametrize("field, value", [
     ("response_format", {"type": "text"}), ("tools", []), ("tool_choice", "none"),
-    ("suffix", None), ("best_of", 1), ("presence_penalty", 0), ("frequency_penalty", 0.0),
-    ("logit_bias", {}), ("min_p", 0.0), ("repetition_penalty", 1.0),
+    ("suffix", None), ("best_of", 1),
 ])
 def test_neutral_values_of_unimplemented_fields_are_accepted(make_client, field, value):
     resp = make_client().post("/v1/completions", json={"prompt": "x", field: value})
@@ -80,11 +74,30 @@ def test_neutral_values_of_unimplemented_fields_are_accepted(make_client, field,
 
 @pytest.mark.parametrize("field, value", [
     ("presence_penalty", 5), ("frequency_penalty", -2.5), ("repetition_penalty", 0),
-    ("min_p", 1.5), ("logit_bias", {"28": 101}),
+    ("min_p", 1.5), ("logit_bias", {"28": 101}), ("logit_bias", {"x": 1}),
+    ("logit_bias", {"-3": 1}),
 ])
 def test_out_of_range_values_are_400(make_client, field, value):
     resp = make_client().post("/v1/completions", json={"prompt": "x", field: value})
     assert _error(resp, 400)["param"] == field
+
+
+def test_penalties_and_logit_bias_reach_the_sampling_params(make_client):
+    from fake_engine import FakeEngine
+
+    engine = FakeEngine()
+    seen = []
+    add = engine.add_request
+    engine.add_request = lambda rid, prompt, params: (seen.append(params), add(rid, prompt,
+                                                                               params))[1]
+    resp = make_client(engine).post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 2, "presence_penalty": 0.5, "frequency_penalty": -0.25,
+        "repetition_penalty": 1.2, "min_p": 0.1, "logit_bias": {"28": 100, "3": -7.5}})
+    assert resp.status_code == 200, resp.text
+    p = seen[0]  # before the fix these fields were dropped and decoding ignored them
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_p) == (
+        0.5, -0.25, 1.2, 0.1)
+    assert p.logit_bias == {28: 100.0, 3: -7.5}
 
 
 def test_unknown_fields_are_logged_and_ignored(make_client, caplog):
