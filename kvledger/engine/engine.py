@@ -218,11 +218,26 @@ class LLMEngine:
         out.metrics.finished_time = time.perf_counter()
         return out
 
+    def _distinct_kv_tokens(self) -> int:
+        """Tokens with K/V in the cache, each shared block counted once."""
+        bs, filled = self.config.block_size, {}
+        for req in self.scheduler.requests.values():
+            for i, block in enumerate(req.block_table):
+                n = min(bs, req.num_computed_tokens - i * bs)
+                if n > 0:
+                    filled[block] = max(filled.get(block, 0), n)
+        return sum(filled.values())
+
     def stats(self) -> dict:
-        """Scheduler and pool counters plus allocated vs ledger-predicted KV bytes."""
+        """Scheduler and pool counters plus allocated vs ledger-predicted KV bytes.
+
+        ``kv_bytes_predicted`` is the ledger's bytes per token times the distinct tokens held:
+        a prefix block shared by several requests is counted once (the ledger's
+        ``--shared-prefix`` rule), so the prediction never exceeds what is allocated.
+        """
         s = self.scheduler.stats()
         in_use = s["kv_blocks_total"] - s["kv_blocks_free"]
-        held = sum(r.num_computed_tokens for r in self.scheduler.requests.values())
+        held = self._distinct_kv_tokens()
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
         s["kv_bytes_predicted"] = held * self.bytes_per_token
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0

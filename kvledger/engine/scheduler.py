@@ -18,9 +18,13 @@ Each ``schedule()`` builds one step of at most ``max_num_batched_tokens`` tokens
    behind a capped long one does not delay it.)
 
 Preemption by recompute: when a running request cannot get a block for its next token, the
-newest running request not yet scheduled in this step (possibly itself) loses all its blocks,
-restarts at ``num_computed_tokens = 0`` and goes to the FRONT of the waiting queue, keeping its
-output tokens; on resume prompt + output is prefilled again and its full blocks are usually
+newest running request (possibly itself) loses all its blocks, restarts at
+``num_computed_tokens = 0`` and goes to the FRONT of the waiting queue, keeping its output
+tokens. "Newest" counts every running request, also one already scheduled in this step (decodes
+are scheduled before prefills): its chunk is taken back out of the step and its tokens returned
+to the budget, so an older prefill never preempts itself while a newer decode keeps its blocks
+(the recompute thrash of vLLM issue #25538). Invariant: a request is preempted only when every
+running request admitted after it has been; on resume prompt + output is prefilled again and its full blocks are usually
 re-hit in the prefix cache (they were freed tail-first, so they are evicted last).
 
 Admission rule (``ledger/admission.py``, the one place it is computed): ``add`` refuses at once
@@ -225,27 +229,26 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's chunks and allocate their slots (see the module docstring)."""
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        scheduled: set[str] = set()
         decodes = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefills = [r for r in self.running if r.num_uncomputed_tokens > 1]
         for req in decodes + prefills:
+            budget = self.config.max_num_batched_tokens - out.num_batched_tokens
             if budget == 0:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            n = self._grow(req, min(req.num_uncomputed_tokens, budget), scheduled, out)
+            n = self._grow(req, min(req.num_uncomputed_tokens, budget), out)
             if n:
                 out.chunks.append(ScheduledChunk(req, n))
-                scheduled.add(req.request_id)
-                budget -= n
+        budget = self.config.max_num_batched_tokens - out.num_batched_tokens
         if not out.preempted:
             self._admit(budget, out)
         return out
 
-    def _grow(self, req: Request, n: int, scheduled: set[str], out: SchedulerOutput) -> int:
+    def _grow(self, req: Request, n: int, out: SchedulerOutput) -> int:
         """Tokens of ``req``'s next chunk that get slots (<= n), preempting newer requests as
-        needed; 0 when ``req`` itself was preempted or failed."""
+        needed (a scheduled one loses its chunk in ``out``); 0 when ``req`` itself was
+        preempted or failed."""
         if not self._budget(req).holds_kv_tokens(req.num_computed_tokens + 1):
             self._fail(req, out)
             return 0
@@ -255,7 +258,7 @@ class Scheduler:
                 ok = self.kv.allocate_slots(req, fit)
                 assert ok, "scheduler bug: tokens fit but allocation failed"
                 return fit
-            victim = self._victim(req, scheduled)
+            victim = self._victim(req)
             # Alone, a request within its cap always fits: the rest of the pool is free.
             assert victim is not req or len(self.running) > 1, "scheduler bug: lone request"
             self._preempt(victim, out)
@@ -274,16 +277,20 @@ class Scheduler:
         slack = len(req.block_table) * self.block_size - req.num_computed_tokens
         return max(0, min(n, slack + free_blocks * self.block_size))
 
-    def _victim(self, req: Request, scheduled: set[str]) -> Request:
-        """Newest running request not scheduled in this step (long ones only if ``req`` is
-        long and the long share, not the pool, is what ran out)."""
+    def _victim(self, req: Request) -> Request:
+        """Newest running request, scheduled in this step or not (long ones only if ``req`` is
+        long and the long share, not the pool, is what ran out); ``req`` itself when no
+        eligible one is newer."""
         long_only = req.is_long and self.kv.pool.num_free > 0
         for cand in reversed(self.running):
-            if cand.request_id not in scheduled and (cand.is_long or not long_only):
+            if cand is req:
+                return req
+            if cand.is_long or not long_only:
                 return cand
         return req
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        out.chunks = [c for c in out.chunks if c.request is not req]  # unschedule it
         self.running.remove(req)
         self.kv.free(req)
         req.num_computed_tokens = 0
@@ -402,6 +409,8 @@ class Scheduler:
             "kv_bytes_per_block": self.bytes_per_block,
             "prefix_cache_queried_tokens": self.kv.prefix.queried_tokens,
             "prefix_cache_hit_tokens": self.kv.prefix.hit_tokens,
+            "prefix_cache_requeried_tokens": self.kv.prefix.requeried_tokens,
+            "prefix_cache_rehit_tokens": self.kv.prefix.rehit_tokens,
             "num_preemptions": self.num_preemptions,
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),

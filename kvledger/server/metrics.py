@@ -11,7 +11,8 @@ histograms ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
 ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
 ``kv_blocks_evictable`` (free counts the evictable ones: at idle free == total, nothing
 leaked),
-counters ``kv_quota_rejections`` and ``kv_alerts``.
+counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-admissions after a
+preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``.
 
 Every metric carries the label ``model_name``, as vLLM's do. Each server owns its own registry,
 so several apps can live in one process (tests); ``*_created``
@@ -57,6 +58,8 @@ STAT_GAUGES = {  # gauge name -> engine.stats() key
 STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
     "prefix_cache_queries": "prefix_cache_queried_tokens",
     "prefix_cache_hits": "prefix_cache_hit_tokens",
+    "prefix_cache_requeries": "prefix_cache_requeried_tokens",
+    "prefix_cache_rehits": "prefix_cache_rehit_tokens",
     "num_preemptions": "num_preemptions",
 }
 
@@ -79,8 +82,10 @@ class ServerMetrics:
             ("kv_blocks_evictable", "Free KV blocks still holding a prefix-cache entry."),
         )}
         self.counters = {name: self._make(Counter, name, doc) for name, doc in (
-            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache (once each)."),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+            ("prefix_cache_requeries", "Tokens looked up again on re-admission after preemption."),
+            ("prefix_cache_rehits", "Tokens found again on re-admission after preemption."),
             ("num_preemptions", "Preemptions of running requests."),
             ("prompt_tokens", "Prefilled prompt tokens."),
             ("generation_tokens", "Generated tokens."),

@@ -208,3 +208,27 @@ def test_failed_generate_leaves_the_llm_usable(tiny_engine_factory):
     for bad in ({"temperature": float("nan")}, {"seed": 2**70}):
         with pytest.raises(InvalidParameterError):
             SamplingParams(**bad)
+
+
+def test_kv_bytes_predicted_counts_a_shared_prefix_once(tiny_engine_factory):
+    # issue 14: the prediction summed every request's tokens, so a shared prefix was counted
+    # once per holder and the predicted bytes exceeded the allocated ones
+    engine = tiny_engine_factory(block_size=16)
+    shared = list(range(3, 67))  # 64 tokens = 4 full blocks, computed once and shared
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine.add_request("first", shared + [100], params)
+    engine.step()  # the first request computes (and registers) the shared blocks
+    for i in range(3):
+        engine.add_request(f"r{i}", shared + [101 + i], params)
+    seen = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        s = engine.stats()
+        seen.append((s["kv_bytes_predicted"], s["kv_bytes_allocated"]))
+        held = {b for r in engine.scheduler.requests.values() for b in r.block_table}
+        tokens = 0
+        for b in held:  # by hand: each distinct block's filled tokens
+            tokens += max(min(16, r.num_computed_tokens - r.block_table.index(b) * 16)
+                          for r in engine.scheduler.requests.values() if b in r.block_table)
+        assert s["kv_bytes_predicted"] == tokens * engine.bytes_per_token
+    assert all(p <= a for p, a in seen) and seen[0][0] > 0

@@ -169,7 +169,11 @@ def test_preemption_of_the_newest_and_resume_rehits_the_prefix():
     assert a.num_preemptions == 0 and b.num_preemptions >= 1
     assert b.num_cached_tokens == 0  # first-admission figure is kept
     assert h.sched.stats()["num_preemptions"] == len(preempted)
-    assert h.sched.stats()["prefix_cache_hit_tokens"] >= 4  # b's first block survived
+    stats = h.sched.stats()
+    assert stats["prefix_cache_rehit_tokens"] >= 4  # b's first block survived
+    # issue 14: each prompt token queried once; re-admissions (prompt + output) apart
+    assert stats["prefix_cache_queried_tokens"] == 16 and stats["prefix_cache_hit_tokens"] == 0
+    assert stats["prefix_cache_requeried_tokens"] > 8 * len(preempted)
     h.assert_idle()
 
 
@@ -349,3 +353,31 @@ def test_bursts_under_memory_pressure_drain(cfg, burst, aborts):
     h.assert_idle()
     report(h)
     target(float(h.sched.num_preemptions), label="preemptions")
+
+
+def test_an_older_prefill_preempts_a_newer_decode_never_itself():
+    # issue 14 (vLLM #25538): decodes are scheduled first and the victim search skipped
+    # scheduled requests, so the older prefill A preempted itself while the newer decode B
+    # kept its block. Pool: 3 blocks of 4; A holds 2 (8 of its 12 prompt tokens), B holds 1.
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.request import Request, RequestStatus
+    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.scheduler import Scheduler
+
+    sched = Scheduler(EngineConfig(block_size=4, enable_prefix_caching=False), 3, 4, 1000, 64)
+    a = Request("a", list(range(1, 13)), SamplingParams(max_tokens=1))
+    b = Request("b", [20, 21, 22], SamplingParams(max_tokens=2))
+    for req, computed in ((a, 8), (b, 3)):
+        sched.add(req)
+        sched.waiting.remove(req)
+        req.status = RequestStatus.RUNNING
+        sched.running.append(req)
+        assert sched.kv.allocate_slots(req, computed)
+        req.num_computed_tokens = computed
+    b.output_token_ids.append(7)  # B decodes next (one token, in its own block's slack)
+    assert sched.kv.pool.num_free == 0
+    out = sched.schedule()
+    assert [r.request_id for r in out.preempted] == ["b"]
+    assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("a", 4)]
+    assert a.status is RequestStatus.RUNNING and len(a.block_table) == 3
+    assert b.block_table == [] and sched.waiting[0] is b

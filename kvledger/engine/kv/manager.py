@@ -83,7 +83,7 @@ class KVCacheManager:
         if not req.block_table:
             hit_blocks = hit_blocks or []
             hit_tokens = len(hit_blocks) * self.block_size
-            self.prefix.record(req.num_tokens, hit_tokens)
+            self.prefix.record(req, hit_tokens)
             self.pool.touch(hit_blocks)
             req.block_table = list(hit_blocks)
             req.num_computed_tokens = hit_tokens

@@ -14,9 +14,12 @@ request's, so a collision can never hand out wrong K/V.
 
 A hit is capped at ``(num_tokens - 1) // block_size`` blocks so at least one token is always
 computed: the forward pass of the last token yields the logits to sample from. Prompt blocks and
-full blocks of generated tokens both enter the cache once their K/V is computed. Counters: tokens
-queried (whole request length per admission) and tokens hit, for the hit rate. With
-``enabled=False`` nothing is hashed, looked up or counted.
+full blocks of generated tokens both enter the cache once their K/V is computed. Counters, as
+vLLM counts them: each request's prompt tokens are queried once, at its first admission, and its
+hit tokens counted then (``queried_tokens``, ``hit_tokens``: the hit rate of prompts); the
+lookups of a re-admission after a preemption (prompt + output so far) are counted apart
+(``requeried_tokens``, ``rehit_tokens``). With ``enabled=False`` nothing is hashed, looked up
+or counted.
 
 Words: a block is *cached* when it is in the prefix cache (hash-addressable, in use or free);
 a free cached block is *evictable*; a request's ``num_cached_tokens`` are the tokens it took from
@@ -57,6 +60,8 @@ class PrefixCache:
         self.enabled = enabled
         self.queried_tokens = 0
         self.hit_tokens = 0
+        self.requeried_tokens = 0
+        self.rehit_tokens = 0
 
     def _key(self, req: Request, index: int) -> tuple:
         """Hash key of full block ``index`` of ``req`` (needs the parent's hash)."""
@@ -96,11 +101,17 @@ class PrefixCache:
             hits.append(block.block_id)
         return hits
 
-    def record(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
-        """Count one admission's lookup: its whole length queried, ``num_hit_tokens`` reused."""
-        if self.enabled:
-            self.queried_tokens += num_queried_tokens
-            self.hit_tokens += num_hit_tokens
+    def record(self, req: Request, num_hit_tokens: int) -> None:
+        """Count one admission's lookup of ``req`` with ``num_hit_tokens`` reused: its prompt
+        at the first admission, its whole length (apart) at a re-admission."""
+        if not self.enabled:
+            return
+        if req.num_preemptions == 0:
+            self.queried_tokens += req.num_prompt_tokens
+            self.hit_tokens += min(num_hit_tokens, req.num_prompt_tokens)
+        else:
+            self.requeried_tokens += req.num_tokens
+            self.rehit_tokens += num_hit_tokens
 
     def cache_full_blocks(self, req: Request, num_done: int) -> int:
         """Register ``req``'s full, computed blocks from index ``num_done`` on.
