@@ -13,7 +13,11 @@ its own client. Afterwards:
 - the server's RSS (``/proc/PID/status`` VmRSS) is sampled every 5 s; growth over the second
   half of the run is reported (target < 5 %).
 
-Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24] [--out soak.json]
+A client that waits longer than ``--read-timeout-s`` for a byte gives up: that counts as an
+abort by its own client (the server sees the disconnect and frees the request).
+
+Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24]
+[--read-timeout-s 300] [--out soak.json]
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def metrics(url: str) -> dict[str, float]:
 
 
 def make_body(rng: random.Random, max_tokens: int) -> dict:
-    words = " ".join(rng.choice(WORDS) for _ in range(rng.choice((4, 16, 64, 200))))
+    words = " ".join(rng.choice(WORDS) for _ in range(rng.choice((4, 16, 48, 96))))
     messages = [{"role": "user", "content": f"Tell me about {words}."}]
     if rng.random() < 0.5:
         messages.insert(0, {"role": "system", "content": rng.choice(SYSTEMS)})
@@ -70,8 +74,8 @@ def make_body(rng: random.Random, max_tokens: int) -> dict:
 
 
 async def client(url: str, rng: random.Random, deadline: float, max_tokens: int,
-                 outcomes: dict, latencies: list) -> None:
-    async with httpx.AsyncClient(timeout=120) as http:
+                 outcomes: dict, latencies: list, timeout_s: float) -> None:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=timeout_s)) as http:
         while time.monotonic() < deadline:
             body = make_body(rng, max_tokens)
             leave_after = rng.randint(1, 4) if rng.random() < 0.2 else None
@@ -102,15 +106,17 @@ async def client(url: str, rng: random.Random, deadline: float, max_tokens: int,
                         outcomes["clear_error"] += 1
                     else:
                         outcomes["unclear"] += 1
+            except httpx.TimeoutException:
+                outcomes["own_timeout"] += 1  # the client gave up: an abort by its own client
             except httpx.HTTPError as exc:
                 outcomes["transport_error"] += 1
                 outcomes.setdefault("transport_errors", []).append(type(exc).__name__)
 
 
 async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int,
-               seed: int) -> dict:
-    outcomes = {"sent": 0, "full": 0, "clear_error": 0, "own_abort": 0, "unclear": 0,
-                "transport_error": 0}
+               seed: int, read_timeout_s: float) -> dict:
+    outcomes = {"sent": 0, "full": 0, "clear_error": 0, "own_abort": 0, "own_timeout": 0,
+                "unclear": 0, "transport_error": 0}
     latencies: list[float] = []
     rss: list[tuple[float, float]] = []
     start = time.monotonic()
@@ -123,7 +129,8 @@ async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int
 
     rngs = [random.Random(seed * 1000 + i) for i in range(clients)]
     await asyncio.gather(sample_rss(), *(client(url, rngs[i], deadline, max_tokens, outcomes,
-                                                latencies) for i in range(clients)))
+                                                latencies, read_timeout_s)
+                                         for i in range(clients)))
     return {"outcomes": outcomes, "latencies": latencies, "rss": rss,
             "wall_s": time.monotonic() - start}
 
@@ -134,6 +141,8 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--read-timeout-s", type=float, default=300.0,
+                    help="a client waiting longer than this for a byte gives up (own abort)")
     ap.add_argument("--out", default="soak.json")
     args = ap.parse_args()
     port = free_port()
@@ -151,7 +160,7 @@ def main() -> None:
             time.sleep(0.5)
         rss_start = rss_mib(proc.pid)
         run = asyncio.run(load(url, args.clients, args.minutes * 60, args.max_tokens, proc.pid,
-                               args.seed))
+                               args.seed, args.read_timeout_s))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             idle = metrics(url)
@@ -166,12 +175,12 @@ def main() -> None:
         result = {
             "clients": args.clients, "minutes": args.minutes, "max_tokens": args.max_tokens,
             "outcomes": {k: v for k, v in o.items() if k != "transport_errors"},
-            "lost": o["sent"] - o["full"] - o["clear_error"] - o["own_abort"],
+            "lost": o["sent"] - o["full"] - o["clear_error"] - o["own_abort"] - o["own_timeout"],
             "server_finished": served, "server_accepted_by_client_count": accepted,
             "p50_s": statistics.median(lat) if lat else None,
             "p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
             "idle": {k: idle.get(k) for k in ("kv_blocks_total", "kv_blocks_free",
-                                              "kv_blocks_cached", "kv_bytes_allocated",
+                                              "kv_blocks_evictable", "kv_bytes_allocated",
                                               "num_requests_running")},
             "rss_mib": {"start": rss_start, "second_half_first": half[0] if half else None,
                         "end": rss_mib(proc.pid)},
