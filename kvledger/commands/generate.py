@@ -81,6 +81,8 @@ def generate(
 
 
 def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
+    if prompts_file is not None and prompt is not None:
+        raise InvalidParameterError("give a PROMPT or --prompts-file, not both")
     if prompts_file is not None:
         if not prompts_file.exists():
             raise InvalidParameterError(f"prompts file not found: {prompts_file}")

@@ -50,7 +50,8 @@ class EngineConfig:
                     "max_num_batched_tokens": self.max_num_batched_tokens,
                     "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
                     "long_prompt_tokens": self.long_prompt_tokens,
-                    "max_kv_tokens_per_request": self.max_kv_tokens_per_request}
+                    "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
+                    "num_threads": self.num_threads}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise InvalidParameterError(f"{name} must be > 0, got {value}")

@@ -88,3 +88,16 @@ def test_huge_prompt_is_refused_before_tokenizing():
     result = _invoke("-", "--max-tokens", "4", stdin="x" * 3_000_000)
     assert result.exit_code == 2
     assert "3000000 characters" in result.output and "8192" in result.output
+
+
+def test_a_prompt_and_a_prompts_file_together_are_refused(tmp_path):
+    # issue 14: the PROMPT was silently dropped
+    path = tmp_path / "p.txt"
+    path.write_text("one\ntwo\n")
+    result = _invoke("hello", "--prompts-file", str(path))
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_zero_threads_is_refused():
+    result = _invoke("hi", "--threads", "0")
+    assert result.exit_code == 2 and "num_threads must be > 0" in result.output
