@@ -53,6 +53,13 @@ def _utf8(text: str) -> str:
     return text
 
 
+def _not_blank(text: str) -> str:
+    """Refuse a prompt of whitespace only (the CLI's rule too: ``kvledger generate``)."""
+    if not text.strip():
+        raise ValueError("must contain more than whitespace")
+    return text
+
+
 Text = Annotated[str, AfterValidator(_utf8)]
 
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -244,13 +251,13 @@ class _SamplingBody(_Body):
 
 # How validation errors of the union-typed fields are worded (server.validation.describe).
 UNION_RULES = {
-    "prompt": f"must be a non-empty string, a non-empty list of token ids (integers >= 0), or "
-              f"a list of 1 to {MAX_PROMPTS} of either",
+    "prompt": f"must be a string with more than whitespace, a non-empty list of token ids "
+              f"(integers >= 0), or a list of 1 to {MAX_PROMPTS} of either",
     "stop": "must be a string or a list of strings (valid Unicode)",
     "content": "must be a string (valid Unicode), a list of text parts, or null",
 }
 
-NonEmptyText = Annotated[Text, Field(min_length=1)]
+NonEmptyText = Annotated[Text, Field(min_length=1), AfterValidator(_not_blank)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 

@@ -27,6 +27,9 @@ def _error(resp, status: int) -> dict:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 3}]}, "messages"),
     ("/v1/chat/completions", {**CHAT, "temperature": -1}, "temperature"),
     ("/tokenize", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": " \n\t "}, "prompt"),  # the CLI's rule: blank is empty
+    ("/v1/completions", {"prompt": ["ok", "  "]}, "prompt"),
+    ("/tokenize", {"prompt": "   "}, "prompt"),
 ])
 def test_400s_are_sentences_naming_the_field(make_client, route, body, param):
     err = _error(make_client().post(route, json=body), 400)
