@@ -59,6 +59,8 @@ def serve(
         help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
     send_timeout_s: Annotated[float, typer.Option(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
+    served_model_name: Annotated[str | None, typer.Option(
+        help="Model id clients send and see (default: the model file's stem).")] = None,
     drain_timeout_s: Annotated[float, typer.Option(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
 ) -> None:
@@ -91,10 +93,11 @@ def serve(
     )
     engine = LLMEngine(config)
     app = create_app(engine, api_key=api_key, max_queue=max_queue,
-                     kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s)
+                     kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
+                     served_model_name=served_model_name)
     log = logging.getLogger("kvledger.server")
     log.info("serving %s (max_model_len %d) on http://%s:%d (dashboard: /dashboard)",
-             engine.model_name, engine.max_model_len, host, port)
+             app.state.server.model_name, engine.max_model_len, host, port)
     if host not in LOOPBACK and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     config = uvicorn_config(app, host, port, limits)

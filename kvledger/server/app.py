@@ -58,6 +58,7 @@ class ServerState:
 
 def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None = None,
                kv_alert_bytes: int | None = None, limits: ServerLimits | None = None,
+               served_model_name: str | None = None,
                log_interval_s: float = 10.0) -> FastAPI:
     """Build the server around a loaded engine (an ``LLMEngine`` or an object with its API).
 
@@ -68,13 +69,16 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None
         kv_alert_bytes: a request whose KV passes this many bytes is logged and counted once.
         limits: body size, timeouts, stop strings, stream slots (default: ServerLimits()).
         log_interval_s: period of the engine status log line (seconds).
+        served_model_name: the model id clients send and see (default: the engine's name, the
+            model file's stem), as vLLM's ``--served-model-name``.
     """
     limits = limits or ServerLimits()
-    metrics = ServerMetrics(engine.model_name)
+    model_name = served_model_name or engine.model_name
+    metrics = ServerMetrics(model_name)
     observer = RequestObserver(metrics, kv_alert_bytes, log_interval_s)
     state = ServerState(
         loop=EngineLoop(engine, observer, max_queue), metrics=metrics,
-        model_name=engine.model_name, max_model_len=engine.max_model_len,
+        model_name=model_name, max_model_len=engine.max_model_len,
         tokenizer=engine.tokenizer, limits=limits, drain=Drain(),
     )
 

@@ -29,6 +29,7 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
         "--max-kv-tokens-per-request", "4096", "--api-key", "k", "--max-queue", "3",
         "--kv-alert-bytes", "1000", "--request-timeout-s", "9", "--max-concurrent-streams", "5",
         "--max-stop-strings", "3", "--max-body-bytes", "1000", "--drain-timeout-s", "7",
+        "--served-model-name", "served",
     ])
     assert result.exit_code == 0, result.output
     c = seen["config"]
@@ -37,7 +38,7 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
     assert (c.long_prompt_tokens, c.long_kv_share, c.max_kv_tokens_per_request) == (
         1000, 0.25, 4096)
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 9123)  # loopback by default
-    assert seen["app"].state.server.model_name == "m"
+    assert seen["app"].state.server.model_name == "served"  # --served-model-name wins
     limits = seen["app"].state.server.limits
     assert (limits.request_timeout_s, limits.max_concurrent_streams, limits.max_stop_strings,
             limits.max_body_bytes) == (9, 5, 3, 1000)

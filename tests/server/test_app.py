@@ -186,3 +186,12 @@ def test_openapi_documents_the_openai_error_shape_not_422(make_client):
         assert "422" not in responses and "4XX" in responses
     assert set(spec["components"]["schemas"]["ErrorDetail"]["properties"]) == {
         "message", "type", "param", "code"}
+
+
+def test_served_model_name_is_the_one_name_clients_see(make_client):
+    client = make_client(served_model_name="my-model")
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["my-model"]
+    ok = client.post("/v1/chat/completions", json={**CHAT, "model": "my-model"})
+    assert ok.status_code == 200 and ok.json()["model"] == "my-model"
+    _assert_error(client.post("/v1/chat/completions", json={**CHAT, "model": "fake-model"}), 404)
+    assert 'model_name="my-model"' in client.get("/metrics").text
