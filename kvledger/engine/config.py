@@ -26,6 +26,8 @@ class EngineConfig:
         max_kv_tokens_per_request: per-request KV quota in tokens (prompt + max_tokens).
         use_kv_cache: False recomputes the whole sequence every step (seed §1.3, for measuring).
         num_threads: torch intra-op threads (None = leave torch's default).
+        attention: attention backend (``reference``, ``paged-torch``, ``paged-native``;
+            ``--attention``); None = ``$KVLEDGER_ATTENTION`` or the probe's choice.
 
     Raises:
         InvalidParameterError: a size or share out of range.
@@ -44,6 +46,7 @@ class EngineConfig:
     max_kv_tokens_per_request: int | None = None
     use_kv_cache: bool = True
     num_threads: int | None = None
+    attention: str | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,

@@ -85,7 +85,7 @@ class LLMEngine:
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
-        self.model = LlamaModel(spec, weights, dtype)
+        self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         self.bytes_per_block = kv_bytes_per_block(spec, config.block_size, self.kv_format)
         self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvledger.engine.attention import AttentionMetadata, paged_attention
+from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.q4 import Linear
 from kvledger.engine.rope import RotaryEmbedding
@@ -33,14 +33,20 @@ class LlamaModel:
         spec: the architecture.
         weights: Hugging Face Llama parameter names -> tensors ([out, in] for projections).
         dtype: compute dtype (torch.float32 or torch.bfloat16).
+        attention: an attention backend or its name (see :mod:`kvledger.engine.attention`);
+            None takes ``$KVLEDGER_ATTENTION``, else the kernel choice of the probe.
 
     Raises:
         UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
     """
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 attention: AttentionBackend | str | None = None):
         check_supported(spec)
         self.spec, self.dtype = spec, dtype
+        if not isinstance(attention, AttentionBackend):
+            attention = make_backend(attention or default_attention_backend())
+        self.attention = attention
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
         self.embed = w["model.embed_tokens.weight"]
         self.lm_head = w.get("lm_head.weight", self.embed)
@@ -67,7 +73,7 @@ class LlamaModel:
             qk = self.rope.apply(qk, cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
-            attn = paged_attention(i, q, k, v, meta, store)
+            attn = self.attention(i, q, k, v, meta, store)
             h = h + layer["o"](attn.reshape(-1, self.q_size))
             x = self._norm(h, layer["post_norm"])
             gate, up = layer["gate_up"](x).chunk(2, dim=-1)
@@ -82,6 +88,13 @@ class LlamaModel:
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
         return weight * normed.to(self.dtype)
+
+
+def default_attention_backend() -> str:
+    """``$KVLEDGER_ATTENTION`` if set, else ``paged-native`` (falls back to ``paged-torch``)."""
+    import os
+
+    return os.environ.get("KVLEDGER_ATTENTION") or "paged-native"
 
 
 def check_supported(spec: ModelSpec) -> None:

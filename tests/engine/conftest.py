@@ -30,9 +30,16 @@ def tiny_llama(tmp_path_factory):
     return folder, make_tiny_llama(folder, rope_scaling=scaling)
 
 
+@pytest.fixture(scope="session", params=["reference", "paged-native"])
+def attention_backend(request):
+    """Each attention backend in turn: the engine suite runs with every one of them."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def tiny_engine_factory(tiny_llama):
-    """Build an LLMEngine over the tiny model (token-id prompts) with engine options."""
+def tiny_engine_factory(tiny_llama, attention_backend):
+    """Build an LLMEngine over the tiny model (token-id prompts) with engine options, using
+    each attention backend in turn (``attention=`` overrides it)."""
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -43,6 +50,7 @@ def tiny_engine_factory(tiny_llama):
     spec, weights = load_weights(folder, torch.float32)
 
     def build(**options) -> LLMEngine:
+        options.setdefault("attention", attention_backend)
         return LLMEngine(EngineConfig(model=str(folder), **options), spec=spec, weights=weights)
 
     return build

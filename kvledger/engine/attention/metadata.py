@@ -1,0 +1,101 @@
+"""What attention needs to know about one step, built once and shared by all layers.
+
+A step's tokens are flattened to ``[T]``: first one token for each decoding sequence (in
+*decode groups*), then the new tokens of each prefill chunk, one *segment* per sequence. New K/V
+are written to their slots first (``slot_mapping``), then each query attends over its
+sequence's context.
+
+The runner describes contexts by slot indices (``slot = block_id * block_size + offset``). The
+paged backends want the block-table form instead (block ids per sequence, context length per
+query): :meth:`DecodeGroup.paged` and :meth:`PrefillSegment.paged` derive it once per step and
+keep it, so all layers share one copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class PagedQueries:
+    """Queries in block-table form: query i sees the first ``context_lens[i]`` positions of
+    sequence ``seq_of_query[i]``, whose blocks are ``block_tables[seq_of_query[i]]``.
+
+    Attributes:
+        block_tables: [num_seqs, max_blocks] int32 block ids (rows padded with a valid id).
+        seq_of_query: [num_queries] int32 row of ``block_tables``.
+        context_lens: [num_queries] int32, >= 1.
+    """
+
+    block_tables: torch.Tensor
+    seq_of_query: torch.Tensor
+    context_lens: torch.Tensor
+
+
+def _block_table(slots: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Block ids [..., ceil(L / block_size)] of slot rows [..., L] that follow block tables."""
+    return torch.div(slots[..., ::block_size], block_size, rounding_mode="floor").to(torch.int32)
+
+
+@dataclass
+class DecodeGroup:
+    """``num_seqs`` decode tokens (one per sequence) from flat offset ``start``.
+
+    ``slots``: [num_seqs, max_context] int64 slot of each context position (padding repeats a
+    valid slot); ``mask``: [num_seqs, 1, 1, max_context] bool (True = attend) or None when all
+    contexts have the same length.
+    """
+
+    start: int
+    num_seqs: int
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+    _paged: PagedQueries | None = field(default=None, repr=False)
+
+    def paged(self, block_size: int) -> PagedQueries:
+        """The group in block-table form (computed on first use, then cached)."""
+        if self._paged is None:
+            if self.mask is None:
+                lens = torch.full((self.num_seqs,), self.slots.shape[1], dtype=torch.int32)
+            else:
+                lens = self.mask.reshape(self.num_seqs, -1).sum(-1, dtype=torch.int32)
+            self._paged = PagedQueries(_block_table(self.slots, block_size).contiguous(),
+                                       torch.arange(self.num_seqs, dtype=torch.int32), lens)
+        return self._paged
+
+
+@dataclass
+class PrefillSegment:
+    """``length`` new tokens of one sequence starting at flat offset ``start``.
+
+    ``slots``: [context_len] int64 slots of the whole context (cached prefix + new tokens), or
+    None when the segment has no prefix (causal attention over the new K/V alone).
+    ``mask``: [length, context_len] bool, set together with ``slots``.
+    """
+
+    start: int
+    length: int
+    slots: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    _paged: PagedQueries | None = field(default=None, repr=False)
+
+    def paged(self, block_size: int) -> PagedQueries:
+        """Block-table form of a segment with a prefix: new token i sees ``prefix + i + 1``
+        positions (computed on first use, then cached)."""
+        if self._paged is None:
+            context = self.slots.shape[0]
+            lens = torch.arange(context - self.length + 1, context + 1, dtype=torch.int32)
+            self._paged = PagedQueries(_block_table(self.slots, block_size)[None].contiguous(),
+                                       torch.zeros(self.length, dtype=torch.int32), lens)
+        return self._paged
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs about one step, built once and shared by all layers."""
+
+    slot_mapping: torch.Tensor | None
+    decodes: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillSegment] = field(default_factory=list)

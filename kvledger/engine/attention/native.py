@@ -1,0 +1,138 @@
+"""Build and load the C++ paged-attention kernel (``paged_attention.cpp``) through ctypes.
+
+The kernel is a plain shared library (no Python or torch headers), built on first use with
+the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native``, into
+``cache_dir()/native/paged_attention-<key>.so``. The key hashes the source, the compiler's
+version line, the flags and the CPU (model name and flags from ``/proc/cpuinfo``), so another
+CPU or compiler rebuilds instead of loading code it cannot run. A build takes ~2 s.
+
+When it cannot be built (no compiler, a failing build, ``KVLEDGER_NATIVE=0``), :func:`load`
+returns None, logs one warning, and the engine uses the PyTorch backend instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from kvledger.paths import cache_dir
+
+log = logging.getLogger("kvledger.engine")
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+SOURCE = "paged_attention.cpp"
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_reason: list[str] = []
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernel could not be built or loaded (the message says why)."""
+
+
+def cpu_identity() -> str:
+    """CPU model name and feature flags (from /proc/cpuinfo where there is one)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _build(cxx: str, source: bytes) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.splitlines()[:1]
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS + version).encode(),
+                                     cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / "native" / f"paged_attention-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src = Path(tmp) / SOURCE
+        src.write_bytes(source)
+        out = Path(tmp) / "kernel.so"
+        done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{cxx} failed: {done.stderr.strip()[-400:]}")
+        os.replace(out, target)
+    log.info("built the native paged-attention kernel: %s", target)
+    return target
+
+
+@functools.cache
+def load() -> PagedKernel | None:
+    """The kernel, built if needed; None (with one logged warning) when it cannot be."""
+    if os.environ.get("KVLEDGER_NATIVE", "1") == "0":
+        _reason.append("disabled by KVLEDGER_NATIVE=0")
+        return None
+    cxx = _compiler()
+    try:
+        if cxx is None:
+            raise NativeUnavailable("no C++ compiler (set CXX or install g++)")
+        source = resources.files("kvledger.engine.attention").joinpath(SOURCE).read_bytes()
+        return PagedKernel(ctypes.CDLL(str(_build(cxx, source))))
+    except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
+        _reason.append(str(exc))
+        log.warning("native paged attention unavailable (%s); using the PyTorch backend", exc)
+        return None
+
+
+def why_unavailable() -> str:
+    """Why :func:`load` returned None ('' if it did not)."""
+    return _reason[-1] if _reason else ""
+
+
+class PagedKernel:
+    """ctypes wrapper of ``kvl_paged_attention`` (see the .cpp for the layout)."""
+
+    # below this many (query, kv head, position) triples one thread beats starting a second
+    THREAD_WORK = 1 << 15
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.kvl_paged_attention
+        i32, ptr = ctypes.c_int, ctypes.c_void_p
+        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32]
+        self._fn.restype = None
+        self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
+        self.max_block = lib.kvl_max_block_size()
+
+    def accepts(self, q: torch.Tensor, key_blocks: torch.Tensor) -> bool:
+        """Whether the kernel handles this dtype and these sizes."""
+        _, block_size, kv_heads, dim = key_blocks.shape
+        return (q.dtype in _DTYPES and key_blocks.dtype == q.dtype and key_blocks.is_contiguous()
+                and q.shape[1] // kv_heads <= self.max_group and dim <= self.max_dim
+                and block_size <= self.max_block)
+
+    def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                 paged) -> torch.Tensor:
+        """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D]."""
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        n, heads, dim = q.shape
+        _, block_size, kv_heads, _ = key_blocks.shape
+        tables, seqs, lens = paged.block_tables, paged.seq_of_query, paged.context_lens
+        work = n * kv_heads * tables.shape[1] * block_size
+        threads = torch.get_num_threads() if work >= self.THREAD_WORK else 1
+        self._fn(q.data_ptr(), key_blocks.data_ptr(), value_blocks.data_ptr(), out.data_ptr(),
+                 tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
+                 block_size, tables.shape[1], 1.0 / dim ** 0.5, _DTYPES[q.dtype], threads)
+        return out

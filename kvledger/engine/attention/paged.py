@@ -1,0 +1,117 @@
+"""Paged backends: attention read straight from the block pool by block table.
+
+Both compute, for each query, softmax(q . K^T / sqrt(D)) V over the first ``context_len``
+positions of its sequence, one chunk of blocks at a time with an *online softmax* (a running
+maximum m, normaliser l and weighted sum acc per query head, rescaled by exp(m_old - m_new) when
+a chunk raises the maximum; Milakov & Gimelshein, arXiv:1805.02867). Queries of a KV head's
+group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are never repeated.
+
+- :class:`PagedTorchBackend`: the algorithm in PyTorch ops, ``CHUNK_BLOCKS`` blocks per chunk
+  (each chunk is an ``index_select`` of whole blocks, so memory stays bounded at any context).
+  It needs no compiler and is the fallback when the native kernel cannot be built.
+- :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
+  place one block at a time, no copy at all.
+
+Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
+dequantises there, per block), and :meth:`PagedTorchBackend.chunk_scores` receives each
+chunk's raw scores with the running maximum, which is what a heavy-hitter policy needs to
+accumulate attention per kept token (exp(s - m) / l once the final m and l are known).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kvledger.engine.attention import native
+from kvledger.engine.attention.metadata import PagedQueries
+from kvledger.engine.attention.reference import AttentionBackend
+from kvledger.engine.kv.store import KVStore
+
+CHUNK_BLOCKS = 32
+
+
+class _Paged(AttentionBackend):
+    def decode(self, layer, q, group, store):
+        return self.attend(layer, q, group.paged(store.block_size), store)
+
+    def prefill_after_prefix(self, layer, q, seg, store):
+        return self.attend(layer, q, seg.paged(store.block_size), store)
+
+    def attend(self, layer: int, q: torch.Tensor, paged: PagedQueries,
+               store: KVStore) -> torch.Tensor:
+        """Output [N, heads, D] of queries q [N, heads, D] described by ``paged``."""
+        raise NotImplementedError
+
+
+def read_blocks(store: KVStore, layer: int, block_ids: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of blocks ``block_ids`` (any shape S) -> S + [block_size, kv_heads, D] each."""
+    flat = block_ids.reshape(-1)
+    keys = torch.index_select(store.key_blocks[layer], 0, flat)
+    values = torch.index_select(store.value_blocks[layer], 0, flat)
+    tail = keys.shape[1:]
+    return keys.view(*block_ids.shape, *tail), values.view(*block_ids.shape, *tail)
+
+
+class PagedTorchBackend(_Paged):
+    """Block-chunked online softmax in PyTorch ops (the fallback of the native kernel)."""
+
+    name = "paged-torch"
+
+    def attend(self, layer, q, paged, store):
+        n, heads, dim = q.shape
+        bs = store.block_size
+        kv_heads = store.key_blocks[layer].shape[2]
+        qg = q.reshape(n, kv_heads, heads // kv_heads, dim).float() / math.sqrt(dim)
+        tables = paged.block_tables.long()
+        shared = tables.shape[0] == 1  # one sequence's segment: read its blocks once
+        if not shared:
+            tables = tables.index_select(0, paged.seq_of_query.long())
+        lens = paged.context_lens.long()
+        used_blocks = -(-int(lens.max()) // bs)
+        m = torch.full((n, kv_heads, heads // kv_heads, 1), -math.inf)
+        l_sum = torch.zeros_like(m)
+        acc = torch.zeros(n, kv_heads, heads // kv_heads, dim)
+        for first in range(0, used_blocks, CHUNK_BLOCKS):
+            ids = tables[:, first: min(first + CHUNK_BLOCKS, used_blocks)]
+            keys, values = read_blocks(store, layer, ids)  # [S, C, bs, kv_heads, D]
+            s_rows = keys.shape[0]
+            keys = keys.reshape(s_rows, -1, kv_heads, dim).permute(0, 2, 3, 1).float()
+            values = values.reshape(s_rows, -1, kv_heads, dim).transpose(1, 2).float()
+            scores = qg @ keys  # [N, kv_heads, G, C * bs]
+            pos = torch.arange(first * bs, first * bs + scores.shape[-1])
+            scores = scores.masked_fill((pos[None, :] >= lens[:, None])[:, None, None, :],
+                                        -math.inf)
+            self.chunk_scores(layer, first, scores, m)
+            m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
+            corr = torch.exp(m - m_new)
+            p = torch.exp(scores - m_new)
+            l_sum = l_sum * corr + p.sum(-1, keepdim=True)
+            acc = acc * corr + p @ values
+            m = m_new
+        return (acc / l_sum).reshape(n, heads, dim).to(q.dtype)
+
+    def chunk_scores(self, layer: int, first_block: int, scores: torch.Tensor,
+                     running_max: torch.Tensor) -> None:
+        """Hook: raw scores [N, kv_heads, G, positions] of the chunk starting at block index
+        ``first_block`` (masked positions -inf) and the maximum before it. No-op here."""
+
+
+class PagedNativeBackend(_Paged):
+    """The C++ kernel; falls back to :class:`PagedTorchBackend` for shapes it does not take."""
+
+    name = "paged-native"
+
+    def __init__(self) -> None:
+        self.kernel = native.load()
+        if self.kernel is None:
+            raise native.NativeUnavailable(native.why_unavailable())
+        self._fallback = PagedTorchBackend()
+
+    def attend(self, layer, q, paged, store):
+        keys, values = store.key_blocks[layer], store.value_blocks[layer]
+        if not self.kernel.accepts(q, keys):
+            return self._fallback.attend(layer, q, paged, store)
+        return self.kernel(q, keys, values, paged)
