@@ -87,7 +87,7 @@ def test_decode_shared_blocks_match_reference(backend):
 def test_prefill_after_prefix_matches_reference(backend, prefix, new):
     store = _store(3, 64, torch.float32)
     table = [12, 3, 25, 8, 0, 19, 6]
-    seg = lambda: PrefillSegment(0, new, _slots(table, prefix + new),  # noqa: E731
+    seg = lambda: PrefillSegment(0, new, _slots(table, prefix + new),
                                  _prefix_causal_mask(prefix, new))
     q = torch.randn(new, 9, 64, generator=torch.Generator().manual_seed(prefix))
     want = _run("reference", q, AttentionMetadata(None, prefills=[seg()]), store)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.loader import load_weights
 from kvledger.engine.model import LlamaModel
@@ -26,8 +27,8 @@ class _Chunk:
         self.request, self.num_new_tokens = req, n
 
 
-def _paged_runner(spec, weights, num_blocks=64, block_size=16):
-    model = LlamaModel(spec, weights, torch.float32)
+def _paged_runner(spec, weights, num_blocks=64, block_size=16, attention="reference"):
+    model = LlamaModel(spec, weights, torch.float32, attention=attention)
     store = KVStore(
         spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, torch.float32
     )
@@ -52,10 +53,11 @@ def _compare_with_oracle(runner, hf_model, prompt, block_table, prefill_chunks):
     return diffs
 
 
-def test_tiny_llama_logits_match_transformers(tiny_llama):
+@pytest.mark.parametrize("attention", BACKENDS)
+def test_tiny_llama_logits_match_transformers(tiny_llama, attention):
     folder, hf_model = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
-    runner = _paged_runner(spec, weights)
+    runner = _paged_runner(spec, weights, attention=attention)
     prompt = torch.randint(0, spec.vocab_size, (45,), generator=torch.Generator().manual_seed(1))
     # scattered, non-contiguous blocks and a chunked prefill (20 + 25 tokens)
     diffs = _compare_with_oracle(runner, hf_model, prompt.tolist(), [9, 3, 40, 7, 12], [20, 25])

@@ -58,7 +58,7 @@ def _compiler() -> str | None:
 
 def _build(cxx: str, source: bytes) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout.splitlines()[:1]
+                             timeout=30, check=False).stdout.splitlines()[:1]
     key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS + version).encode(),
                                      cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / "native" / f"paged_attention-{key}.so"
@@ -70,7 +70,7 @@ def _build(cxx: str, source: bytes) -> Path:
         src.write_bytes(source)
         out = Path(tmp) / "kernel.so"
         done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True,
-                              text=True, timeout=300)
+                              text=True, timeout=300, check=False)
         if done.returncode != 0:
             raise NativeUnavailable(f"{cxx} failed: {done.stderr.strip()[-400:]}")
         os.replace(out, target)
