@@ -52,7 +52,9 @@ def print_json(engine, results, load_s: float) -> None:
 def print_summary(engine, results, load_s: float) -> None:
     """One small rich table per request on stderr (stdout keeps only the generated text)."""
     console = Console(stderr=True)
-    packed = " (+ packed Q4 weights for decode)" if engine.model.packed_q4 else ""
+    formats = engine.model.weight_formats
+    packed = (" (weights: " + ", ".join(f"{k} {v}" for k, v in formats.items()) + ")"
+              if set(formats.values()) != {"dense"} else "")
     console.print(f"[bold]{engine.model_name}[/bold] · {engine.config.dtype}{packed} · KV "
                   f"{engine.kv_format}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
     for i, o in enumerate(results):

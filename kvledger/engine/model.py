@@ -5,10 +5,12 @@ token embedding -> N x [RMSNorm -> attention (Q, K, V projections, RoPE on Q and
 residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or untied).
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
-layer runs four matmuls; in bf16, GGUF Q4 weights also run packed for small batches
-(:mod:`kvledger.engine.q4`). RMSNorm is computed in fp32 and cast back, like the Hugging Face
-implementation, so fp32 logits match it to ~1e-5 and bf16 follows the same rounding steps.
-Q is never cached: only the K/V of new tokens go to the store (seed §2.1).
+layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate_up``,
+``down``, ``lm_head``) is held in the weight format the kernel probe chose
+(:mod:`kvledger.engine.kernels`, :mod:`kvledger.engine.linear`); a tied embedding shares the
+LM head's copy. In fp32 every weight is dense, and logits match Hugging Face to ~1e-5.
+RMSNorm runs as one fused op (``F.rms_norm`` with its weight). Q is never cached: only the K/V
+of new tokens go to the store (seed §2.1).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvledger.engine import kernels
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.q4 import Linear
+from kvledger.engine.linear import Linear
 from kvledger.engine.rope import RotaryEmbedding
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import FULL, ModelSpec
@@ -35,24 +38,38 @@ class LlamaModel:
         dtype: compute dtype (torch.float32 or torch.bfloat16).
         attention: an attention backend or its name (see :mod:`kvledger.engine.attention`);
             None takes ``$KVLEDGER_ATTENTION``, else the kernel choice of the probe.
+        formats: weight format per shape class (``{"qkv": "int4", "lm_head": "int8", ...}``);
+            classes left out are dense; None asks the kernel probe. Ignored in fp32.
 
     Raises:
         UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 attention: AttentionBackend | str | None = None):
+                 attention: AttentionBackend | str | None = None,
+                 formats: dict[str, str] | None = None):
         check_supported(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
-            attention = make_backend(attention or default_attention_backend())
+            attention = make_backend(attention or kernels.choose_attention(spec))
         self.attention = attention
+        if dtype != torch.bfloat16:
+            formats = {}
+        elif formats is None:
+            formats = kernels.choose_formats(spec, _q4_classes(weights))
+        self.formats = dict(formats)
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
-        self.embed = w["model.embed_tokens.weight"]
-        self.lm_head = w.get("lm_head.weight", self.embed)
+        embed = w.pop("model.embed_tokens.weight")
+        head = w.pop("lm_head.weight", None)
+        self.lm_head = Linear(embed if head is None else head,
+                              fmt=self.formats.get("lm_head", "dense"))
+        tied_rows = head is None and self.lm_head.format != "int4"
+        self.embed = self.lm_head if tied_rows else Linear(embed)
+        del embed, head
         self.final_norm = w["model.norm.weight"]
-        self.layers = [_fuse_layer(w, f"model.layers.{i}.") for i in range(spec.num_layers)]
-        self.packed_q4 = any(layer["qkv"].packed is not None for layer in self.layers)
+        self.layers = []
+        for i in range(spec.num_layers):
+            self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats))
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim
@@ -63,7 +80,7 @@ class LlamaModel:
                 meta: AttentionMetadata, store: KVStore | None) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T]."""
         spec = self.spec
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed.rows(input_ids, self.dtype)
         cos, sin = self.rope.lookup(positions)
         heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
         for i, layer in enumerate(self.layers):
@@ -83,18 +100,17 @@ class LlamaModel:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in fp32 for hidden states [N, hidden]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    @property
+    def weight_formats(self) -> dict[str, str]:
+        """Format actually held per shape class (a request the weights cannot meet is dense)."""
+        layer = self.layers[0]
+        held = {name: layer[name].format for name in ("qkv", "o", "gate_up", "down")}
+        return {**held, "lm_head": self.lm_head.format}
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.spec.rms_norm_eps)
-        return weight * normed.to(self.dtype)
-
-
-def default_attention_backend() -> str:
-    """``$KVLEDGER_ATTENTION`` if set, else ``paged-native`` (falls back to ``paged-torch``)."""
-    import os
-
-    return os.environ.get("KVLEDGER_ATTENTION") or "paged-native"
+        return F.rms_norm(x, (x.shape[-1],), weight, eps=self.spec.rms_norm_eps)
 
 
 def check_supported(spec: ModelSpec) -> None:
@@ -109,26 +125,43 @@ def check_supported(spec: ModelSpec) -> None:
             f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
 
 
-def _fuse_layer(w: dict[str, torch.Tensor], prefix: str) -> dict:
+def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
+    """Shape classes whose weights the checkpoint stores as Q4 (layer 0 speaks for all)."""
+    has = {p for p in ("q", "k", "v", "o") if f"model.layers.0.self_attn.{p}_proj.q4_codes"
+           in weights}
+    has |= {p for p in ("gate", "up", "down") if f"model.layers.0.mlp.{p}_proj.q4_codes"
+            in weights}
+    classes = {"qkv"} if {"q", "k", "v"} <= has else set()
+    classes |= {"o"} if "o" in has else set()
+    classes |= {"gate_up"} if {"gate", "up"} <= has else set()
+    classes |= {"down"} if "down" in has else set()
+    return classes
+
+
+def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str]) -> dict:
+    """One layer's norms and fused Linears; its tensors are removed from ``w`` as they are
+    used, so at most one layer exists twice (source and fused) at any time."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = [attn + f"{p}_proj" for p in "qkv"]
     bias = [w.get(stem + ".bias") for stem in qkv]
     return {
         "input_norm": w[prefix + "input_layernorm.weight"],
         "post_norm": w[prefix + "post_attention_layernorm.weight"],
-        "qkv": _fused_linear(w, qkv, torch.cat(bias) if bias[0] is not None else None),
-        "o": _fused_linear(w, [attn + "o_proj"]),
-        "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"]),
-        "down": _fused_linear(w, [mlp + "down_proj"]),
+        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"),
+                             torch.cat(bias) if bias[0] is not None else None),
+        "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense")),
+        "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"],
+                                 formats.get("gate_up", "dense")),
+        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense")),
     }
 
 
-def _fused_linear(w: dict[str, torch.Tensor], stems: list[str],
+def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str,
                   bias: torch.Tensor | None = None) -> Linear:
     """One Linear over the row-concatenation of several projections (and their 4-bit forms)."""
-    weight = torch.cat([w[s + ".weight"] for s in stems]).contiguous()
+    weight = torch.cat([w.pop(s + ".weight") for s in stems]).contiguous()
+    parts = (".q4_codes", ".q4_scale", ".q4_zero")
     q4 = None
     if all(s + ".q4_codes" in w for s in stems):
-        q4 = tuple(torch.cat([w[s + part] for s in stems])
-                   for part in (".q4_codes", ".q4_scale", ".q4_zero"))
-    return Linear(weight, bias, q4)
+        q4 = tuple(torch.cat([w.pop(s + part) for s in stems]) for part in parts)
+    return Linear(weight, bias, q4, fmt)

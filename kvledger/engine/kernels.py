@@ -1,0 +1,214 @@
+"""The kernel probe: which weight format per matmul shape class, and which attention backend.
+
+Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
+(``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
+:data:`kvledger.engine.linear.FORMATS` for one decode row (bf16 activations; random weights of
+the real shape), and the fastest attention backend for one decode query over 512 positions.
+Candidates are timed in interleaved rounds (each round calls every candidate once, after a
+warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
+disturbed moment then slows all candidates alike instead of one of them.
+
+Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per key = sha256 of
+(CPU model and flags, torch version, threads, the shapes), so a new CPU, torch or model
+re-probes, and the same key always gives the same choice. A corrupt file is ignored with a
+warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
+``class=format,...``) and ``KVLEDGER_ATTENTION`` override the probe; ``int4`` applies only to
+weights the GGUF stores as Q4 (others stay dense).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kvledger.engine.linear import FORMATS, Linear
+from kvledger.errors import InvalidParameterError
+from kvledger.paths import cache_dir
+from kvledger.spec import ModelSpec
+
+log = logging.getLogger("kvledger.engine")
+REPEATS = 20
+ATTENTION_CONTEXT = 512
+CLASSES = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+@dataclass
+class ProbeResult:
+    """What the probe measured and chose.
+
+    Attributes:
+        cpu: CPU model and flags; torch_version; threads: torch intra-op threads.
+        matmul_us: class -> format -> best time of one decode row, µs.
+        attention_us: backend -> best time of one decode query over 512 positions, µs.
+    """
+
+    cpu: str
+    torch_version: str
+    threads: int
+    matmul_us: dict[str, dict[str, float]]
+    attention_us: dict[str, float]
+
+    def weight_format(self, shape_class: str, available: tuple[str, ...] = FORMATS) -> str:
+        """Fastest measured format among ``available`` for ``shape_class``."""
+        times = self.matmul_us[shape_class]
+        return min((f for f in available if f in times), key=times.__getitem__)
+
+    @property
+    def attention(self) -> str:
+        """Fastest measured attention backend."""
+        return min(self.attention_us, key=self.attention_us.__getitem__)
+
+
+def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
+    """[out, in] of each shape class of ``spec``'s fused matrices."""
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    h, f = spec.hidden_size, spec.intermediate_size
+    return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * f, h), "down": (h, f),
+            "lm_head": (spec.vocab_size, h)}
+
+
+def _best_us(candidates: dict) -> dict[str, float]:
+    """Best time of each ``name -> fn`` over interleaved rounds, µs."""
+    best = dict.fromkeys(candidates, float("inf"))
+    for fn in candidates.values():
+        fn()
+    for _ in range(REPEATS):
+        for name, fn in candidates.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return {name: round(t * 1e6, 1) for name, t in best.items()}
+
+
+def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
+    q4 = None
+    if in_f % 32 == 0:
+        q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
+              torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
+    x = torch.randn(1, in_f, generator=gen).bfloat16()
+    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+              if fmt != "int4" or q4 is not None}
+    return _best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in layers.items()})
+
+
+def _time_attention(spec: ModelSpec) -> dict[str, float]:
+    from kvledger.engine.attention import BACKENDS, AttentionMetadata, make_backend
+    from kvledger.engine.attention.metadata import DecodeGroup
+    from kvledger.engine.kv.store import KVStore
+
+    block = 16
+    blocks = ATTENTION_CONTEXT // block
+    store = KVStore(1, blocks, block, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
+    q = torch.randn(1, spec.num_attention_heads, spec.head_dim).bfloat16()
+    slots = torch.arange(ATTENTION_CONTEXT)[None]
+    empty = q[:0, :spec.num_kv_heads]
+    candidates = {}
+    for name in BACKENDS:
+        backend = make_backend(name)
+        if backend.name != name:
+            continue  # the native kernel is unavailable here
+        meta = AttentionMetadata(None, decodes=[DecodeGroup(0, 1, slots, None)])
+        candidates[name] = lambda b=backend, m=meta: b(0, q, empty, empty, m, store)
+    return _best_us(candidates)
+
+
+def _cache_file():
+    return cache_dir() / "probe" / "kernels.json"
+
+
+def _key(spec: ModelSpec, cpu: str) -> str:
+    text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
+                       spec.num_attention_heads, spec.num_kv_heads, spec.head_dim])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_cache() -> dict:
+    path = _cache_file()
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+        if not isinstance(entries, dict):
+            raise TypeError("not a JSON object")
+        return entries
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("ignoring the corrupt kernel-probe cache %s (%s)", path, exc)
+        return {}
+
+
+def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
+    """The probe's result for ``spec`` on this machine: cached, or measured (~seconds) and saved.
+
+    Args:
+        refresh: measure again even when a cached entry exists.
+    """
+    from kvledger.engine.attention.native import cpu_identity
+
+    cpu = cpu_identity()
+    key = _key(spec, cpu)
+    entries = _read_cache()
+    if not refresh and key in entries:
+        try:
+            return ProbeResult(**entries[key])
+        except TypeError as exc:
+            log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
+    sizes = shapes(spec)
+    result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
+                         {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec))
+    entries[key] = asdict(result)
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot save the kernel probe to %s (%s)", path, exc)
+    return result
+
+
+def forced_formats() -> dict[str, str]:
+    """Formats forced by ``$KVLEDGER_WEIGHT_FORMAT`` (empty when unset).
+
+    Raises:
+        InvalidParameterError: an unknown class or format.
+    """
+    text = os.environ.get("KVLEDGER_WEIGHT_FORMAT", "").strip()
+    if not text:
+        return {}
+    if "=" not in text:
+        text = ",".join(f"{c}={text}" for c in CLASSES)
+    forced = {}
+    for item in text.split(","):
+        cls, _, fmt = item.partition("=")
+        cls, fmt = cls.strip(), fmt.strip()
+        if cls not in CLASSES or fmt not in FORMATS:
+            raise InvalidParameterError(
+                f"KVLEDGER_WEIGHT_FORMAT: {item!r} is not class=format with class in "
+                f"{', '.join(CLASSES)} and format in {', '.join(FORMATS)}")
+        forced[cls] = fmt
+    return forced
+
+
+def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
+    """Format per class: forced ones, the rest from the probe (``int4`` only for Q4 weights)."""
+    forced = forced_formats()
+    result = None if set(forced) == set(CLASSES) else probe(spec)
+    chosen = {}
+    for cls in CLASSES:
+        available = FORMATS if cls in q4_classes else ("dense", "int8")
+        chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
+    return chosen
+
+
+def choose_attention(spec: ModelSpec) -> str:
+    """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend."""
+    return os.environ.get("KVLEDGER_ATTENTION") or probe(spec).attention

@@ -1,0 +1,95 @@
+"""Linear layers whose weight is held in exactly one format, chosen per shape class.
+
+Formats (names used by the kernel probe, :mod:`kvledger.engine.kernels`):
+
+- ``dense``: the [out, in] matrix in the compute dtype (``F.linear``; oneDNN / MKL);
+- ``int4``: a GGUF Q4_0/Q4_1 matrix kept packed for PyTorch's CPU int4 weight-only kernel
+  (``aten._weight_int4pack_mm_for_cpu``, group size 32) with bf16 scales and zeros
+  ``w = (q - 8) * scale + zero`` (:mod:`kvledger.engine.q4`); only for weights the GGUF stores
+  as Q4, so it adds no rounding beyond the file's (except the scales' last 3 fp16 bits);
+- ``int8``: symmetric per-row int8, ``w = q * s_row`` with ``s_row = max|w_row| / 127``
+  (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``.
+
+The quantized formats take bf16 activations only; in fp32 (the exact mode) every layer is
+dense. A layer never keeps a second copy: a weight packed as int4 or int8 is used for every
+batch size, prefill included.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.engine.q4 import GROUP
+
+FORMATS = ("dense", "int4", "int8")
+
+
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of ``weight`` [out, in]: codes int8 [out, in], scales fp32 [out]."""
+    w = weight.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+
+class Linear:
+    """``y = x @ W.T + b`` with W in one of :data:`FORMATS`.
+
+    Args:
+        weight: dense [out, in] matrix (the compute dtype).
+        bias: optional [out].
+        q4: optional (q uint8 [out, in], scale [out, in/32], zero [out, in/32]) of the same W,
+            needed for ``int4``.
+        fmt: the format to keep; ``int4`` without ``q4``, or any quantized format with a
+            non-bf16 weight, falls back to ``dense``.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                 fmt: str = "dense") -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+        if weight.dtype != torch.bfloat16 or (fmt == "int4" and q4 is None):
+            fmt = "dense"
+        self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
+        self.weight = self.packed = self.scales = None
+        if fmt == "dense":
+            self.weight = weight
+        elif fmt == "int4":
+            q, scale, zero = q4
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                q.to(torch.int32).contiguous(), 1)
+            self.scales = torch.stack([scale.t(), zero.t()], dim=-1).to(
+                torch.bfloat16).contiguous()
+        else:
+            self.packed, scale = int8_rows(weight)
+            self.scales = scale.to(torch.bfloat16)
+            self._row_scales = scale
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored weight (and its scales)."""
+        parts = [self.weight, self.packed, self.scales]
+        return sum(t.nbytes for t in parts if t is not None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, in] -> [tokens, out]."""
+        if self.format == "dense":
+            return F.linear(x, self.weight, self.bias)
+        if self.format == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` [T] of W as [T, in] in ``dtype`` (an embedding lookup of a tied head).
+
+        Raises:
+            ValueError: the weight is packed as int4 (rows cannot be read back).
+        """
+        if self.format == "dense":
+            return F.embedding(ids, self.weight)
+        if self.format == "int8":
+            return (self.packed[ids].to(torch.float32) * self._row_scales[ids, None]).to(dtype)
+        raise ValueError("rows of an int4-packed weight cannot be read back")

@@ -1,0 +1,81 @@
+"""The kernel probe: cached choices are deterministic, a corrupt cache is ignored, env forces."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from kvledger.engine import kernels
+from kvledger.errors import InvalidParameterError
+
+
+@pytest.fixture
+def tiny_spec(tiny_llama):
+    from kvledger.engine.loader import load_weights
+
+    spec, _ = load_weights(tiny_llama[0])
+    return spec
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLEDGER_CACHE", str(tmp_path))
+    monkeypatch.delenv("KVLEDGER_WEIGHT_FORMAT", raising=False)
+    monkeypatch.delenv("KVLEDGER_ATTENTION", raising=False)
+
+
+def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, monkeypatch):
+    first = kernels.probe(tiny_spec)
+    assert set(first.matmul_us) == set(kernels.CLASSES)
+    assert {"dense", "int8"} <= set(first.matmul_us["qkv"])
+    assert "reference" in first.attention_us
+    assert all(t > 0 for t in first.attention_us.values())
+
+    def fail(*_):
+        raise AssertionError("measured again despite a cached entry")
+
+    monkeypatch.setattr(kernels, "_time_formats", fail)
+    again = kernels.probe(tiny_spec)
+    assert again == first
+    assert kernels.choose_formats(tiny_spec, {"qkv"}) == kernels.choose_formats(tiny_spec, {"qkv"})
+
+
+def test_choice_is_the_fastest_available_format():
+    result = kernels.ProbeResult("cpu", "t", 2, {"qkv": {"dense": 30.0, "int4": 10.0,
+                                                         "int8": 20.0}},
+                                 {"reference": 5.0, "paged-native": 2.0})
+    assert result.weight_format("qkv") == "int4"
+    assert result.weight_format("qkv", ("dense", "int8")) == "int8"
+    assert result.attention == "paged-native"
+
+
+def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):
+    path = kernels._cache_file()
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="kvledger.engine"):
+        result = kernels.probe(tiny_spec)
+    assert "corrupt" in caplog.text
+    assert result.matmul_us
+    assert json.loads(path.read_text())  # rewritten
+
+
+def test_environment_forces_formats_and_backend(tiny_spec, monkeypatch):
+    monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "int8")
+    monkeypatch.setattr(kernels, "probe", lambda *_: pytest.fail("probe not needed"))
+    assert set(kernels.choose_formats(tiny_spec, set()).values()) == {"int8"}
+    monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=int4, lm_head=dense")
+    monkeypatch.setenv("KVLEDGER_ATTENTION", "reference")
+    monkeypatch.setattr(kernels, "probe", lambda *_: kernels.ProbeResult(
+        "cpu", "t", 1, {c: {"dense": 1.0, "int8": 2.0} for c in kernels.CLASSES}, {}))
+    chosen = kernels.choose_formats(tiny_spec, {"qkv"})
+    assert chosen["qkv"] == "int4" and chosen["lm_head"] == "dense" and chosen["o"] == "dense"
+    assert kernels.choose_attention(tiny_spec) == "reference"
+
+
+def test_bad_forced_format_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=fp4")
+    with pytest.raises(InvalidParameterError, match="KVLEDGER_WEIGHT_FORMAT"):
+        kernels.forced_formats()

@@ -1,0 +1,69 @@
+"""Weight formats: Q4 blocks against the gguf library, each packed kernel against dense."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kvledger.engine.linear import Linear, int8_rows
+from kvledger.engine.q4 import q4_parts
+
+
+def test_q4_blocks_decode_like_the_gguf_library(bundled_path):
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(bundled_path))
+    tensor = next(t for t in reader.tensors if t.name == "blk.3.ffn_down.weight")
+    rows = int(tensor.shape[1])
+    q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
+    ours = (q.astype(np.float32) - 8) * np.repeat(scale, 32, 1) + np.repeat(zero, 32, 1)
+    theirs = dequantize(tensor.data, tensor.tensor_type).reshape(rows, -1)
+    assert np.abs(ours - theirs).max() <= 1e-6
+
+
+def _q4_matrix(out_f=96, in_f=128):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(out_f, in_f // 32, generator=gen) * 0.02
+    zero = (torch.rand(out_f, in_f // 32, generator=gen) - 0.5) * 0.1
+    dense = (q.float() - 8) * scale.repeat_interleave(32, 1) + zero.repeat_interleave(32, 1)
+    return dense, (q, scale, zero)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8", "dense"])
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_each_format_matches_the_fp32_product(fmt, rows):
+    dense, q4 = _q4_matrix()
+    linear = Linear(dense.bfloat16(), None, q4, fmt)
+    assert linear.format == fmt
+    assert (linear.weight is None) == (fmt != "dense")  # one copy only
+    x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows))
+    ref = x @ dense.t()
+    got = linear(x.bfloat16()).float()
+    assert (got - ref).abs().max() <= 0.02 * ref.abs().max()
+
+
+def test_int8_rows_round_within_half_a_step():
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(2))
+    codes, scale = int8_rows(w)
+    assert codes.dtype == torch.int8 and int(codes.abs().max()) == 127
+    assert ((codes.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+def test_int8_rows_lookup_is_the_dequantized_row():
+    w = torch.randn(50, 32, generator=torch.Generator().manual_seed(3)).bfloat16()
+    linear = Linear(w, fmt="int8")
+    ids = torch.tensor([4, 0, 49])
+    want = linear.packed[ids].float() * linear.scales[ids, None].float()
+    assert torch.allclose(linear.rows(ids, torch.float32), want, rtol=1e-2)
+    assert (linear.rows(ids, torch.float32) - w[ids].float()).abs().max() <= 0.02
+
+
+def test_fp32_weights_stay_dense_and_int4_needs_q4():
+    dense, q4 = _q4_matrix()
+    assert Linear(dense, None, q4, "int4").format == "dense"
+    assert Linear(dense.bfloat16(), None, None, "int4").format == "dense"
+    with pytest.raises(ValueError, match="format"):
+        Linear(dense, fmt="fp8")
