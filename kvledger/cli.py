@@ -14,7 +14,7 @@ from collections.abc import Callable
 import typer
 
 from kvledger import __version__
-from kvledger.commands import bench, generate, models, plan, serve
+from kvledger.commands import bench, generate, models, plan, probe, serve
 from kvledger.errors import KVLedgerError
 
 app = typer.Typer(
@@ -55,7 +55,7 @@ def main(
 
 app.command("plan")(user_errors(plan.plan))
 app.command("models")(user_errors(models.models))
-app.command("probe")(user_errors(plan.probe))
+app.command("probe")(user_errors(probe.probe))
 app.command("generate")(user_errors(generate.generate))
 app.command("serve")(user_errors(serve.serve))
 app.command("bench")(user_errors(bench.bench))

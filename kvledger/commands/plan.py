@@ -1,9 +1,9 @@
-"""``kvledger plan`` and ``kvledger probe``: the ledger's bill for a model on a device.
+"""``kvledger plan``: the ledger's bill for a model on a device.
 
 ``plan`` renders :class:`kvledger.ledger.planner.Plan` as rich tables (or ``--json``, the
 contract in the planner) and can draw KV bytes and concurrency against context (``--plot``).
-``probe`` measures this machine and saves it as the ``local`` device. Neither imports torch
-until ``probe`` runs its measurement.
+It never imports torch (``kvledger probe``, in :mod:`kvledger.commands.probe`, measures the
+``local`` device).
 """
 
 from __future__ import annotations
@@ -129,30 +129,3 @@ def plan(
         render(result)
         if plot is not None:
             print(f"plot written to {plot}")
-
-
-def probe(
-    buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
-    matmul_n: Annotated[
-        int | None, Opt(help="Square matmul side (default 8192 GPU / 2048 CPU)")
-    ] = None,
-    repeats: Annotated[int, Opt(help="Timed trials; the best counts")] = 5,
-) -> None:
-    """Measure this machine's memory bandwidth and matmul FLOPS; save it as device 'local'."""
-    from kvledger.ledger.hardware import save_local_device
-    from kvledger.ledger.probe import measure
-
-    for name, value in (
-        ("--buffer-mib", buffer_mib),
-        ("--repeats", repeats),
-        ("--matmul-n", matmul_n or 1),
-    ):
-        if value <= 0:
-            raise InvalidParameterError(f"{name} must be positive, got {value}")
-    dev = measure(buffer_mib, matmul_n, repeats)
-    path = save_local_device(dev)
-    print(
-        f"local device: {dev.memory_gib:.2f} GiB memory, {dev.bandwidth_gbs:.1f} GB/s, "
-        f"{dev.tflops:.3f} TFLOPS ({dev.source})\n"
-        f"saved to {path}; use `kvledger plan --device local`"
-    )

@@ -1,0 +1,78 @@
+"""``kvledger probe``: measure this machine for the planner and for the engine's kernels.
+
+Two measurements, two files:
+
+- the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.ledger.probe`) for
+  ``kvledger plan --device local``, saved in the config folder (``local_device.json``);
+- the kernel probe (:mod:`kvledger.engine.kernels`): per matmul shape class of ``--model``
+  the decode time of each weight format, and of each attention backend, with what the engine
+  will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
+  anyway; this command re-measures and prints it).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kvledger.errors import InvalidParameterError
+
+Opt = typer.Option
+
+
+def probe(
+    buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
+    matmul_n: Annotated[
+        int | None, Opt(help="Square matmul side (default 8192 GPU / 2048 CPU)")
+    ] = None,
+    repeats: Annotated[int, Opt(help="Timed trials; the best counts")] = 5,
+    model: Annotated[str, Opt(help="Model whose matmul shapes the kernel probe times")] = "default",
+    kernels: Annotated[bool, Opt(help="Also run the kernel probe (--no-kernels skips it)")] = True,
+    threads: Annotated[int | None, Opt(help="torch threads for the kernel probe")] = None,
+) -> None:
+    """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
+    from kvledger.ledger.hardware import save_local_device
+    from kvledger.ledger.probe import measure
+
+    for name, value in (("--buffer-mib", buffer_mib), ("--repeats", repeats),
+                        ("--matmul-n", matmul_n or 1), ("--threads", threads or 1)):
+        if value <= 0:
+            raise InvalidParameterError(f"{name} must be positive, got {value}")
+    dev = measure(buffer_mib, matmul_n, repeats)
+    path = save_local_device(dev)
+    print(
+        f"local device: {dev.memory_gib:.2f} GiB memory, {dev.bandwidth_gbs:.1f} GB/s, "
+        f"{dev.tflops:.3f} TFLOPS ({dev.source})\n"
+        f"saved to {path}; use `kvledger plan --device local`"
+    )
+    if kernels:
+        _kernel_probe(model, threads)
+
+
+def _kernel_probe(model: str, threads: int | None) -> None:
+    import torch
+
+    from kvledger.engine import kernels
+    from kvledger.spec import load_spec
+
+    if threads:
+        torch.set_num_threads(threads)
+    spec = load_spec(model)
+    result = kernels.probe(spec, refresh=True)
+    cpu_model, _, flags = result.cpu.partition(" | ")
+    simd = [f for f in flags.split() if f.startswith(("avx", "amx", "fma", "f16c"))]
+    print(f"CPU: {cpu_model}; flags: {' '.join(simd) or '(none of avx/amx/fma)'}")
+    print(f"torch {result.torch_version}, {result.threads} threads; kernel probe for "
+          f"{spec.source} (µs per decode row, best of {kernels.REPEATS} interleaved rounds):")
+    q4 = set(kernels.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
+    for cls in kernels.CLASSES:
+        times = result.matmul_us[cls]
+        pick = result.weight_format(cls, tuple(times) if cls in q4 else ("dense", "int8"))
+        cells = "  ".join(f"{fmt} {us:9.1f}" for fmt, us in times.items())
+        print(f"  {cls:8s} {cells}   -> {pick}")
+    cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
+    print(f"  attention (1 query, {kernels.ATTENTION_CONTEXT} positions): {cells}   -> "
+          f"{result.attention}")
+    print(f"saved to {kernels._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
+          "KVLEDGER_ATTENTION")

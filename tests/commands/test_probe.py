@@ -1,0 +1,36 @@
+"""``kvledger probe`` with the kernel probe, through the real CLI app."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.cli import app
+from kvledger.data import configs_dir
+
+SMOL = str(configs_dir() / "HuggingFaceTB__SmolLM2-135M.json")
+
+
+def test_probe_prints_cpu_choices_and_times_and_caches_them(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("KVLEDGER_CACHE", str(tmp_path / "cache"))
+    r = CliRunner().invoke(app, ["probe", "--buffer-mib", "4", "--matmul-n", "64", "--repeats",
+                                 "1", "--model", SMOL, "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert "CPU: " in r.stdout
+    for cls in ("qkv", "o", "gate_up", "down", "lm_head"):
+        assert cls in r.stdout
+    assert "attention (1 query, 512 positions)" in r.stdout
+    cached = json.loads((tmp_path / "cache" / "probe" / "kernels.json").read_text())
+    (entry,) = cached.values()
+    assert entry["matmul_us"]["lm_head"]["dense"] > 0
+    assert str(tmp_path / "cache" / "probe" / "kernels.json") in r.stdout.replace("\n", "")
+
+
+def test_probe_rejects_bad_threads():
+    r = CliRunner().invoke(app, ["probe", "--threads", "0"])
+    assert r.exit_code == 2
+    assert "--threads must be positive" in r.output
