@@ -36,8 +36,8 @@ def probe(
     from kvledger.ledger.probe import measure
 
     for name, value in (("--buffer-mib", buffer_mib), ("--repeats", repeats),
-                        ("--matmul-n", matmul_n or 1), ("--threads", threads or 1)):
-        if value <= 0:
+                        ("--matmul-n", matmul_n), ("--threads", threads)):
+        if value is not None and value <= 0:
             raise InvalidParameterError(f"{name} must be positive, got {value}")
     dev = measure(buffer_mib, matmul_n, repeats)
     path = save_local_device(dev)
