@@ -34,7 +34,7 @@ def main() -> None:
     options = webdriver.ChromeOptions()
     options.binary_location = "/usr/bin/chromium"
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                 "--disable-background-networking", "--window-size=1400,1400"):
+                 "--disable-background-networking", "--window-size=1400,1560"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     driver.get(args.url + "/dashboard?interval_ms=500")
