@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from conftest import wait_for
+from rel_servers import wait_for
 
 pytestmark = pytest.mark.reliability
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import FakeServerProcess
+from rel_servers import FakeServerProcess
 
 pytestmark = pytest.mark.reliability
 
