@@ -45,7 +45,7 @@ def test_a_copy_of_the_repository_alone_passes_the_ledger_tests(tmp_path):
     assert Path(where).is_relative_to(copy), where
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-m", "not slow", "-p", "no:cacheprovider",
-         "tests/ledger", "tests/test_spec_hf.py", "tests/commands/test_plan.py"],
+         "tests/ledger", "tests/spec", "tests/commands/test_plan.py"],
         cwd=copy, env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

@@ -13,7 +13,7 @@ Sources:
     memory map with no conversion), written atomically (temp file + rename). The key is sha256
     over (format version, file size, mtime_ns, first MiB, last MiB): cheap (no full hash of a
     multi-GB file) and it changes whenever the file is replaced or rewritten.
-  * Hugging Face folder: ``config.json`` (through ``kvledger.spec_hf``) plus ``*.safetensors``
+  * Hugging Face folder: ``config.json`` (through ``kvledger.spec``) plus ``*.safetensors``
     (one file, several shards, or the shards named by ``model.safetensors.index.json``).
 
 ``load_tokenizer`` returns a transformers tokenizer with its chat template; a GGUF's tokenizer
@@ -89,7 +89,7 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
     """
     from safetensors import SafetensorError, safe_open
 
-    from kvledger.spec_gguf import check_gguf_magic
+    from kvledger.spec import check_gguf_magic
 
     check_gguf_magic(path)
     dtype_name = str(dtype).removeprefix("torch.")
@@ -110,10 +110,10 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from kvledger.engine.gguf_weights import gguf_state_dict
-    from kvledger.spec_gguf import open_gguf, spec_from_reader
+    from kvledger.spec import open_gguf, spec_from_gguf_reader
 
     reader = open_gguf(path)
-    spec = spec_from_reader(reader, path)
+    spec = spec_from_gguf_reader(reader, path)
     return spec, gguf_state_dict(reader, spec)
 
 
@@ -154,17 +154,16 @@ def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from kvledger.spec_gguf import LLAMA_FAMILY
-    from kvledger.spec_hf import spec_from_hf_config
+    from kvledger.spec import LLAMA_FAMILY_TYPES, spec_from_hf_config
 
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"no config.json in {folder} (give a GGUF file or an HF folder)")
     shards = _safetensors_shards(folder)
     spec = spec_from_hf_config(folder / "config.json")
-    if spec.model_type not in LLAMA_FAMILY.values():
+    if spec.model_type not in LLAMA_FAMILY_TYPES:
         raise UnsupportedModelError(
             f"model_type {spec.model_type!r} in {folder} is not supported by the engine "
-            f"(supported: {', '.join(LLAMA_FAMILY.values())})"
+            f"(supported: {', '.join(LLAMA_FAMILY_TYPES)})"
         )
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
@@ -233,7 +232,7 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def _gguf_tokenizer(path: Path, auto_tokenizer):
-    from kvledger.spec_gguf import check_gguf_magic
+    from kvledger.spec import check_gguf_magic
 
     check_gguf_magic(path)
     cached = cache_dir() / "tokenizers" / file_key(path, purpose="kvledger-tokenizer-v1")

@@ -124,7 +124,7 @@ def test_totals_match_transformers_on_the_meta_device():
     vendored copy dropped the key, whose transformers default is 1536)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kvledger.spec_hf import spec_from_hf_config
+    from kvledger.spec import spec_from_hf_config
 
     for path in sorted(configs_dir().glob("*.json")):
         raw = json.loads(path.read_text())

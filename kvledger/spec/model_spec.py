@@ -1,9 +1,7 @@
-"""ModelSpec: the model as the ledger and the engine see it.
+"""ModelSpec: the model as the ledger and the engine see it (the data type, no reading).
 
 One frozen dataclass holds every architectural number the KV/weight ledger and the engine need.
-It is built from a Hugging Face ``config.json`` (file or folder), from a GGUF file's metadata, or
-from ``"default"`` (the bundled SmolLM2-135M-Instruct GGUF). No torch here: the planner must run
-on a laptop without an ML stack.
+The readers beside this module build it from a source format; this module imports none of them.
 
 Layer kinds (``layer_types``), one entry per decoder layer:
   ``full_attention``    K and V for every token (MHA/GQA/MQA)
@@ -16,14 +14,17 @@ Layer kinds (``layer_types``), one entry per decoder layer:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from kvledger.errors import ConfigError, ModelNotFoundError
+from kvledger.errors import ConfigError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 MLA = "mla"
 LINEAR = "linear_attention"
+
+# model types with the Llama decoder (RMSNorm, RoPE, GQA, SwiGLU), which the engine runs; their
+# GGUF ``general.architecture`` names are the same strings
+LLAMA_FAMILY_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -114,31 +115,3 @@ class ModelSpec:
     def gqa_group_size(self) -> int:
         """Query heads per KV head (1 = MHA, num_attention_heads = MQA)."""
         return self.num_attention_heads // self.num_kv_heads
-
-
-def load_spec(model: str | Path) -> ModelSpec:
-    """Build a ModelSpec from ``"default"``, a ``.gguf`` file, a ``config.json`` file, or a
-    folder holding a ``config.json`` (preferred) or a ``.gguf`` file.
-
-    Raises:
-        ModelNotFoundError: the path does not exist or holds neither file.
-        ConfigError: the file is malformed or lacks a required key.
-        UnsupportedModelError: a GGUF architecture the reader does not know.
-    """
-    from kvledger.paths import resolve_model_path
-    from kvledger.spec_gguf import spec_from_gguf
-    from kvledger.spec_hf import spec_from_hf_config
-
-    path = resolve_model_path(model)
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return spec_from_hf_config(path / "config.json")
-        ggufs = sorted(path.glob("*.gguf"))
-        if not ggufs:
-            raise ModelNotFoundError(f"{path} holds neither a config.json nor a .gguf file")
-        return spec_from_gguf(ggufs[0])
-    with open(path, "rb") as f:
-        is_gguf = f.read(4) == b"GGUF"
-    if is_gguf or path.suffix == ".gguf":
-        return spec_from_gguf(path)
-    return spec_from_hf_config(path)

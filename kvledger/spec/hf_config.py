@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from kvledger.errors import ConfigError
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
 
 class ConfigWarning(UserWarning):

@@ -12,8 +12,7 @@ from kvledger.data import configs_dir
 from kvledger.errors import ConfigError
 from kvledger.ledger.kv import kv_bytes_per_token
 from kvledger.ledger.params import count_params
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING
-from kvledger.spec_hf import ConfigWarning, spec_from_hf_config
+from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ConfigWarning, spec_from_hf_config
 
 CONFIGS = configs_dir()
 

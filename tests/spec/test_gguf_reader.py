@@ -6,8 +6,7 @@ import pytest
 
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import bundled_model_path
-from kvledger.spec import FULL, SLIDING
-from kvledger.spec_gguf import spec_from_gguf
+from kvledger.spec import FULL, SLIDING, spec_from_gguf
 
 
 def test_bundled_spec_matches_model_card():

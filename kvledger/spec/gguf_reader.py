@@ -27,10 +27,8 @@ import os
 from pathlib import Path
 
 from kvledger.errors import ConfigError, UnsupportedModelError
-from kvledger.spec import FULL, SLIDING, ModelSpec
+from kvledger.spec.model_spec import FULL, LLAMA_FAMILY_TYPES, SLIDING, ModelSpec
 
-# GGUF ``general.architecture`` -> Hugging Face ``model_type`` (same decoder structure).
-LLAMA_FAMILY = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
 GGUF_MAGIC = b"GGUF"
 
@@ -134,16 +132,16 @@ def spec_from_gguf(path: str | os.PathLike) -> ModelSpec:
         UnsupportedModelError: the architecture is not llama-family.
     """
     path = Path(path)
-    return spec_from_reader(open_gguf(path), path)
+    return spec_from_gguf_reader(open_gguf(path), path)
 
 
-def spec_from_reader(reader, path: Path) -> ModelSpec:
+def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     """:func:`spec_from_gguf` for an already open ``GGUFReader`` of the file at ``path``."""
     arch = _require(reader, "general.architecture", path)
-    if arch not in LLAMA_FAMILY:
+    if arch not in LLAMA_FAMILY_TYPES:
         raise UnsupportedModelError(
             f"GGUF architecture {arch!r} in {path} is not supported "
-            f"(supported: {', '.join(LLAMA_FAMILY)})"
+            f"(supported: {', '.join(LLAMA_FAMILY_TYPES)})"
         )
 
     def req(key: str):
@@ -163,7 +161,7 @@ def spec_from_reader(reader, path: Path) -> ModelSpec:
     window = field_value(reader, f"{arch}.attention.sliding_window")
     return ModelSpec(
         name=field_value(reader, "general.name") or path.stem,
-        model_type=LLAMA_FAMILY[arch],
+        model_type=arch,
         num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,

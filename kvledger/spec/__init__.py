@@ -1,0 +1,37 @@
+"""The model spec: what a model is, read from the format it comes in.
+
+``ModelSpec`` (:mod:`.model_spec`) is the data type: every architectural number the ledger and
+the engine need, counts rather than bytes. One reader per source format builds it:
+:mod:`.hf_config` (a Hugging Face ``config.json``) and :mod:`.gguf_reader` (a GGUF file's
+header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument. No torch here:
+the planner runs without an ML stack.
+
+Code outside this package imports the names below from ``kvledger.spec``, never a module of
+the package (``tests/test_imports.py`` checks it).
+"""
+
+from kvledger.spec.gguf_reader import (
+    check_gguf_magic,
+    open_gguf,
+    spec_from_gguf,
+    spec_from_gguf_reader,
+)
+from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
+from kvledger.spec.load import load_spec
+from kvledger.spec.model_spec import FULL, LINEAR, LLAMA_FAMILY_TYPES, MLA, SLIDING, ModelSpec
+
+__all__ = [
+    "FULL",
+    "LINEAR",
+    "LLAMA_FAMILY_TYPES",
+    "MLA",
+    "SLIDING",
+    "ConfigWarning",
+    "ModelSpec",
+    "check_gguf_magic",
+    "load_spec",
+    "open_gguf",
+    "spec_from_gguf",
+    "spec_from_gguf_reader",
+    "spec_from_hf_config",
+]
