@@ -18,8 +18,19 @@ def serve(
                                             "file or an HF folder.")] = "default",
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
-    api_key: Annotated[str | None, typer.Option(
-        help="Require 'Authorization: Bearer KEY' on /v1 routes and /tokenize.")] = None,
+    api_key: Annotated[list[str] | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' on /v1 routes and /tokenize; repeat for "
+             "several keys (each a tenant of the Responses API).")] = None,
+    api_keys_file: Annotated[str | None, typer.Option(
+        help="A file with more API keys, one per line ('#' starts a comment).")] = None,
+    state_db: Annotated[str | None, typer.Option(
+        help="SQLite file of the Responses API's conversations (default: in the user data "
+             "folder).")] = None,
+    memory: Annotated[str, typer.Option(
+        help="Memory policy of conversations under truncation='auto': full, summary or "
+             "segment.")] = "summary",
+    segment_turns: Annotated[int, typer.Option(
+        help="With --memory segment: turns per segment.")] = 8,
     dtype: Annotated[str, typer.Option(help="fp32 or bf16.")] = "fp32",
     kv_cache_gib: Annotated[float | None, typer.Option(help="KV pool size in GiB.")] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
@@ -64,10 +75,16 @@ def serve(
     drain_timeout_s: Annotated[float, typer.Option(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
 ) -> None:
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /tokenize,
-    /health, Prometheus /metrics and the live dashboard (/dashboard)."""
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
+    /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes)
     from kvledger.server.limits import ServerLimits
+    from kvledger.sessions.options import read_api_keys, session_options
+    from kvledger.sessions.store import SessionStore
+
+    api_keys = read_api_keys(api_key or [], api_keys_file)
+    sessions = session_options(state_db, memory, segment_turns)
+    SessionStore(sessions.state_db).close()  # refuse a bad state DB before loading the model
 
     limits = ServerLimits(
         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
@@ -92,13 +109,15 @@ def serve(
         long_kv_share=long_kv_share, max_kv_tokens_per_request=max_kv_tokens_per_request,
     )
     engine = LLMEngine(config)
-    app = create_app(engine, api_key=api_key, max_queue=max_queue,
+    app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
-                     served_model_name=served_model_name)
+                     served_model_name=served_model_name, sessions=sessions)
     log = logging.getLogger("kvledger.server")
     log.info("serving %s (max_model_len %d) on http://%s:%d (dashboard: /dashboard)",
              app.state.server.model_name, engine.max_model_len, host, port)
-    if host not in LOOPBACK and not api_key:
+    log.info("conversations (Responses API) in %s, memory policy %s", sessions.state_db,
+             sessions.memory)
+    if host not in LOOPBACK and not api_keys:
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     config = uvicorn_config(app, host, port, limits)
     state = app.state.server

@@ -27,6 +27,7 @@ from kvledger.server.lifecycle import Drain, DrainMiddleware
 from kvledger.server.limits import ServerLimits
 from kvledger.server.metrics import ServerMetrics
 from kvledger.server.observer import RequestObserver
+from kvledger.server.responses_api import install_responses_api
 from kvledger.server.routes import router
 
 
@@ -56,21 +57,24 @@ class ServerState:
         return self.model_name
 
 
-def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None = None,
-               kv_alert_bytes: int | None = None, limits: ServerLimits | None = None,
-               served_model_name: str | None = None,
-               log_interval_s: float = 10.0) -> FastAPI:
+def create_app(engine: Any, *, api_key: str | list[str] | None = None,
+               max_queue: int | None = None, kv_alert_bytes: int | None = None,
+               limits: ServerLimits | None = None, served_model_name: str | None = None,
+               log_interval_s: float = 10.0, sessions: Any = None) -> FastAPI:
     """Build the server around a loaded engine (an ``LLMEngine`` or an object with its API).
 
     Args:
         api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
-            ``/metrics`` and the OpenAPI documents (:mod:`.auth`).
+            ``/metrics`` and the OpenAPI documents (:mod:`.auth`); a list accepts any of its
+            keys (each one a tenant of the Responses API).
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).
         kv_alert_bytes: a request whose KV passes this many bytes is logged and counted once.
         limits: body size, timeouts, stop strings, stream slots (default: ServerLimits()).
         log_interval_s: period of the engine status log line (seconds).
         served_model_name: the model id clients send and see (default: the engine's name, the
             model file's stem), as vLLM's ``--served-model-name``.
+        sessions: :class:`kvledger.sessions.service.SessionOptions` of the Responses API
+            (None: an in-memory state store, the default memory policy).
     """
     limits = limits or ServerLimits()
     model_name = served_model_name or engine.model_name
@@ -92,6 +96,7 @@ def create_app(engine: Any, *, api_key: str | None = None, max_queue: int | None
     app.state.server = state
     app.include_router(router)
     app.include_router(dashboard_router)
+    install_responses_api(app, engine, sessions, keyed=bool(api_key))
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        timeout_s=limits.body_timeout_s)

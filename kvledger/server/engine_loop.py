@@ -121,9 +121,11 @@ class EngineLoop:
         return await asyncio.wrap_future(future)
 
     async def add(self, request_id: str, prompt: Any, params: SamplingParams,
-                  outputs: asyncio.Queue | None = None) -> asyncio.Queue:
+                  outputs: asyncio.Queue | None = None,
+                  cache_salt: str | None = None) -> asyncio.Queue:
         """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
-        if given: several requests may share one queue).
+        if given: several requests may share one queue). ``cache_salt`` keeps its
+        prefix-cache blocks apart from other salts' (one salt per tenant).
 
         Raises:
             ContextLengthError, InvalidParameterError (400), KVBudgetError, QueueFullError (429).
@@ -137,7 +139,7 @@ class EngineLoop:
                     f"the server's queue is full ({self._max_queue} requests waiting); retry later"
                 )
             try:
-                engine.add_request(request_id, prompt, params)
+                engine.add_request(request_id, prompt, params, cache_salt=cache_salt)
             except KVBudgetError:
                 self._observer.on_quota_rejected()
                 raise

@@ -63,7 +63,7 @@ class FakeEngine:
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
         return [ord(c) for c in prompt]
 
-    def add_request(self, request_id, prompt, params: SamplingParams) -> None:
+    def add_request(self, request_id, prompt, params: SamplingParams, cache_salt=None) -> None:
         self._check_thread()
         ids = prompt if prompt and isinstance(prompt[0], int) else self.tokenize(prompt)
         max_tokens = params.max_tokens or self.max_model_len - len(ids)

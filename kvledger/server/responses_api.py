@@ -1,0 +1,142 @@
+"""Routes of the OpenAI Responses API: server-side conversations.
+
+``POST /v1/responses`` (streamed or not), ``GET`` / ``DELETE /v1/responses/{id}``, and
+kvledger's ``GET /v1/sessions`` (the caller's conversations, for ``kvledger chat``). Every
+route sees only the caller's tenant: the hash of its API key (one tenant when the server has
+no keys). With keys, the tenant is also the prefix cache salt of its requests, so one tenant's
+cached prompts never speed up (and so never reveal themselves to) another's.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from kvledger.server.error_handlers import RETRY_AFTER_S
+from kvledger.server.responses_protocol import ResponseBuilder, ResponsesRequest
+from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS
+from kvledger.server.streaming import ClientGone, EngineFailure, collect, engine_error
+from kvledger.sessions.metrics import SessionMetrics
+from kvledger.sessions.retrieval import decode_document
+from kvledger.sessions.service import SessionOptions, SessionService, TurnInput, tenant_of
+from kvledger.sessions.store import SessionStore
+
+router = APIRouter(responses=ERRORS)
+
+
+def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
+                          keyed: bool) -> None:
+    """Open the state store and add the routes to ``app`` (whose ``state.server`` is set).
+
+    Raises:
+        StateStoreError: the state DB cannot be used (corrupt, locked, newer schema).
+    """
+    server = app.state.server
+    config = getattr(engine, "config", None)
+    quota = getattr(config, "max_kv_tokens_per_request", None)
+    limit = min(server.max_model_len, quota) if quota else server.max_model_len
+    options = options or SessionOptions()
+    store = SessionStore(options.state_db)
+    app.state.sessions = SessionService(
+        server.loop, store, limit, getattr(config, "block_size", 16), options,
+        SessionMetrics(server.metrics.registry, server.model_name))
+    app.state.sessions_keyed = keyed
+    app.include_router(router)
+
+
+def _tenant(request: Request) -> tuple[str, str | None]:
+    """(tenant, cache salt) of the caller; the key was already checked by the middleware."""
+    if not request.app.state.sessions_keyed:
+        return "", None
+    key = request.headers.get("authorization", "").partition(" ")[2]
+    tenant = tenant_of(key)
+    return tenant, tenant
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request):
+    """Answer one turn; continue a stored conversation with ``previous_response_id``."""
+    server, service = request.app.state.server, request.app.state.sessions
+    model = server.check_model(body.model)
+    text, files, system = body.split_input()
+    documents = [(name, decode_document(data, name, service.options.max_document_bytes))
+                 for name, data in files]
+    instructions = "\n\n".join(filter(None, (body.instructions, system))) or None
+    turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
+                           body._sampling(None, None), body.max_output_tokens,
+                           body.truncation or "disabled", body.memory, body.store)
+    tenant, salt = _tenant(request)
+    turn = await service.start(tenant, salt, turn_input)
+    builder = ResponseBuilder(turn.response_id, model, body, service.describe(turn))
+    abort = lambda: server.loop.abort(turn.response_id)
+    if body.stream:
+        return StreamingResponse(_events(service, turn, builder, abort),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    try:
+        final, _ = await collect(turn.outputs, request, abort)
+    except ClientGone:
+        service.cancel(turn)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except EngineFailure as exc:
+        service.cancel(turn)
+        status, error = engine_error(exc.args[0])
+        headers = {"Retry-After": RETRY_AFTER_S} if status == 429 else None
+        return JSONResponse(error, status_code=status, headers=headers)
+    except BaseException:
+        service.cancel(turn)
+        raise
+    obj = builder.response(final)
+    service.finish(turn, final, obj)
+    return obj
+
+
+async def _events(service: SessionService, turn, builder: ResponseBuilder, abort):
+    """SSE events of one streamed turn; a client that leaves aborts it (nothing stored)."""
+    stored = False
+    try:
+        yield builder.opening()
+        while True:
+            out = await turn.outputs.get()
+            if out.finish_reason == "error":
+                error = engine_error(out)[1]["error"]
+                yield builder.failed(error["code"], error["message"])
+                return
+            delta = builder.delta(out.new_text) if out.new_text else ""
+            if out.finished:
+                final = builder.response(out)
+                service.finish(turn, out, final)
+                stored = True
+                yield delta + builder.closing(out, final)
+                return
+            if delta:
+                yield delta
+    finally:
+        if not stored:
+            abort()
+            service.cancel(turn)
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> dict:
+    """A stored response of the caller (404 for unknown, deleted or another key's)."""
+    tenant, _ = _tenant(request)
+    return request.app.state.sessions.get(tenant, response_id).body
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict:
+    """Delete a stored response; its continuations keep their own state."""
+    tenant, _ = _tenant(request)
+    request.app.state.sessions.delete(tenant, response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.get("/v1/sessions")
+async def list_sessions(request: Request) -> dict:
+    """The caller's conversations, latest first (kvledger extension)."""
+    tenant, _ = _tenant(request)
+    rows = request.app.state.sessions.store.sessions(tenant)
+    return {"object": "list", "data": [
+        {"id": r.session_id, "last_response_id": r.last_response_id, "turns": r.turns,
+         "updated_at": r.updated_at} for r in rows]}

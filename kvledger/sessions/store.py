@@ -1,0 +1,229 @@
+"""The session state store: one SQLite file (stdlib ``sqlite3``, WAL journal).
+
+Tables:
+
+- ``responses``: one row per stored response: its tenant (a hash of the API key), its
+  conversation (``session_id``, the id of the conversation's first response), the OpenAI
+  response object (JSON), the conversation state the memory policy needs (JSON) and the exact
+  token ids of the whole conversation up to and including this reply (``uint32`` little-endian
+  blob), with ``prompt_len`` of them being this turn's prompt.
+- ``chunks``: retrievable text of a conversation: document chunks and segment notes.
+
+Opening never rewrites an existing file before checking it: ``PRAGMA quick_check`` runs first,
+so a corrupt or foreign file, or one another process holds locked, is refused with
+:class:`StateStoreError` and left byte-for-byte as it was. One connection serves all threads,
+guarded by a lock (the HTTP thread and the test client's portal thread both use it).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvledger.sessions.errors import StateStoreError
+
+SCHEMA_VERSION = 1
+OPEN_TIMEOUT_S = 2.0  # how long opening waits for another process's lock before refusing
+BUSY_TIMEOUT_MS = 10_000  # afterwards, how long a write waits for a concurrent writer
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    previous_id TEXT,
+    created_at REAL NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    token_ids BLOB NOT NULL,
+    prompt_len INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_session ON responses (tenant, session_id, created_at);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL,
+    text TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_session ON chunks (tenant, session_id);
+"""
+
+
+@dataclass
+class StoredResponse:
+    """One stored turn. ``token_ids[:prompt_len]`` was its prompt, the rest its reply."""
+
+    id: str
+    tenant: str
+    session_id: str
+    previous_id: str | None
+    body: dict
+    state: dict
+    token_ids: list[int]
+    prompt_len: int
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A retrievable passage: ``kind`` is ``"document"`` or ``"note"``."""
+
+    id: int
+    kind: str
+    source: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One conversation of a tenant: its first and latest response ids and its turn count."""
+
+    session_id: str
+    last_response_id: str
+    turns: int
+    updated_at: float
+
+
+def _pack(ids: list[int]) -> bytes:
+    arr = array("I", ids)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _unpack(blob: bytes) -> list[int]:
+    arr = array("I")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr.tolist()
+
+
+class SessionStore:
+    """Stored responses and chunks of every tenant.
+
+    Args:
+        path: the SQLite file (created with its folder if absent) or ``":memory:"``.
+
+    Raises:
+        StateStoreError: the file is not a healthy SQLite database, is locked by another
+            process, or has a newer schema; the file is not modified.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._lock = threading.Lock()
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = sqlite3.connect(self.path, timeout=OPEN_TIMEOUT_S,
+                                       check_same_thread=False, isolation_level=None)
+            self._check_and_migrate()
+        except sqlite3.DatabaseError as exc:
+            hint = ("another process holds it locked; stop it or use another --state-db"
+                    if "locked" in str(exc) else
+                    "it is not a healthy SQLite database; move it away or use another --state-db")
+            raise StateStoreError(f"cannot use the state DB {self.path}: {exc} ({hint}; the "
+                                  "file was left untouched)") from None
+        self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+    def _check_and_migrate(self) -> None:
+        rows = self._db.execute("PRAGMA quick_check").fetchall()
+        if rows != [("ok",)]:
+            raise sqlite3.DatabaseError("integrity check failed: " + "; ".join(
+                str(r[0]) for r in rows[:3]))
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(f"schema version {version} is newer than this "
+                                        f"kvledger's {SCHEMA_VERSION}")
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    @property
+    def journal_mode(self) -> str:
+        """The journal mode SQLite reports (``wal`` for a file)."""
+        with self._lock:
+            return self._db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def close(self) -> None:
+        """Close the connection (the WAL is checkpointed into the file)."""
+        with self._lock:
+            self._db.close()
+
+    def put_response(self, rec: StoredResponse) -> None:
+        """Insert or replace one response row."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (rec.id, rec.tenant, rec.session_id, rec.previous_id, rec.created_at,
+                 json.dumps(rec.body), json.dumps(rec.state), _pack(rec.token_ids),
+                 rec.prompt_len))
+
+    def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
+        """The tenant's response with this id, or None (also for another tenant's)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, tenant, session_id, previous_id, body, state, token_ids, prompt_len,"
+                " created_at FROM responses WHERE id = ? AND tenant = ?",
+                (response_id, tenant)).fetchone()
+        if row is None:
+            return None
+        return StoredResponse(row[0], row[1], row[2], row[3], json.loads(row[4]),
+                              json.loads(row[5]), _unpack(row[6]), row[7], row[8])
+
+    def delete_response(self, tenant: str, response_id: str) -> bool:
+        """Delete one response; False when the tenant has none with this id."""
+        with self._lock:
+            cur = self._db.execute("DELETE FROM responses WHERE id = ? AND tenant = ?",
+                                   (response_id, tenant))
+        return cur.rowcount > 0
+
+    def add_chunks(self, tenant: str, session_id: str, kind: str, source: str,
+                   texts: list[str]) -> None:
+        """Append retrievable passages to a conversation."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "INSERT INTO chunks (tenant, session_id, kind, source, text) VALUES (?,?,?,?,?)",
+                [(tenant, session_id, kind, source, t) for t in texts])
+            self._db.execute("COMMIT")
+
+    def chunks(self, tenant: str, session_id: str) -> list[Chunk]:
+        """Every passage of a conversation, in insertion order."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, kind, source, text FROM chunks WHERE tenant = ? AND session_id = ?"
+                " ORDER BY id", (tenant, session_id)).fetchall()
+        return [Chunk(*row) for row in rows]
+
+    def sessions(self, tenant: str, limit: int = 50) -> list[SessionSummary]:
+        """The tenant's conversations, most recently continued first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT session_id, COUNT(*), MAX(created_at) FROM responses WHERE tenant = ?"
+                " GROUP BY session_id ORDER BY MAX(created_at) DESC LIMIT ?",
+                (tenant, limit)).fetchall()
+            out = []
+            for session_id, turns, updated in rows:
+                last = self._db.execute(
+                    "SELECT id FROM responses WHERE tenant = ? AND session_id = ?"
+                    " ORDER BY created_at DESC LIMIT 1", (tenant, session_id)).fetchone()[0]
+                out.append(SessionSummary(session_id, last, turns, updated))
+        return out

@@ -1,0 +1,38 @@
+"""``kvledger serve`` refuses a bad state DB or key file in one line, before loading a model."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "kvledger.cli", "serve", "--port", _free_port(), *args]
+    return subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+
+
+def test_corrupt_state_db_is_a_one_line_error(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"not a database at all" * 100)
+    done = _serve("--state-db", str(path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and "state DB" in done.stderr
+    assert path.read_bytes() == b"not a database at all" * 100
+
+
+def test_unknown_memory_policy(tmp_path):
+    done = _serve("--memory", "forever", "--state-db", str(tmp_path / "s.db"))
+    assert done.returncode == 2 and "--memory must be one of full, summary, segment" in \
+        done.stderr
+
+
+def test_missing_keys_file(tmp_path):
+    done = _serve("--api-keys-file", str(tmp_path / "nope.txt"))
+    assert done.returncode == 2 and "cannot read --api-keys-file" in done.stderr
