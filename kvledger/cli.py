@@ -1,4 +1,4 @@
-"""The ``kvledger`` command line: plan | models | probe | generate | serve | bench.
+"""The ``kvledger`` command line: plan | models | probe | generate | serve | bench | chat.
 
 Each subcommand lives in ``kvledger/commands/<name>.py`` and imports its heavy dependencies
 (torch, transformers, fastapi) inside the function, so ``kvledger plan`` starts without torch.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import typer
 
 from kvledger import __version__
-from kvledger.commands import bench, generate, models, plan, probe, serve
+from kvledger.commands import bench, chat, generate, models, plan, probe, serve
 from kvledger.errors import KVLedgerError
 
 app = typer.Typer(
@@ -59,6 +59,7 @@ app.command("probe")(user_errors(probe.probe))
 app.command("generate")(user_errors(generate.generate))
 app.command("serve")(user_errors(serve.serve))
 app.command("bench")(user_errors(bench.bench))
+app.command("chat")(user_errors(chat.chat))
 
 
 if __name__ == "__main__":
