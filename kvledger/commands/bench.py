@@ -73,6 +73,15 @@ def bench(
         help="Device for the ledger overlay (a `kvledger plan` device, or 'local').")] = None,
     plan_dtype: Annotated[str | None, typer.Option(
         help="Weights and KV dtype the server runs, for the overlay (e.g. fp32).")] = None,
+    api: Annotated[str, typer.Option(
+        help="chat (history resent by the client) or responses (history kept by the server, "
+             "chat-growth only).")] = "chat",
+    memory: Annotated[str, typer.Option(
+        help="--api responses: memory policies to run, comma list of full, summary, segment, "
+             "window.")] = "full",
+    recall: Annotated[bool, typer.Option(
+        help="--api responses: plant 10 facts, pad with --turns turns, ask them back.")]
+    = False,
 ) -> None:
     """Measure TTFT, TPOT, ITL and throughput; detect jumps; compare with the ledger."""
     from rich.console import Console
@@ -83,6 +92,16 @@ def bench(
     from kvledger.bench.session import BenchOptions, run_bench
     from kvledger.bench.workloads import WORKLOADS
 
+    if api not in ("chat", "responses"):
+        raise KVLedgerError(f"--api must be chat or responses, not {api!r}")
+    if api == "responses":
+        if workload != "chat-growth":
+            raise KVLedgerError("--api responses runs only --workload chat-growth")
+        from kvledger.bench.responses_chat import run_cli
+
+        run_cli(url, api_key or os.environ.get("OPENAI_API_KEY"), memory, turns, turn_tokens,
+                output_len, recall, Path(out), Console(width=160))
+        return
     if workload not in WORKLOADS:
         raise KVLedgerError(f"--workload must be one of {', '.join(WORKLOADS)}, not {workload!r}")
     if output_len < 1 or requests < 1 or turn_tokens < 1 or turns < 1:

@@ -8,6 +8,13 @@ conversation); assistant messages in ``input`` are refused: history lives on the
 through ``previous_response_id``. kvledger's extension field ``memory`` picks the memory
 policy of the turn (``full``, ``summary``, ``segment``).
 
+Deviations, each to keep a conversation's ids growing by appends only: ``instructions`` on a
+continuation replace the system turn (the kept turns follow it with their exact ids), but an
+omitted ``instructions`` keeps the conversation's, where OpenAI would drop them; an omitted
+``max_output_tokens`` reserves and caps the reply at
+:data:`kvledger.sessions.service.DEFAULT_MAX_OUTPUT_TOKENS` tokens instead of "up to the
+context"; ``truncation`` defaults to ``"disabled"`` as in OpenAI.
+
 Response objects and stream events follow the OpenAI API reference: the streamed sequence is
 ``response.created``, ``response.in_progress``, ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta`` (one per engine step with

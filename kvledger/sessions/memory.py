@@ -165,6 +165,17 @@ class MemoryPlanner:
         state.prefix_len = len(ids)
         return ids, state
 
+    def with_system(self, ids: list[int], state: ConversationState,
+                    system: str | None) -> tuple[list[int], ConversationState]:
+        """The conversation under new instructions: a new prefix, the kept turns' exact ids
+        after it (the prefix cache then hits only up to the change). ``None`` keeps the old."""
+        if system is None or system == state.system:
+            return ids, state
+        state = ConversationState.from_json(state.to_json())
+        state.system = system
+        return self._rebase(ids, state, 0, _prefix(self.codec, state, self.options.block_size)), \
+            state
+
     async def plan(self, ids: list[int], state: ConversationState, user_text: str,
                    budget: int, truncation: str, condense: Condense) -> TurnPlan:
         """The next prompt for ``user_text`` after a conversation with ``ids`` and ``state``.

@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvledger.errors import InvalidParameterError
+from kvledger.paths import data_dir
 from kvledger.sessions.memory import POLICIES
 from kvledger.sessions.service import SessionOptions
 
-APP_NAME = "kvledger"
 STATE_DB_NAME = "sessions.sqlite3"
 
 
 def default_state_db() -> Path:
-    """``sessions.sqlite3`` in the user data folder (platformdirs), e.g. ~/.local/share/kvledger."""
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir(APP_NAME)) / STATE_DB_NAME
+    """``sessions.sqlite3`` in the user data folder (:func:`kvledger.paths.data_dir`)."""
+    return data_dir() / STATE_DB_NAME
 
 
 def session_options(state_db: str | None, memory: str, segment_turns: int) -> SessionOptions:

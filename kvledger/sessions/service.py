@@ -170,7 +170,9 @@ class SessionService:
         if prev is None:
             ids, state = planner.first_state(req.instructions, policy)
         else:
-            ids, state = prev.token_ids, ConversationState.from_json(prev.state)
+            ids, state = planner.with_system(prev.token_ids,
+                                             ConversationState.from_json(prev.state),
+                                             req.instructions)
             state.policy = policy
         max_out = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         budget = self.limit_tokens - max_out

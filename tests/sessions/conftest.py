@@ -8,7 +8,10 @@ reply is closed by the whole tail ``<|end|>\\n``.
 
 from __future__ import annotations
 
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,6 +51,7 @@ class ChatFakeEngine(FakeEngine):
     def add_request(self, request_id, prompt, params, cache_salt=None) -> None:
         super().add_request(request_id, prompt, params, cache_salt)
         self.salts[request_id] = cache_salt
+        self.most_live = max(getattr(self, "most_live", 0), len(self.requests))
 
 
 @pytest.fixture
@@ -76,3 +80,25 @@ def openai_client(test_client, api_key: str = "none"):
 
     return openai.OpenAI(base_url="http://testserver/v1", api_key=api_key,
                          http_client=test_client, max_retries=0)
+
+
+@pytest.fixture
+def served():
+    """A uvicorn server of the fake engine's app in a thread; yields (url, app)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import uvicorn
+
+    from kvledger.server.app import create_app
+
+    app = create_app(ChatFakeEngine())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", app
+    server.should_exit = True
+    thread.join(10)

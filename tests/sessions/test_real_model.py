@@ -46,8 +46,9 @@ def new_server(model, make_app):
 
 
 def _turn(client, text, prev, **kwargs):
+    kwargs.setdefault("max_output_tokens", 24)
     r = openai_client(client, kwargs.pop("key", "none")).responses.create(
-        input=text, previous_response_id=prev, temperature=0, max_output_tokens=24,
+        input=text, previous_response_id=prev, temperature=0,
         extra_body={"memory": kwargs.pop("memory", "full")}, **kwargs)
     return r, client.app.state.sessions.store
 
@@ -84,11 +85,11 @@ def test_ten_turns_with_a_restart_match_and_hit_the_cache(new_server, model, tmp
 
 
 def test_summary_under_budget_and_prefix_hit_between_rewrites(new_server):
-    server = new_server(max_kv_tokens_per_request=320)
-    budget, prev, rewrites = 320 - 24, None, 0
+    server = new_server(max_kv_tokens_per_request=640)
+    budget, prev, rewrites = 640 - 16, None, 0
     for n in range(40):
         r, _ = _turn(server, f"Fact {n}: the box number {n} holds {n * 7} marbles.", prev,
-                     memory="summary", truncation="auto")
+                     memory="summary", truncation="auto", max_output_tokens=16)
         ext = r.model_extra["kvledger"]
         assert r.usage.input_tokens <= budget
         if ext["memory_event"] == "summary":

@@ -164,9 +164,24 @@ def test_concurrent_continuations_are_serialised(make_app):
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 2
-    first, second = sorted((_stored(client, x.id) for x in results), key=lambda x: x.created_at)
-    assert first.token_ids[: first.prompt_len] != second.token_ids[: second.prompt_len]
+    assert len(results) == 2 and engine.most_live == 1  # one turn at a time, none refused
+    prompts = [_stored(client, x.id).token_ids for x in results]
+    assert all(p[: len(_stored(client, r.id).token_ids)] == _stored(client, r.id).token_ids
+               for p in prompts)  # both continue the same reply
+
+
+def test_new_instructions_on_a_continuation_replace_the_system_turn(make_app):
+    client = make_app()
+    oc = openai_client(client)
+    r = oc.responses.create(input="hi", instructions="Be kind.")
+    r2 = oc.responses.create(input="again", instructions="Be brief.", previous_response_id=r.id)
+    rec = _stored(client, r2.id)
+    prompt = "".join(map(chr, rec.token_ids[: rec.prompt_len]))
+    assert prompt == ("<|system|>Be brief.<|end|>\n<|user|>hi<|end|>\n<|assistant|>" + TEXT
+                      + "<|end|>\n<|user|>again<|end|>\n<|assistant|>")
+    r3 = oc.responses.create(input="more", previous_response_id=r2.id)  # None keeps them
+    assert "".join(map(chr, _stored(client, r3.id).token_ids)).startswith(
+        "<|system|>Be brief.")
 
 
 def test_busy_conversation_gets_409(make_app):
