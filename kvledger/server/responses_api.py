@@ -22,6 +22,7 @@ from kvledger.sessions.service import SessionOptions, SessionService, TurnInput,
 from kvledger.sessions.store import SessionStore
 
 router = APIRouter(responses=ERRORS)
+DEFAULT_BLOCK_SIZE = 16  # an engine without a scheduler budget (test fakes) pads to this
 
 
 def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
@@ -32,14 +33,14 @@ def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
         StateStoreError: the state DB cannot be used (corrupt, locked, newer schema).
     """
     server = app.state.server
-    config = getattr(engine, "config", None)
-    quota = getattr(config, "max_kv_tokens_per_request", None)
-    limit = min(server.max_model_len, quota) if quota else server.max_model_len
+    # the ledger's admission rule (kvledger.ledger.admission): context, pool and KV quota
+    budget = getattr(getattr(engine, "scheduler", None), "budget", None)
+    limit = budget.max_total_tokens if budget else server.max_model_len
     options = options or SessionOptions()
     store = SessionStore(options.state_db)
     app.state.sessions = SessionService(
-        server.loop, store, limit, getattr(config, "block_size", 16), options,
-        SessionMetrics(server.metrics.registry, server.model_name))
+        server.loop, store, limit, budget.block_size if budget else DEFAULT_BLOCK_SIZE,
+        options, SessionMetrics(server.metrics.registry, server.model_name))
     app.state.sessions_keyed = keyed
     app.include_router(router)
 

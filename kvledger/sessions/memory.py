@@ -1,7 +1,8 @@
 """Memory policies: what the prompt of the next turn holds, within a token budget.
 
-Budget (tokens): ``limit - max_output_tokens``, where ``limit`` is the per-request KV quota in
-tokens when one is set (the ledger's unit of KV per request), else the model's context.
+Budget (tokens): ``limit - max_output_tokens``, where ``limit`` is the most tokens one request
+may reach under the ledger's admission rule (:class:`kvledger.ledger.admission.RequestBudget`:
+the model's context, the KV pool and the per-request KV quota, whichever is smallest).
 
 Every policy appends a turn token-exactly while the conversation fits: the new prompt is the
 previous conversation's ids (prompt + reply) plus the closing tail of the reply and the new

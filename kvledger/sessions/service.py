@@ -103,7 +103,7 @@ class SessionService:
     Args:
         loop: the server's :class:`EngineLoop` (every tokenizer and engine call goes through it).
         store: the state store.
-        limit_tokens: most tokens one request may hold: min(context, per-request KV quota).
+        limit_tokens: most tokens (prompt + reply) one request may reach (ledger admission).
         block_size: KV block size in tokens (prefix padding).
         options: :class:`SessionOptions`.
         metrics: a :class:`SessionMetrics` or None.
