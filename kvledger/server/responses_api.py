@@ -9,13 +9,24 @@ cached prompts never speed up (and so never reveal themselves to) another's.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from fastapi import APIRouter, FastAPI, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from kvledger.server.error_handlers import RETRY_AFTER_S
 from kvledger.server.responses_protocol import ResponseBuilder, ResponsesRequest
-from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS
-from kvledger.server.streaming import ClientGone, EngineFailure, collect, engine_error
+from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS, _check_request, _warn_unknown
+from kvledger.server.streaming import (
+    ClientGone,
+    EngineFailure,
+    EngineStream,
+    RequestTimedOut,
+    collect,
+    engine_error,
+    timeout_error,
+)
 from kvledger.sessions.metrics import SessionMetrics
 from kvledger.sessions.retrieval import decode_document
 from kvledger.sessions.service import SessionOptions, SessionService, TurnInput, tenant_of
@@ -58,7 +69,10 @@ def _tenant(request: Request) -> tuple[str, str | None]:
 async def create_response(body: ResponsesRequest, request: Request):
     """Answer one turn; continue a stored conversation with ``previous_response_id``."""
     server, service = request.app.state.server, request.app.state.sessions
+    body.check_supported()
+    _warn_unknown(body, request)
     model = server.check_model(body.model)
+    _check_request(server, body)
     text, files, system = body.split_input()
     documents = [(name, decode_document(data, name, service.options.max_document_bytes))
                  for name, data in files]
@@ -67,18 +81,38 @@ async def create_response(body: ResponsesRequest, request: Request):
                            body._sampling(None, None), body.max_output_tokens,
                            body.truncation or "disabled", body.memory, body.store)
     tenant, salt = _tenant(request)
-    turn = await service.start(tenant, salt, turn_input)
-    builder = ResponseBuilder(turn.response_id, model, body, service.describe(turn))
-    abort = lambda: server.loop.abort(turn.response_id)
-    if body.stream:
-        return StreamingResponse(_events(service, turn, builder, abort),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+    streaming = body.stream  # count the slot before the first await, so the cap holds
+    if streaming:
+        server.streams += 1
     try:
-        final, _ = await collect(turn.outputs, request, abort)
+        turn = await service.start(tenant, salt, turn_input)
+    except BaseException:
+        if streaming:
+            server.streams -= 1
+        raise
+    builder = ResponseBuilder(turn.response_id, model, body, service.describe(turn))
+    timeout_s = server.limits.request_timeout_s
+
+    def abort() -> None:
+        server.loop.abort(turn.response_id)
+
+    if streaming:
+        def close() -> None:
+            abort()
+            service.cancel(turn)
+            server.streams -= 1
+
+        return EngineStream(_events(service, turn, builder, timeout_s), close,
+                            server.limits.send_timeout_s)
+    try:
+        final = (await collect(turn.outputs, request, abort, 1, timeout_s))[turn.response_id][0]
     except ClientGone:
         service.cancel(turn)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    except RequestTimedOut:
+        service.cancel(turn)
+        return JSONResponse(timeout_error(timeout_s), status_code=503,
+                            headers={"Retry-After": RETRY_AFTER_S})
     except EngineFailure as exc:
         service.cancel(turn)
         status, error = engine_error(exc.args[0])
@@ -92,30 +126,31 @@ async def create_response(body: ResponsesRequest, request: Request):
     return obj
 
 
-async def _events(service: SessionService, turn, builder: ResponseBuilder, abort):
-    """SSE events of one streamed turn; a client that leaves aborts it (nothing stored)."""
-    stored = False
-    try:
-        yield builder.opening()
-        while True:
-            out = await turn.outputs.get()
-            if out.finish_reason == "error":
-                error = engine_error(out)[1]["error"]
-                yield builder.failed(error["code"], error["message"])
-                return
-            delta = builder.delta(out.new_text) if out.new_text else ""
-            if out.finished:
-                final = builder.response(out)
-                service.finish(turn, out, final)
-                stored = True
-                yield delta + builder.closing(out, final)
-                return
-            if delta:
-                yield delta
-    finally:
-        if not stored:
-            abort()
-            service.cancel(turn)
+async def _events(service: SessionService, turn, builder: ResponseBuilder,
+                  timeout_s: float | None):
+    """SSE events of one streamed turn. A client that leaves, or ``timeout_s`` passing, ends
+    it unstored (the stream's close aborts the request and releases the conversation)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    yield builder.opening()
+    while True:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            out = await asyncio.wait_for(turn.outputs.get(), remaining)
+        except TimeoutError:
+            yield builder.failed("request_timeout", timeout_error(timeout_s)["error"]["message"])
+            return
+        if out.finish_reason == "error":
+            error = engine_error(out)[1]["error"]
+            yield builder.failed(error["code"], error["message"])
+            return
+        delta = builder.delta(out.new_text) if out.new_text else ""
+        if out.finished:
+            final = builder.response(out)
+            service.finish(turn, out, final)
+            yield delta + builder.closing(out, final)
+            return
+        if delta:
+            yield delta
 
 
 @router.get("/v1/responses/{response_id}")

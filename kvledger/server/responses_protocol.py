@@ -34,17 +34,17 @@ from pydantic import Field
 
 from kvledger.engine.outputs import RequestOutput
 from kvledger.errors import InvalidParameterError
-from kvledger.server.protocol import PositiveInt, Text, _Body, _SamplingBody
+from kvledger.server.protocol import PositiveInt, Text, _Part, _SamplingBody
 
 
-class InputText(_Body):
+class InputText(_Part):
     """A text part (``input_text``; ``text`` accepted too)."""
 
     type: Literal["input_text", "text"]
     text: Text
 
 
-class InputFile(_Body):
+class InputFile(_Part):
     """A document part; only inline ``file_data`` (base64 UTF-8 text) is served."""
 
     type: Literal["input_file"]
@@ -57,7 +57,7 @@ class InputFile(_Body):
 Part = Annotated[InputText | InputFile, Field(discriminator="type")]
 
 
-class InputMessage(_Body):
+class InputMessage(_Part):
     """One input message."""
 
     type: Literal["message"] = "message"

@@ -97,6 +97,22 @@ async def final_output(outputs: asyncio.Queue) -> RequestOutput:
             return out
 
 
+def _make_codec(engine) -> TurnCodec:
+    """The engine's TurnCodec (engine thread).
+
+    Raises:
+        InvalidParameterError: the model has no usable chat template (HTTP 400).
+    """
+    try:
+        return TurnCodec(engine.tokenizer, set(engine.spec.eos_token_ids))
+    except InvalidParameterError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no template, no tokenizer, a jinja error
+        raise InvalidParameterError(
+            f"the served model has no usable chat template, which /v1/responses needs: "
+            f"{type(exc).__name__}: {exc}") from None
+
+
 class SessionService:
     """Turns of stored conversations on one engine loop.
 
@@ -121,8 +137,7 @@ class SessionService:
     async def planner(self) -> MemoryPlanner:
         """The memory planner (its codec probes the chat template once, in the engine thread)."""
         if self._planner is None:
-            codec = await self.loop.call(
-                lambda engine: TurnCodec(engine.tokenizer, set(engine.spec.eos_token_ids)))
+            codec = await self.loop.call(_make_codec)
             self._planner = MemoryPlanner(codec, MemoryOptions(
                 block_size=self.block_size, segment_turns=self.options.segment_turns,
                 segment_tokens=self.options.segment_tokens))

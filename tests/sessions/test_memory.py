@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from conftest import ChatFakeEngine, openai_client
 from fake_engine import TEXT
+from session_fakes import ChatFakeEngine, openai_client
 
 from kvledger.sessions.memory import NOTES_HEADER, SUMMARY_HEADER
 from kvledger.sessions.service import SessionOptions

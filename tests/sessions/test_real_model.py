@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import openai_client
+from session_fakes import openai_client
 
 from kvledger.sessions.service import SessionOptions
 

@@ -7,8 +7,8 @@ import threading
 
 import openai
 import pytest
-from conftest import DEFAULT_SYSTEM, ChatFakeEngine, openai_client
 from fake_engine import TEXT
+from session_fakes import DEFAULT_SYSTEM, ChatFakeEngine, openai_client
 
 from kvledger.sessions.service import SessionOptions
 
