@@ -91,8 +91,8 @@ def test_penalties_and_logit_bias_reach_the_sampling_params(make_client):
     engine = FakeEngine()
     seen = []
     add = engine.add_request
-    engine.add_request = lambda rid, prompt, params: (seen.append(params), add(rid, prompt,
-                                                                               params))[1]
+    engine.add_request = lambda rid, prompt, params, **kw: (seen.append(params),
+                                                            add(rid, prompt, params, **kw))[1]
     resp = make_client(engine).post("/v1/completions", json={
         "prompt": "x", "max_tokens": 2, "presence_penalty": 0.5, "frequency_penalty": -0.25,
         "repetition_penalty": 1.2, "min_p": 0.1, "logit_bias": {"28": 100, "3": -7.5}})
