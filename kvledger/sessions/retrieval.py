@@ -103,6 +103,9 @@ class Retriever:
         """The best ``k`` chunks for ``query`` with a positive score, best first, skipping
         those whose id is in ``exclude`` (already in the prompt)."""
         candidates = [c for c in chunks if c.id not in exclude]
+        # a chunk of stopwords only (e.g. an empty note) has no terms; bm25s cannot index it
+        candidates = [c for c, terms in zip(candidates, _tokens([c.text for c in candidates]),
+                                            strict=True) if terms]
         query_tokens = _tokens([query])[0]
         if not candidates or not query_tokens or k < 1:
             return []

@@ -252,3 +252,13 @@ def test_metrics_count_session_turns(make_app):
     text = client.get("/metrics").text
     assert 'kvledger:session_turns_total{model_name="fake-model"} 1.0' in text
     assert f'kvledger:session_output_tokens_total{{model_name="fake-model"}} {len(TEXT)}.0' in text
+
+
+def test_chunks_without_terms_are_skipped_not_a_500():
+    from kvledger.sessions.retrieval import Retriever
+    from kvledger.sessions.store import Chunk
+
+    chunks = [Chunk(1, "note", "note 1", ""), Chunk(2, "note", "note 2", "the of a")]
+    assert Retriever().top_k(chunks, "what is the code", 2) == []
+    chunks.append(Chunk(3, "document", "d", "the code is 4711"))
+    assert [c.id for c, _ in Retriever().top_k(chunks, "what is the code", 2)] == [3]
