@@ -14,11 +14,14 @@ from typing import Annotated
 
 import typer
 
+from kvledger.commands.engine_options import engine_options
+from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
 
 
+@engine_options()
 def generate(
     prompt: Annotated[str | None, typer.Argument(help="Prompt text, or '-' to read stdin")] = None,
     chat: Annotated[bool, Opt("--chat", help="Wrap the prompt in the model's chat template")] = False,
@@ -30,38 +33,19 @@ def generate(
     top_p: Annotated[float, Opt()] = 1.0,
     top_k: Annotated[int, Opt(help="0 = disabled")] = 0,
     seed: Annotated[int | None, Opt()] = None,
-    dtype: Annotated[str, Opt(help="fp32 or bf16")] = "fp32",
-    no_kv_cache: Annotated[bool, Opt("--no-kv-cache",
-                                     help="Recompute the whole sequence every step")] = False,
-    model: Annotated[str, Opt(help="GGUF file, HF folder, or 'default'")] = "default",
     json_out: Annotated[bool, Opt("--json", help="Print one JSON object instead")] = False,
-    kv_cache_gib: Annotated[float | None, Opt(help="KV pool size in GiB")] = None,
-    num_blocks: Annotated[int | None, Opt(help="KV pool size in blocks")] = None,
-    block_size: Annotated[int, Opt(help="Tokens per KV block")] = 16,
-    max_num_seqs: Annotated[int, Opt()] = 64,
-    max_num_batched_tokens: Annotated[int, Opt()] = 2048,
-    no_prefix_caching: Annotated[bool, Opt("--no-prefix-caching")] = False,
-    long_prompt_tokens: Annotated[int | None, Opt(help="Prompts this long are 'long'")] = None,
-    long_kv_share: Annotated[float, Opt(help="Most pool share long requests hold")] = 1.0,
-    max_kv_tokens_per_request: Annotated[int | None, Opt()] = None,
-    threads: Annotated[int | None, Opt(help="torch threads")] = None,
+    *,
+    engine_config: EngineConfig,
 ) -> None:
     """Generate text with the engine; print TTFT, TPOT and the KV bytes held vs the ledger."""
     prompts = _read_prompts(prompt, prompts_file)
     if max_tokens <= 0:
         raise InvalidParameterError(f"--max-tokens must be >= 1, got {max_tokens}")
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.engine.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
-    engine = LLMEngine(EngineConfig(
-        model=model, dtype=dtype, use_kv_cache=not no_kv_cache, kv_cache_gib=kv_cache_gib,
-        num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, num_threads=threads,
-        enable_prefix_caching=not no_prefix_caching, long_prompt_tokens=long_prompt_tokens,
-        long_kv_share=long_kv_share,
-        max_kv_tokens_per_request=max_kv_tokens_per_request))
+    engine = LLMEngine(engine_config)
     load_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                             top_k=top_k, seed=seed)

@@ -10,12 +10,14 @@ from typing import Annotated
 
 import typer
 
+from kvledger.commands.engine_options import engine_options
+from kvledger.engine.config import EngineConfig
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+@engine_options()
 def serve(
-    model: Annotated[str, typer.Option(help="'default' (bundled SmolLM2-135M-Instruct), a GGUF "
-                                            "file or an HF folder.")] = "default",
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     api_key: Annotated[list[str] | None, typer.Option(
@@ -31,20 +33,6 @@ def serve(
              "segment.")] = "summary",
     segment_turns: Annotated[int, typer.Option(
         help="With --memory segment: turns per segment.")] = 8,
-    dtype: Annotated[str, typer.Option(help="fp32 or bf16.")] = "fp32",
-    kv_cache_gib: Annotated[float | None, typer.Option(help="KV pool size in GiB.")] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    max_num_seqs: Annotated[int, typer.Option(help="Most sequences in one step.")] = 64,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        help="Token budget of one step (prefill chunks included).")] = 2048,
-    no_prefix_caching: Annotated[bool, typer.Option(
-        "--no-prefix-caching", help="Disable the prefix cache.")] = False,
-    long_prompt_tokens: Annotated[int | None, typer.Option(
-        help="Prompts of at least this many tokens are 'long' (KV isolation).")] = None,
-    long_kv_share: Annotated[float, typer.Option(
-        help="Most share of the KV pool that long requests may hold.")] = 1.0,
-    max_kv_tokens_per_request: Annotated[int | None, typer.Option(
-        help="Per-request KV quota in tokens (prompt + max_tokens); over it: HTTP 429.")] = None,
     max_queue: Annotated[int | None, typer.Option(
         help="Most requests waiting for a slot; more get HTTP 429.")] = None,
     kv_alert_bytes: Annotated[int | None, typer.Option(
@@ -74,6 +62,8 @@ def serve(
         help="Model id clients send and see (default: the model file's stem).")] = None,
     drain_timeout_s: Annotated[float, typer.Option(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
+    *,
+    engine_config: EngineConfig,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
     /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
@@ -94,7 +84,6 @@ def serve(
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging
 
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.server.app import create_app
     from kvledger.server.connection import uvicorn_config
@@ -102,13 +91,7 @@ def serve(
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = EngineConfig(
-        model=model, dtype=dtype, block_size=block_size, kv_cache_gib=kv_cache_gib,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=not no_prefix_caching, long_prompt_tokens=long_prompt_tokens,
-        long_kv_share=long_kv_share, max_kv_tokens_per_request=max_kv_tokens_per_request,
-    )
-    engine = LLMEngine(config)
+    engine = LLMEngine(engine_config)
     app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
                      served_model_name=served_model_name, sessions=sessions)

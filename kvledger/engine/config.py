@@ -1,4 +1,5 @@
-"""EngineConfig: every knob of the engine, with the CLI flag it comes from."""
+"""EngineConfig: every knob of the engine; its docstring is also the help of the CLI options
+(:mod:`kvledger.commands.engine_options`)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,27 @@ class EngineConfig:
     """Engine construction options.
 
     Attributes:
-        model: ``"default"`` (bundled SmolLM2-135M-Instruct GGUF), a GGUF file, or an HF folder.
-        dtype: ``"fp32"`` or ``"bf16"`` for weights, activations and the KV pool.
-        block_size: tokens per KV block (``--block-size``).
-        kv_cache_gib: KV pool size in GiB (``--kv-cache-gib``); sized by the ledger.
-        num_blocks: KV pool size in blocks (``--num-blocks``); overrides ``kv_cache_gib``.
-            With neither, the pool holds ``max_num_seqs`` full-context sequences, capped at 1 GiB.
-        max_num_seqs: most sequences in one step (``--max-num-seqs``).
+        model: ``default`` (the bundled SmolLM2-135M-Instruct GGUF), a GGUF file, or a Hugging
+            Face folder (config.json + safetensors).
+        dtype: ``fp32`` or ``bf16``, for the weights, the activations and the KV pool.
+        block_size: tokens per KV block.
+        kv_cache_gib: KV pool size in GiB, turned into whole blocks by the ledger.
+        num_blocks: KV pool size in blocks; wins over kv_cache_gib. With neither, the pool
+            holds max_num_seqs full-context sequences, capped at 1 GiB.
+        max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step, prefill chunks included.
-        enable_prefix_caching: reuse full blocks by hash (``--no-prefix-caching`` disables).
-        long_prompt_tokens / long_kv_share: requests with prompts >= N tokens may hold at most
-            this share of the pool's blocks (seed §3.4 isolation); None = no isolation.
-        max_kv_tokens_per_request: per-request KV quota in tokens (prompt + max_tokens).
-        use_kv_cache: False recomputes the whole sequence every step (seed §1.3, for measuring).
-        num_threads: torch intra-op threads (None = leave torch's default).
-        attention: attention backend (``reference``, ``paged-torch``, ``paged-native``;
-            ``--attention``); None = ``$KVLEDGER_ATTENTION`` or the probe's choice.
+        enable_prefix_caching: reuse full KV blocks across requests by the hash of their tokens.
+        long_prompt_tokens: prompts of at least this many tokens are long and share the pool
+            under long_kv_share (seed §3.4 isolation); None = no isolation.
+        long_kv_share: most share of the pool's blocks the long requests may hold together, in
+            (0, 1].
+        max_kv_tokens_per_request: per-request KV quota in tokens (prompt + max_tokens); None =
+            no quota.
+        use_kv_cache: keep the K and V of past tokens; without it every step recomputes the
+            whole sequence (seed §1.3, for measuring).
+        num_threads: torch intra-op threads (None = torch's default).
+        attention: attention backend (reference, paged-torch or paged-native); None = the
+            $KVLEDGER_ATTENTION environment variable or the kernel probe's choice.
 
     Raises:
         InvalidParameterError: a size or share out of range.

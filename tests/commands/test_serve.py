@@ -1,5 +1,6 @@
 """``kvledger serve``: CLI flags reach EngineConfig and the app; uvicorn gets host and port."""
 
+import socket
 from types import SimpleNamespace
 
 from typer.testing import CliRunner
@@ -22,8 +23,11 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
 
     monkeypatch.setattr(engine_module, "LLMEngine", fake_engine)
     monkeypatch.setattr(DrainingServer, "run", fake_run)
+    with socket.socket() as free:  # a port no other test run holds
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     result = CliRunner().invoke(app, [
-        "serve", "--port", "9123", "--block-size", "32", "--kv-cache-gib", "0.5",
+        "serve", "--port", str(port), "--block-size", "32", "--kv-cache-gib", "0.5",
         "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--no-prefix-caching",
         "--long-prompt-tokens", "1000", "--long-kv-share", "0.25",
         "--max-kv-tokens-per-request", "4096", "--api-key", "k", "--max-queue", "3",
@@ -37,7 +41,7 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
     assert (c.max_num_batched_tokens, c.enable_prefix_caching) == (512, False)
     assert (c.long_prompt_tokens, c.long_kv_share, c.max_kv_tokens_per_request) == (
         1000, 0.25, 4096)
-    assert (seen["host"], seen["port"]) == ("127.0.0.1", 9123)  # loopback by default
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", port)  # loopback by default
     assert seen["app"].state.server.model_name == "served"  # --served-model-name wins
     limits = seen["app"].state.server.limits
     assert (limits.request_timeout_s, limits.max_concurrent_streams, limits.max_stop_strings,

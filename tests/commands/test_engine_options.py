@@ -1,0 +1,95 @@
+"""Every EngineConfig field is an option of both ``generate`` and ``serve``, and its value
+reaches the engine's config unchanged (the options are declared once, from EngineConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+import pytest
+from typer.testing import CliRunner
+
+import kvledger.engine.engine as engine_module
+from kvledger.cli import app
+from kvledger.commands.engine_options import field_help, flag
+from kvledger.engine.config import EngineConfig
+from kvledger.errors import KVLedgerError
+
+# one non-default value per field, and the command-line words that ask for it
+NON_DEFAULT = {
+    "model": ("some/model.gguf", ["--model", "some/model.gguf"]),
+    "dtype": ("bf16", ["--dtype", "bf16"]),
+    "block_size": (32, ["--block-size", "32"]),
+    "kv_cache_gib": (0.5, ["--kv-cache-gib", "0.5"]),
+    "num_blocks": (77, ["--num-blocks", "77"]),
+    "max_num_seqs": (5, ["--max-num-seqs", "5"]),
+    "max_num_batched_tokens": (333, ["--max-num-batched-tokens", "333"]),
+    "enable_prefix_caching": (False, ["--no-prefix-caching"]),
+    "long_prompt_tokens": (900, ["--long-prompt-tokens", "900"]),
+    "long_kv_share": (0.25, ["--long-kv-share", "0.25"]),
+    "max_kv_tokens_per_request": (4096, ["--max-kv-tokens-per-request", "4096"]),
+    "use_kv_cache": (False, ["--no-kv-cache"]),
+    "num_threads": (2, ["--threads", "2"]),
+}
+FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+COMMANDS = {"generate": ["generate", "hi"], "serve": ["serve", "--port", str(free_port())]}
+
+
+class _Stop(KVLedgerError):
+    """Raised by the fake engine once it has seen its config (the command exits 2)."""
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    configs = []
+
+    def fake_engine(config):
+        configs.append(config)
+        raise _Stop("stop")
+
+    monkeypatch.setattr(engine_module, "LLMEngine", fake_engine)
+    return configs
+
+
+def test_the_table_covers_every_field_and_every_field_has_help():
+    assert set(NON_DEFAULT) == set(FIELDS)
+    assert {n: bool(field_help().get(n)) for n in FIELDS} == {n: True for n in FIELDS}
+    for name, (value, _) in NON_DEFAULT.items():
+        field = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+        assert value != field.default, name
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_field_reaches_the_config(command, seen):
+    words = [w for name in FIELDS for w in NON_DEFAULT[name][1]]
+    result = CliRunner().invoke(app, [*COMMANDS[command], *words])
+    assert result.exit_code == 2 and "error: stop" in result.output, result.output
+    assert seen == [EngineConfig(**{n: NON_DEFAULT[n][0] for n in FIELDS})]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_defaults_are_the_config_defaults(command, seen):
+    result = CliRunner().invoke(app, COMMANDS[command])
+    assert result.exit_code == 2, result.output
+    assert seen == [EngineConfig()]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_lists_every_flag(command):
+    text = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+    for name in FIELDS:
+        assert flag(name) in text, (command, name)
+
+
+def test_bad_values_are_one_line_errors(seen):
+    result = CliRunner().invoke(app, ["generate", "hi", "--long-kv-share", "1.5"])
+    assert result.exit_code == 2 and "long_kv_share must be in (0, 1]" in result.output
+    assert seen == []
