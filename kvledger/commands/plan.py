@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from kvledger.commands.engine_options import field_help
 from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
@@ -58,15 +59,17 @@ def plan(
     memory_gib: Annotated[float | None, Opt(help="Device memory, GiB (custom/override)")] = None,
     bandwidth_gbs: Annotated[float | None, Opt(help="Memory bandwidth, GB/s")] = None,
     tflops: Annotated[float | None, Opt(help="Dense bf16 TFLOPS")] = None,
-    kv_dtype: Annotated[str, Opt(help="KV format: fp32 fp16 bf16 fp8 int8 int4")] = "bf16",
+    kv_cache_dtype: Annotated[str, Opt(
+        "--kv-cache-dtype", "--kv-dtype", help="KV format: fp32 fp16 bf16 fp8 int8 int4")] = "bf16",
     weights_dtype: Annotated[
         str | None, Opt(help="fp32 bf16 fp16 fp8 int8 int4 (default: GGUF bytes / checkpoint)")
     ] = None,
-    tp: Annotated[int, Opt(help="Tensor-parallel ranks")] = 1,
+    tensor_parallel_size: Annotated[int, Opt(
+        "--tensor-parallel-size", "-tp", "--tp", help="Tensor-parallel ranks")] = 1,
     batch: Annotated[int, Opt(help="Sequences per decode step (TPOT floor)")] = 1,
     reserve_gib: Annotated[float, Opt(help="Activation reserve per device, GiB")] = 2.0,
     gpu_util: Annotated[float, Opt(help="Fraction of device memory the engine may use")] = 0.9,
-    block_size: Annotated[int, Opt(help="Tokens per KV block")] = 16,
+    block_size: Annotated[int, Opt(help=field_help()["block_size"])] = 16,
     no_window_savings: Annotated[
         bool, Opt("--no-window-savings", help="Size sliding layers as full attention")
     ] = False,
@@ -97,9 +100,9 @@ def plan(
         _warn(str(w.message))
     options = PlanOptions(
         contexts=contexts,
-        kv_format=kv_dtype,
+        kv_format=kv_cache_dtype,
         weights_dtype=weights_dtype,
-        tp=tp,
+        tp=tensor_parallel_size,
         batch=batch,
         reserve_gib=reserve_gib,
         gpu_util=gpu_util,

@@ -127,11 +127,11 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
             other for the KV heads.
     """
     if tp <= 0:
-        raise InvalidParameterError(f"--tp must be positive, got {tp}")
+        raise InvalidParameterError(f"--tensor-parallel-size must be positive, got {tp}")
     heads, kv = spec.num_attention_heads, spec.num_kv_heads
     if heads % tp or (kv % tp and tp % kv):
         raise InvalidParameterError(
-            f"--tp {tp} does not divide the model's heads ({heads} query, {kv} KV heads)"
+            f"--tensor-parallel-size {tp} does not divide the model's heads ({heads} query, {kv} KV heads)"
         )
     return max(kv // tp, 1)
 

@@ -105,7 +105,7 @@ def _one_line_error(r, pattern: str) -> None:
         (("--context", "0"), "--context must be positive"),
         (("--context=-4096",), "--context must be positive"),
         (("--context", "lots"), "comma-separated"),
-        (("--tp", "3"), "--tp 3 does not divide"),
+        (("--tp", "3"), "--tensor-parallel-size 3 does not divide"),
         (("--device", "custom", "--memory-gib", "24"), "--device custom needs"),
         (("--kv-dtype", "int2"), "unknown KV format"),
     ],
@@ -146,3 +146,17 @@ def test_probe_then_plan_on_local(tmp_path, monkeypatch):
     r = run("plan", LLAMA, "--device", "local", "--json", "--context", "1024")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["device"]["name"] == "local"
+
+
+@pytest.mark.parametrize("names", [("--kv-cache-dtype", "--tensor-parallel-size"),
+                                   ("--kv-dtype", "--tp"), ("--kv-cache-dtype", "-tp")])
+def test_engine_option_names_and_their_old_aliases(names):
+    """``--kv-cache-dtype`` / ``--tensor-parallel-size`` (``-tp``) as the engine and vLLM name
+    them; the old ``--kv-dtype`` / ``--tp`` still work. fp8, 2 ranks: 32 layers x 2 (K, V) x
+    8 / 2 KV heads x 128 x 1 byte per token."""
+    kv, tp = names
+    r = run("plan", LLAMA, "--json", "--context", "8192", kv, "fp8", tp, "2")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert (out["options"]["kv_format"], out["options"]["tp"]) == ("fp8", 2)
+    assert out["kv_bytes_per_token"] == 32 * 2 * 4 * 128 * 1
