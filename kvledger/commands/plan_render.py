@@ -50,7 +50,8 @@ def render(p: Plan, console: Console | None = None) -> None:
         f"device {d.name}: {d.memory_gib:g} GiB, {d.bandwidth_gbs:g} GB/s, {d.tflops:g} TFLOPS "
         f"(x{o.tp}); KV {o.kv_format}, block {o.block_size} = {fmt_bytes(p.block_bytes)}; "
         f"KV pool {fmt_bytes(p.pool_bytes)} = {p.pool_blocks} blocks "
-        f"({o.gpu_util:g} x memory - weights - {o.reserve_gib:g} GiB reserve)"
+        f"({o.gpu_util:g} x memory - weights - {o.reserve_gib:g} GiB reserve); longest "
+        f"request alone {p.max_request_tokens} tokens"
     )
     kinds = _table(
         "KV per token, by layer kind", "layer kind", "layers", "per layer", "all layers", "window"
