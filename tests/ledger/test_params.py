@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from kvledger.data import configs_dir
-from kvledger.errors import InvalidParameterError
+from kvledger.data import config_names, configs_dir
+from kvledger.errors import InvalidParameterError, ModelNotFoundError
 from kvledger.ledger.params import (
     count_params,
     params_read_per_step,
@@ -32,6 +32,12 @@ CARDS = {
     "meta-llama__Llama-3.2-1B": (1.24, None),  # HF card "1.24B params" (tied embeddings)
     "openai__gpt-oss-20b": (20.9, 3.6),  # OpenAI gpt-oss model card: 20.91B total, 3.61B active
 }
+
+
+def test_a_missing_config_is_an_error_not_a_skip(real_spec):
+    """The configs ship in the package: a name that is not there fails the test that asks."""
+    with pytest.raises(ModelNotFoundError, match="no bundled config 'nobody__nothing'"):
+        real_spec("nobody__nothing")
 
 
 @pytest.mark.parametrize("name", sorted(CARDS))
@@ -126,7 +132,9 @@ def test_totals_match_transformers_on_the_meta_device():
     transformers = pytest.importorskip("transformers")
     from kvledger.spec import spec_from_hf_config
 
-    for path in sorted(configs_dir().glob("*.json")):
+    paths = sorted(configs_dir().glob("*.json"))
+    assert {p.stem for p in paths} == set(config_names()) >= set(CARDS)  # never an empty loop
+    for path in paths:
         raw = json.loads(path.read_text())
         raw.pop("auto_map", None)
         raw.pop("quantization_config", None)

@@ -1,4 +1,8 @@
-"""The plan as a whole: the seed's template end to end, the JSON contract, warnings, errors."""
+"""The plan as a whole: the seed's template end to end, the JSON contract, warnings, errors.
+
+Expected values are the seed's worked figures, model cards and datasheets, or arithmetic written
+out here from a config's numbers; none is computed with the ledger's own functions.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +42,10 @@ def test_seed_template_llama2_7b(real_spec):
     assert c8.kv_bytes_per_sequence == 4 * GiB and c32.kv_bytes_per_sequence == 16 * GiB
     assert c8.max_concurrency == (80 * GiB - weights - 10 * GiB) // (4 * GiB) == 14
     assert c32.max_concurrency == 3
-    # TPOT floor: weights + one request's KV over 2 TB/s
-    assert c8.tpot_floor_s == pytest.approx((weights + 4 * GiB) / 2e12)
+    # TPOT floor, seed §3.2: "14 GB weights + 4 GB KV at 2 TB/s -> ~9 ms; 32K: 30 GB -> ~15 ms"
+    # (here 13.48 GB of weights and 4 GiB = 4.29 GB / 16 GiB = 17.18 GB of KV)
+    assert round(c8.tpot_floor_s * 1e3, 2) == 8.89
+    assert round(c32.tpot_floor_s * 1e3, 1) == 15.3
     # GQA-8 also shrinks k_proj and v_proj: 32 layers x 2 x 4096 x (4096 - 1024) fewer weights
     gqa = plan(dataclasses.replace(spec, num_kv_heads=8), SEED_CARD, opts)
     gqa_weights = weights - 2 * 32 * 2 * 4096 * (4096 - 1024)
@@ -77,13 +83,31 @@ def test_fixed_state_in_the_contexts(real_spec):
     assert p.kv_bytes_per_token == 12 * 2 * 1 * 256 * 2  # 2 KV heads over 2 ranks
 
 
-def test_shared_prefix_raises_concurrency(real_spec):
+def test_llama31_8b_on_h100_by_hand(real_spec):
+    """H100-SXM: 80 GiB (datasheet). Weights: 8,030,261,248 parameters (the card's 8.03 B;
+    transformers counts the same, test_params) x 2 bytes (bf16) = 16,060,522,496 B. Pool =
+    int(0.9 x 80 GiB) - weights - 2 GiB reserve = 77,309,411,328 - 16,060,522,496 -
+    2,147,483,648 = 59,101,405,184 B. A block of 16 tokens: 16 x 32 layers x 2 x 8 KV heads x
+    128 x 2 B = 2 MiB, so 28,181 blocks; an 8K request is 1 GiB (55 fit); with a 4K prefix
+    shared, each adds 0.5 GiB: (59,101,405,184 - 0.5 GiB) // 0.5 GiB = 109."""
     spec = real_spec("meta-llama__Llama-3.1-8B")
     p = plan(spec, get_device("H100-SXM"), PlanOptions(contexts=(8192,), shared_prefix=4096))
+    assert p.weights_bytes == 16_060_522_496
+    assert p.pool_bytes == 59_101_405_184
+    assert (p.block_bytes, p.pool_blocks) == (2 * 2**20, 28_181)
     row = p.contexts[0]
-    per_request, shared = 8192 * 131072, 4096 * 131072
-    assert row.shared_prefix_concurrency == (p.pool_bytes - shared) // (per_request - shared)
-    assert row.shared_prefix_concurrency > row.max_concurrency
+    assert (row.max_concurrency, row.shared_prefix_concurrency) == (55, 109)
+    # the longest request alone: 28,181 x 16 + 1 tokens would fit, the context (131,072) is less
+    assert p.max_request_tokens == 131_072
+
+
+def test_longest_request_on_a_small_card(real_spec):
+    """L4: 24 GiB. Pool = int(0.9 x 24 GiB) - 16,060,522,496 - 2 GiB = 4,984,817,254 B =
+    2,376 blocks of 2 MiB (2,376.98); a request alone may reach 2,376 x 16 slots + 1 (the last
+    sampled token stores no KV) = 38,017 tokens."""
+    p = plan(real_spec("meta-llama__Llama-3.1-8B"), get_device("L4"), PlanOptions(contexts=(8192,)))
+    assert (p.pool_bytes, p.pool_blocks) == (4_984_817_254, 2_376)
+    assert p.max_request_tokens == 38_017
 
 
 def test_formats_what_if(real_spec):
@@ -97,11 +121,12 @@ def test_formats_what_if(real_spec):
 
 
 def test_moe_tpot_reads_active_experts_at_batch_1(real_spec):
+    """Mixtral-8x7B at batch 1 reads its active weights only: the card's 12.9 B x 2 B (bf16) /
+    2 ranks = 12.9 GB per rank, plus 1024 tokens x 32 layers x 2 x 4 KV heads per rank x 128 x
+    2 B = 64 MiB of KV, over the H100-SXM's 3.35 TB/s: 3.87 ms (all 46.7 B would be 13.9 ms)."""
     spec = real_spec("mistralai__Mixtral-8x7B-v0.1")
     p = plan(spec, get_device("H100-SXM"), PlanOptions(contexts=(1024,), tp=2))
-    active_bytes = p.params_active * 2 / 2  # bf16, split over 2 ranks
-    kv = 1024 * 32 * 2 * 4 * 128 * 2
-    assert p.contexts[0].tpot_floor_s == pytest.approx((active_bytes + kv) / 3.35e12, rel=1e-6)
+    assert p.contexts[0].tpot_floor_s == pytest.approx((12.9e9 + 64 * 2**20) / 3.35e12, rel=0.01)
 
 
 def test_context_beyond_max_position_is_a_warning(real_spec):
