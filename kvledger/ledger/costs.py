@@ -11,8 +11,8 @@ Formulas (seed §3.2-§3.4, §5.2):
   TTFT estimate   ``FLOPs / (tp x peak FLOP/s x MFU)``; its floor uses MFU = 1.
   TPOT floor      ``(weight bytes read + KV bytes read by the batch) / bandwidth``: decode is
                   memory-bound, each step reads the weights once and every sequence's KV.
-  KV pool         ``memory x utilization - weights - activation reserve`` (its blocks, and
-                  whether a request fits them: :mod:`kvledger.ledger.blocks`).
+  KV pool         ``memory x utilization - weights - activation reserve``; blocks =
+                  ``floor(pool / block bytes)`` (vLLM's "# GPU blocks").
   concurrency     ``floor(pool / per-request bytes)``, per-request KV rounded up to whole blocks;
                   with a shared prefix of ``P`` tokens its full blocks are stored once (seed
                   §4.3): ``floor((pool - shared) / (per-request - shared))``.
@@ -23,6 +23,7 @@ All byte figures are per tensor-parallel rank. No torch here.
 from __future__ import annotations
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.spec import FULL, MLA, SLIDING, ModelSpec
 
 
@@ -84,6 +85,17 @@ def kv_pool_bytes(
     if reserve_bytes < 0:
         raise InvalidParameterError("--reserve-gib must be >= 0")
     return int(memory_bytes * utilization) - weight_bytes - reserve_bytes
+
+
+def blocks_for(pool_bytes: int, block_bytes: int) -> int:
+    """Whole paged-KV blocks a pool of ``pool_bytes`` holds (0 when the pool is empty)."""
+    return max(pool_bytes, 0) // block_bytes
+
+
+def concurrency_ratio(pool_blocks: int, tokens: int, block_size: int) -> float:
+    """How many ``tokens``-long requests the pool holds at once, as vLLM logs it ("1.56x"):
+    pool blocks / blocks per request."""
+    return pool_blocks / blocks_for_kv_tokens(tokens, block_size)
 
 
 def max_concurrency(pool_bytes: int, per_request_bytes: int, shared_bytes: int = 0) -> int:

@@ -13,7 +13,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 from kvledger.errors import InvalidParameterError
-from kvledger.ledger import blocks, costs, kv, params
+from kvledger.ledger import costs, kv, params
+from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.hardware import Device, GiB
 from kvledger.spec import SLIDING, ModelSpec
 
@@ -90,7 +91,8 @@ class Plan:
     """The full plan (see :func:`plan`).
 
     ``max_request_tokens`` is the longest request (prompt + output tokens) the pool holds with
-    nothing else running, at most the model's context (:class:`kvledger.ledger.blocks.KVRoom`).
+    nothing else running, at most the model's context (the admission rule,
+    :class:`kvledger.ledger.admission.RequestBudget`).
     """
 
     model: str
@@ -172,7 +174,7 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         )
     fmt = _FormatPlan(spec, device, o, weights, pool, count.active)
     block_bytes = fmt.block_bytes(o.kv_format)
-    pool_blocks = blocks.blocks_for(pool, block_bytes)
+    pool_blocks = costs.blocks_for(pool, block_bytes)
     return Plan(
         model=spec.name,
         model_type=spec.model_type,
@@ -188,8 +190,8 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         block_bytes=block_bytes,
         pool_bytes=max(pool, 0),
         pool_blocks=pool_blocks,
-        max_request_tokens=blocks.KVRoom(o.block_size, pool_blocks).max_total_tokens(
-            spec.max_position_embeddings),
+        max_request_tokens=RequestBudget(
+            o.block_size, pool_blocks, spec.max_position_embeddings).max_total_tokens,
         contexts=tuple(fmt.context_row(n) for n in o.contexts),
         turns=tuple(
             (t, t * o.turn_tokens, fmt.sequence_bytes(o.kv_format, t * o.turn_tokens))
@@ -270,7 +272,7 @@ class _FormatPlan:
         shared = None
         if o.shared_prefix:
             shared = costs.max_concurrency(self.pool, self._per_request(fmt, n), self._shared(fmt))
-        pool_blocks = blocks.blocks_for(self.pool, self.block_bytes(fmt))
+        pool_blocks = costs.blocks_for(self.pool, self.block_bytes(fmt))
         return ContextRow(
             context=n,
             kv_bytes_per_sequence=self.sequence_bytes(fmt, n),
@@ -278,7 +280,7 @@ class _FormatPlan:
             fixed_state_bytes=self.fixed,
             kv_bytes_batch=o.batch * (self.sequence_bytes(fmt, n) + self.fixed),
             max_concurrency=self.concurrency(fmt, n),
-            concurrency_ratio=round(blocks.concurrency_ratio(pool_blocks, n, o.block_size), 2),
+            concurrency_ratio=round(costs.concurrency_ratio(pool_blocks, n, o.block_size), 2),
             shared_prefix_concurrency=shared,
             prefill_flops=flops,
             ttft_s=costs.ttft_s(flops, peak, o.mfu, o.tp),

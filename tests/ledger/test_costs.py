@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.ledger import blocks, costs
+from kvledger.ledger import costs
 from kvledger.ledger.kv import kv_bytes_per_block, kv_bytes_per_sequence
 from kvledger.ledger.params import count_params
 
@@ -59,10 +59,10 @@ def test_vllm_log_llama31_8b(real_spec):
     block = kv_bytes_per_block(real_spec("meta-llama__Llama-3.1-8B"), 16, "bf16")
     assert block == 2 * 8 * 128 * 32 * 2 * 16 == 2 * MiB
     assert round(1952 * block / GiB, 2) == 3.81
-    assert blocks.blocks_for(1952 * block, block) == 1952
-    assert blocks.blocks_for(int(3.81 * GiB), block) == 1950
+    assert costs.blocks_for(1952 * block, block) == 1952
+    assert costs.blocks_for(int(3.81 * GiB), block) == 1950
     assert 1952 * 16 == 31_232
-    assert round(blocks.concurrency_ratio(1952, 20_000, 16), 2) == 1.56 == round(31232 / 20000, 2)
+    assert round(costs.concurrency_ratio(1952, 20_000, 16), 2) == 1.56 == round(31232 / 20000, 2)
 
 
 def test_causal_pairs():
@@ -80,7 +80,7 @@ def test_shared_prefix_is_stored_once():
 
 def test_pool_and_bad_arguments():
     assert costs.kv_pool_bytes(100, 20, 10, utilization=0.5) == 20
-    assert blocks.blocks_for(-5, 4) == 0
+    assert costs.blocks_for(-5, 4) == 0
     from kvledger.errors import InvalidParameterError
 
     for call in (lambda: costs.kv_pool_bytes(100, 0, 0, 1.5), lambda: costs.ttft_s(1, 1, mfu=0)):
