@@ -30,6 +30,7 @@ NON_DEFAULT = {
     "max_kv_tokens_per_request": (4096, ["--max-kv-tokens-per-request", "4096"]),
     "use_kv_cache": (False, ["--no-kv-cache"]),
     "num_threads": (2, ["--threads", "2"]),
+    "attention": ("reference", ["--attention", "reference"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 
