@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from kvledger.engine.linear import FORMATS, Linear
+from kvledger.engine.linear import FORMATS, Linear, int4_shape_ok
 from kvledger.errors import InvalidParameterError
 from kvledger.paths import cache_dir
 from kvledger.spec import ModelSpec
@@ -90,7 +90,7 @@ def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
     q4 = None
-    if in_f % 32 == 0:
+    if int4_shape_ok(out_f, in_f):
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
     x = torch.randn(1, in_f, generator=gen).bfloat16()

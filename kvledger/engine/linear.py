@@ -25,6 +25,12 @@ from kvledger.engine.q4 import GROUP
 FORMATS = ("dense", "int4", "int8")
 
 
+def int4_shape_ok(out_features: int, in_features: int) -> bool:
+    """Whether torch's CPU int4 kernel takes a weight of ``[out_features, in_features]``: it
+    packs rows in tiles of 16 and needs whole groups of ``GROUP`` along the input."""
+    return out_features % 16 == 0 and in_features % GROUP == 0
+
+
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row symmetric int8 of ``weight`` [out, in]: codes int8 [out, in], scales fp32 [out]."""
     w = weight.float()
@@ -40,8 +46,9 @@ class Linear:
         bias: optional [out].
         q4: optional (q uint8 [out, in], scale [out, in/32], zero [out, in/32]) of the same W,
             needed for ``int4``.
-        fmt: the format to keep; ``int4`` without ``q4``, or any quantized format with a
-            non-bf16 weight, falls back to ``dense``.
+        fmt: the format to keep; ``int4`` without ``q4`` or of a shape the kernel does not
+            take (:func:`int4_shape_ok`), or any quantized format with a non-bf16 weight, falls
+            back to ``dense``.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -49,7 +56,8 @@ class Linear:
                  fmt: str = "dense") -> None:
         if fmt not in FORMATS:
             raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
-        if weight.dtype != torch.bfloat16 or (fmt == "int4" and q4 is None):
+        if weight.dtype != torch.bfloat16 or (fmt == "int4" and (
+                q4 is None or not int4_shape_ok(*weight.shape))):
             fmt = "dense"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None

@@ -67,3 +67,12 @@ def test_fp32_weights_stay_dense_and_int4_needs_q4():
     assert Linear(dense.bfloat16(), None, None, "int4").format == "dense"
     with pytest.raises(ValueError, match="format"):
         Linear(dense, fmt="fp8")
+
+
+def test_int4_on_a_shape_the_kernel_refuses_stays_dense():
+    # torch's CPU int4 packing raises for out_features not a multiple of 16 (tiny models)
+    dense, q4 = _q4_matrix(out_f=24, in_f=64)
+    linear = Linear(dense.bfloat16(), None, q4, "int4")
+    assert linear.format == "dense"
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
+    assert torch.allclose(linear(x.bfloat16()).float(), x @ dense.t(), atol=0.05, rtol=0.02)
