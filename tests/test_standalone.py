@@ -1,7 +1,8 @@
 """The repository stands alone: a copy of it with nothing beside it passes the ledger tests.
 
 The copy holds the files git tracks (plus new files git does not ignore), so a test or module
-that reads a path outside the checkout (``../shared``, a sibling folder) fails there.
+that reads a path outside the checkout (the team's reference folder, any sibling folder)
+fails there.
 """
 
 from __future__ import annotations
