@@ -13,6 +13,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from kvledger.ledger.admission import kv_tokens_of
+
 
 def request_figures(engine, out) -> dict:
     """Per-request metrics and KV bytes (measured from tensors vs the ledger)."""
@@ -20,7 +22,7 @@ def request_figures(engine, out) -> dict:
     store = engine.store  # None with --no-kv-cache: nothing is held between steps
     block_bytes = store.nbytes // store.num_blocks if store is not None else 0
     blocks = m.peak_kv_bytes // engine.bytes_per_block if store is not None else 0
-    cached_tokens = len(out.prompt_token_ids) + len(out.token_ids) - 1
+    kv_tokens = kv_tokens_of(len(out.prompt_token_ids) + len(out.token_ids))
     bs = engine.config.block_size
     tpot = out.tpot_s
     return {
@@ -32,9 +34,9 @@ def request_figures(engine, out) -> dict:
         "decode_tok_s": (1.0 / tpot) if tpot else None,
         "kv_blocks_held": blocks,
         "kv_bytes_held": blocks * block_bytes,
-        "kv_tokens_cached": cached_tokens,
-        "kv_bytes_ledger": cached_tokens * engine.bytes_per_token,
-        "kv_bytes_ledger_blocks": -(-cached_tokens // bs) * engine.bytes_per_block,
+        "kv_tokens": kv_tokens,
+        "kv_bytes_ledger": kv_tokens * engine.bytes_per_token,
+        "kv_bytes_ledger_blocks": -(-kv_tokens // bs) * engine.bytes_per_block,
     }
 
 
@@ -76,7 +78,7 @@ def print_summary(engine, results, load_s: float) -> None:
                 f"{engine.config.block_size} tokens" if engine.store is not None
                 else "none: --no-kv-cache recomputes every K/V at every step")
         table.add_row("KV held (tensors)", held)
-        table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens_cached']} tokens "
+        table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens']} tokens "
                       f"× {engine.bytes_per_token:,} B ({f['kv_bytes_ledger_blocks']:,} B in "
                       "whole blocks)")
         console.print(table)

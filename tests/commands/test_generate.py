@@ -55,9 +55,9 @@ def test_chat_answers_paris_and_reports_kv():
     m = doc["metrics"]
     # the bundled model: 30 layers x 2 (K,V) x 3 KV heads x 64 dims x 4 B (fp32) per token
     assert doc["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 4
-    assert m["kv_bytes_ledger"] == m["kv_tokens_cached"] * 30 * 2 * 3 * 64 * 4
+    assert m["kv_bytes_ledger"] == m["kv_tokens"] * 30 * 2 * 3 * 64 * 4
     assert m["kv_bytes_held"] == m["kv_blocks_held"] * 16 * 30 * 2 * 3 * 64 * 4
-    assert m["kv_blocks_held"] == -(-m["kv_tokens_cached"] // 16)
+    assert m["kv_blocks_held"] == -(-m["kv_tokens"] // 16)
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ from __future__ import annotations
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.scheduler import Scheduler, SchedulerOutput
+from kvledger.engine.schedule_output import SchedulerOutput
+from kvledger.engine.scheduler import Scheduler
 
 VOCAB = 50
 EOS = 0
