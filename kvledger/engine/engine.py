@@ -26,7 +26,7 @@ from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.scheduler import Scheduler, SchedulerOutput
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
@@ -53,6 +53,28 @@ def _model_name(model: str) -> str:
 
     path = resolve_model_path(model)
     return path.stem if path.is_file() else path.name
+
+
+def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) -> int:
+    """KV pool size in blocks: ``num_blocks``, else ``kv_cache_gib`` turned into whole blocks,
+    else ``max_num_seqs`` full-context sequences capped at ``DEFAULT_POOL_CAP_BYTES``.
+
+    Raises:
+        KVBudgetError: the pool has no room for one block.
+    """
+    c = config
+    if c.num_blocks is not None:
+        blocks = c.num_blocks
+    elif c.kv_cache_gib is not None:
+        blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)), bytes_per_block)
+    else:
+        per_seq = blocks_for_kv_tokens(max_model_len, c.block_size)
+        blocks = min(per_seq * c.max_num_seqs, blocks_for(DEFAULT_POOL_CAP_BYTES, bytes_per_block))
+    if blocks < 1:
+        raise KVBudgetError(
+            f"KV budget too small: one block of {c.block_size} tokens needs "
+            f"{bytes_per_block} bytes")
+    return blocks
 
 
 class LLMEngine:
@@ -89,29 +111,14 @@ class LLMEngine:
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         self.bytes_per_block = kv_bytes_per_block(spec, config.block_size, self.kv_format)
         self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)
-        num_blocks = self._pool_blocks()
+        num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len)
         self.store = KVStore(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
                              spec.head_dim, dtype) if config.use_kv_cache else None
         self.runner = ModelRunner(self.model, self.store, config.block_size)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len)
         self.sampler = Sampler()
-
-    def _pool_blocks(self) -> int:
-        c = self.config
-        if c.num_blocks is not None:
-            blocks = c.num_blocks
-        elif c.kv_cache_gib is not None:
-            blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)), self.bytes_per_block)
-        else:
-            per_seq = blocks_for_kv_tokens(self.max_model_len, c.block_size)
-            blocks = min(per_seq * c.max_num_seqs,
-                         blocks_for(DEFAULT_POOL_CAP_BYTES, self.bytes_per_block))
-        if blocks < 1:
-            raise KVBudgetError(
-                f"KV budget too small: one block of {c.block_size} tokens needs "
-                f"{self.bytes_per_block} bytes ({self.kv_format})")
-        return blocks
+        self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
     def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a text prompt, chat messages (chat template applied) or ids.
@@ -160,7 +167,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; one output per request that progressed or finished."""
-        plan = self.scheduler.schedule()
+        plan = self.last_schedule = self.scheduler.schedule()
         now = time.perf_counter()
         outputs = [self._fail(req, err) for req, err in plan.failed]
         if not plan.chunks:
