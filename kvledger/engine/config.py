@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
 
 @dataclass
@@ -34,9 +35,14 @@ class EngineConfig:
         num_threads: torch intra-op threads (None = torch's default).
         attention: attention backend (reference, paged-torch or paged-native); None = the
             $KVLEDGER_ATTENTION environment variable or the kernel probe's choice.
+        kv_policy: KV retention policy of every request that names none: full, window, sinks,
+            h2o or snapkv (None = full).
+        kv_window: recent tokens kept by window / sinks (and h2o's recent part).
+        kv_sinks: first tokens always kept by sinks / h2o (default 4).
+        kv_budget: most tokens kept by h2o, or a snapkv-compressed prompt.
 
     Raises:
-        InvalidParameterError: a size or share out of range.
+        InvalidParameterError: a size or share out of range, a bad retention policy.
     """
 
     model: str = "default"
@@ -53,6 +59,10 @@ class EngineConfig:
     use_kv_cache: bool = True
     num_threads: int | None = None
     attention: str | None = None
+    kv_policy: str | None = None
+    kv_window: int | None = None
+    kv_sinks: int | None = None
+    kv_budget: int | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -67,3 +77,9 @@ class EngineConfig:
         if not 0 < self.long_kv_share <= 1:
             raise InvalidParameterError(
                 f"long_kv_share must be in (0, 1], got {self.long_kv_share}")
+        self.retention  # noqa: B018 - validates the kv_* options
+
+    @property
+    def retention(self) -> RetentionSpec:
+        """The default retention policy of the kv_* options (``ledger/retention.py``)."""
+        return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.retention import RetentionSpec
 
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI: logit_bias values in [-100, 100]
@@ -67,6 +68,9 @@ class SamplingParams:
         logprobs: number of top alternatives to return per token (None = no logprobs);
             the chosen token's logprob is always included when this is set.
         ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
+        kv_policy: this request's KV retention policy: a ``RetentionSpec``, an object
+            ``{"policy": "sinks", "window": 1024, ...}`` or a policy name; None = the engine's
+            ``--kv-policy`` (``ledger/retention.py``).
 
     Raises:
         InvalidParameterError: on construction, when a value has the wrong type or range.
@@ -86,6 +90,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
     ignore_eos: bool = False
+    kv_policy: RetentionSpec | dict | str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -128,6 +133,10 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParameterError(f"ignore_eos must be true or false, got "
                                         f"{self.ignore_eos!r}")
+        if isinstance(self.kv_policy, str):
+            self.kv_policy = RetentionSpec(self.kv_policy)
+        elif self.kv_policy is not None:
+            self.kv_policy = RetentionSpec.from_dict(self.kv_policy)
 
     def _check_stop(self) -> None:
         if isinstance(self.stop, str):

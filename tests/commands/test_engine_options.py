@@ -31,6 +31,10 @@ NON_DEFAULT = {
     "use_kv_cache": (False, ["--no-kv-cache"]),
     "num_threads": (2, ["--threads", "2"]),
     "attention": ("reference", ["--attention", "reference"]),
+    "kv_policy": ("h2o", ["--kv-policy", "h2o"]),
+    "kv_window": (8, ["--kv-window", "8"]),
+    "kv_sinks": (2, ["--kv-sinks", "2"]),
+    "kv_budget": (64, ["--kv-budget", "64"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 

@@ -1,0 +1,232 @@
+"""KV retention policies as numbers: which policy, its sizes, and the KV it can ever hold.
+
+A retention policy decides which tokens' K/V a sequence keeps (seed §4.4):
+
+- ``full``: every token (the default).
+- ``window``: the ``window`` most recent tokens (the query itself included).
+- ``sinks``: the first ``sinks`` tokens plus the ``window`` most recent (StreamingLLM, Xiao et
+  al., arXiv:2309.17453).
+- ``h2o``: at most ``budget`` tokens: ``sinks`` first tokens, the ``window`` most recent, and
+  the rest by highest attention accumulated over all layers, heads and queries so far
+  (heavy hitters; Zhang et al., arXiv:2306.14048).
+- ``snapkv``: once, when the prompt has been prefilled, keep ``budget`` prompt tokens: the last
+  ``snapkv_window`` (the observation window) and the others with the highest attention from
+  those queries, summed over layers and heads and average-pooled over ``snapkv_kernel``
+  neighbouring positions (Li et al., arXiv:2404.14469); then decode keeping everything.
+
+*Capacity* is the most keys one query attends: ``sinks + window`` for window/sinks,
+``budget`` for h2o. A sequence holds at most ``capacity - 1`` tokens between steps (the next
+query adds itself), plus the tokens of the chunk being computed. Positions ``p`` with
+``p < first_affected`` attend exactly what ``full`` attends, so their K/V equal full's: only
+blocks before that may enter the prefix cache.
+
+Pure integers, no torch; the engine's policy classes (``kvledger/engine/retention``) and the
+admission rule (``ledger/admission.py``) read their sizes and bounds from here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from kvledger.errors import InvalidParameterError
+
+POLICIES = ("full", "window", "sinks", "h2o", "snapkv")
+DEFAULT_SINKS = 4
+SNAPKV_WINDOW = 32
+SNAPKV_KERNEL = 7
+EVICTION_CHUNK = 64
+"""Most tokens of an evicting sequence computed in one step (eviction runs between steps)."""
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < low):
+        relation = "> 0" if low == 1 else f">= {low}"
+        raise InvalidParameterError(f"kv_{name} must be an integer {relation}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RetentionSpec:
+    """One retention policy with its sizes (all in tokens).
+
+    Attributes:
+        policy: one of :data:`POLICIES`.
+        window: recent tokens kept (window, sinks; h2o's recent part, default budget // 2).
+        sinks: first tokens always kept (sinks, h2o; default 4; 0 for window).
+        budget: most tokens kept (h2o, snapkv).
+        snapkv_window: snapkv's observation window (last prompt queries), default 32.
+        snapkv_kernel: snapkv's pooling kernel, odd, default 7.
+
+    Raises:
+        InvalidParameterError: unknown policy, window <= 0, negative sinks, a size the policy
+            does not take, a missing size, an h2o budget below sinks + window + 1 (the sinks
+            and window would fill the cache), a snapkv budget not above its window.
+    """
+
+    policy: str = "full"
+    window: int | None = None
+    sinks: int | None = None
+    budget: int | None = None
+    snapkv_window: int = SNAPKV_WINDOW
+    snapkv_kernel: int = SNAPKV_KERNEL
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidParameterError(
+                f"kv_policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        _check_int("window", self.window, 1)
+        _check_int("sinks", self.sinks, 0)
+        _check_int("budget", self.budget, 1)
+        _check_int("snapkv_window", self.snapkv_window, 1)
+        _check_int("snapkv_kernel", self.snapkv_kernel, 1)
+        takes = {"full": (), "window": ("window",), "sinks": ("window", "sinks"),
+                 "h2o": ("window", "sinks", "budget"), "snapkv": ("budget",)}[self.policy]
+        for name in ("window", "sinks", "budget"):
+            if getattr(self, name) is not None and name not in takes:
+                raise InvalidParameterError(
+                    f"kv_policy {self.policy!r} takes no kv_{name}"
+                    + (f" (it takes {', '.join('kv_' + t for t in takes)})" if takes else ""))
+        if self.policy in ("window", "sinks") and self.window is None:
+            raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_window")
+        if self.policy in ("h2o", "snapkv") and self.budget is None:
+            raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_budget")
+        default_sinks = DEFAULT_SINKS if self.policy in ("sinks", "h2o") else 0
+        object.__setattr__(self, "sinks", default_sinks if self.sinks is None else self.sinks)
+        if self.policy == "h2o":
+            if self.window is None:
+                object.__setattr__(self, "window", max(1, self.budget // 2))
+            if self.budget < self.sinks + self.window + 1:
+                raise InvalidParameterError(
+                    f"kv_budget {self.budget} leaves no room for heavy hitters: it must be >= "
+                    f"kv_sinks + kv_window + 1 = {self.sinks + self.window + 1}")
+        if self.policy == "snapkv":
+            if self.snapkv_kernel % 2 == 0:
+                raise InvalidParameterError(
+                    f"snapkv_kernel must be odd, got {self.snapkv_kernel}")
+            if self.budget <= self.snapkv_window:
+                raise InvalidParameterError(
+                    f"snapkv kv_budget {self.budget} must be above its observation window of "
+                    f"{self.snapkv_window} tokens")
+
+    @classmethod
+    def from_dict(cls, obj) -> RetentionSpec:
+        """A spec from a JSON-like object ``{"policy": "sinks", "window": 1024, ...}``.
+
+        Raises:
+            InvalidParameterError: not an object, an unknown key, or a bad value.
+        """
+        if isinstance(obj, RetentionSpec):
+            return obj
+        if not isinstance(obj, dict):
+            raise InvalidParameterError(f"kv_policy must be an object, got {obj!r}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise InvalidParameterError(
+                f"kv_policy has unknown key(s) {', '.join(map(repr, unknown))} "
+                f"(known: {', '.join(sorted(known))})")
+        return cls(**obj)
+
+    def as_dict(self) -> dict:
+        """The fields as a plain dict (JSON-able)."""
+        return asdict(self)
+
+    @property
+    def evicts(self) -> bool:
+        """True for every policy that drops tokens while a sequence runs (not full)."""
+        return self.policy != "full"
+
+    @property
+    def capacity(self) -> int | None:
+        """Most keys one query attends (itself included); None when unbounded (full, and
+        snapkv, which decodes keeping everything)."""
+        if self.policy in ("window", "sinks"):
+            return self.sinks + self.window
+        if self.policy == "h2o":
+            return self.budget
+        return None
+
+    @property
+    def first_affected(self) -> int | None:
+        """First position whose attention may differ from full's; None for full.
+
+        Tokens before it have exactly full's K/V (window/sinks: sinks + window; h2o: budget;
+        snapkv: nothing before the prompt is compressed, so 0 is never claimed here: see
+        :meth:`shareable_tokens`).
+        """
+        if self.policy == "full":
+            return None
+        if self.policy == "snapkv":
+            return self.budget
+        return self.capacity
+
+    def shareable_tokens(self, num_prompt_tokens: int) -> int | None:
+        """Leading tokens whose K/V equal full's and may be hashed / hit in the prefix cache
+        (None = all). snapkv prefills the whole prompt with full attention."""
+        if self.policy == "snapkv":
+            return num_prompt_tokens
+        return self.first_affected
+
+    def max_kv_tokens(self, num_prompt_tokens: int, total_tokens: int,
+                      chunk_tokens: int = EVICTION_CHUNK) -> int:
+        """Most K/V slots a request of ``total_tokens`` (prompt + output) ever holds at once.
+
+        Full: ``total - 1`` (the last sampled token is never fed back). Window/sinks/h2o:
+        ``capacity - 1`` kept between steps plus one chunk of ``chunk_tokens`` being computed.
+        snapkv: the whole prompt until it is compressed, then ``budget`` plus the output.
+        Never more than full's figure.
+        """
+        full = max(total_tokens - 1, 0)
+        if self.capacity is not None:
+            return min(full, self.capacity - 1 + chunk_tokens)
+        if self.policy == "snapkv":
+            output = total_tokens - num_prompt_tokens
+            return min(full, max(num_prompt_tokens, min(self.budget, num_prompt_tokens)
+                                 + output - 1))
+        return full
+
+    def max_kv_blocks(self, num_prompt_tokens: int, total_tokens: int, block_size: int,
+                      chunk_tokens: int = EVICTION_CHUNK) -> int:
+        """Most blocks of ``block_size`` tokens such a request ever holds.
+
+        A block goes back to the pool only when none of its tokens is kept, and token-level
+        policies (h2o, snapkv) compact what they keep once a block's worth of holes has
+        gathered, so besides ``ceil(max_kv_tokens / block_size)`` a sequence may hold: one
+        block split between the sinks and the dropped tokens, one partly dropped at the start
+        of the window, and (h2o, snapkv) one block's worth of holes not yet compacted.
+        """
+        full = math.ceil(max(total_tokens - 1, 0) / block_size)
+        tokens = self.max_kv_tokens(num_prompt_tokens, total_tokens, chunk_tokens)
+        if not self.evicts or tokens == max(total_tokens - 1, 0) and self.policy != "snapkv":
+            return full
+        extra = 2 if self.policy in ("window", "sinks") else 3
+        return min(full, math.ceil(tokens / block_size) + extra)
+
+    def describe(self) -> str:
+        """One line, e.g. ``sinks (4 sinks + 1024 recent)``."""
+        if self.policy == "full":
+            return "full (every token kept)"
+        if self.policy == "window":
+            return f"window ({self.window} recent)"
+        if self.policy == "sinks":
+            return f"sinks ({self.sinks} sinks + {self.window} recent)"
+        if self.policy == "h2o":
+            return (f"h2o (budget {self.budget}: {self.sinks} sinks + {self.window} recent + "
+                    f"{self.budget - self.sinks - self.window} heavy hitters)")
+        return (f"snapkv (prompt compressed to {self.budget}, observation window "
+                f"{self.snapkv_window}, pooling {self.snapkv_kernel})")
+
+
+def spec_from_options(policy: str | None, window: int | None, sinks: int | None,
+                      budget: int | None) -> RetentionSpec:
+    """The spec of the command-line options ``--kv-policy/--kv-window/--kv-sinks/--kv-budget``
+    (policy None = full; sizes given without a policy are an error)."""
+    if policy is None:
+        given = [n for n, v in (("window", window), ("sinks", sinks), ("budget", budget))
+                 if v is not None]
+        if given:
+            raise InvalidParameterError(
+                f"kv_{given[0]} needs kv_policy (window, sinks, h2o or snapkv)")
+        return RetentionSpec()
+    return RetentionSpec(policy, window=window, sinks=sinks, budget=budget)
