@@ -129,3 +129,24 @@ def gguf_kit():
         write=_write_gguf, hf_weights=tiny_hf_weights, to_gguf=gguf_tensors_from_hf,
         permute=llamacpp_permute, TINY=TINY,
     )
+
+
+@pytest.fixture
+def app_client():
+    """``make(engine, **create_app kwargs) -> TestClient`` over the server app (lifespan entered);
+    every client made is closed at teardown."""
+    from fastapi.testclient import TestClient
+
+    from kvledger.server.app import create_app
+
+    clients = []
+
+    def make(engine, **kwargs) -> TestClient:
+        client = TestClient(create_app(engine, **kwargs))
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

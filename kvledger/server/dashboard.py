@@ -60,8 +60,10 @@ def _auth_required(request: Request) -> bool:
     return any(m.cls is ApiKeyMiddleware for m in request.app.user_middleware)
 
 
-def _page(request: Request, name: str) -> HTMLResponse:
-    html = _asset(name).decode()
+def _page(request: Request, name: str, label: str) -> HTMLResponse:
+    """Page ``name`` with the shared key form (its button says "Open ``label``")."""
+    login = _asset("login.html").decode().replace("{{PAGE}}", label)
+    html = _asset(name).decode().replace("{{LOGIN}}", login)
     html = html.replace("{{AUTH}}", "required" if _auth_required(request) else "none")
     return HTMLResponse(html, headers=HEADERS)
 
@@ -69,13 +71,13 @@ def _page(request: Request, name: str) -> HTMLResponse:
 @router.get("/dashboard")
 async def dashboard(request: Request) -> HTMLResponse:
     """The live dashboard page."""
-    return _page(request, "dashboard.html")
+    return _page(request, "dashboard.html", "dashboard")
 
 
 @router.get("/dashboard/plan")
 async def plan_page(request: Request) -> HTMLResponse:
     """The planner as a form."""
-    return _page(request, "plan.html")
+    return _page(request, "plan.html", "planner")
 
 
 @router.get("/dashboard/assets/{name}")

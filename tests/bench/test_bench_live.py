@@ -7,22 +7,16 @@ property of prefill work (seed §3.3), holds even on a loaded 2-core machine.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
+from serve_process import free_port
 from typer.testing import CliRunner
 
 from kvledger.cli import app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ reaches the engine's config unchanged (the options are declared once, from Engin
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
+from serve_process import free_port
 from typer.testing import CliRunner
 
 import kvledger.engine.engine as engine_module
@@ -37,12 +37,6 @@ NON_DEFAULT = {
     "kv_budget": (64, ["--kv-budget", "64"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 COMMANDS = {"generate": ["generate", "hi"], "serve": ["serve", "--port", str(free_port())]}

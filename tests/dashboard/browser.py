@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
-import pytest
+from serve_process import ServeProcess, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -65,43 +61,10 @@ def requested_urls(driver) -> list[str]:
     return urls
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
+def served(log_path: Path, *args: str, command: list[str] | None = None,
+           env: dict | None = None, timeout_s: float = 300.0) -> ServeProcess:
     """``kvledger serve`` (bundled model) on a free port with ``args``; ``url``, ``close()``."""
-
-    def __init__(self, log_path: Path, *args: str, command: list[str] | None = None,
-                 env: dict | None = None, timeout_s: float = 300.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = command or [sys.executable, "-m", "kvledger"]
-        self._log = open(log_path, "w")  # noqa: SIM115 - the server writes to it until close()
-        self.log_path = log_path
-        self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), *args],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.close()
-                pytest.fail(f"server exited early:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.close()
-        pytest.fail(f"server not ready in {timeout_s} s:\n{log_path.read_text()[-3000:]}")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
+    port = free_port()
+    command = command or [sys.executable, "-m", "kvledger"]
+    return ServeProcess([*command, "serve", "--port", str(port), *args], log_path, port,
+                        env=env, timeout_s=timeout_s)

@@ -12,7 +12,7 @@ import threading
 
 import httpx
 import pytest
-from browser import Served, console_errors, missing_browser, requested_urls, start_chrome
+from browser import console_errors, missing_browser, requested_urls, served, start_chrome
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(missing_browser() is not None, reason=str(missing_browser()))]
@@ -23,10 +23,10 @@ SECRET_PROMPT = "Zanzibar quokka marmalade lighthouse " * 6  # must never reach 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    served = Served(tmp_path_factory.mktemp("dash") / "serve.log", "--api-key", KEY,
-                    "--kv-cache-gib", "0.02", "--log-interval-s", "1")
-    yield served
-    served.close()
+    process = served(tmp_path_factory.mktemp("dash") / "serve.log", "--api-key", KEY,
+                     "--kv-cache-gib", "0.02", "--log-interval-s", "1")
+    yield process
+    process.close()
 
 
 @pytest.fixture(scope="module")

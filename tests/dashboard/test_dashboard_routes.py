@@ -5,9 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from fastapi.testclient import TestClient
-
-from kvledger.server.app import create_app
 
 KEY = "s3cret"
 
@@ -27,18 +24,8 @@ class IdleEngine:
 
 
 @pytest.fixture
-def client_for():
-    clients = []
-
-    def make(**kwargs) -> TestClient:
-        client = TestClient(create_app(IdleEngine(), **kwargs))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for c in clients:
-        c.__exit__(None, None, None)
+def client_for(app_client):
+    return lambda **kwargs: app_client(IdleEngine(), **kwargs)
 
 
 def test_pages_are_static_and_say_whether_a_key_is_needed(client_for):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from browser import Served
+from browser import served as serve_bundled
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +92,8 @@ def test_installed_plan_of_an_hf_id(installed):
 def test_installed_serve_has_the_dashboard(installed):
     bin_dir, env, work, _ = installed
     os.chdir(work)
-    served = Served(work / "serve.log", "--kv-cache-gib", "0.02",
-                    command=[str(bin_dir / "kvledger")], env=env)
+    served = serve_bundled(work / "serve.log", "--kv-cache-gib", "0.02",
+                            command=[str(bin_dir / "kvledger")], env=env)
     try:
         page = httpx.get(served.url + "/dashboard", timeout=30)
         assert page.status_code == 200 and "block map" in page.text.lower()

@@ -8,23 +8,9 @@ from live_server import LiveServer
 
 
 @pytest.fixture
-def make_client():
-    """Build a TestClient around create_app(engine, **kwargs); closes them at teardown."""
-    from fastapi.testclient import TestClient
-
-    from kvledger.server.app import create_app
-
-    clients = []
-
-    def make(engine: FakeEngine | None = None, **kwargs) -> TestClient:
-        client = TestClient(create_app(engine or FakeEngine(), **kwargs))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
+def make_client(app_client):
+    """``make(engine=None, **create_app kwargs)``: a TestClient, FakeEngine by default."""
+    return lambda engine=None, **kwargs: app_client(engine or FakeEngine(), **kwargs)
 
 
 @pytest.fixture(scope="session")

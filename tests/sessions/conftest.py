@@ -2,40 +2,24 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
+from serve_process import free_port
 from session_fakes import ChatFakeEngine
 
 
 @pytest.fixture
-def make_app(tmp_path):
-    """``make(engine=None, **create_app kwargs) -> TestClient``; closed at teardown."""
-    from fastapi.testclient import TestClient
-
-    from kvledger.server.app import create_app
-
-    clients = []
-
-    def make(engine=None, **kwargs):
-        client = TestClient(create_app(engine or ChatFakeEngine(), **kwargs))
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
+def make_app(app_client):
+    """``make(engine=None, **create_app kwargs) -> TestClient``, ChatFakeEngine by default."""
+    return lambda engine=None, **kwargs: app_client(engine or ChatFakeEngine(), **kwargs)
 
 
 @pytest.fixture
 def served():
     """A uvicorn server of the fake engine's app in a thread; yields (url, app)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     import uvicorn
 
     from kvledger.server.app import create_app

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+from serve_process import free_port
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "kvledger.cli", "serve", "--port", _free_port(), *args]
+    command = [sys.executable, "-m", "kvledger.cli", "serve", "--port", str(free_port()), *args]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
 
 
