@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KEY_QUANT_MODES = ("per-channel", "per-token")
+
 
 @dataclass
 class EngineConfig:
@@ -40,6 +43,16 @@ class EngineConfig:
         kv_window: recent tokens kept by window / sinks (and h2o's recent part).
         kv_sinks: first tokens always kept by sinks / h2o (default 4).
         kv_budget: most tokens kept by h2o, or a snapkv-compressed prompt.
+        kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
+            or the opt-in quantized fp8, int8, int4.
+        kv_group_size: int8/int4 values: elements per scale group along head_dim (must divide
+            head_dim).
+        kv_key_quant: int8/int4 keys: per-channel (a scale per channel over a block's tokens,
+            KIVI) or per-token (groups along head_dim, as values).
+        kv_outlier_channels: key channels per layer and KV head kept in fp16 beside the
+            quantized rest (quantized formats; chosen by the calibration).
+        kv_calibration: calibration file written by kvledger calibrate (the outlier channels
+            per layer and KV head); None = the file shipped with the bundled model.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -63,6 +76,11 @@ class EngineConfig:
     kv_window: int | None = None
     kv_sinks: int | None = None
     kv_budget: int | None = None
+    kv_cache_dtype: str = "auto"
+    kv_group_size: int = 32
+    kv_key_quant: str = "per-channel"
+    kv_outlier_channels: int = 0
+    kv_calibration: str | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -70,10 +88,19 @@ class EngineConfig:
                     "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
                     "long_prompt_tokens": self.long_prompt_tokens,
                     "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
-                    "num_threads": self.num_threads}
+                    "num_threads": self.num_threads, "kv_group_size": self.kv_group_size}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise InvalidParameterError(f"{name} must be > 0, got {value}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidParameterError(f"kv_cache_dtype must be one of "
+                                        f"{', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.kv_key_quant not in KEY_QUANT_MODES:
+            raise InvalidParameterError(f"kv_key_quant must be one of "
+                                        f"{', '.join(KEY_QUANT_MODES)}, got {self.kv_key_quant!r}")
+        if self.kv_outlier_channels < 0:
+            raise InvalidParameterError(
+                f"kv_outlier_channels must be >= 0, got {self.kv_outlier_channels}")
         if not 0 < self.long_kv_share <= 1:
             raise InvalidParameterError(
                 f"long_kv_share must be in (0, 1], got {self.long_kv_share}")

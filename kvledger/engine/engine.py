@@ -18,7 +18,7 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.kv.store import KV_FORMAT_OF_DTYPE, KVStore
+from kvledger.engine.kv.store import STORAGE_DTYPES, KVStore, resolve_kv_format
 from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.prompts import encode_prompt
@@ -108,12 +108,13 @@ class LLMEngine:
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
         self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
-        self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
+        self.kv_format = resolve_kv_format(config.kv_cache_dtype, dtype)
         self.bytes_per_block = kv_bytes_per_block(spec, config.block_size, self.kv_format)
         self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)
         num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len)
         self.store = KVStore(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
-                             spec.head_dim, dtype) if config.use_kv_cache else None
+                             spec.head_dim, STORAGE_DTYPES[self.kv_format],
+                             compute_dtype=dtype) if config.use_kv_cache else None
         self.runner = ModelRunner(self.model, self.store, config.block_size)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len)

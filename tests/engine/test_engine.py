@@ -140,6 +140,18 @@ def test_pool_bytes_equal_ledger(tiny_engine_factory):
     assert engine.store.nbytes == by_hand == 37 * kv_bytes_per_block(spec, 16, "fp32")
 
 
+@pytest.mark.parametrize("kv_cache_dtype, element_bytes", [("bf16", 2), ("fp16", 2), ("auto", 4)])
+def test_half_precision_kv_under_fp32_compute(tiny_engine_factory, kv_cache_dtype, element_bytes):
+    spec = tiny_engine_factory(num_blocks=1).spec
+    engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=kv_cache_dtype)
+    per_block = 16 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * element_bytes
+    assert engine.store.nbytes == 37 * per_block
+    full = _run(tiny_engine_factory(num_blocks=37), _prompts(2))
+    half = _run(engine, _prompts(2))
+    agree = sum(a == b for x, y in zip(full, half) for a, b in zip(x, y))
+    assert agree >= 0.75 * sum(map(len, full))  # a 16-bit cache keeps most greedy tokens
+
+
 @pytest.mark.slow
 def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm):
     from kvledger import LLM
@@ -169,7 +181,9 @@ def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm)
 
 @pytest.mark.parametrize("option", [{"block_size": 0}, {"num_blocks": -1}, {"long_kv_share": 0},
                                     {"long_kv_share": 1.5}, {"max_num_seqs": 0},
-                                    {"num_threads": 0}])
+                                    {"num_threads": 0}, {"kv_cache_dtype": "int3"},
+                                    {"kv_group_size": 0}, {"kv_key_quant": "per-row"},
+                                    {"kv_outlier_channels": -1}])
 def test_bad_engine_options_are_refused(option):
     from kvledger.engine.config import EngineConfig
 

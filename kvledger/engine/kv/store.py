@@ -15,7 +15,25 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.errors import InvalidParameterError
+
 KV_FORMAT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+STORAGE_DTYPES = {name: dtype for dtype, name in KV_FORMAT_OF_DTYPE.items()}
+
+
+def resolve_kv_format(kv_cache_dtype: str, compute_dtype: torch.dtype) -> str:
+    """The KV format ``--kv-cache-dtype`` names: ``auto`` is bf16, or fp32 under fp32 compute.
+
+    Raises:
+        InvalidParameterError: a format the engine cannot store.
+    """
+    if kv_cache_dtype == "auto":
+        return "fp32" if compute_dtype == torch.float32 else "bf16"
+    if kv_cache_dtype not in STORAGE_DTYPES:
+        raise InvalidParameterError(
+            f"--kv-cache-dtype {kv_cache_dtype} is not stored by the engine yet "
+            f"(choose one of auto, {', '.join(STORAGE_DTYPES)})")
+    return kv_cache_dtype
 
 
 class KVStore:
@@ -23,12 +41,16 @@ class KVStore:
 
     Args:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim: shape of the pool.
-        dtype: element type of K and V.
+        dtype: element type of K and V as stored.
+        compute_dtype: element type attention computes in (default ``dtype``); ``gather``
+            returns it.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype) -> None:
+                 head_dim: int, dtype: torch.dtype, compute_dtype: torch.dtype | None = None
+                 ) -> None:
         self.block_size = block_size
+        self.compute_dtype = compute_dtype or dtype
         self.num_blocks = num_blocks
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -46,8 +68,9 @@ class KVStore:
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor) -> None:
         """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` [tokens]."""
-        self._keys[layer].index_copy_(0, slot_mapping, key)
-        self._values[layer].index_copy_(0, slot_mapping, value)
+        dtype = self._keys[layer].dtype
+        self._keys[layer].index_copy_(0, slot_mapping, key.to(dtype))
+        self._values[layer].index_copy_(0, slot_mapping, value.to(dtype))
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape S) -> two tensors of shape S + [kv_heads, head_dim].
@@ -59,4 +82,5 @@ class KVStore:
         keys = torch.index_select(self._keys[layer], 0, flat)
         values = torch.index_select(self._values[layer], 0, flat)
         tail = keys.shape[1:]
+        keys, values = keys.to(self.compute_dtype), values.to(self.compute_dtype)
         return keys.view(*slots.shape, *tail), values.view(*slots.shape, *tail)
