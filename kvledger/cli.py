@@ -1,4 +1,4 @@
-"""The ``kvledger`` command line: plan | models | probe | generate | serve | bench | chat.
+"""The ``kvledger`` command line: plan | models | probe | generate | serve | bench | chat | eval.
 
 Each subcommand lives in ``kvledger/commands/<name>.py`` and imports its heavy dependencies
 (torch, transformers, fastapi) inside the function, so ``kvledger plan`` starts without torch.
@@ -15,6 +15,7 @@ import typer
 
 from kvledger import __version__
 from kvledger.commands import bench, chat, generate, models, plan, probe, serve
+from kvledger.commands import eval as eval_cmd
 from kvledger.errors import KVLedgerError
 
 app = typer.Typer(
@@ -60,6 +61,10 @@ app.command("generate")(user_errors(generate.generate))
 app.command("serve")(user_errors(serve.serve))
 app.command("bench")(user_errors(bench.bench))
 app.command("chat")(user_errors(chat.chat))
+eval_app = typer.Typer(no_args_is_help=True, help="Quality of a KV choice: perplexity, pass key.")
+eval_app.command("perplexity")(user_errors(eval_cmd.perplexity))
+eval_app.command("passkey")(user_errors(eval_cmd.passkey))
+app.add_typer(eval_app, name="eval")
 
 
 if __name__ == "__main__":

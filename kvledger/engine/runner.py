@@ -33,12 +33,21 @@ class ModelRunner:
         ``chunks``: objects with ``request`` (a Request: num_computed_tokens, block_table,
         tokens) and ``num_new_tokens``; a chunk samples when it reaches the end of its request.
         """
+        hidden, last = self._forward(chunks)
+        return self.model.compute_logits(hidden[last])
+
+    def hidden_states(self, chunks: Seq) -> torch.Tensor:
+        """Final hidden states [T, hidden] of every token of the step, decodes first, then each
+        prefill chunk's tokens in order (what ``kvledger eval`` scores; writes K/V like
+        :meth:`execute`)."""
+        return self._forward(chunks)[0]
+
+    def _forward(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor]:
         if self.store is None:
             ids, pos, meta, last = self._no_cache_batch(chunks)
         else:
             ids, pos, meta, last = self._paged_batch(chunks)
-        hidden = self.model.forward(ids, pos, meta, self.store)
-        return self.model.compute_logits(hidden[last])
+        return self.model.forward(ids, pos, meta, self.store), last
 
     def _paged_batch(self, chunks: Seq):
         decodes = [c for c in chunks if c.num_new_tokens == 1 and c.request.num_computed_tokens > 0]

@@ -1,0 +1,135 @@
+"""Perplexity as llama.cpp's ``llama-perplexity`` measures it, through the engine's KV cache.
+
+Protocol (llama.cpp ``tools/perplexity``): the tokenized text is cut into non-overlapping
+chunks of ``context`` tokens (a remainder shorter than a chunk is dropped); each chunk runs from
+an empty cache; only the second half is scored, so every scored token sees at least
+``context / 2`` tokens of context: the logits at positions ``context/2 .. context-2`` predict
+tokens ``context/2 + 1 .. context-1``. PPL = exp(mean negative log-likelihood).
+
+With a base engine (``--kl-divergence``) both engines run each chunk in lockstep and, per
+scored position, the KL divergence KL(P_base || P) = sum_v P_base(v) (log P_base(v) - log P(v))
+and whether both put the same token first (llama.cpp's "Mean KLD" and "Same top p").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kvledger.errors import InvalidParameterError
+from kvledger.eval.scoring import step_logprobs
+
+
+@dataclass
+class PerplexityResult:
+    """One perplexity run.
+
+    Attributes:
+        kv_format: the evaluated engine's KV format; base_kv_format: the reference's (or None).
+        context, stride: chunk length and feeding step, tokens.
+        chunks, tokens_scored: chunks run and tokens scored in all.
+        ppl: perplexity; nll: mean negative log-likelihood (nats per token).
+        chunk_ppl: perplexity of each chunk.
+        ppl_base, kld_mean, top1_agreement: the base run's PPL, mean KL divergence (nats) and
+            share of positions with the same argmax (None without a base).
+    """
+
+    text: str
+    kv_format: str
+    base_kv_format: str | None
+    context: int
+    stride: int
+    chunks: int
+    tokens_scored: int
+    ppl: float
+    nll: float
+    chunk_ppl: list[float]
+    ppl_base: float | None = None
+    kld_mean: float | None = None
+    top1_agreement: float | None = None
+
+    @property
+    def delta_ppl_pct(self) -> float | None:
+        """(ppl / ppl_base - 1) x 100, or None without a base."""
+        return None if self.ppl_base is None else 100 * (self.ppl / self.ppl_base - 1)
+
+    def to_json(self) -> dict:
+        """The ``--json`` object: every attribute plus ``delta_ppl_pct``."""
+        return {**asdict(self), "delta_ppl_pct": self.delta_ppl_pct}
+
+
+def check_protocol(context: int, stride: int | None) -> None:
+    """Validate ``--context`` and ``--stride`` before any work.
+
+    Raises:
+        InvalidParameterError: ``context < 4`` or ``stride`` outside ``[1, context]``.
+    """
+    if context < 4:
+        raise InvalidParameterError(f"--context must be >= 4, got {context}")
+    if stride is not None and not 1 <= stride <= context:
+        raise InvalidParameterError(f"--stride must be in [1, --context], got {stride}")
+
+
+def chunk_tokens(ids: list[int], context: int, max_chunks: int | None = None) -> list[list[int]]:
+    """Non-overlapping chunks of ``context`` tokens (the remainder dropped), at most
+    ``max_chunks`` of them.
+
+    Raises:
+        InvalidParameterError: ``context < 4`` or the text holds less than one chunk.
+    """
+    check_protocol(context, None)
+    n = len(ids) // context
+    if n == 0:
+        raise InvalidParameterError(
+            f"the text has {len(ids)} tokens, fewer than one chunk of --context {context}")
+    if max_chunks is not None:
+        n = min(n, max_chunks)
+    return [ids[i * context:(i + 1) * context] for i in range(n)]
+
+
+def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
+               max_chunks: int | None = None, base=None, text: str = "") -> PerplexityResult:
+    """Run the protocol over token ids ``ids`` on ``engine`` (and ``base``, for the KLD).
+
+    Args:
+        stride: tokens fed per step (None = the whole chunk in one prefill).
+
+    Raises:
+        InvalidParameterError: bad context or stride, text shorter than one chunk.
+    """
+    check_protocol(context, stride)
+    stride = stride or context
+    first = context // 2
+    nll_sum, count, chunk_ppl = 0.0, 0, []
+    base_nll, kld_sum, same_top = 0.0, 0.0, 0
+    for chunk in chunk_tokens(ids, context, max_chunks):
+        target = torch.tensor(chunk)
+        runs = step_logprobs(engine, chunk, stride, first)
+        base_runs = step_logprobs(base, chunk, stride, first) if base is not None else None
+        chunk_nll, chunk_count = 0.0, 0
+        for pos, lp in runs:
+            rows = lp.shape[0]
+            nxt = target[pos + 1: pos + 1 + rows]
+            chunk_nll -= float(lp.gather(1, nxt[:, None]).sum())
+            chunk_count += rows
+            if base_runs is not None:
+                _, base_lp = next(base_runs)
+                base_nll -= float(base_lp.gather(1, nxt[:, None]).sum())
+                kld_sum += float((base_lp.exp() * (base_lp - lp)).sum())
+                same_top += int((base_lp.argmax(-1) == lp.argmax(-1)).sum())
+        if base_runs is not None:
+            for _ in base_runs:  # nothing left to score: lets it free its blocks
+                pass
+        nll_sum, count = nll_sum + chunk_nll, count + chunk_count
+        chunk_ppl.append(math.exp(chunk_nll / chunk_count))
+    result = PerplexityResult(
+        text=text, kv_format=engine.kv_format,
+        base_kv_format=None if base is None else base.kv_format, context=context,
+        stride=stride, chunks=len(chunk_ppl), tokens_scored=count,
+        ppl=math.exp(nll_sum / count), nll=nll_sum / count, chunk_ppl=chunk_ppl)
+    if base is not None:
+        result.kld_mean, result.top1_agreement = kld_sum / count, same_top / count
+        result.ppl_base = math.exp(base_nll / count)
+    return result

@@ -1,0 +1,88 @@
+"""Run a token sequence through the engine's cache path and return log-probabilities.
+
+A chunk is fed as one request holding its own block table in the engine's KV pool, in steps of
+``stride`` tokens: the first step is a prefill from an empty cache, later steps attend over
+what the cache holds (a step of one token is a decode), exactly as generation would. Nothing
+is put in the prefix cache, so every chunk starts cold. The scheduler is bypassed (one
+request, no batching), the KV manager, store and attention backend are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
+
+
+@dataclass
+class _Chunk:
+    request: Request
+    num_new_tokens: int
+
+
+def eval_config(config: EngineConfig, context: int) -> EngineConfig:
+    """``config`` with a pool of exactly one ``context``-token sequence unless it names one."""
+    if config.num_blocks is not None or config.kv_cache_gib is not None:
+        return dataclasses.replace(config, max_num_seqs=1)
+    blocks = -(-context // config.block_size)
+    return dataclasses.replace(config, num_blocks=blocks, max_num_seqs=1)
+
+
+def load_engines(config: EngineConfig, context: int, base_kv: str | None = None):
+    """(engine, base engine or None) over one loaded model; the base differs only in its KV
+    format ``base_kv`` (the full-precision reference of ``--kl-divergence``).
+
+    Raises:
+        ContextLengthError: ``context`` exceeds the model's context.
+        plus what :class:`LLMEngine` raises for bad options or a missing model.
+    """
+    from kvledger.engine.engine import DTYPES, LLMEngine
+    from kvledger.engine.loader import load_tokenizer, load_weights
+
+    if config.dtype not in DTYPES:
+        raise InvalidParameterError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype}")
+    spec, weights = load_weights(config.model, DTYPES[config.dtype])
+    if context > spec.max_position_embeddings:
+        raise ContextLengthError(f"--context {context} exceeds the model's context of "
+                                 f"{spec.max_position_embeddings} tokens")
+    tokenizer = load_tokenizer(config.model)
+    cfg = eval_config(config, context)
+    engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
+    base = None
+    if base_kv is not None:
+        base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv), spec=spec,
+                         weights=weights, tokenizer=tokenizer)
+    return engine, base
+
+
+def step_logprobs(engine, tokens: list[int], stride: int, first: int
+                  ) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield ``(position, logprobs)`` per step: log-softmax [rows, vocab] (fp32) of the logits at
+    positions ``position .. position + rows - 1``, for positions in ``[first, len(tokens) - 1)``
+    (the logits at position p predict token p + 1).
+
+    Raises:
+        KVBudgetError: the pool cannot hold the chunk (another request holds blocks).
+    """
+    req = Request("kvledger-eval", list(tokens), SamplingParams(max_tokens=1))
+    kv, end = engine.scheduler.kv, len(tokens) - 1
+    try:
+        for start in range(0, len(tokens), stride):
+            n = min(stride, len(tokens) - start)
+            if not kv.allocate_slots(req, n):
+                raise KVBudgetError(f"the KV pool cannot hold a {len(tokens)}-token chunk")
+            hidden = engine.runner.hidden_states([_Chunk(req, n)])
+            req.num_computed_tokens += n
+            lo, hi = max(start, first), min(start + n, end)
+            if lo < hi:
+                logits = engine.model.compute_logits(hidden[lo - start: hi - start])
+                yield lo, torch.log_softmax(logits, dim=-1)
+    finally:
+        kv.free(req)

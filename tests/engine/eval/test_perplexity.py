@@ -1,0 +1,99 @@
+"""``kvledger eval perplexity``: llama.cpp's protocol, through the engine's cache path.
+
+Oracles: transformers' own forward on the same weights and tokens (bundled model, fp32), a
+hand count of the protocol's scored tokens, and self-consistency of the cache path (feeding
+the chunk in one prefill, in chunks, or one token at a time must give the same numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from kvledger.cli import app
+from kvledger.eval.perplexity import chunk_tokens, perplexity
+
+
+def _ids(n: int, seed: int = 3) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 320) for _ in range(n)]
+
+
+def test_protocol_cuts_non_overlapping_chunks_and_scores_the_second_halves(tiny_engine_factory):
+    ids = _ids(1000)
+    chunks = chunk_tokens(ids, 256)
+    assert [len(c) for c in chunks] == [256, 256, 256]  # 1000 // 256, remainder dropped
+    assert chunks[1] == ids[256:512]
+    result = perplexity(tiny_engine_factory(num_blocks=16), ids, 256, max_chunks=2)
+    assert (result.chunks, result.tokens_scored) == (2, 2 * 127)  # positions 128..254 each
+    assert result.ppl == pytest.approx(math.exp(result.nll))
+    assert min(result.chunk_ppl) <= result.ppl <= max(result.chunk_ppl)
+
+
+@pytest.mark.parametrize("stride", [40, 1])
+def test_stride_changes_the_path_not_the_numbers(tiny_engine_factory, stride):
+    engine = tiny_engine_factory(num_blocks=16)
+    whole = perplexity(engine, _ids(400), 96)
+    stepped = perplexity(engine, _ids(400), 96, stride=stride)
+    assert stepped.ppl == pytest.approx(whole.ppl, rel=1e-5)
+    assert engine.stats()["kv_blocks_free"] == 16  # every chunk's blocks went back
+
+
+def test_kl_divergence_against_itself_is_zero(tiny_engine_factory):
+    engine, base = tiny_engine_factory(num_blocks=16), tiny_engine_factory(num_blocks=16)
+    r = perplexity(engine, _ids(300), 128, base=base)
+    assert r.kld_mean == pytest.approx(0.0, abs=1e-6)
+    assert r.top1_agreement == 1.0
+    assert r.ppl_base == pytest.approx(r.ppl)
+
+
+@pytest.mark.slow
+def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
+    """The engine's PPL (fp32, fp32 KV) on real text equals the one computed from
+    transformers' logits on the same GGUF weights and tokens, within 0.1 %."""
+    import torch
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.eval.corpus import default_text
+    from kvledger.eval.scoring import load_engines
+
+    context, n_chunks = 256, 3
+    engine, _ = load_engines(EngineConfig(dtype="fp32", kv_cache_dtype="fp32"), context)
+    ids = engine.tokenizer.encode(default_text()[:40000], add_special_tokens=False)
+    ours = perplexity(engine, ids, context, max_chunks=n_chunks)
+    nll, count = 0.0, 0
+    with torch.inference_mode():
+        for i in range(n_chunks):
+            chunk = torch.tensor(ids[i * context:(i + 1) * context])
+            logp = torch.log_softmax(hf_oracle(chunk[None]).logits[0].float(), dim=-1)
+            first = context // 2
+            nll -= float(logp[first:-1].gather(1, chunk[first + 1:, None]).sum())
+            count += context - 1 - first
+    assert ours.tokens_scored == count
+    assert ours.ppl == pytest.approx(math.exp(nll / count), rel=1e-3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--context", "2"], "--context must be >= 4"),
+    (["--context", "64", "--stride", "0"], "--stride must be in"),
+    (["--text", "/nonexistent/file.txt"], "cannot read"),
+    (["--kv-cache-dtype", "int3"], "kv_cache_dtype must be one of"),
+])
+def test_bad_perplexity_input_is_one_line_and_exit_2(args, message):
+    out = CliRunner().invoke(app, ["eval", "perplexity", *args])
+    assert out.exit_code == 2
+    assert message in out.output and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--depth", "1.5"], "--depth must be in [0, 1]"),
+    (["--depth", "half"], "comma-separated"),
+    (["--trials", "0"], "--trials must be >= 1"),
+])
+def test_bad_passkey_input_is_one_line_and_exit_2(args, message):
+    out = CliRunner().invoke(app, ["eval", "passkey", *args])
+    assert out.exit_code == 2
+    assert message in out.output and "Traceback" not in out.output
