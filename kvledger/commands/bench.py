@@ -82,6 +82,8 @@ def bench(
     recall: Annotated[bool, typer.Option(
         help="--api responses: plant 10 facts, pad with --turns turns, ask them back.")]
     = False,
+    trace: Annotated[str | None, typer.Option(
+        help="Also write what was sent as a trace (JSON lines) for `kvledger replay`.")] = None,
 ) -> None:
     """Measure TTFT, TPOT, ITL and throughput; detect jumps; compare with the ledger."""
     from rich.console import Console
@@ -143,3 +145,8 @@ def bench(
         console.print(f"note: {note}")
     for path in write_all(result, Path(out)):
         console.print(f"wrote {path}")
+    if trace is not None:
+        from kvledger.replay.bench_trace import write_bench_trace
+
+        write_bench_trace(result, trace)
+        console.print(f"wrote {trace}")

@@ -1,13 +1,16 @@
 """``kvledger probe``: measure this machine for the planner and for the engine's kernels.
 
-Two measurements, two files:
+What it measures, and where it goes:
 
 - the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.ledger.probe`) for
   ``kvledger plan --device local``, saved in the config folder (``local_device.json``);
 - the kernel probe (:mod:`kvledger.engine.kernels`): per matmul shape class of ``--model``
   the decode time of each weight format, and of each attention backend, with what the engine
   will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
-  anyway; this command re-measures and prints it).
+  anyway; this command re-measures and prints it);
+- with ``--steps``, the step model of ``kvledger replay --device local``: engine steps timed
+  over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
+  the config folder (``local_step_model.json``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def probe(
     model: Annotated[str, Opt(help="Model whose matmul shapes the kernel probe times")] = "default",
     kernels: Annotated[bool, Opt(help="Also run the kernel probe (--no-kernels skips it)")] = True,
     threads: Annotated[int | None, Opt(help="torch threads for the kernel probe")] = None,
+    steps: Annotated[bool, Opt(help="Also time engine steps over a grid and fit the step "
+                                    "model of `kvledger replay --device local`")] = False,
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
     from kvledger.ledger.hardware import save_local_device
@@ -48,6 +53,11 @@ def probe(
     )
     if kernels:
         _kernel_probe(model, threads)
+    if steps:
+        from kvledger.replay.probe_steps import probe_steps
+
+        for line in probe_steps(dev, model, threads):
+            print(line)
 
 
 def _kernel_probe(model: str, threads: int | None) -> None:

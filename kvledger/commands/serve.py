@@ -62,6 +62,12 @@ def serve(
         help="Model id clients send and see (default: the model file's stem).")] = None,
     drain_timeout_s: Annotated[float, typer.Option(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
+    trace: Annotated[str | None, typer.Option(
+        help="Record every request and engine step to this file (JSON lines, for `kvledger "
+             "replay`).")] = None,
+    trace_private: Annotated[bool, typer.Option(
+        help="With --trace: record prompt lengths and block hashes instead of token ids.")]
+    = False,
     *,
     engine_config: EngineConfig,
 ) -> None:
@@ -92,6 +98,8 @@ def serve(
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(engine_config)
+    if trace is not None:
+        engine = _traced(engine, engine_config, trace, trace_private)
     app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
                      served_model_name=served_model_name, sessions=sessions)
@@ -105,6 +113,23 @@ def serve(
     config = uvicorn_config(app, host, port, limits)
     state = app.state.server
     DrainingServer(config, state.drain, drain_timeout_s, state.loop.stop).run()
+
+
+def _traced(engine, config: EngineConfig, path: str, private: bool):
+    """The engine wrapped to record a trace (kvledger/replay/trace.py) into ``path``."""
+    import dataclasses
+
+    from kvledger.replay.recorder import TracingEngine
+    from kvledger.replay.trace import TraceWriter
+
+    try:
+        writer = TraceWriter(path, "serve", engine.model_name, private, config.block_size,
+                             dataclasses.asdict(config), engine.scheduler.kv.pool.num_blocks)
+    except OSError as exc:
+        from kvledger.errors import InvalidParameterError
+
+        raise InvalidParameterError(f"--trace: cannot write {path}: {exc.strerror}") from None
+    return TracingEngine(engine, writer)
 
 
 def _check_options(host: str, port: int, max_queue: int | None,

@@ -26,7 +26,8 @@ from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.scheduler import Scheduler, SchedulerOutput
+from kvledger.engine.schedule_output import SchedulerOutput
+from kvledger.engine.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for

@@ -1,0 +1,147 @@
+"""From ``kvledger replay`` options to one simulated run: model, device, pool, clock, sweep.
+
+The pool: ``--num-blocks`` / ``--kv-cache-gib``, or on ``local`` the engine's own rule
+(``kvledger.engine.engine.pool_blocks``: what ``kvledger serve`` here would allocate); on a
+table device the planner's (device memory x ``gpu_util`` - weights - reserve, per rank, in
+blocks of the ledger's bytes). Bytes per block are the ledger's for the KV format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.engine import pool_blocks
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.costs import blocks_for, kv_pool_bytes
+from kvledger.ledger.hardware import Device, GiB, get_device
+from kvledger.ledger.kv import KV_FORMATS, kv_bytes_per_block
+from kvledger.ledger.params import spec_weight_bytes
+from kvledger.ledger.planner import PlanOptions
+from kvledger.replay.simulator import ModelClock, RecordedClock, ReplayRun, Simulator
+from kvledger.replay.step_model import (
+    DEFAULT_EFFICIENCY,
+    Efficiency,
+    StepTimeModel,
+    load_local_efficiency,
+)
+from kvledger.replay.trace import Trace
+from kvledger.spec import ModelSpec
+
+SWEEP_KEYS = {  # --sweep key -> (what it sets, value type)
+    "max-num-seqs": ("max_num_seqs", int),
+    "max-num-batched-tokens": ("max_num_batched_tokens", int),
+    "num-blocks": ("num_blocks", int),
+    "kv-cache-gib": ("kv_cache_gib", float),
+    "block-size": ("block_size", int),
+    "max-kv-tokens-per-request": ("max_kv_tokens_per_request", int),
+    "long-prompt-tokens": ("long_prompt_tokens", int),
+    "kv-cache-dtype": ("kv_format", str),
+    "speed": ("speed", float),
+}
+
+
+@dataclass
+class Setting:
+    """One replay setting: engine options plus what only the replay has."""
+
+    config: EngineConfig
+    kv_format: str
+    speed: float = 1.0
+    label: str = "replay"
+    extra: dict = field(default_factory=dict)
+
+
+def parse_sweep(text: str | None) -> tuple[str, list] | None:
+    """``key=v1,v2,...`` -> (key, typed values).
+
+    Raises:
+        InvalidParameterError: unknown key (the message lists them) or a bad value.
+    """
+    if not text:
+        return None
+    key, _, values = text.partition("=")
+    key = key.strip()
+    if key not in SWEEP_KEYS or not values:
+        raise InvalidParameterError(
+            f"--sweep takes KEY=V1,V2,... with KEY one of {', '.join(SWEEP_KEYS)}; got {text!r}")
+    kind = SWEEP_KEYS[key][1]
+    try:
+        typed = [kind(v.strip()) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise InvalidParameterError(f"--sweep {key}: bad value in {values!r}") from None
+    if key == "kv-cache-dtype" and any(v not in KV_FORMATS for v in typed):
+        raise InvalidParameterError(f"--sweep kv-cache-dtype: choose from {', '.join(KV_FORMATS)}")
+    return key, typed
+
+
+def settings(base: Setting, sweep: tuple[str, list] | None) -> list[Setting]:
+    """The base setting, or one per swept value (labelled ``key=value``).
+
+    Raises:
+        InvalidParameterError: a swept engine value out of range (from EngineConfig).
+    """
+    if sweep is None:
+        return [base]
+    key, values = sweep
+    name = SWEEP_KEYS[key][0]
+    out = []
+    for v in values:
+        s = dataclasses.replace(base, label=f"{key}={v}")
+        if name in ("kv_format", "speed"):
+            setattr(s, name, v)
+        else:
+            s.config = dataclasses.replace(base.config, **{name: v})
+        out.append(s)
+    return out
+
+
+def resolve_device(name: str) -> tuple[Device, Efficiency]:
+    """The device and its efficiency factors (local: the fit of ``probe --steps`` if any).
+
+    Raises:
+        InvalidParameterError: unknown device, or ``local`` before ``kvledger probe``.
+    """
+    device = get_device(name)
+    if device.name == "local":
+        return device, load_local_efficiency() or DEFAULT_EFFICIENCY
+    return device, DEFAULT_EFFICIENCY
+
+
+def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: str | None,
+                   tp: int) -> tuple[int, int]:
+    """(pool blocks, bytes per block) of a setting (see the module docstring)."""
+    c = s.config
+    bpb = kv_bytes_per_block(spec, c.block_size, s.kv_format, tp=tp)
+    if device.name == "local" or c.num_blocks is not None or c.kv_cache_gib is not None:
+        return pool_blocks(c, bpb, spec.max_position_embeddings), bpb
+    plan = PlanOptions()
+    weights = spec_weight_bytes(spec, weights_dtype) // tp
+    pool = kv_pool_bytes(device.memory_bytes, weights, int(plan.reserve_gib * GiB), plan.gpu_util)
+    blocks = blocks_for(pool, bpb)
+    if blocks < 1:
+        raise InvalidParameterError(
+            f"{spec.name} leaves no KV room on {device.name} ({device.memory_gib} GiB, weights "
+            f"{weights / GiB:.1f} GiB per rank): try --tp or a bigger device")
+    return blocks, bpb
+
+
+def simulate(trace: Trace, spec: ModelSpec, device: Device, eff: Efficiency, s: Setting,
+             weights_dtype: str | None = None, tp: int = 1,
+             step_times: str = "model") -> ReplayRun:
+    """Replay ``trace`` under one setting.
+
+    Args:
+        step_times: ``model`` (the step-time model) or ``trace`` (the recorded durations; the
+            model for steps past the recording).
+    """
+    blocks, bpb = num_blocks_for(spec, device, s, weights_dtype, tp)
+    model = StepTimeModel(spec, device, eff, s.kv_format, weights_dtype, tp)
+    clock = ModelClock(model)
+    if step_times == "trace":
+        if not trace.steps:
+            raise InvalidParameterError("--step-times trace: this trace recorded no steps")
+        clock = RecordedClock(trace.steps, clock)
+    sim = Simulator(trace, s.config, blocks, bpb, spec.max_position_embeddings, clock, s.speed)
+    return sim.run()

@@ -1,0 +1,231 @@
+"""Replay a trace through the engine's own Scheduler and KV cache manager in simulated time.
+
+No model runs: the same ``Scheduler`` object the engine builds (admission rule, prefix cache,
+chunked prefill, preemption, quotas, long/short isolation) schedules every step; a *clock*
+says when the step starts and how long it lasts. After each step the replay does what
+``LLMEngine.step`` does with the model's output: ``Scheduler.advance``, one token appended to
+every chunk that reached its request's end, and ``Scheduler.finish`` for a request that reached
+its output length (from the trace) or its ``max_tokens_effective``.
+
+Loop: requests whose (speed-scaled) arrival is at or before the step's start are added first,
+in arrival order, as the server's engine thread adds the requests that came in since the last
+step; with nothing to do the clock jumps to the next arrival. Request times follow the engine's
+stamps: first scheduled = the step's start, first and later tokens = the step's end.
+
+Token ids: a trace with ``prompt_token_ids`` is replayed with them (and with the recorded
+``output_token_ids``, so generated blocks hit the prefix cache as they did live). A private
+trace's prompt is rebuilt from its block hashes: block ``i`` gets tokens derived from its
+hash, so two requests share exactly the prefix blocks whose hashes they share; the partial
+last block and the output get tokens unique to the request. A trace without either (an
+imported one) shares nothing.
+
+Clocks: :class:`ModelClock` (the step-time model, back to back) and :class:`RecordedClock`
+(each step starts and lasts as the trace's step of the same index did; this reproduces a
+recorded run's schedule when the replay's scheduler is the live one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.schedule_output import SchedulerOutput
+from kvledger.engine.scheduler import Scheduler
+from kvledger.errors import ContextLengthError, KVBudgetError
+from kvledger.replay.step_model import StepFeatures, StepTimeModel
+from kvledger.replay.trace import Trace, TraceRequest
+
+TOKEN_RANGE = 1 << 30  # synthetic token ids; the scheduler never looks them up in a vocabulary
+
+
+class ModelClock:
+    """Steps back to back, each lasting what the step-time model says."""
+
+    def __init__(self, model: StepTimeModel) -> None:
+        self.model = model
+
+    def start(self, index: int, now: float) -> float:
+        """When step ``index`` starts, the previous one having ended at ``now``."""
+        return now
+
+    def duration(self, index: int, plan: SchedulerOutput) -> float:
+        """Seconds step ``index`` lasts."""
+        return self.model.duration(StepFeatures.of_plan(plan))
+
+
+class RecordedClock:
+    """Step ``i`` starts at the recorded start (or ``now`` if later) and lasts the recorded
+    duration; steps past the recording fall back to ``fallback`` (or last 0 s)."""
+
+    def __init__(self, steps: list[dict], fallback: ModelClock | None = None) -> None:
+        self.steps, self.fallback = steps, fallback
+
+    def start(self, index: int, now: float) -> float:
+        if index < len(self.steps):
+            return max(now, self.steps[index]["start_s"])
+        return now
+
+    def duration(self, index: int, plan: SchedulerOutput) -> float:
+        if index < len(self.steps):
+            return self.steps[index]["duration_s"]
+        return self.fallback.duration(index, plan) if self.fallback else 0.0
+
+
+@dataclass
+class SimRequest:
+    """One replayed request: its trace entry, its engine Request, and what happened to it."""
+
+    trace: TraceRequest
+    arrival_s: float
+    target_output: int | None
+    request: Request | None = None
+    refused: str | None = None
+    first_scheduled_s: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finished_s: float | None = None
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] - self.arrival_s if self.token_times else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        t = self.token_times
+        return (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float | None:
+        s = self.first_scheduled_s
+        return None if s is None else s - self.arrival_s
+
+
+@dataclass
+class ReplayRun:
+    """What a replay produced: requests (trace order), steps, KV peak, the pool it ran on."""
+
+    requests: list[SimRequest]
+    steps: list[dict]
+    num_blocks: int
+    bytes_per_block: int
+    kv_peak_blocks: int
+    preemptions: int
+    end_s: float
+
+
+def _hash_tokens(seed: bytes, n: int) -> list[int]:
+    rng = random.Random(hashlib.sha256(seed).digest())
+    return [rng.randrange(TOKEN_RANGE) for _ in range(n)]
+
+
+def prompt_ids(req: TraceRequest, hash_block_size: int | None) -> list[int]:
+    """The prompt token ids to replay (see the module docstring)."""
+    if req.prompt_token_ids is not None:
+        return list(req.prompt_token_ids)
+    ids: list[int] = []
+    for h in req.block_hashes or []:
+        ids += _hash_tokens(bytes.fromhex(h), hash_block_size)
+    return ids + _hash_tokens(f"tail:{req.id}".encode(), req.prompt_tokens - len(ids))
+
+
+class Simulator:
+    """Drives a Scheduler through a trace (see the module docstring).
+
+    Args:
+        trace: the workload.
+        config: engine options (budgets, prefix caching, isolation, quota).
+        num_blocks: KV pool blocks; bytes_per_block: the ledger's bytes per block.
+        max_model_len: the model's context.
+        clock: ModelClock or RecordedClock.
+        speed: arrival-time divisor (2 = twice the load); the step times do not change.
+    """
+
+    def __init__(self, trace: Trace, config: EngineConfig, num_blocks: int,
+                 bytes_per_block: int, max_model_len: int, clock, speed: float = 1.0) -> None:
+        self.trace, self.clock = trace, clock
+        self.sched = Scheduler(config, num_blocks, config.block_size, bytes_per_block,
+                               max_model_len)
+        self.bytes_per_block = bytes_per_block
+        self.hash_block_size = trace.header.get("hash_block_size")
+        self.sims = [SimRequest(r, r.arrival_s / speed, r.target_output_tokens)
+                     for r in trace.requests]
+
+    def _add(self, sim: SimRequest) -> None:
+        r = sim.trace
+        params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
+        req = Request(r.id, prompt_ids(r, self.hash_block_size), params)
+        try:
+            self.sched.add(req)
+        except (ContextLengthError, KVBudgetError) as exc:
+            sim.refused = ("context: " if isinstance(exc, ContextLengthError) else "kv: ") + str(exc)
+            return
+        sim.request = req
+        recorded = (r.finish or {}).get("output_token_ids")
+        sim.output_ids = list(recorded) if recorded else []
+
+    def _next_token(self, sim: SimRequest) -> int:
+        n = len(sim.request.output_token_ids)
+        if n < len(sim.output_ids):
+            return sim.output_ids[n]
+        return _hash_tokens(f"out:{sim.trace.id}:{n}".encode(), 1)[0]
+
+    def run(self) -> ReplayRun:
+        """Replay every request; returns the run (deterministic for a trace and options)."""
+        pending = deque(sorted(self.sims, key=lambda s: s.arrival_s))
+        by_id = {s.trace.id: s for s in self.sims}
+        steps: list[dict] = []
+        now, peak = 0.0, 0
+        pool = self.sched.kv.pool
+        while pending or self.sched.has_unfinished_requests():
+            if not self.sched.has_unfinished_requests() and pending[0].arrival_s > now:
+                now = pending[0].arrival_s
+            start = self.clock.start(len(steps), now)
+            while pending and pending[0].arrival_s <= start:
+                self._add(pending.popleft())
+            if not self.sched.has_unfinished_requests():
+                now = start
+                continue
+            plan = self.sched.schedule()
+            for req, err in plan.failed:
+                by_id[req.request_id].refused = f"failed: {err}"
+            if not plan.chunks:
+                now = pending[0].arrival_s if pending else start
+                continue
+            peak = max(peak, pool.num_in_use)
+            duration = self.clock.duration(len(steps), plan)
+            end = start + duration
+            steps.append({"index": len(steps), "start_s": start, "duration_s": duration,
+                          "chunks": [[c.request.request_id, c.start, c.num_new_tokens]
+                                     for c in plan.chunks],
+                          "preempted": [r.request_id for r in plan.preempted],
+                          "failed": [r.request_id for r, _ in plan.failed]})
+            for chunk in plan.chunks:
+                sim = by_id[chunk.request.request_id]
+                sim.first_scheduled_s = sim.first_scheduled_s if sim.first_scheduled_s is not \
+                    None else start
+            self.sched.advance(plan)
+            for chunk in plan.chunks:
+                if chunk.samples:
+                    self._append(by_id[chunk.request.request_id], end)
+            now = end
+        return ReplayRun(self.sims, steps, pool.num_blocks, self.bytes_per_block, peak,
+                         self.sched.num_preemptions, now)
+
+    def _append(self, sim: SimRequest, end: float) -> None:
+        req = sim.request
+        req.output_token_ids.append(self._next_token(sim))
+        sim.token_times.append(end)
+        n = len(req.output_token_ids)
+        target = sim.target_output if sim.target_output is not None else req.max_tokens_effective
+        if n >= min(max(target, 1), req.max_tokens_effective):
+            sim.finished_s = end
+            self.sched.finish(req)

@@ -1,0 +1,169 @@
+"""How long one engine step takes on a device: the ledger's compute and bandwidth terms.
+
+For a step that computes chunks ``(start_c, n_c)`` (``n_c`` new tokens after ``start_c``
+already cached) the features are
+
+  tokens  ``T = sum n_c``
+  pairs   ``P = sum (n_c start_c + n_c (n_c + 1) / 2)``: causal (query, key) pairs attended
+  kv_read ``R = sum (start_c + n_c)``: KV tokens each chunk reads (a chunk reads its context
+          once, as a paged kernel does)
+  seqs    ``S``: chunks (sequences) in the step
+
+and the ledger's terms on a device of peak ``F`` FLOP/s and ``B`` bytes/s, per tensor-parallel
+rank (:mod:`kvledger.ledger.costs`):
+
+  compute_s = (2 x active params x T + attention FLOPs per pair x P) / (tp x F)
+  memory_s  = (weight bytes read + KV bytes per token x (R + T)) / B   (per rank)
+
+  duration  = step_overhead_s + seq_overhead_s x S + compute_s / mfu + memory_s / mbu
+
+The two terms are added, not overlapped (max): an engine that does not overlap its weight
+reads with its matmuls (a CPU engine, small batches) pays both. ``mfu`` and ``mbu`` are the
+efficiency factors, the fraction of peak FLOP/s and bandwidth a step reaches; the overheads are
+the framework's fixed cost per step and per sequence (scheduling, sampling, launches). No
+collective cost is modelled for tp > 1.
+
+Factors for the devices of the table are :data:`DEFAULT_EFFICIENCY`: round figures we assume,
+not measurements (the planner's MFU of 0.4 for prefill, 0.7 of peak bandwidth for decode, a few
+milliseconds of framework time per step). ``kvledger probe --steps`` fits the factors of the
+``local`` device from measured steps (:mod:`kvledger.replay.fit`), which shows how far such
+round figures are from one real engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from kvledger.engine.schedule_output import SchedulerOutput
+from kvledger.errors import ConfigError, InvalidParameterError
+from kvledger.ledger.costs import attention_flops
+from kvledger.ledger.hardware import Device
+from kvledger.ledger.kv import kv_bytes_per_token
+from kvledger.ledger.params import count_params, params_read_per_step, spec_weight_bytes
+from kvledger.ledger.planner import PlanOptions
+from kvledger.paths import config_dir
+from kvledger.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """What one step computes and reads (see the module docstring)."""
+
+    tokens: int
+    pairs: int
+    kv_read_tokens: int
+    seqs: int
+
+    @classmethod
+    def of(cls, chunks: list[tuple[int, int]]) -> StepFeatures:
+        """Features of chunks given as ``(start, num_new_tokens)``."""
+        return cls(tokens=sum(n for _, n in chunks),
+                   pairs=sum(n * s + n * (n + 1) // 2 for s, n in chunks),
+                   kv_read_tokens=sum(s + n for s, n in chunks), seqs=len(chunks))
+
+    @classmethod
+    def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
+        """Features of a scheduler step."""
+        return cls.of([(c.start, c.num_new_tokens) for c in plan.chunks])
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Efficiency factors of a device (see the module docstring).
+
+    Attributes:
+        mfu: fraction of peak FLOP/s a step reaches, > 0.
+        mbu: fraction of peak memory bandwidth a step reaches, > 0.
+        step_overhead_s: fixed seconds per step.
+        seq_overhead_s: seconds per sequence in the step.
+        source: where the figures come from ("assumed defaults", or a fit's description).
+    """
+
+    mfu: float
+    mbu: float
+    step_overhead_s: float
+    seq_overhead_s: float
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.mfu <= 0 or self.mbu <= 0 or self.step_overhead_s < 0 or self.seq_overhead_s < 0:
+            raise InvalidParameterError(f"efficiency factors out of range: {self}")
+
+
+DEFAULT_EFFICIENCY = Efficiency(mfu=PlanOptions().mfu, mbu=0.7, step_overhead_s=0.003,
+                                seq_overhead_s=0.00005,
+                                source="assumed defaults (not measured)")
+
+
+def local_efficiency_path():
+    """Where ``kvledger probe --steps`` saves the fitted factors of the ``local`` device."""
+    return config_dir() / "local_step_model.json"
+
+
+def save_local_efficiency(eff: Efficiency, extra: dict | None = None):
+    """Write the fitted factors (plus ``extra`` figures of the fit); returns the path."""
+    path = local_efficiency_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(eff) | {"fit": extra or {}}, indent=2) + "\n")
+    return path
+
+
+def load_local_efficiency() -> Efficiency | None:
+    """The fitted factors of ``local``, or None before ``kvledger probe --steps``.
+
+    Raises:
+        ConfigError: the file is corrupt.
+    """
+    path = local_efficiency_path()
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        data.pop("fit", None)
+        return Efficiency(**data)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ConfigError(f"{path} is corrupt ({exc}); run `kvledger probe --steps` again") \
+            from None
+
+
+class StepTimeModel:
+    """Step durations of ``spec`` on ``device`` (see the module docstring).
+
+    Args:
+        spec: the model.
+        device: peak FLOP/s and bandwidth.
+        efficiency: the factors.
+        kv_format: KV cache format (ledger name: bf16, fp8, int8, int4 ...).
+        weights_dtype: weights format for the bytes read (None: the checkpoint's, or the GGUF
+            file's real bytes).
+        tp: tensor-parallel ranks.
+    """
+
+    def __init__(self, spec: ModelSpec, device: Device, efficiency: Efficiency,
+                 kv_format: str = "bf16", weights_dtype: str | None = None, tp: int = 1):
+        self.spec, self.device, self.eff, self.tp = spec, device, efficiency, tp
+        counts = count_params(spec)
+        self.flops_per_token = 2 * counts.active
+        self.flops_per_pair = attention_flops(spec, 1)
+        self.weight_bytes = spec_weight_bytes(spec, weights_dtype) / tp
+        self.bytes_per_param = self.weight_bytes * tp / counts.total
+        self.kv_bytes_per_token = kv_bytes_per_token(spec, kv_format, tp=tp)
+
+    def terms(self, f: StepFeatures) -> tuple[float, float]:
+        """(compute seconds at peak, memory seconds at peak) of a step."""
+        flops = self.flops_per_token * f.tokens + self.flops_per_pair * f.pairs
+        weights = self.weight_bytes
+        if self.spec.num_experts:  # an MoE step reads only the experts its tokens touch
+            weights = params_read_per_step(self.spec, max(f.tokens, 1)) * \
+                self.bytes_per_param / self.tp
+        kv = self.kv_bytes_per_token * (f.kv_read_tokens + f.tokens)
+        return (flops / (self.tp * self.device.flops_per_s),
+                (weights + kv) / self.device.bandwidth_bytes_per_s)
+
+    def duration(self, f: StepFeatures) -> float:
+        """Seconds of a step with features ``f``."""
+        compute, memory = self.terms(f)
+        e = self.eff
+        return (e.step_overhead_s + e.seq_overhead_s * f.seqs + compute / e.mfu
+                + memory / e.mbu)

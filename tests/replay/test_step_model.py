@@ -1,0 +1,59 @@
+"""The step-time model's features and durations, and the fit of its factors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvledger.catalogue import load_model_spec
+from kvledger.ledger.hardware import get_device
+from kvledger.replay.fit import fit
+from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
+
+LLAMA_8B_PARAMS = 8_030_261_248  # model card: 8.03B (count of meta-llama/Llama-3.1-8B)
+LLAMA_8B_KV_BYTES = 131_072  # 32 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes (bf16)
+
+
+def test_features_by_hand():
+    f = StepFeatures.of([(0, 4), (10, 1)])
+    # pairs: 4 new tokens from 0 see 1+2+3+4 = 10 keys; 1 token at 10 sees 11
+    assert f == StepFeatures(tokens=5, pairs=21, kv_read_tokens=15, seqs=2)
+
+
+def test_decode_step_on_h100_by_hand():
+    spec = load_model_spec("meta-llama/Llama-3.1-8B")
+    h100 = get_device("H100-SXM")  # 989 TFLOPS dense bf16, 3350 GB/s
+    eff = Efficiency(mfu=0.5, mbu=0.8, step_overhead_s=0.001, seq_overhead_s=0.0001, source="t")
+    model = StepTimeModel(spec, h100, eff, "bf16", "bf16")
+    f = StepFeatures.of([(1023, 1)])  # one decode at context 1023
+    flops = 2 * LLAMA_8B_PARAMS + 32 * 2 * 32 * 256 * 1024  # weights + QK/PV over 1024 keys
+    bytes_ = 2 * LLAMA_8B_PARAMS + LLAMA_8B_KV_BYTES * (1024 + 1)  # weights, KV read + write
+    expected = 0.001 + 0.0001 + flops / 989e12 / 0.5 + bytes_ / 3350e9 / 0.8
+    assert model.duration(f) == pytest.approx(expected, rel=1e-9)
+    # tensor parallel: half the FLOPs and bytes per rank (8 KV heads split over 2)
+    tp2 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2)
+    assert tp2.terms(f)[0] == pytest.approx(model.terms(f)[0] / 2)
+    assert tp2.terms(f)[1] == pytest.approx(model.terms(f)[1] / 2)
+
+
+def test_fit_recovers_known_factors():
+    spec = load_model_spec("default")
+    dev = get_device("L4")
+    truth = Efficiency(mfu=0.3, mbu=0.6, step_overhead_s=0.004, seq_overhead_s=0.0002, source="")
+    model = StepTimeModel(spec, dev, truth)
+    rng = random.Random(0)
+    samples = []
+    for _ in range(40):
+        chunks = [(rng.randrange(0, 2000), rng.choice([1, 1, 1, 64, 512]))
+                  for _ in range(rng.randrange(1, 30))]
+        f = StepFeatures.of(chunks)
+        samples.append((f, model.duration(f)))
+    got, stats = fit(samples, model, "test")
+    assert got.mfu == pytest.approx(0.3, rel=1e-6)
+    assert got.mbu == pytest.approx(0.6, rel=1e-6)
+    assert got.step_overhead_s == pytest.approx(0.004, rel=1e-6)
+    assert got.seq_overhead_s == pytest.approx(0.0002, rel=1e-6)
+    assert stats["median_rel_error"] < 1e-9
+    with pytest.raises(ValueError, match="at least 4"):
+        fit(samples[:3], model, "test")
