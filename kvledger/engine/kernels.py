@@ -9,9 +9,9 @@ warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a sh
 disturbed moment then slows all candidates alike instead of one of them.
 
 Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per key = sha256 of
-(CPU model and flags, torch version, threads, the shapes), so a new CPU, torch or model
-re-probes, and the same key always gives the same choice. A corrupt file is ignored with a
-warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
+(CPU model and flags, torch version, threads, the shapes, the native kernel's source), so a
+new CPU, torch, model or kernel re-probes, and the same key always gives the same choice. A
+corrupt file is ignored with a warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
 ``class=format,...``) and ``KVLEDGER_ATTENTION`` override the probe; ``int4`` applies only to
 weights the GGUF stores as Q4 (others stay dense).
 """
@@ -125,8 +125,11 @@ def _cache_file():
 
 
 def _key(spec: ModelSpec, cpu: str) -> str:
+    from kvledger.engine.attention.native import source_digest
+
     text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
-                       spec.num_attention_heads, spec.num_kv_heads, spec.head_dim])
+                       spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
+                       source_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -52,6 +52,12 @@ def cpu_identity() -> str:
     return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
 
 
+def source_digest() -> str:
+    """Short hash of the kernel's source and build flags (a new kernel is a new probe key)."""
+    source = resources.files("kvledger.engine.attention").joinpath(SOURCE).read_bytes()
+    return hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
@@ -105,14 +111,15 @@ class PagedKernel:
     """ctypes wrapper of ``kvl_paged_attention`` (see the .cpp for the layout)."""
 
     # below this many (query, kv head, position) triples one thread beats starting a second
-    THREAD_WORK = 1 << 15
+    THREAD_WORK = 1 << 13
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.kvl_paged_attention
         i32, ptr = ctypes.c_int, ctypes.c_void_p
-        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32]
+        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32, ptr]
         self._fn.restype = None
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
+        self.dim_multiple = lib.kvl_head_dim_multiple()
         self.max_block = lib.kvl_max_block_size()
 
     def accepts(self, q: torch.Tensor, key_blocks: torch.Tensor) -> bool:
@@ -120,6 +127,7 @@ class PagedKernel:
         _, block_size, kv_heads, dim = key_blocks.shape
         return (q.dtype in _DTYPES and key_blocks.dtype == q.dtype and key_blocks.is_contiguous()
                 and q.shape[1] // kv_heads <= self.max_group and dim <= self.max_dim
+                and dim % self.dim_multiple == 0
                 and block_size <= self.max_block)
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
@@ -132,7 +140,19 @@ class PagedKernel:
         tables, seqs, lens = paged.block_tables, paged.seq_of_query, paged.context_lens
         work = n * kv_heads * tables.shape[1] * block_size
         threads = torch.get_num_threads() if work >= self.THREAD_WORK else 1
+        parts, partial = self.split(n * kv_heads, tables.shape[1], threads), None
+        if parts > 1:
+            partial = torch.empty(n * heads * parts * (dim + 2), dtype=torch.float32)
         self._fn(q.data_ptr(), key_blocks.data_ptr(), value_blocks.data_ptr(), out.data_ptr(),
                  tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
-                 block_size, tables.shape[1], 1.0 / dim ** 0.5, _DTYPES[q.dtype], threads)
+                 block_size, tables.shape[1], 1.0 / dim ** 0.5, _DTYPES[q.dtype], threads,
+                 parts, None if partial is None else partial.data_ptr())
         return out
+
+    @staticmethod
+    def split(pairs: int, blocks: int, threads: int) -> int:
+        """Parts to cut each context into so ``pairs`` (query, kv head) items keep ``threads``
+        threads evenly busy: 1 when there are enough items (or too few blocks to cut)."""
+        if threads <= 1 or pairs % threads == 0 or pairs >= 4 * threads:
+            return 1
+        return threads if blocks >= 2 * threads else 1
