@@ -63,6 +63,15 @@ def resolve_model_path(model: str | os.PathLike) -> Path:
     return path
 
 
+def model_id(path: Path) -> str:
+    """The one name of a model everywhere (plan, generate, serve's default
+    ``--served-model-name``, /v1/models): a file's stem (``SmolLM2-135M-Instruct.Q4_1`` for the
+    bundled GGUF, never its ``general.name``), the folder of a ``config.json``, else the name."""
+    if path.is_file() or path.suffix:
+        return path.parent.name if path.name == "config.json" else path.stem
+    return path.name
+
+
 def _user_dir(env: str, platform_default) -> Path:
     value = os.environ.get(env)
     return Path(value).expanduser() if value else Path(platform_default("kvledger"))

@@ -99,6 +99,7 @@ def plot_throughput(summaries: list[dict], out_dir: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for n, points in sorted(by_len.items()):
         ax.plot(*zip(*sorted(points)), "o-", label=f"prompt {n}")
+    ax.set_xticks(sorted({c for points in by_len.values() for c, _ in points}))  # whole numbers
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("output throughput (tokens/s)")
     ax.set_ylim(bottom=0)

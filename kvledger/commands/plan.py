@@ -18,6 +18,7 @@ import typer
 
 from kvledger.commands.engine_options import field_help
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.planner import DEFAULT_CONTEXTS
 
 Opt = typer.Option
 
@@ -52,7 +53,7 @@ def plan(
     ] = "default",
     context: Annotated[
         str, Opt(help="Context lengths, comma-separated (8k = 8192)")
-    ] = "2048,8192,32768,131072",
+    ] = ",".join(map(str, DEFAULT_CONTEXTS)),
     device: Annotated[
         str, Opt(help="Device name, 'custom' or 'local' (see kvledger probe)")
     ] = "H100-SXM",

@@ -72,6 +72,8 @@ def render(p: Plan, console: Console | None = None) -> None:
     for t, n, b in p.turns:
         turns.add_row(str(t), str(n), fmt_bytes(b))
     console.print(turns)
+    console.print(f"a chat of {o.turn_tokens}-token turns fills the model's context at turn "
+                  f"{p.context_full_turn}")
     _formats(p, console)
 
 

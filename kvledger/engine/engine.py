@@ -49,11 +49,10 @@ def _text_chars(prompt) -> int:
 
 
 def _model_name(model: str) -> str:
-    """The id clients use: the file stem of a GGUF, the folder name of an HF model."""
-    from kvledger.paths import resolve_model_path
+    """The id clients use (``paths.model_id`` of the resolved path)."""
+    from kvledger.paths import model_id, resolve_model_path
 
-    path = resolve_model_path(model)
-    return path.stem if path.is_file() else path.name
+    return model_id(resolve_model_path(model))
 
 
 def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) -> int:

@@ -92,7 +92,8 @@ class Plan:
 
     ``max_request_tokens`` is the longest request (prompt + output tokens) the pool holds with
     nothing else running, at most the model's context (the admission rule,
-    :class:`kvledger.ledger.admission.RequestBudget`).
+    :class:`kvledger.ledger.admission.RequestBudget`). ``turns`` (turn, tokens, KV bytes) stop
+    at the model's context; ``context_full_turn`` is the turn that fills it.
     """
 
     model: str
@@ -112,6 +113,7 @@ class Plan:
     max_request_tokens: int
     contexts: tuple[ContextRow, ...]
     turns: tuple[tuple[int, int, int], ...]
+    context_full_turn: int
     formats: tuple[FormatRow, ...]
     warnings: tuple[str, ...] = field(default=())
 
@@ -154,7 +156,7 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         InvalidParameterError: a context <= 0, a ``tp`` that does not divide the heads, an
             unknown KV or weights format, a shared prefix not shorter than every context.
     Warnings (in ``Plan.warnings``): contexts beyond ``max_position_embeddings``, weights that
-    leave no room for KV.
+    leave no room for KV, a context whose one request does not fit the pool.
     """
     o = options or PlanOptions()
     _validate(spec, o)
@@ -175,6 +177,14 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
     fmt = _FormatPlan(spec, device, o, weights, pool, count.active)
     block_bytes = fmt.block_bytes(o.kv_format)
     pool_blocks = costs.blocks_for(pool, block_bytes)
+    contexts = tuple(fmt.context_row(n) for n in o.contexts)
+    warnings += [
+        f"context {r.context}: one request's KV ({r.kv_bytes_full_reservation / GiB:.2f} GiB) "
+        f"is more than the KV pool ({max(pool, 0) / GiB:.2f} GiB), so not even one fits "
+        "(concurrency 0)"
+        for r in contexts
+        if r.max_concurrency == 0 and pool > 0
+    ]
     return Plan(
         model=spec.name,
         model_type=spec.model_type,
@@ -192,11 +202,13 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         pool_blocks=pool_blocks,
         max_request_tokens=RequestBudget(
             o.block_size, pool_blocks, spec.max_position_embeddings).max_total_tokens,
-        contexts=tuple(fmt.context_row(n) for n in o.contexts),
+        contexts=contexts,
         turns=tuple(
             (t, t * o.turn_tokens, fmt.sequence_bytes(o.kv_format, t * o.turn_tokens))
             for t in o.turns
+            if t * o.turn_tokens <= spec.max_position_embeddings
         ),
+        context_full_turn=-(-spec.max_position_embeddings // o.turn_tokens),
         formats=tuple(fmt.format_row(f) for f in kv.KV_FORMATS),
         warnings=tuple(warnings),
     )

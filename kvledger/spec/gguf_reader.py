@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 
 from kvledger.errors import ConfigError, UnsupportedModelError
+from kvledger.paths import model_id
 from kvledger.spec.model_spec import FULL, LLAMA_FAMILY_TYPES, SLIDING, ModelSpec
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
@@ -160,7 +161,7 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     num_layers = int(req("block_count"))
     window = field_value(reader, f"{arch}.attention.sliding_window")
     return ModelSpec(
-        name=field_value(reader, "general.name") or path.stem,
+        name=model_id(path),
         model_type=arch,
         num_layers=num_layers,
         hidden_size=hidden,

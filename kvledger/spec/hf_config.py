@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 from kvledger.errors import ConfigError
+from kvledger.paths import model_id
 from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
 
@@ -179,7 +180,7 @@ def _common_fields(c: _Config, path: Path) -> dict:
     quant = c.get("quantization_config") or {}
     dtype = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
     return {
-        "name": path.parent.name if path.stem == "config" else path.stem,
+        "name": model_id(path),
         "model_type": c.model_type or "unknown",
         "num_layers": c.int("num_hidden_layers"),
         "hidden_size": hidden,

@@ -160,3 +160,12 @@ def test_engine_option_names_and_their_old_aliases(names):
     out = json.loads(r.stdout)
     assert (out["options"]["kv_format"], out["options"]["tp"]) == ("fp8", 2)
     assert out["kv_bytes_per_token"] == 32 * 2 * 4 * 128 * 1
+
+
+def test_the_bundled_model_has_one_name_in_plan_and_serve():
+    """The name a client sends to ``serve`` (/v1/models, vLLM's default served name: the file)
+    is the name ``plan`` prints, not the GGUF's ``general.name`` ("Smollm2 135M 8k Lc100K ...")."""
+    from kvledger.engine.engine import _model_name
+
+    planned = json.loads(run("plan", "default", "--context", "2048", "--json").stdout)["model"]
+    assert planned == "SmolLM2-135M-Instruct.Q4_1" == _model_name("default")

@@ -154,3 +154,25 @@ def test_weights_that_do_not_fit_warn(real_spec):
 def test_bad_options(real_spec, opts):
     with pytest.raises(InvalidParameterError):
         plan(real_spec("meta-llama__Llama-3.1-8B"), get_device("H100-SXM"), opts)
+
+
+def test_a_context_beyond_the_pool_says_why_concurrency_is_0(real_spec):
+    """Llama-3.1-8B's KV is 128 KiB per token (32 layers x 2 x 8 KV heads x 128 x 2 B); 131,072
+    tokens = 16 GiB, more than the L4's 4.64 GiB pool (test above): the row shows 0 and says why."""
+    p = plan(real_spec("meta-llama__Llama-3.1-8B"), get_device("L4"),
+             PlanOptions(contexts=(8192, 131_072)))
+    assert [r.max_concurrency for r in p.contexts][1] == 0
+    assert [w for w in p.warnings if "not even one fits" in w] == [
+        ("context 131072: one request's KV (16.00 GiB) is more than the KV pool (4.64 GiB), so "
+        "not even one fits (concurrency 0)")]
+
+
+@pytest.mark.parametrize("turn_tokens, rows, full_turn", [(1024, [1, 2, 4, 8], 8),
+                                                          (3000, [1, 2], 3)])
+def test_chat_growth_stops_at_the_models_context(real_spec, turn_tokens, rows, full_turn):
+    """SmolLM2-135M's context is 8,192 tokens (max_position_embeddings of its config): a chat of 1,024-token turns fills
+    it at turn 8 (the table's turns 16 and 32 would be past it), of 3,000-token turns at turn 3."""
+    spec = real_spec("HuggingFaceTB__SmolLM2-135M")
+    p = plan(spec, get_device("L4"), PlanOptions(contexts=(2048,), turn_tokens=turn_tokens))
+    assert [t for t, _, _ in p.turns] == rows
+    assert p.context_full_turn == full_turn

@@ -46,7 +46,7 @@ def test_tiny_gguf_optional_keys(tmp_path, gguf_kit):
     }
     path = gguf_kit.write(tmp_path / "t.gguf", tensors, arch="mistral", tokens=tokens, extra=extra)
     spec = spec_from_gguf(path)
-    assert spec.name == "tiny" and spec.model_type == "mistral"
+    assert spec.name == "t" and spec.model_type == "mistral"  # the file stem, not general.name
     assert spec.head_dim == 24
     assert spec.tie_word_embeddings is False
     assert spec.rope_scaling == {
