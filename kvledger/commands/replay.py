@@ -20,7 +20,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
-NOT_REPLAYED = ("model", "dtype", "use_kv_cache", "num_threads", "attention")
+NOT_REPLAYED = ("model", "use_kv_cache", "num_threads", "attention")
 
 
 def _ms(value) -> str:
@@ -36,9 +36,6 @@ def replay(
                                     "`kvledger probe`).")],
     model: Annotated[str, Opt(help="Model: config.json, GGUF, a catalogue name or "
                                    "'default'.")] = "default",
-    kv_cache_dtype: Annotated[str | None, Opt(
-        help="KV format (bf16, fp8, int8, int4, fp32 ...); default: the engine's dtype on "
-             "local, bf16 elsewhere.")] = None,
     weights_dtype: Annotated[str | None, Opt(
         help="Weights format for the bytes read per step (default: the checkpoint's).")] = None,
     tp: Annotated[int, Opt("--tp", "--tensor-parallel-size", help="Tensor-parallel ranks.")] = 1,
@@ -90,8 +87,7 @@ def replay(
         config = EngineConfig(**{k: v for k, v in recorded.items() if k in fields})
         if tr.header.get("num_blocks"):
             config = dataclasses.replace(config, num_blocks=tr.header["num_blocks"])
-    fmt = kv_cache_dtype or (config.dtype if dev.name == "local" else "bf16")
-    base = setup.Setting(config, fmt, speed)
+    base = setup.Setting(config, speed)
     measured = measured or report.measured_figures(tr.requests)
     finishes = [r.finish for r in tr.requests if r.finish]
     print(f"replay of {trace} ({len(tr.requests)} requests, {len(tr.refused)} refused live) "
@@ -100,7 +96,8 @@ def replay(
     for s in setup.settings(base, swept):
         run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, tp, step_times)
         summary, records = report.summary(run, s.label, s.config.max_num_seqs, slo_targets)
-        meta = {"trace": trace, "model": spec.name, "device": dev.name, "kv_format": s.kv_format,
+        meta = {"trace": trace, "model": spec.name, "device": dev.name,
+                "kv_format": setup.kv_format_of(s.config, dev),
                 "setting": s.label, "step_model": eff.source, "step_times": step_times,
                 "speed": s.speed, "engine": dataclasses.asdict(s.config),
                 "num_blocks": run.num_blocks}

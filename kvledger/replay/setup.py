@@ -16,7 +16,7 @@ from kvledger.engine.engine import pool_blocks
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
 from kvledger.ledger.hardware import Device, GiB, get_device
-from kvledger.ledger.kv import KV_FORMATS, kv_bytes_per_block
+from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
 from kvledger.replay.simulator import ModelClock, RecordedClock, ReplayRun, Simulator
@@ -37,7 +37,7 @@ SWEEP_KEYS = {  # --sweep key -> (what it sets, value type)
     "block-size": ("block_size", int),
     "max-kv-tokens-per-request": ("max_kv_tokens_per_request", int),
     "long-prompt-tokens": ("long_prompt_tokens", int),
-    "kv-cache-dtype": ("kv_format", str),
+    "kv-cache-dtype": ("kv_cache_dtype", str),
     "speed": ("speed", float),
 }
 
@@ -47,10 +47,14 @@ class Setting:
     """One replay setting: engine options plus what only the replay has."""
 
     config: EngineConfig
-    kv_format: str
     speed: float = 1.0
     label: str = "replay"
     extra: dict = field(default_factory=dict)
+
+
+def _group(config: EngineConfig) -> int | None:
+    """Scale-group size of an int8/int4 KV format (None: others have no groups)."""
+    return config.kv_group_size if config.kv_cache_dtype in ("int8", "int4") else None
 
 
 def parse_sweep(text: str | None) -> tuple[str, list] | None:
@@ -71,8 +75,6 @@ def parse_sweep(text: str | None) -> tuple[str, list] | None:
         typed = [kind(v.strip()) for v in values.split(",") if v.strip()]
     except ValueError:
         raise InvalidParameterError(f"--sweep {key}: bad value in {values!r}") from None
-    if key == "kv-cache-dtype" and any(v not in KV_FORMATS for v in typed):
-        raise InvalidParameterError(f"--sweep kv-cache-dtype: choose from {', '.join(KV_FORMATS)}")
     return key, typed
 
 
@@ -80,7 +82,8 @@ def settings(base: Setting, sweep: tuple[str, list] | None) -> list[Setting]:
     """The base setting, or one per swept value (labelled ``key=value``).
 
     Raises:
-        InvalidParameterError: a swept engine value out of range (from EngineConfig).
+        InvalidParameterError: a swept engine value out of range or an unknown KV format
+            (from EngineConfig).
     """
     if sweep is None:
         return [base]
@@ -89,12 +92,20 @@ def settings(base: Setting, sweep: tuple[str, list] | None) -> list[Setting]:
     out = []
     for v in values:
         s = dataclasses.replace(base, label=f"{key}={v}")
-        if name in ("kv_format", "speed"):
+        if name == "speed":
             setattr(s, name, v)
         else:
             s.config = dataclasses.replace(base.config, **{name: v})
         out.append(s)
     return out
+
+
+def kv_format_of(config: EngineConfig, device: Device) -> str:
+    """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the engine's choice on
+    ``local`` (fp32 under fp32 compute, else bf16) and bf16 on the table's devices."""
+    if config.kv_cache_dtype != "auto":
+        return config.kv_cache_dtype
+    return config.dtype if device.name == "local" and config.dtype == "fp32" else "bf16"
 
 
 def resolve_device(name: str) -> tuple[Device, Efficiency]:
@@ -113,7 +124,7 @@ def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: s
                    tp: int) -> tuple[int, int]:
     """(pool blocks, bytes per block) of a setting (see the module docstring)."""
     c = s.config
-    bpb = kv_bytes_per_block(spec, c.block_size, s.kv_format, tp=tp)
+    bpb = kv_bytes_per_block(spec, c.block_size, kv_format_of(c, device), _group(c), tp=tp)
     if device.name == "local" or c.num_blocks is not None or c.kv_cache_gib is not None:
         return pool_blocks(c, bpb, spec.max_position_embeddings), bpb
     plan = PlanOptions()
@@ -137,7 +148,8 @@ def simulate(trace: Trace, spec: ModelSpec, device: Device, eff: Efficiency, s: 
             model for steps past the recording).
     """
     blocks, bpb = num_blocks_for(spec, device, s, weights_dtype, tp)
-    model = StepTimeModel(spec, device, eff, s.kv_format, weights_dtype, tp)
+    model = StepTimeModel(spec, device, eff, kv_format_of(s.config, device), weights_dtype, tp,
+                          _group(s.config))
     clock = ModelClock(model)
     if step_times == "trace":
         if not trace.steps:

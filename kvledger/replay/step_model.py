@@ -138,17 +138,20 @@ class StepTimeModel:
         weights_dtype: weights format for the bytes read (None: the checkpoint's, or the GGUF
             file's real bytes).
         tp: tensor-parallel ranks.
+        kv_group_size: elements per scale group of an int8/int4 KV format (None: the vector).
     """
 
     def __init__(self, spec: ModelSpec, device: Device, efficiency: Efficiency,
-                 kv_format: str = "bf16", weights_dtype: str | None = None, tp: int = 1):
+                 kv_format: str = "bf16", weights_dtype: str | None = None, tp: int = 1,
+                 kv_group_size: int | None = None):
         self.spec, self.device, self.eff, self.tp = spec, device, efficiency, tp
         counts = count_params(spec)
         self.flops_per_token = 2 * counts.active
         self.flops_per_pair = attention_flops(spec, 1)
         self.weight_bytes = spec_weight_bytes(spec, weights_dtype) / tp
         self.bytes_per_param = self.weight_bytes * tp / counts.total
-        self.kv_bytes_per_token = kv_bytes_per_token(spec, kv_format, tp=tp)
+        self.kv_bytes_per_token = kv_bytes_per_token(spec, kv_format, group_size=kv_group_size,
+                                                     tp=tp)
 
     def terms(self, f: StepFeatures) -> tuple[float, float]:
         """(compute seconds at peak, memory seconds at peak) of a step."""
