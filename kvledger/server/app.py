@@ -91,6 +91,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
         state.loop.start()
         yield
         state.loop.stop()
+        app.state.sessions.close()  # after the drain: checkpoints the state DB's WAL
 
     app = FastAPI(title="kvledger", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state

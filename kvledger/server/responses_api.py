@@ -27,6 +27,7 @@ from kvledger.server.streaming import (
     engine_error,
     timeout_error,
 )
+from kvledger.sessions.errors import StateStoreUnavailableError
 from kvledger.sessions.metrics import SessionMetrics
 from kvledger.sessions.retrieval import decode_document
 from kvledger.sessions.service import SessionOptions, SessionService, TurnInput, tenant_of
@@ -146,7 +147,11 @@ async def _events(service: SessionService, turn, builder: ResponseBuilder,
         delta = builder.delta(out.new_text) if out.new_text else ""
         if out.finished:
             final = builder.response(out)
-            service.finish(turn, out, final)
+            try:
+                service.finish(turn, out, final)
+            except StateStoreUnavailableError as exc:  # the conversation is released
+                yield delta + builder.failed(exc.code, str(exc))
+                return
             yield delta + builder.closing(out, final)
             return
         if delta:

@@ -34,3 +34,12 @@ class TurnTooLargeError(KVLedgerError):
 
 class StateStoreError(KVLedgerError):
     """The state database cannot be opened: corrupt, locked, not SQLite (CLI exit 2)."""
+
+
+class StateStoreUnavailableError(StateStoreError):
+    """The state database failed while serving: locked by another process past the busy
+    timeout, or an I/O error (HTTP 503 with Retry-After: a lock passes; the turn is not
+    stored, the conversation is released, other requests are unaffected)."""
+
+    http_status = 503
+    code = "state_db_unavailable"

@@ -279,6 +279,10 @@ class SessionService:
         finally:
             self.cancel(turn)
 
+    def close(self) -> None:
+        """Close the state store (at server shutdown, after the drain)."""
+        self.store.close()
+
     def cancel(self, turn: Turn) -> None:
         """Release the conversation without storing anything (the request failed or left)."""
         if turn._release is not None:

@@ -17,16 +17,18 @@ guarded by a lock (the HTTP thread and the test client's portal thread both use 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import sys
 import threading
 import time
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvledger.sessions.errors import StateStoreError
+from kvledger.sessions.errors import StateStoreError, StateStoreUnavailableError
 
 SCHEMA_VERSION = 1
 OPEN_TIMEOUT_S = 2.0  # how long opening waits for another process's lock before refusing
@@ -162,6 +164,22 @@ class SessionStore:
         with self._lock:
             return self._db.execute("PRAGMA journal_mode").fetchone()[0]
 
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        """Hold the connection's lock; an SQLite failure becomes StateStoreUnavailableError."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                what = ("locked by another process" if "locked" in str(exc) or "busy" in str(exc)
+                        else "failing")
+                raise StateStoreUnavailableError(
+                    f"the state DB {self.path} is {what} ({exc}; waited "
+                    f"{BUSY_TIMEOUT_MS / 1000:g} s); the turn was not stored, retry later"
+                ) from None
+
     def close(self) -> None:
         """Close the connection (the WAL is checkpointed into the file)."""
         with self._lock:
@@ -169,7 +187,7 @@ class SessionStore:
 
     def put_response(self, rec: StoredResponse) -> None:
         """Insert or replace one response row."""
-        with self._lock:
+        with self._serving():
             self._db.execute(
                 "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (rec.id, rec.tenant, rec.session_id, rec.previous_id, rec.created_at,
@@ -178,7 +196,7 @@ class SessionStore:
 
     def get_response(self, tenant: str, response_id: str) -> StoredResponse | None:
         """The tenant's response with this id, or None (also for another tenant's)."""
-        with self._lock:
+        with self._serving():
             row = self._db.execute(
                 "SELECT id, tenant, session_id, previous_id, body, state, token_ids, prompt_len,"
                 " created_at FROM responses WHERE id = ? AND tenant = ?",
@@ -190,7 +208,7 @@ class SessionStore:
 
     def delete_response(self, tenant: str, response_id: str) -> bool:
         """Delete one response; False when the tenant has none with this id."""
-        with self._lock:
+        with self._serving():
             cur = self._db.execute("DELETE FROM responses WHERE id = ? AND tenant = ?",
                                    (response_id, tenant))
         return cur.rowcount > 0
@@ -198,7 +216,7 @@ class SessionStore:
     def add_chunks(self, tenant: str, session_id: str, kind: str, source: str,
                    texts: list[str]) -> None:
         """Append retrievable passages to a conversation."""
-        with self._lock:
+        with self._serving():
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
                 "INSERT INTO chunks (tenant, session_id, kind, source, text) VALUES (?,?,?,?,?)",
@@ -207,7 +225,7 @@ class SessionStore:
 
     def chunks(self, tenant: str, session_id: str) -> list[Chunk]:
         """Every passage of a conversation, in insertion order."""
-        with self._lock:
+        with self._serving():
             rows = self._db.execute(
                 "SELECT id, kind, source, text FROM chunks WHERE tenant = ? AND session_id = ?"
                 " ORDER BY id", (tenant, session_id)).fetchall()
@@ -215,7 +233,7 @@ class SessionStore:
 
     def sessions(self, tenant: str, limit: int = 50) -> list[SessionSummary]:
         """The tenant's conversations, most recently continued first."""
-        with self._lock:
+        with self._serving():
             rows = self._db.execute(
                 "SELECT session_id, COUNT(*), MAX(created_at) FROM responses WHERE tenant = ?"
                 " GROUP BY session_id ORDER BY MAX(created_at) DESC LIMIT ?",
