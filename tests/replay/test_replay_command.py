@@ -112,3 +112,14 @@ def test_malformed_trace_line_exit_2(tmp_path):
                     '{"type": "request", "id": "b", "arrival_s": 0, "prompt_tokens": "x"}\n')
     code, text = _run(path, "--model", MODEL, "--device", "L4")
     assert code == 2 and "bad.jsonl:3: field 'prompt_tokens' must be int" in text, text
+
+
+def test_sweep_kv_cache_dtype_grows_the_pool(trace_file, tmp_path):
+    """int8 KV (1 byte + a 2-byte scale per 32 elements) holds 2 / (1 + 2/32) = 1.88x the
+    bf16 blocks in the same memory."""
+    code, text = _run(trace_file, "--model", MODEL, "--device", "L4",
+                      "--sweep", "kv-cache-dtype=bf16,int8", "--out", tmp_path)
+    assert code == 0, text
+    blocks = {f: json.loads((tmp_path / f"kv-cache-dtype-{f}" / "results.json").read_text())
+              ["summaries"][0]["num_blocks"] for f in ("bf16", "int8")}
+    assert blocks["int8"] / blocks["bf16"] == pytest.approx(2 / (1 + 2 / 32), rel=1e-3)
