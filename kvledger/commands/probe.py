@@ -35,6 +35,9 @@ def probe(
     threads: Annotated[int | None, Opt(help="torch threads for the kernel probe")] = None,
     steps: Annotated[bool, Opt(help="Also time engine steps over a grid and fit the step "
                                     "model of `kvledger replay --device local`")] = False,
+    steps_from: Annotated[str | None, Opt(
+        help="With --steps: fit on the steps a trace recorded (serve --trace) instead of "
+             "timing a grid")] = None,
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
     from kvledger.ledger.hardware import save_local_device
@@ -56,7 +59,7 @@ def probe(
     if steps:
         from kvledger.replay.probe_steps import probe_steps
 
-        for line in probe_steps(dev, model, threads):
+        for line in probe_steps(dev, model, threads, steps_from):
             print(line)
 
 

@@ -79,14 +79,7 @@ def replay(
         tr.requests = tr.requests[:max_requests]
     spec = load_model_spec(model)
     config = engine_config
-    if engine_from_trace:
-        recorded = tr.header.get("engine")
-        if not recorded:
-            raise InvalidParameterError("--engine-from-trace: the trace header has no engine")
-        fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        config = EngineConfig(**{k: v for k, v in recorded.items() if k in fields})
-        if tr.header.get("num_blocks"):
-            config = dataclasses.replace(config, num_blocks=tr.header["num_blocks"])
+    config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
     base = setup.Setting(config, speed)
     measured = measured or report.measured_figures(tr.requests)
     finishes = [r.finish for r in tr.requests if r.finish]

@@ -68,6 +68,22 @@ def fit(samples: list[tuple[StepFeatures, float]], model: StepTimeModel,
                  "p90_rel_error": float(np.quantile(rel, 0.9))}
 
 
+def samples_from_trace(steps: list[dict]) -> list[tuple[StepFeatures, float]]:
+    """(features, seconds) of a recorded trace's steps, the seconds being the step's *period*:
+    from its start to the next step's start when the engine went straight on (the next step
+    runs a request this one ran), which counts the server's work between steps; else its
+    recorded duration."""
+    samples = []
+    for step, nxt in zip(steps, [*steps[1:], None]):
+        f = StepFeatures.of([(start, n) for _, start, n in step["chunks"]])
+        seconds = step["duration_s"]
+        if nxt is not None and {c[0] for c in step["chunks"]} & {c[0] for c in nxt["chunks"]}:
+            seconds = nxt["start_s"] - step["start_s"]
+        if f.seqs:
+            samples.append((f, seconds))
+    return samples
+
+
 def measure_steps(engine, grid=GRID, output_tokens: int = 6,
                   seed: int = 0) -> list[tuple[StepFeatures, float]]:
     """Run ``engine`` (an LLMEngine) over ``grid``; return every step's (features, seconds).

@@ -100,6 +100,22 @@ def settings(base: Setting, sweep: tuple[str, list] | None) -> list[Setting]:
     return out
 
 
+def recorded_config(header: dict) -> EngineConfig:
+    """The recording engine's options from a trace header (its pool as ``num_blocks``).
+
+    Raises:
+        InvalidParameterError: the header has no engine options.
+    """
+    recorded = header.get("engine")
+    if not recorded:
+        raise InvalidParameterError("the trace header records no engine options")
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    config = EngineConfig(**{k: v for k, v in recorded.items() if k in fields})
+    if header.get("num_blocks"):
+        config = dataclasses.replace(config, num_blocks=header["num_blocks"])
+    return config
+
+
 def kv_format_of(config: EngineConfig, device: Device) -> str:
     """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the engine's choice on
     ``local`` (fp32 under fp32 compute, else bf16) and bf16 on the table's devices."""

@@ -57,3 +57,14 @@ def test_fit_recovers_known_factors():
     assert stats["median_rel_error"] < 1e-9
     with pytest.raises(ValueError, match="at least 4"):
         fit(samples[:3], model, "test")
+
+
+def test_samples_from_trace_use_the_step_period_while_busy():
+    from kvledger.replay.fit import samples_from_trace
+
+    steps = [{"start_s": 1.0, "duration_s": 0.2, "chunks": [["a", 0, 8]]},
+             {"start_s": 1.25, "duration_s": 0.1, "chunks": [["a", 8, 1], ["b", 0, 4]]},
+             {"start_s": 5.0, "duration_s": 0.3, "chunks": [["c", 0, 2]]}]
+    got = samples_from_trace(steps)
+    assert [round(t, 9) for _, t in got] == [0.25, 0.1, 0.3]  # busy: start to start; idle after
+    assert got[1][0] == StepFeatures(tokens=5, pairs=9 + 10, kv_read_tokens=13, seqs=2)
