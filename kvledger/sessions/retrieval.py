@@ -4,6 +4,12 @@ A long document pasted whole into every turn costs its KV on every turn; instead
 chunks of about :data:`CHUNK_WORDS` words (paragraphs kept whole when they fit), indexed with
 ``bm25s`` (Okapi BM25, English stopwords), and each turn stitches only the ``k`` best chunks
 for the user's text into its message. Segment notes are indexed the same way.
+
+The query is the user's text less the terms the prompt already holds (its system turn, summary,
+notes and kept turns): a passage is stitched only when it matches something the prompt lacks.
+Without that rule the words every turn repeats ("Turn", "passage", "sentence" of a templated
+message) matched some old note on every turn, and each stitched note pushed a ``segment``
+conversation past its segment budget (see BENCHMARKS.md, sessions).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import base64
 import binascii
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import bm25s
 
@@ -98,15 +105,22 @@ class Retriever:
         self._cache.move_to_end(key)
         return index
 
-    def top_k(self, chunks: list[Chunk], query: str, k: int,
-              exclude: set[int] = frozenset()) -> list[tuple[Chunk, float]]:
-        """The best ``k`` chunks for ``query`` with a positive score, best first, skipping
-        those whose id is in ``exclude`` (already in the prompt)."""
+    def top_k(self, chunks: list[Chunk], query: str, k: int, exclude: set[int] = frozenset(),
+              known: Iterable[str] = ()) -> list[tuple[Chunk, float]]:
+        """The best ``k`` chunks for ``query`` with a positive BM25 score, best first.
+
+        Chunks whose id is in ``exclude`` (already in the prompt) are skipped, and the terms
+        of the ``known`` texts (what the prompt already says) are dropped from the query, so
+        a chunk that matches only those terms scores 0 and is not returned.
+        """
         candidates = [c for c in chunks if c.id not in exclude]
         # a chunk of stopwords only (e.g. an empty note) has no terms; bm25s cannot index it
         candidates = [c for c, terms in zip(candidates, _tokens([c.text for c in candidates]),
                                             strict=True) if terms]
-        query_tokens = _tokens([query])[0]
+        known_texts = [text for text in known if text]
+        known_terms = ({term for terms in _tokens(known_texts) for term in terms}
+                       if known_texts else set())
+        query_tokens = [term for term in _tokens([query])[0] if term not in known_terms]
         if not candidates or not query_tokens or k < 1:
             return []
         index = self._index(candidates)

@@ -223,7 +223,9 @@ class SessionService:
         chunks = self.store.chunks(tenant, session_id) + transient
         in_prompt = {cid for t in state.turns for cid in t.chunk_ids}
         in_prompt |= {c.id for c in chunks if c.kind == "note" and c.text in state.notes}
-        top = self.retriever.top_k(chunks, req.text, self.options.retrieve_k, in_prompt)
+        known = [state.system or "", state.summary, *state.notes,
+                 *(text for t in state.turns for text in (t.user, t.reply))]
+        top = self.retriever.top_k(chunks, req.text, self.options.retrieve_k, in_prompt, known)
         if not top:
             return req.text, []
         if self.metrics:
