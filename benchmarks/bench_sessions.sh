@@ -3,6 +3,7 @@
 # Usage: benchmarks/bench_sessions.sh OUT_DIR [TURNS]   (python: $PYTHON, default python)
 # Two servers: one with a per-request KV quota (the memory budget of summary, segment and the
 # plain window) and one without (full keeps everything within the context).
+# PARTS=quota or PARTS=full runs only one of them (e.g. both at once into the same OUT_DIR).
 set -euo pipefail
 OUT=${1:?output folder}; TURNS=${2:-40}; PY=${PYTHON:-python}
 QUOTA=${QUOTA:-768}; TURN_TOKENS=${TURN_TOKENS:-32}; OUTPUT_LEN=${OUTPUT_LEN:-24}
@@ -20,11 +21,15 @@ bench() {  # bench PORT POLICIES SUBDIR [extra]
     --api responses --memory "$policies" --turns "$TURNS" --turn-tokens "$TURN_TOKENS" \
     --output-len "$OUTPUT_LEN" --out "$OUT/$sub" "$@" | tee "$OUT/$sub.txt"
 }
-serve 8771 "$OUT/quota.db" --max-kv-tokens-per-request "$QUOTA"
-bench 8771 summary,segment,window growth-quota
-[ "${RECALL:-1}" = 1 ] && bench 8771 summary,segment,window recall-quota --recall
-stop 8771
-serve 8772 "$OUT/full.db"
-bench 8772 full growth-full
-[ "${RECALL:-1}" = 1 ] && bench 8772 full recall-full --recall
-stop 8772
+if [[ " ${PARTS:-quota full} " == *" quota "* ]]; then
+  serve 8771 "$OUT/quota.db" --max-kv-tokens-per-request "$QUOTA"
+  bench 8771 summary,segment,window growth-quota
+  [ "${RECALL:-1}" = 1 ] && bench 8771 summary,segment,window recall-quota --recall
+  stop 8771
+fi
+if [[ " ${PARTS:-quota full} " == *" full "* ]]; then
+  serve 8772 "$OUT/full.db"
+  bench 8772 full growth-full
+  [ "${RECALL:-1}" = 1 ] && bench 8772 full recall-full --recall
+  stop 8772
+fi

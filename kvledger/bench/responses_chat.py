@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -85,8 +86,9 @@ def filler(i: int, turn_tokens: int) -> str:
 
 
 def growth(client: httpx.Client, policy: str, turns: int, turn_tokens: int,
-           output_len: int) -> list[dict]:
-    """``turns`` filler turns of one conversation; one record per turn.
+           output_len: int, on_row: Callable[[dict], None] = lambda row: None) -> list[dict]:
+    """``turns`` filler turns of one conversation; one record per turn (also passed to
+    ``on_row`` as soon as it is measured).
 
     ``policy`` ``window`` is ``full`` with ``truncation="auto"`` (the oldest turns drop out);
     ``full`` runs with ``truncation="disabled"``.
@@ -98,6 +100,7 @@ def growth(client: httpx.Client, policy: str, turns: int, turn_tokens: int,
         record, _, previous = turn(client, filler(i, turn_tokens), previous, memory, truncation,
                                    output_len)
         rows.append({"policy": policy, "turn": i, **record})
+        on_row(rows[-1])
     return rows
 
 
@@ -169,22 +172,25 @@ def run_cli(url: str, api_key: str | None, policies: str, turns: int, turn_token
                             f"{policies!r}")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     base = url.rstrip("/").removesuffix("/v1")
-    with httpx.Client(base_url=base, headers=headers, timeout=600.0) as client:
-        if with_recall:
-            results = [recall(client, p, turns, turn_tokens, output_len) for p in chosen]
-            out.mkdir(parents=True, exist_ok=True)
-            path = out / "responses_recall.json"
-            path.write_text(json.dumps(results, indent=1))
-            for r in results:
-                console.print(f"{r['policy']}: recalled {r['recalled']}/{r['asked']}")
-            console.print(f"wrote {path}")
-            return
-        rows = [row for p in chosen for row in growth(client, p, turns, turn_tokens,
-                                                      output_len)]
-    for r in rows:
+    def show(r: dict) -> None:
         ttft = f"{r['ttft_s'] * 1000:.0f}" if r["ttft_s"] is not None else "-"
         console.print(f"{r['policy']:8} turn {r['turn']:3}  prompt {r['prompt_tokens']:5}  "
                       f"cached {r['cached_tokens']:5}  TTFT {ttft:>6} ms  "
                       f"KV {(r['kv_bytes'] or 0) / 2**20:7.1f} MiB  {r['memory_event'] or ''}")
+
+    out.mkdir(parents=True, exist_ok=True)
+    with httpx.Client(base_url=base, headers=headers, timeout=600.0) as client:
+        if with_recall:  # the file is rewritten after each policy, so a failure keeps the rest
+            path, results = out / "responses_recall.json", []
+            for p in chosen:
+                results.append(recall(client, p, turns, turn_tokens, output_len))
+                path.write_text(json.dumps(results, indent=1))
+                console.print(f"{p}: recalled {results[-1]['recalled']}/{results[-1]['asked']}")
+            console.print(f"wrote {path}")
+            return
+        rows = []
+        for p in chosen:
+            rows += growth(client, p, turns, turn_tokens, output_len, show)
+            write(rows, out)
     for path in write(rows, out):
         console.print(f"wrote {path}")
