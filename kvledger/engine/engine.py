@@ -23,6 +23,8 @@ from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
+from kvledger.engine.retention.policies import make_policy
+from kvledger.engine.retention.state import RetainedKV
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
@@ -32,6 +34,7 @@ from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetE
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.kv import kv_bytes_per_block, kv_bytes_per_token
+from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -117,7 +120,8 @@ class LLMEngine:
                              compute_dtype=dtype) if config.use_kv_cache else None
         self.runner = ModelRunner(self.model, self.store, config.block_size)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
-                                   self.max_model_len)
+                                   self.max_model_len, self.store)
+        self._check_retention(config.retention)
         self.sampler = Sampler()
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
@@ -154,9 +158,19 @@ class LLMEngine:
                 f"sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate()
         params.check_vocab(self.spec.vocab_size)
+        spec = params.kv_policy or self.config.retention
+        self._check_retention(spec)
         ids = self.tokenize(prompt)
-        self.scheduler.add(Request(request_id, ids, params, cache_salt=cache_salt,
-                                   detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop)))
+        req = Request(request_id, ids, params, cache_salt=cache_salt,
+                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
+        if spec.evicts:
+            req.retention = RetainedKV(make_policy(spec), self.config.block_size)
+        self.scheduler.add(req)
+
+    def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and self.store is None:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
 
     def abort(self, request_id: str) -> None:
         """Drop a request in any state; its KV blocks are free when this returns."""
@@ -227,11 +241,13 @@ class LLMEngine:
         return out
 
     def _distinct_kv_tokens(self) -> int:
-        """Tokens with K/V in the cache, each shared block counted once."""
+        """Tokens with K/V in the cache (kept ones, under an evicting policy), each shared
+        block counted once."""
         bs, filled = self.config.block_size, {}
         for req in self.scheduler.requests.values():
+            held = req.retention.held_per_block() if req.retention is not None else None
             for i, block in enumerate(req.block_table):
-                n = min(bs, req.num_computed_tokens - i * bs)
+                n = min(bs, req.num_computed_tokens - i * bs) if held is None else held[i]
                 if n > 0:
                     filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())

@@ -15,7 +15,8 @@ has at least one uncomputed token until it finishes.
 
 Invariants (checked by ``Scheduler.check_invariants``):
   0 <= num_computed_tokens <= num_tokens;
-  len(block_table) * block_size >= num_computed_tokens while RUNNING;
+  len(block_table) * block_size >= num_kv_slots while RUNNING (= num_computed_tokens under
+  full retention; an evicting policy holds fewer, see ``retention``);
   block_table == [] while WAITING or FINISHED (preemption by recompute frees every block).
 """
 
@@ -31,6 +32,7 @@ import torch
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.outputs import RequestMetrics, RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
+from kvledger.ledger.retention import RetentionSpec
 
 
 class RequestStatus(enum.Enum):
@@ -70,8 +72,9 @@ class Request:
         num_skips: admission passes that skipped it for lack of free blocks (starvation guard).
         peak_num_blocks: most blocks it held at once (peak KV bytes = this * bytes per block).
         is_long: prompt >= ``config.long_prompt_tokens`` (set by the scheduler on ``add``).
-        retention: the request's KV retention policy; None = keep every token (the only policy
-            today; sliding-window / sinks+window policies plug in here).
+        retention: the held tokens under an evicting retention policy (a ``RetainedKV``:
+            physical slots vs logical positions, ``engine/retention/state.py``); None = full
+            retention, where token ``pos`` sits at physical index ``pos``.
         generator: its seeded sampling generator (None when ``params.seed`` is None).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
@@ -136,6 +139,19 @@ class Request:
     def num_uncomputed_tokens(self) -> int:
         """Tokens still without K/V in the cache (1 for a decoding request)."""
         return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_kv_slots(self) -> int:
+        """Physical KV slots the block table covers in use (holes included): the computed
+        tokens under full retention."""
+        if self.retention is None:
+            return self.num_computed_tokens
+        return self.retention.num_slots
+
+    @property
+    def retention_spec(self) -> RetentionSpec:
+        """The request's retention policy and sizes (full when it has none)."""
+        return RetentionSpec() if self.retention is None else self.retention.policy.spec
 
     @property
     def max_total_tokens(self) -> int:

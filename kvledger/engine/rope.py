@@ -53,15 +53,21 @@ class RotaryEmbedding:
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
                  dtype: torch.dtype) -> None:
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(dtype)
+        self.inv_freq, self.dtype = inverse_frequencies(head_dim, theta, scaling), dtype
+        self._tabulate(max_positions)
+
+    def _tabulate(self, num_positions: int) -> None:
+        freqs = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
+        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(self.dtype)
         # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin
-        self.sin = torch.cat((-freqs, freqs), dim=-1).sin().to(dtype)
+        self.sin = torch.cat((-freqs, freqs), dim=-1).sin().to(self.dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions [tokens] -> two [tokens, 1, head_dim] tensors (once
-        a step)."""
+        a step). Positions past the table (a retention policy generating past the context)
+        double it."""
+        if len(positions) and int(positions.max()) >= len(self.cos):
+            self._tabulate(2 * (int(positions.max()) + 1))
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod

@@ -5,6 +5,10 @@ step batch: input ids, positions, slot mapping (slot = block_table[pos // block_
 block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
 segment per chunk). Logits are computed only at the last position of chunks that sample.
 
+A request under an evicting retention policy (``request.retention``) holds only some of its
+tokens, anywhere in its blocks: its chunk is one gathered segment over the held slots, with a
+mask made of causality and the policy's per-query visibility (``engine/retention``).
+
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
 """
@@ -18,6 +22,7 @@ import torch
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.model import LlamaModel
+from kvledger.engine.retention.observe import AttentionObserver
 
 
 class ModelRunner:
@@ -50,9 +55,11 @@ class ModelRunner:
         return self.model.forward(ids, pos, meta, self.store), last
 
     def _paged_batch(self, chunks: Seq):
-        decodes = [c for c in chunks if c.num_new_tokens == 1 and c.request.num_computed_tokens > 0]
-        prefills = [c for c in chunks if not (c.num_new_tokens == 1
-                                              and c.request.num_computed_tokens > 0)]
+        retained = [c for c in chunks if c.request.retention is not None]
+        plain = [c for c in chunks if c.request.retention is None]
+        decodes = [c for c in plain if c.num_new_tokens == 1 and c.request.num_computed_tokens > 0]
+        prefills = [c for c in plain if not (c.num_new_tokens == 1
+                                             and c.request.num_computed_tokens > 0)]
         ids, pos, slots = [], [], []
         meta = AttentionMetadata(slot_mapping=None)
         last_of = {}
@@ -79,6 +86,12 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
+        for c in retained:
+            slot_chunks.append(self._retained_segment(c, meta, len(ids)))
+            start, n = c.request.num_computed_tokens, c.num_new_tokens
+            ids.extend(c.request.token_ids_range(start, start + n))
+            pos.extend(range(start, start + n))
+            last_of[id(c)] = len(ids) - 1
         meta.slot_mapping = torch.cat(slot_chunks)
         return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
 
@@ -92,6 +105,22 @@ class ModelRunner:
             pos.extend(range(end))
             last_of[id(c)] = len(ids) - 1
         return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+
+    def _retained_segment(self, c, meta: AttentionMetadata, offset: int) -> torch.Tensor:
+        """Add the gathered segment of a chunk under an evicting policy (and its attention
+        observer when the policy scores these queries); returns the new tokens' slots."""
+        req, n = c.request, c.num_new_tokens
+        state, start = req.retention, req.num_computed_tokens
+        slots, idx, mask, new_slots = state.context(req.block_table, start, n)
+        meta.prefills.append(PrefillSegment(start=offset, length=n, slots=slots, mask=mask,
+                                            gathered=True))
+        scored = state.policy.scored_queries(torch.arange(start, start + n),
+                                             req.num_prompt_tokens)
+        if scored is not None and bool(scored.any()):
+            observer = AttentionObserver(slice(offset, offset + n), slots, mask, scored)
+            meta.observers.append(observer)
+            state.pending = (idx, observer.scores)
+        return new_slots
 
     def _context_slots(self, req, length: int) -> torch.Tensor:
         """Slots [length] of positions 0..length-1 of ``req`` through its block table."""

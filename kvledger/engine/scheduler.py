@@ -52,6 +52,7 @@ from collections import deque
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import KVCacheManager
+from kvledger.engine.kv.store import KVStore
 from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.schedule_output import ScheduledChunk, SchedulerOutput
 from kvledger.errors import (
@@ -59,11 +60,19 @@ from kvledger.errors import (
     InvalidParameterError,
     KVBudgetError,
 )
-from kvledger.ledger.admission import RequestBudget, blocks_for_kv_tokens, kv_tokens_of
+from kvledger.ledger.admission import RequestBudget, kv_tokens_of
+from kvledger.ledger.retention import EVICTION_CHUNK
 
 HEAD_SKIP_LIMIT = 32
 """Steps a waiting request may be passed over for lack of blocks before admission stops
 behind it."""
+
+
+def _chunk_cap(req: Request) -> int:
+    """Most tokens of ``req`` computed in one step: ``EVICTION_CHUNK`` under a policy that
+    evicts between steps (its KV bound counts one such chunk), else no cap."""
+    policy = req.retention.policy if req.retention is not None else None
+    return EVICTION_CHUNK if policy is not None and policy.chunked else req.num_tokens
 
 
 class Scheduler:
@@ -85,11 +94,12 @@ class Scheduler:
         block_size: int,
         bytes_per_block: int,
         max_model_len: int,
+        store: KVStore | None = None,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
-        self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -131,8 +141,8 @@ class Scheduler:
         """``params.max_tokens``, or the room the admission rule leaves when it is None;
         raises when the request can never run (see ``add``)."""
         prompt, asked = req.num_prompt_tokens, req.params.max_tokens
-        context = budget.context_tokens
-        if prompt >= context:
+        context, spec = budget.context_tokens, req.retention_spec
+        if prompt >= context and spec.capacity is None:
             raise ContextLengthError(
                 f"this model's maximum context length is {context} tokens, but the prompt has "
                 f"{prompt} tokens (max_tokens {'up to the limit' if asked is None else asked}; "
@@ -145,7 +155,7 @@ class Scheduler:
                     "within the KV quota or pool (--max-kv-tokens-per-request, --kv-cache-gib)")
             return room
         total = prompt + asked
-        limit = budget.exceeded_by(total)
+        limit = budget.exceeded_by(total, spec, prompt)
         if limit == "context":
             raise ContextLengthError(
                 f"this model's maximum context length is {context} tokens; the prompt has "
@@ -157,8 +167,8 @@ class Scheduler:
                 f"{what} exceeds the per-request KV quota of {budget.quota_tokens} tokens "
                 "(--max-kv-tokens-per-request); lower max_tokens or shorten the prompt")
         if limit == "kv":
-            kv_tokens = kv_tokens_of(total)
-            blocks = blocks_for_kv_tokens(kv_tokens, self.block_size)
+            kv_tokens = spec.max_kv_tokens(prompt, total) if spec.evicts else kv_tokens_of(total)
+            blocks = budget.kv_blocks_of(total, spec, prompt)
             cap, bpb = budget.max_blocks, self.bytes_per_block
             where = "the long-request share of the KV pool" if req.is_long else "the KV pool"
             raise KVBudgetError(
@@ -201,7 +211,7 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            n = self._grow(req, min(req.num_uncomputed_tokens, budget), out)
+            n = self._grow(req, min(req.num_uncomputed_tokens, budget, _chunk_cap(req)), out)
             if n:
                 out.chunks.append(ScheduledChunk(req, n))
         budget = self.config.max_num_batched_tokens - out.num_batched_tokens
@@ -213,7 +223,7 @@ class Scheduler:
         """Tokens of ``req``'s next chunk that get slots (<= n), preempting newer requests as
         needed (a scheduled one loses its chunk in ``out``); 0 when ``req`` itself was
         preempted or failed."""
-        if not self._budget(req).holds_kv_tokens(req.num_computed_tokens + 1):
+        if not self._budget(req).holds_kv_tokens(req.num_kv_slots + 1):
             self._fail(req, out)
             return 0
         while True:
@@ -238,7 +248,7 @@ class Scheduler:
         free_blocks = self.kv.pool.num_free
         if req.is_long:
             free_blocks = min(free_blocks, self.long_budget.max_blocks - self._long_blocks_held())
-        slack = len(req.block_table) * self.block_size - req.num_computed_tokens
+        slack = len(req.block_table) * self.block_size - req.num_kv_slots
         return max(0, min(n, slack + free_blocks * self.block_size))
 
     def _victim(self, req: Request) -> Request:
@@ -285,13 +295,13 @@ class Scheduler:
                 break
             if self.kv.pool.num_free == 0:  # every admission needs at least one new block
                 break
-            if not self._budget(req).holds_kv_tokens(req.num_tokens):
+            if req.retention is None and not self._budget(req).holds_kv_tokens(req.num_tokens):
                 self._fail(req, out)
                 continue
             hit_blocks = self.kv.find_longest_cache_hit(req)
             if self._next_block_hash(req, len(hit_blocks)) in in_flight:
                 continue  # a running request is computing this very block: hit it next step
-            n = min(req.num_tokens - len(hit_blocks) * self.block_size, budget)
+            n = min(req.num_tokens - len(hit_blocks) * self.block_size, budget, _chunk_cap(req))
             growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
             if req.is_long and self._long_blocks_held() + growth > self.long_budget.max_blocks:
                 continue
@@ -334,7 +344,10 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed_tokens = chunk.start + chunk.num_new_tokens
+            if req.retention is not None:
+                req.retention.append(chunk.start, chunk.num_new_tokens)
             self.kv.cache_full_blocks(req)
+            self.kv.retain(req)  # an evicting policy drops tokens and gives back blocks
 
     def check_invariants(self) -> None:
         """Assert the bookkeeping invariants (tests and debug mode; O(blocks + requests)).
@@ -352,7 +365,7 @@ class Scheduler:
         holders = [0] * pool.num_blocks
         for req in self.running:
             assert req.status is RequestStatus.RUNNING
-            assert len(req.block_table) * self.block_size >= req.num_computed_tokens
+            assert len(req.block_table) * self.block_size >= req.num_kv_slots
             for block_id in req.block_table:
                 holders[block_id] += 1
         assert [b.ref_cnt for b in pool.blocks] == holders, "refcount != block-table holders"

@@ -12,8 +12,8 @@ model's context. So the most tokens it may reach is
 and a request asking for ``prompt + max_tokens`` tokens can ever run exactly when that sum is
 within this limit. The engine's admission, its "up to the limit" max_tokens, its refusal
 messages and its failure of a request that outgrows the pool all read it from here; a
-retention policy (sliding window) changes ``blocks_for_kv_tokens`` here, a KV format changes the
-bytes per block and so ``max_blocks`` (``costs.blocks_for(pool_bytes, block_bytes)``), and
+retention policy bounds the KV by its own figure (``ledger/retention.py``: ``kv_blocks_of`` and
+``exceeded_by`` take it), a KV format changes the bytes per block and so ``max_blocks`` (``costs.blocks_for(pool_bytes, block_bytes)``), and
 nothing else has to follow.
 
 Pure integers, no torch.
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from kvledger.ledger.retention import RetentionSpec
 
 
 def blocks_for_kv_tokens(num_kv_tokens: int, block_size: int) -> int:
@@ -53,6 +55,15 @@ class RequestBudget:
     context_tokens: int
     quota_tokens: int | None = None
 
+    def kv_blocks_of(self, total_tokens: int, retention: RetentionSpec | None = None,
+                     num_prompt_tokens: int = 0) -> int:
+        """Most blocks a request of ``total_tokens`` (prompt + output) ever holds: full
+        retention's ``ceil((total - 1) / block_size)``, or the bounded figure of an evicting
+        ``retention`` policy (``RetentionSpec.max_kv_blocks``)."""
+        if retention is None or not retention.evicts:
+            return blocks_for_kv_tokens(kv_tokens_of(total_tokens), self.block_size)
+        return retention.max_kv_blocks(num_prompt_tokens, total_tokens, self.block_size)
+
     def holds_kv_tokens(self, num_kv_tokens: int) -> bool:
         """True when ``num_kv_tokens`` K/V slots fit in ``max_blocks`` blocks."""
         return blocks_for_kv_tokens(num_kv_tokens, self.block_size) <= self.max_blocks
@@ -68,13 +79,23 @@ class RequestBudget:
         limit = min(self.context_tokens, self.max_kv_tokens + 1)
         return limit if self.quota_tokens is None else min(limit, self.quota_tokens)
 
-    def exceeded_by(self, total_tokens: int) -> str | None:
+    def exceeded_by(self, total_tokens: int, retention: RetentionSpec | None = None,
+                    num_prompt_tokens: int = 0) -> str | None:
         """Which limit ``total_tokens`` (prompt + output) passes first, checked in the order
-        ``"context"``, ``"quota"``, ``"kv"``; None when it is within all of them."""
-        if total_tokens > self.context_tokens:
+        ``"context"``, ``"quota"``, ``"kv"``; None when it is within all of them.
+
+        Under a policy with a capacity (window, sinks, h2o) positions may pass the context
+        (kept keys keep their positions; RoPE is computed for any position), and the quota and
+        the pool are checked against the bounded KV (``RetentionSpec.max_kv_tokens`` + the one
+        token never fed back, ``kv_blocks_of``)."""
+        bounded = retention is not None and retention.capacity is not None
+        if total_tokens > self.context_tokens and not bounded:
             return "context"
-        if self.quota_tokens is not None and total_tokens > self.quota_tokens:
+        kv_total = total_tokens
+        if retention is not None and retention.evicts:
+            kv_total = retention.max_kv_tokens(num_prompt_tokens, total_tokens) + 1
+        if self.quota_tokens is not None and kv_total > self.quota_tokens:
             return "quota"
-        if not self.holds_kv_tokens(kv_tokens_of(total_tokens)):
+        if self.kv_blocks_of(total_tokens, retention, num_prompt_tokens) > self.max_blocks:
             return "kv"
         return None

@@ -73,12 +73,15 @@ class PrefillSegment:
     ``slots``: [context_len] int64 slots of the whole context (cached prefix + new tokens), or
     None when the segment has no prefix (causal attention over the new K/V alone).
     ``mask``: [length, context_len] bool, set together with ``slots``.
+    ``gathered``: the context is any list of slots (a sequence under an evicting retention
+    policy: holes, moved tokens, per-query windows), read by gather + SDPA in every backend.
     """
 
     start: int
     length: int
     slots: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    gathered: bool = False
     _paged: PagedQueries | None = field(default=None, repr=False)
 
     def paged(self, block_size: int) -> PagedQueries:
@@ -99,3 +102,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
+    observers: list = field(default_factory=list)
+    """Objects with ``observe(layer, q, store)``, called after each layer's attention
+    (retention scores, ``engine/retention/observe.py``)."""

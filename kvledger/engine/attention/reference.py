@@ -49,8 +49,12 @@ class AttentionBackend:
             span = slice(seg.start, seg.start + seg.length)
             if seg.slots is None:
                 parts.append(_sdpa(q[span], k[span], v[span], None, causal=True))
+            elif seg.gathered:
+                parts.append(gathered_prefill(layer, q[span], seg, store))
             else:
                 parts.append(self.prefill_after_prefix(layer, q[span], seg, store))
+        for observer in meta.observers:
+            observer.observe(layer, q, store)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def decode(self, layer: int, q: torch.Tensor, group: DecodeGroup,
@@ -77,8 +81,15 @@ class ReferenceBackend(AttentionBackend):
         return out.squeeze(2)
 
     def prefill_after_prefix(self, layer, q, seg, store):
-        keys, values = store.gather(layer, seg.slots)
-        return _sdpa(q, keys, values, seg.mask, causal=False)
+        return gathered_prefill(layer, q, seg, store)
+
+
+def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment,
+                     store: KVStore) -> torch.Tensor:
+    """[length, heads, D] output of a segment's queries over its ``slots`` gathered, under its
+    ``mask`` [length, context]; every query must see at least one key."""
+    keys, values = store.gather(layer, seg.slots)
+    return _sdpa(q, keys, values, seg.mask, causal=False)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

@@ -9,16 +9,21 @@ full blocks in the prefix cache. ``free`` drops the references tail-first (see p
 The manager keeps no per-request state of its own: the block table and the count of blocks
 already in the prefix cache live on the Request.
 
-Retention-policy seam: the table length a request needs for a token count is
-``ledger.admission.blocks_for_kv_tokens`` (full retention: ``ceil(n / block_size)``), the same
-function admission checks by; a sliding-window or sinks+window policy (a later issue) changes
-it there and releases blocks that fell out of the window here.
+Retention: the table a request needs covers its physical slots (``Request.num_kv_slots``;
+the computed tokens under full retention) plus the new ones. Under an evicting policy,
+``retain`` runs after each step: the policy drops tokens, blocks with no kept token go back to
+the pool, token-level policies compact (``engine/retention/state.py``). Prefix-cache hits and
+hashing stop at the policy's shareable tokens (``RetentionSpec.shareable_tokens``: before them
+a sequence's K/V equal full retention's) and at the first dropped or moved token, so a block
+in the cache always holds what full retention computes, and a policy never writes into a
+block another sequence holds or the cache keeps.
 """
 
 from __future__ import annotations
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
+from kvledger.engine.kv.store import KVStore
 from kvledger.engine.request import Request
 from kvledger.ledger.admission import blocks_for_kv_tokens
 
@@ -30,10 +35,13 @@ class KVCacheManager:
         num_blocks: blocks in the pool.
         block_size: tokens per block.
         enable_prefix_caching: False disables hashing and hits.
+        store: the KV tensors, where retention compaction copies K/V (None: no compaction).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 store: KVStore | None = None):
         self.block_size = block_size
+        self.store = store
         self.pool = BlockPool(num_blocks)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching)
 
@@ -47,7 +55,17 @@ class KVCacheManager:
         The hit covers ``len(result) * block_size`` tokens.
         """
         assert not req.block_table, "prefix lookup is for requests holding no blocks"
-        return self.prefix.find_longest_cache_hit(req)
+        hits = self.prefix.find_longest_cache_hit(req)
+        return hits[: self._shareable_blocks(req)]
+
+    def _shareable_blocks(self, req: Request) -> int:
+        """Leading blocks of ``req`` that may be hit or hashed (full blocks only)."""
+        if req.retention is None:
+            return len(req.block_hashes) + req.num_tokens  # no limit
+        if not req.retention.identity:
+            return req.num_hashed_blocks
+        shareable = req.retention_spec.shareable_tokens(req.num_prompt_tokens)
+        return shareable // self.block_size
 
     def blocks_needed(
         self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
@@ -58,7 +76,7 @@ class KVCacheManager:
         they grow the table but take nothing from the free list).
         """
         hit_blocks = hit_blocks or []
-        num_computed = req.num_computed_tokens + len(hit_blocks) * self.block_size
+        num_computed = req.num_kv_slots + len(hit_blocks) * self.block_size
         required = self._required_blocks(num_computed + num_new_tokens)
         growth = max(0, required - len(req.block_table))
         new = max(0, growth - len(hit_blocks))
@@ -88,17 +106,31 @@ class KVCacheManager:
             req.block_table = list(hit_blocks)
             req.num_computed_tokens = hit_tokens
             req.num_hashed_blocks = len(hit_blocks)
-        required = self._required_blocks(req.num_computed_tokens + num_new_tokens)
+            if req.retention is not None:
+                req.retention.reset(hit_tokens)
+        required = self._required_blocks(req.num_kv_slots + num_new_tokens)
         req.block_table += self.pool.allocate(max(0, required - len(req.block_table)))
         req.peak_num_blocks = max(req.peak_num_blocks, len(req.block_table))
         return True
 
     def cache_full_blocks(self, req: Request) -> None:
         """Put the full blocks of ``req``'s computed tokens in the prefix cache (after compute)."""
-        req.num_hashed_blocks = self.prefix.cache_full_blocks(req, req.num_hashed_blocks)
+        limit = self._shareable_blocks(req)
+        req.num_hashed_blocks = self.prefix.cache_full_blocks(req, req.num_hashed_blocks, limit)
+
+    def retain(self, req: Request) -> None:
+        """After a step of an evicting ``req``: drop what its policy does not keep and give
+        back (or compact) the blocks it frees."""
+        state = req.retention
+        if state is None:
+            return
+        state.evict(req.num_computed_tokens, req.num_prompt_tokens)
+        req.block_table = state.reclaim(req.block_table, self.pool, self.store)
 
     def free(self, req: Request) -> None:
         """Drop ``req``'s references tail-first and empty its block table."""
         self.pool.free(reversed(req.block_table))
         req.block_table = []
         req.num_hashed_blocks = 0
+        if req.retention is not None:
+            req.retention.reset()

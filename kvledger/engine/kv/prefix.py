@@ -113,14 +113,17 @@ class PrefixCache:
             self.requeried_tokens += req.num_tokens
             self.rehit_tokens += num_hit_tokens
 
-    def cache_full_blocks(self, req: Request, num_done: int) -> int:
-        """Register ``req``'s full, computed blocks from index ``num_done`` on.
+    def cache_full_blocks(self, req: Request, num_done: int, limit: int | None = None) -> int:
+        """Register ``req``'s full, computed blocks from index ``num_done`` on (at most
+        ``limit`` leading blocks in all: a retention policy's shareable blocks).
 
         Returns:
             The number of leading blocks of ``req.block_table`` now registered (pass it back as
             ``num_done`` next time).
         """
         num_full = req.num_computed_tokens // self.block_size
+        if limit is not None:
+            num_full = min(num_full, limit)
         if not self.enabled or num_full <= num_done:
             return num_done
         for i in range(num_done, num_full):

@@ -1,0 +1,135 @@
+"""Retention policies: which held tokens a sequence keeps, and which keys a query may see.
+
+One interface (:class:`RetentionPolicy`), one class per policy of ``ledger/retention.py``.
+A policy is stateless; the per-sequence state (positions held, accumulated scores) is
+:class:`kvledger.engine.retention.state.RetainedKV`. Two decisions per policy:
+
+- ``visible(q_pos, k_pos)``: beyond causality, may a query at position q see the held key at
+  position k? This makes a policy token-exact inside a chunk of several new tokens (window and
+  sinks: each query has its own window; the mask-only reference of the tests uses the same
+  function with every key held).
+- ``keep(pos, scores, next_pos, ...)``: after a step, which held tokens stay for the queries
+  from ``next_pos`` on. Dropped tokens are never attended again; their blocks go back to the
+  pool once none of their tokens is kept.
+
+Positions: kept keys keep their original positions (RoPE applied once, when the key was
+computed; kvpress's default); nothing is re-rotated. Token selection (h2o, snapkv) is per
+sequence, one set of kept tokens for all layers and KV heads, by attention summed over them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.ledger.retention import RetentionSpec
+
+
+class RetentionPolicy:
+    """Keep everything (``full``); the base of every policy.
+
+    Attributes:
+        spec: the policy's sizes.
+        compacts: True for token-level policies, whose holes are compacted into fewer blocks.
+        chunked: True when a sequence is computed in chunks of at most ``EVICTION_CHUNK``
+            tokens so that eviction between steps bounds its KV.
+    """
+
+    compacts = False
+    chunked = False
+
+    def __init__(self, spec: RetentionSpec) -> None:
+        self.spec = spec
+
+    def visible(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """[n, c] bool: query positions q_pos [n] may see keys at k_pos [c] (causality apart)."""
+        return torch.ones(len(q_pos), len(k_pos), dtype=torch.bool)
+
+    def keep(self, pos: torch.Tensor, scores: torch.Tensor, next_pos: int,
+             num_prompt_tokens: int, compressed: bool) -> torch.Tensor:
+        """[h] bool: which of the held tokens at positions ``pos`` [h] (with accumulated
+        attention ``scores`` [h]) stay for queries from ``next_pos`` on."""
+        return torch.ones(len(pos), dtype=torch.bool)
+
+    def scored_queries(self, q_pos: torch.Tensor, num_prompt_tokens: int) -> torch.Tensor | None:
+        """[n] bool: which queries' attention is accumulated into the scores (None = none)."""
+        return None
+
+
+class WindowPolicy(RetentionPolicy):
+    """``window``/``sinks``: the first S tokens and the W most recent (the query included)."""
+
+    chunked = True
+
+    def visible(self, q_pos, k_pos):
+        s, w = self.spec.sinks, self.spec.window
+        return (k_pos[None, :] < s) | (k_pos[None, :] > q_pos[:, None] - w)
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        return (pos < self.spec.sinks) | (pos > next_pos - self.spec.window)
+
+
+def _top(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
+    """[h] bool: the ``k`` candidates with the highest score."""
+    chosen = torch.zeros_like(candidates)
+    k = min(k, int(candidates.sum()))
+    if k > 0:
+        masked = scores.float().masked_fill(~candidates, -torch.inf)
+        chosen[masked.topk(k).indices] = True
+    return chosen
+
+
+class H2OPolicy(RetentionPolicy):
+    """``h2o``: at most B - 1 held between steps: S sinks, the W - 1 most recent and the
+    B - S - W held tokens with the highest accumulated attention (heavy hitters)."""
+
+    compacts = True
+    chunked = True
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        spec = self.spec
+        if len(pos) <= spec.budget - 1:
+            return torch.ones(len(pos), dtype=torch.bool)
+        protected = (pos < spec.sinks) | (pos > next_pos - spec.window)
+        heavy = spec.budget - 1 - int(protected.sum())
+        return protected | _top(scores, ~protected, heavy)
+
+    def scored_queries(self, q_pos, num_prompt_tokens):
+        return torch.ones(len(q_pos), dtype=torch.bool)
+
+
+class SnapKVPolicy(RetentionPolicy):
+    """``snapkv``: when the prompt is prefilled, keep B of its tokens (the last w and the top
+    B - w by pooled attention of those w queries); afterwards keep everything."""
+
+    compacts = True
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        spec = self.spec
+        held = torch.ones(len(pos), dtype=torch.bool)
+        if compressed or next_pos < num_prompt_tokens or len(pos) <= spec.budget:
+            return held
+        window = pos >= num_prompt_tokens - spec.snapkv_window
+        pooled = pool_scores(scores, spec.snapkv_kernel)
+        return window | _top(pooled, ~window, spec.budget - int(window.sum()))
+
+    def scored_queries(self, q_pos, num_prompt_tokens):
+        lo = num_prompt_tokens - self.spec.snapkv_window
+        return (q_pos >= lo) & (q_pos < num_prompt_tokens)
+
+
+def pool_scores(scores: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Average of each score with its ``kernel // 2`` neighbours on each side ([h] -> [h];
+    SnapKV's 1-D pooling, padding counted as zeros)."""
+    if kernel <= 1 or len(scores) == 0:
+        return scores
+    return F.avg_pool1d(scores[None, None].float(), kernel, stride=1, padding=kernel // 2)[0, 0]
+
+
+POLICY_CLASSES = {"full": RetentionPolicy, "window": WindowPolicy, "sinks": WindowPolicy,
+                  "h2o": H2OPolicy, "snapkv": SnapKVPolicy}
+
+
+def make_policy(spec: RetentionSpec) -> RetentionPolicy:
+    """The policy object of ``spec``."""
+    return POLICY_CLASSES[spec.policy](spec)
