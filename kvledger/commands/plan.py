@@ -79,6 +79,10 @@ def plan(
     shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
     turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
     mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,
+    kv_policy: Annotated[str | None, Opt(help=field_help()["kv_policy"])] = None,
+    kv_window: Annotated[int | None, Opt(help=field_help()["kv_window"])] = None,
+    kv_sinks: Annotated[int | None, Opt(help=field_help()["kv_sinks"])] = None,
+    kv_budget: Annotated[int | None, Opt(help=field_help()["kv_budget"])] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -89,6 +93,7 @@ def plan(
     from kvledger.ledger.hardware import get_device
     from kvledger.ledger.planner import PlanOptions
     from kvledger.ledger.planner import plan as make_plan
+    from kvledger.ledger.retention import spec_from_options
 
     if turn_tokens <= 0:
         raise InvalidParameterError(f"--turn-tokens must be positive, got {turn_tokens}")
@@ -114,6 +119,7 @@ def plan(
         shared_prefix=shared_prefix,
         turn_tokens=turn_tokens,
         mfu=mfu,
+        retention=spec_from_options(kv_policy, kv_window, kv_sinks, kv_budget),
     )
     result = make_plan(spec, dev, options)
     for message in result.warnings:

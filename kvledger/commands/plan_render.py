@@ -75,6 +75,21 @@ def render(p: Plan, console: Console | None = None) -> None:
     console.print(f"a chat of {o.turn_tokens}-token turns fills the model's context at turn "
                   f"{p.context_full_turn}")
     _formats(p, console)
+    _retention(p, console)
+
+
+def _retention(p: Plan, console: Console) -> None:
+    if not p.retention:
+        return
+    table = _table(
+        f"KV retention {p.options.retention.describe()}: one request of each context "
+        "(paged blocks, as admitted)", "context", "KV tokens held", "blocks", "KV / request",
+        "max concurrency", "full: blocks", "full: concurrency")
+    for r in p.retention:
+        table.add_row(fmt_tokens(r.context), str(r.kv_tokens), str(r.kv_blocks),
+                      fmt_bytes(r.kv_bytes), str(r.max_concurrency), str(r.full_kv_blocks),
+                      str(r.full_max_concurrency))
+    console.print(table)
 
 
 def _contexts(p: Plan, console: Console) -> None:

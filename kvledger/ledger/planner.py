@@ -16,6 +16,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger import costs, kv, params
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.hardware import Device, GiB
+from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import SLIDING, ModelSpec
 
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
@@ -44,6 +45,7 @@ class PlanOptions:
     turn_tokens: int = 1024
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     mfu: float = 0.4
+    retention: RetentionSpec = field(default_factory=RetentionSpec)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,20 @@ class ContextRow:
     ttft_s: float
     ttft_floor_s: float
     tpot_floor_s: float
+
+
+@dataclass(frozen=True)
+class RetentionRow:
+    """One request of ``context`` tokens (prompt = context - 1) under the plan's retention
+    policy, in paged blocks as the engine admits it (``RequestBudget.kv_blocks_of``)."""
+
+    context: int
+    kv_tokens: int
+    kv_blocks: int
+    kv_bytes: int
+    max_concurrency: int
+    full_kv_blocks: int
+    full_max_concurrency: int
 
 
 @dataclass(frozen=True)
@@ -116,6 +132,7 @@ class Plan:
     context_full_turn: int
     formats: tuple[FormatRow, ...]
     warnings: tuple[str, ...] = field(default=())
+    retention: tuple[RetentionRow, ...] = field(default=())
 
     def to_json(self) -> dict:
         """The ``--json`` contract (plus extra fields)."""
@@ -211,7 +228,25 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         context_full_turn=-(-spec.max_position_embeddings // o.turn_tokens),
         formats=tuple(fmt.format_row(f) for f in kv.KV_FORMATS),
         warnings=tuple(warnings),
+        retention=_retention_rows(spec, o, pool_blocks, block_bytes),
     )
+
+
+def _retention_rows(spec: ModelSpec, o: PlanOptions, pool_blocks: int,
+                    block_bytes: int) -> tuple[RetentionRow, ...]:
+    """Bounded KV and the concurrency it buys, per context (none under full retention)."""
+    r = o.retention
+    if not r.evicts:
+        return ()
+    budget = RequestBudget(o.block_size, pool_blocks, spec.max_position_embeddings)
+    rows = []
+    for n in o.contexts:
+        blocks, full = budget.kv_blocks_of(n, r, n - 1), budget.kv_blocks_of(n)
+        rows.append(RetentionRow(
+            context=n, kv_tokens=r.max_kv_tokens(n - 1, n), kv_blocks=blocks,
+            kv_bytes=blocks * block_bytes, max_concurrency=pool_blocks // max(blocks, 1),
+            full_kv_blocks=full, full_max_concurrency=pool_blocks // max(full, 1)))
+    return tuple(rows)
 
 
 def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...]:

@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI-compatible API, and the OpenAI error shape.
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
-the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` and vLLM's
-``POST /tokenize``. The sampling penalties and ``logit_bias`` are honoured by the engine's
+the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
+``POST /tokenize``, and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
+1024}``, ``ledger/retention.py``; unknown keys or bad sizes are a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's
 sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
 are checked against the vocabulary when the request is added). Every field is either honoured
 or refused:
@@ -185,6 +186,7 @@ class _SamplingBody(_Body):
     n: Annotated[int, Field(ge=1, le=1, description="only n = 1 is served")] = 1
     ignore_eos: bool = False
     user: Text | None = None
+    kv_policy: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         """Refuse a non-neutral value of a field this server does not implement.
@@ -236,6 +238,7 @@ class _SamplingBody(_Body):
             stop=self.stop_strings(),
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
+            kv_policy=self.kv_policy,
         )
 
     @property
