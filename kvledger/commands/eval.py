@@ -54,7 +54,8 @@ def _print_perplexity(r) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"perplexity · {r.text} · context {r.context}, stride {r.stride}")
+    table = Table(title=f"perplexity · {r.text} · context {r.context}, stride {r.stride}"
+                        f" · KV {r.kv_policy}")
     for col in ("KV format", "chunks", "tokens scored", "PPL"):
         table.add_column(col, justify="right")
     row = [r.kv_format, str(r.chunks), str(r.tokens_scored), f"{r.ppl:.4f}"]

@@ -21,6 +21,9 @@ import torch
 from kvledger.errors import InvalidParameterError
 from kvledger.eval.scoring import step_logprobs
 
+RETENTION_STRIDE = 32
+"""Default step under an evicting retention policy (the issue's; eviction between steps)."""
+
 
 @dataclass
 class PerplexityResult:
@@ -34,6 +37,7 @@ class PerplexityResult:
         chunk_ppl: perplexity of each chunk.
         ppl_base, kld_mean, top1_agreement: the base run's PPL, mean KL divergence (nats) and
             share of positions with the same argmax (None without a base).
+        kv_policy: the engine's retention policy (``RetentionSpec.describe``).
     """
 
     text: str
@@ -49,6 +53,7 @@ class PerplexityResult:
     ppl_base: float | None = None
     kld_mean: float | None = None
     top1_agreement: float | None = None
+    kv_policy: str = "full (every token kept)"
 
     @property
     def delta_ppl_pct(self) -> float | None:
@@ -94,13 +99,14 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
     """Run the protocol over token ids ``ids`` on ``engine`` (and ``base``, for the KLD).
 
     Args:
-        stride: tokens fed per step (None = the whole chunk in one prefill).
+        stride: tokens fed per step (None = the whole chunk in one prefill; under an evicting
+            ``--kv-policy``, ``RETENTION_STRIDE`` tokens with eviction between steps).
 
     Raises:
         InvalidParameterError: bad context or stride, text shorter than one chunk.
     """
     check_protocol(context, stride)
-    stride = stride or context
+    stride = stride or (RETENTION_STRIDE if engine.config.retention.evicts else context)
     first = context // 2
     nll_sum, count, chunk_ppl = 0.0, 0, []
     base_nll, kld_sum, same_top = 0.0, 0.0, 0
@@ -128,7 +134,8 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
         text=text, kv_format=engine.kv_format,
         base_kv_format=None if base is None else base.kv_format, context=context,
         stride=stride, chunks=len(chunk_ppl), tokens_scored=count,
-        ppl=math.exp(nll_sum / count), nll=nll_sum / count, chunk_ppl=chunk_ppl)
+        ppl=math.exp(nll_sum / count), nll=nll_sum / count, chunk_ppl=chunk_ppl,
+        kv_policy=engine.config.retention.describe())
     if base is not None:
         result.kld_mean, result.top1_agreement = kld_sum / count, same_top / count
         result.ppl_base = math.exp(base_nll / count)

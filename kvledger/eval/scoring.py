@@ -2,7 +2,8 @@
 
 A chunk is fed as one request holding its own block table in the engine's KV pool, in steps of
 ``stride`` tokens: the first step is a prefill from an empty cache, later steps attend over
-what the cache holds (a step of one token is a decode), exactly as generation would. Nothing
+what the cache holds (a step of one token is a decode), exactly as generation would; under the
+engine's retention policy (``--kv-policy``) the policy evicts between steps. Nothing
 is put in the prefix cache, so every chunk starts cold. The scheduler is bypassed (one
 request, no batching), the KV manager, store and attention backend are not.
 """
@@ -17,6 +18,8 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request
+from kvledger.engine.retention.policies import make_policy
+from kvledger.engine.retention.state import RetainedKV
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 
@@ -36,8 +39,9 @@ def eval_config(config: EngineConfig, context: int) -> EngineConfig:
 
 
 def load_engines(config: EngineConfig, context: int, base_kv: str | None = None):
-    """(engine, base engine or None) over one loaded model; the base differs only in its KV
-    format ``base_kv`` (the full-precision reference of ``--kl-divergence``).
+    """(engine, base engine or None) over one loaded model; the base differs in its KV
+    format ``base_kv`` (the full-precision reference of ``--kl-divergence``) and keeps every
+    token (full retention, whatever ``--kv-policy`` the engine has).
 
     Raises:
         ContextLengthError: ``context`` exceeds the model's context.
@@ -57,7 +61,8 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     base = None
     if base_kv is not None:
-        base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv), spec=spec,
+        full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None}
+        base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv, **full), spec=spec,
                          weights=weights, tokenizer=tokenizer)
     return engine, base
 
@@ -72,6 +77,9 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int
         KVBudgetError: the pool cannot hold the chunk (another request holds blocks).
     """
     req = Request("kvledger-eval", list(tokens), SamplingParams(max_tokens=1))
+    spec = engine.config.retention
+    if spec.evicts:  # the engine's --kv-policy: eviction runs between steps, as in generation
+        req.retention = RetainedKV(make_policy(spec), engine.config.block_size)
     kv, end = engine.scheduler.kv, len(tokens) - 1
     try:
         for start in range(0, len(tokens), stride):
@@ -80,6 +88,9 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int
                 raise KVBudgetError(f"the KV pool cannot hold a {len(tokens)}-token chunk")
             hidden = engine.runner.hidden_states([_Chunk(req, n)])
             req.num_computed_tokens += n
+            if req.retention is not None:
+                req.retention.append(start, n)
+                kv.retain(req)
             lo, hi = max(start, first), min(start + n, end)
             if lo < hi:
                 logits = engine.model.compute_logits(hidden[lo - start: hi - start])

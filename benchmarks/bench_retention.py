@@ -1,0 +1,163 @@
+"""Retention policies on real text: perplexity under a KV budget, and per-position curves.
+
+Text: pydoc_data.topics (Python's own docs, shipped with CPython) concatenated, tokenized by
+the bundled model's tokenizer, cut into chunks of ``--chunk`` tokens (the model's context,
+8192, by default), each scored from scratch. Teacher forcing through the engine itself: the
+chunk is the prompt, fed in steps of ``--stride`` tokens (evicting policies run their
+eviction between steps, as in generation; window/sinks results do not depend on the stride,
+their masks are per query), and every position's logits are scored.
+
+- ``full``, ``window``, ``sinks``, ``h2o`` at each budget (window/sinks: budget = sinks +
+  window, 4 sinks for sinks; h2o: 4 sinks + budget/2 recent + heavy hitters): NLL of every
+  position; PPL over the chunk and over its last ``--tail`` tokens.
+- ``snapkv``: the first ``chunk - tail`` tokens are the prompt, compressed to the budget when
+  prefilled; the last ``tail`` tokens are then scored against the compressed cache (query
+  agnostic, as kvpress evaluates). Compared with every policy's PPL on the same tail tokens.
+
+Usage: python benchmarks/bench_retention.py [--tokens 16384] [--chunk 8192] [--stride 32]
+       [--budgets 256,512,1024] [--plot ppl.png] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from common import machine_line, real_text_ids
+
+from kvledger import LLM, SamplingParams
+from kvledger.engine.request import Request
+from kvledger.engine.retention.policies import make_policy
+from kvledger.engine.retention.state import RetainedKV
+from kvledger.ledger.retention import RetentionSpec
+
+
+def specs(budgets: list[int]) -> list[tuple[str, int | None, RetentionSpec]]:
+    out = [("full", None, RetentionSpec())]
+    for b in budgets:
+        out += [("window", b, RetentionSpec("window", window=b)),
+                ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4)),
+                ("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2))]
+    return out
+
+
+@dataclass
+class _Chunk:
+    request: Request
+    num_new_tokens: int
+
+
+def score(engine, ids: list[int], spec: RetentionSpec, stride: int,
+          prompt_len: int | None = None) -> torch.Tensor:
+    """NLL [len(ids) - 1] of each next token through the engine's cache path (as
+    ``kvledger.eval.scoring`` feeds a chunk: allocate, run, then the policy evicts). With
+    ``prompt_len`` the request's prompt is ``ids[:prompt_len]`` (snapkv compresses it once it
+    is in) and only the later tokens are scored (nan elsewhere)."""
+    prompt_len = prompt_len or len(ids)
+    req = Request("bench", ids[:prompt_len], SamplingParams(max_tokens=1))
+    req.output_token_ids = list(ids[prompt_len:])
+    if spec.evicts:
+        req.retention = RetainedKV(make_policy(spec), engine.config.block_size)
+    kv, nll = engine.scheduler.kv, torch.full((len(ids) - 1,), math.nan)
+    try:
+        for start in range(0, len(ids), stride):
+            n = min(stride, len(ids) - start)
+            assert kv.allocate_slots(req, n), "the pool cannot hold the chunk"
+            hidden = engine.runner.hidden_states([_Chunk(req, n)])
+            req.num_computed_tokens += n
+            if req.retention is not None:
+                req.retention.append(start, n)
+                kv.retain(req)
+            if start + n <= prompt_len < len(ids):
+                continue  # snapkv: only the continuation after the compression is scored
+            targets = torch.tensor(ids[start + 1: start + n + 1])
+            logp = torch.log_softmax(engine.model.compute_logits(hidden[: len(targets)]), -1)
+            nll[start: start + len(targets)] = -logp.gather(1, targets[:, None])[:, 0]
+    finally:
+        kv.free(req)
+    return nll
+
+
+def ppl(nll: torch.Tensor) -> float:
+    ok = ~torch.isnan(nll)
+    return math.exp(float(nll[ok].mean()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--stride", type=int, default=32)
+    ap.add_argument("--tail", type=int, default=2048)
+    ap.add_argument("--budgets", default="256,512,1024")
+    ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    budgets = [int(b) for b in args.budgets.split(",")]
+    wanted = set(args.policies.split(","))
+    llm = LLM("default", dtype="fp32", num_threads=args.threads, max_num_seqs=1)
+    engine = llm.engine
+    ids = real_text_ids(engine.tokenizer, args.tokens)
+    chunks = [ids[i: i + args.chunk] for i in range(0, len(ids) - args.chunk + 1, args.chunk)]
+    print(machine_line(args.threads))
+    print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), stride "
+          f"{args.stride}, tail {args.tail}")
+    results = []
+    runs = [r for r in specs(budgets) if r[0] in wanted]
+    if "snapkv" in wanted:
+        runs += [("snapkv", b, RetentionSpec("snapkv", budget=b)) for b in budgets]
+    for name, budget, spec in runs:
+        t0 = time.perf_counter()
+        stride = args.stride if spec.capacity is not None else 1024
+        prompt_len = args.chunk - args.tail if name == "snapkv" else None
+        nlls = torch.stack([score(engine, c, spec, stride, prompt_len) for c in chunks])
+        row = {"policy": name, "budget": budget, "spec": spec.describe(),
+               "ppl": None if name == "snapkv" else ppl(nlls),
+               "ppl_tail": ppl(nlls[:, -(args.tail - 1):]),
+               "nll_by_position": torch.nanmean(nlls, 0).tolist(),
+               "seconds": round(time.perf_counter() - t0, 1)}
+        results.append(row)
+        print(f"{name:7s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
+              f"last {args.tail}: {row['ppl_tail']:8.3f}  ({row['seconds']} s)", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f)
+    if args.plot:
+        plot(results, args.plot, args.chunk)
+
+
+def plot(results: list[dict], path: str, chunk: int, bucket: int = 256) -> None:
+    """PPL per ``bucket``-position bucket against position, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in results:
+        nll = torch.tensor(r["nll_by_position"])
+        xs, ys = [], []
+        for lo in range(0, len(nll), bucket):
+            part = nll[lo: lo + bucket]
+            part = part[~torch.isnan(part)]
+            if len(part):
+                xs.append(lo + bucket / 2)
+                ys.append(math.exp(float(part.mean())))
+        label = r["policy"] + (f" {r['budget']}" if r["budget"] else "")
+        ax.plot(xs, ys, label=label, linestyle="--" if r["policy"] == "snapkv" else "-")
+    ax.set_xlabel(f"position in the {chunk}-token chunk")
+    ax.set_ylabel(f"perplexity ({bucket}-token buckets)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
