@@ -3,9 +3,10 @@
 Text: pydoc_data.topics (Python's own docs, shipped with CPython) concatenated, tokenized by
 the bundled model's tokenizer, cut into chunks of ``--chunk`` tokens (the model's context,
 8192, by default), each scored from scratch. Teacher forcing through the engine itself: the
-chunk is the prompt, fed in steps of ``--stride`` tokens (evicting policies run their
-eviction between steps, as in generation; window/sinks results do not depend on the stride,
-their masks are per query), and every position's logits are scored.
+chunk is the prompt, fed in steps (h2o: ``--stride`` tokens, eviction between steps, as in
+generation; full, window, sinks and snapkv: ``--exact-stride``, since their numbers do not
+depend on it: window/sinks masks are per query, tested in tests/engine/test_retention.py), and
+every position's logits are scored.
 
 - ``full``, ``window``, ``sinks``, ``h2o`` at each budget (window/sinks: budget = sinks +
   window, 4 sinks for sinks; h2o: 4 sinks + budget/2 recent + heavy hitters): NLL of every
@@ -41,7 +42,8 @@ def specs(budgets: list[int]) -> list[tuple[str, int | None, RetentionSpec]]:
     for b in budgets:
         out += [("window", b, RetentionSpec("window", window=b)),
                 ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4)),
-                ("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2))]
+                ("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2)),
+                ("snapkv", b, RetentionSpec("snapkv", budget=b))]
     return out
 
 
@@ -91,7 +93,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--chunk", type=int, default=8192)
-    ap.add_argument("--stride", type=int, default=32)
+    ap.add_argument("--stride", type=int, default=32, help="h2o's step (eviction between)")
+    ap.add_argument("--exact-stride", type=int, default=512,
+                    help="step of full/window/sinks/snapkv, whose numbers do not depend on it")
     ap.add_argument("--tail", type=int, default=2048)
     ap.add_argument("--budgets", default="256,512,1024")
     ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
@@ -106,15 +110,13 @@ def main() -> None:
     ids = real_text_ids(engine.tokenizer, args.tokens)
     chunks = [ids[i: i + args.chunk] for i in range(0, len(ids) - args.chunk + 1, args.chunk)]
     print(machine_line(args.threads))
-    print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), stride "
+    print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), h2o stride "
           f"{args.stride}, tail {args.tail}")
     results = []
     runs = [r for r in specs(budgets) if r[0] in wanted]
-    if "snapkv" in wanted:
-        runs += [("snapkv", b, RetentionSpec("snapkv", budget=b)) for b in budgets]
     for name, budget, spec in runs:
         t0 = time.perf_counter()
-        stride = args.stride if spec.capacity is not None else 1024
+        stride = args.stride if spec.policy == "h2o" else args.exact_stride
         prompt_len = args.chunk - args.tail if name == "snapkv" else None
         nlls = torch.stack([score(engine, c, spec, stride, prompt_len) for c in chunks])
         row = {"policy": name, "budget": budget, "spec": spec.describe(),
