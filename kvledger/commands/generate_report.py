@@ -3,7 +3,9 @@
 KV "held" comes from the pool tensors: the request's peak block count times the bytes one
 block really occupies (``store.nbytes / num_blocks``). The ledger figure is
 ``kv_bytes_per_token × tokens`` for the tokens whose K/V were cached (prompt + output − 1: the
-last sampled token is never fed back), and the same rounded up to whole blocks.
+last sampled token is never fed back), and the same rounded up to whole blocks; under an
+evicting ``--kv-policy`` it is the policy's bound (``RetentionSpec.max_kv_tokens`` /
+``max_kv_blocks``), which the held figure never passes.
 """
 
 from __future__ import annotations
@@ -22,8 +24,13 @@ def request_figures(engine, out) -> dict:
     store = engine.store  # None with --no-kv-cache: nothing is held between steps
     block_bytes = store.nbytes // store.num_blocks if store is not None else 0
     blocks = m.peak_kv_bytes // engine.bytes_per_block if store is not None else 0
-    kv_tokens = kv_tokens_of(len(out.prompt_token_ids) + len(out.token_ids))
-    bs = engine.config.block_size
+    prompt, total = len(out.prompt_token_ids), len(out.prompt_token_ids) + len(out.token_ids)
+    bs, retention = engine.config.block_size, engine.config.retention
+    kv_tokens = kv_tokens_of(total)
+    ledger_blocks = -(-kv_tokens // bs)
+    if retention.evicts:  # the policy's bound (ledger/retention.py), what admission used
+        kv_tokens = retention.max_kv_tokens(prompt, total)
+        ledger_blocks = retention.max_kv_blocks(prompt, total, bs)
     tpot = out.tpot_s
     return {
         "prompt_tokens": len(out.prompt_token_ids),
@@ -36,7 +43,8 @@ def request_figures(engine, out) -> dict:
         "kv_bytes_held": blocks * block_bytes,
         "kv_tokens": kv_tokens,
         "kv_bytes_ledger": kv_tokens * engine.bytes_per_token,
-        "kv_bytes_ledger_blocks": -(-kv_tokens // bs) * engine.bytes_per_block,
+        "kv_bytes_ledger_blocks": ledger_blocks * engine.bytes_per_block,
+        "kv_policy": retention.describe(),
     }
 
 
@@ -78,6 +86,8 @@ def print_summary(engine, results, load_s: float) -> None:
                 f"{engine.config.block_size} tokens" if engine.store is not None
                 else "none: --no-kv-cache recomputes every K/V at every step")
         table.add_row("KV held (tensors)", held)
+        if engine.config.retention.evicts:
+            table.add_row("KV policy", f"{f['kv_policy']}; the ledger line is its bound")
         table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens']} tokens "
                       f"× {engine.bytes_per_token:,} B ({f['kv_bytes_ledger_blocks']:,} B in "
                       "whole blocks)")

@@ -101,3 +101,17 @@ def test_a_prompt_and_a_prompts_file_together_are_refused(tmp_path):
 def test_zero_threads_is_refused():
     result = _invoke("hi", "--threads", "0")
     assert result.exit_code == 2 and "num_threads must be > 0" in result.output
+
+
+@pytest.mark.slow
+def test_sinks_holds_at_most_its_bound():
+    """``--kv-policy sinks --kv-window 16``: 6 + 60 tokens, but the pool never held more than
+    3 blocks of 16 (4 sinks + 15 recent + the new token; full retention holds ceil(65 / 16) = 5),
+    within the ledger's bound."""
+    result = _invoke("The history of the Python language", "--kv-policy", "sinks",
+                     "--kv-window", "16", "--max-tokens", "60", "--json")
+    assert result.exit_code == 0, result.output
+    m = json.loads(result.output.strip().splitlines()[-1])["metrics"]
+    assert m["kv_policy"].startswith("sinks (4 sinks + 16 recent)")
+    assert m["kv_blocks_held"] <= 3  # 4 sinks + 15 recent + 1 new in blocks of 16
+    assert m["kv_bytes_held"] <= m["kv_bytes_ledger_blocks"]
