@@ -9,17 +9,18 @@ layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate
 ``down``, ``lm_head``) is held in the weight format the kernel probe chose
 (:mod:`kvledger.engine.kernels`, :mod:`kvledger.engine.linear`); a tied embedding shares the
 LM head's copy. In fp32 every weight is dense, and logits match Hugging Face to ~1e-5.
-RMSNorm runs as one fused op (``F.rms_norm`` with its weight). Q is never cached: only the K/V
-of new tokens go to the store (seed §2.1).
+The element-wise ops between the matmuls are fused (:mod:`kvledger.engine.fused`: residual add +
+RMSNorm, RoPE on Q and K in place, SiLU x up). Q is never cached: only the K/V of new tokens go
+to the store (seed §2.1).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvledger.engine import kernels
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
+from kvledger.engine.fused import fused_ops
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.linear import Linear
 from kvledger.engine.rope import RotaryEmbedding
@@ -53,6 +54,7 @@ class LlamaModel:
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or kernels.choose_attention(spec))
         self.attention = attention
+        self.ops = fused_ops()
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
@@ -78,24 +80,26 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, store: KVStore | None) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T]."""
-        spec = self.spec
+        """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T].
+
+        Each residual add is fused with the RMSNorm after it (``h`` is updated in place).
+        """
+        spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         h = self.embed.rows(input_ids, self.dtype)
-        cos, sin = self.rope.lookup(positions)
         heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        delta = None
         for i, layer in enumerate(self.layers):
-            x = self._norm(h, layer["input_norm"])
+            h, x = ops.add_rms_norm(h, delta, layer["input_norm"], eps)
             qkv = layer["qkv"](x)
             qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
-            qk = self.rope.apply(qk, cos, sin)
+            qk = ops.rope_(qk, positions, self.rope)
             q, k = qk[:, :heads], qk[:, heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
             attn = self.attention(i, q, k, v, meta, store)
-            h = h + layer["o"](attn.reshape(-1, self.q_size))
-            x = self._norm(h, layer["post_norm"])
-            gate, up = layer["gate_up"](x).chunk(2, dim=-1)
-            h = h + layer["down"](F.silu(gate) * up)
-        return self._norm(h, self.final_norm)
+            h, x = ops.add_rms_norm(h, layer["o"](attn.reshape(-1, self.q_size)),
+                                    layer["post_norm"], eps)
+            delta = layer["down"](ops.silu_mul(layer["gate_up"](x)))
+        return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -109,8 +113,6 @@ class LlamaModel:
         held = {name: layer[name].format for name in ("qkv", "o", "gate_up", "down")}
         return {**held, "lm_head": self.lm_head.format}
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps=self.spec.rms_norm_eps)
 
 
 def check_supported(spec: ModelSpec) -> None:

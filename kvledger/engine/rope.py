@@ -61,13 +61,19 @@ class RotaryEmbedding:
         self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(self.dtype)
         # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin
         self.sin = torch.cat((-freqs, freqs), dim=-1).sin().to(self.dtype)
+        # fp32 [positions, head_dim / 2] for the native op (kvledger.engine.fused)
+        self.cos_half, self.sin_half = freqs.cos().contiguous(), freqs.sin().contiguous()
+
+    def cover(self, positions: torch.Tensor) -> None:
+        """Make the tables reach ``positions`` [tokens]: positions past them (a retention policy
+        generating past the context) double them."""
+        if len(positions) and int(positions.max()) >= len(self.cos):
+            self._tabulate(2 * (int(positions.max()) + 1))
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for positions [tokens] -> two [tokens, 1, head_dim] tensors (once
-        a step). Positions past the table (a retention policy generating past the context)
-        double it."""
-        if len(positions) and int(positions.max()) >= len(self.cos):
-            self._tabulate(2 * (int(positions.max()) + 1))
+        a step), after :meth:`cover`."""
+        self.cover(positions)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod

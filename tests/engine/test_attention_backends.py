@@ -160,10 +160,12 @@ def test_native_falls_back_to_torch_when_disabled(monkeypatch):
     from kvledger.engine.attention import native
 
     monkeypatch.setenv("KVLEDGER_NATIVE", "0")
+    native.library.cache_clear()
     native.load.cache_clear()
     try:
         assert make_backend("paged-native").name == "paged-torch"
     finally:
+        native.library.cache_clear()
         native.load.cache_clear()
 
 

@@ -1,13 +1,15 @@
-"""Build and load the C++ paged-attention kernel (``paged_attention.cpp``) through ctypes.
+"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``)
+and the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`).
 
-The kernel is a plain shared library (no Python or torch headers), built on first use with
+Both sources make one plain shared library (no Python or torch headers), built on first use with
 the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native``, into
-``cache_dir()/native/paged_attention-<key>.so``. The key hashes the source, the compiler's
+``cache_dir()/native/kvledger_native-<key>.so``. The key hashes the sources, the compiler's
 version line, the flags and the CPU (model name and flags from ``/proc/cpuinfo``), so another
-CPU or compiler rebuilds instead of loading code it cannot run. A build takes ~2 s.
+CPU or compiler rebuilds instead of loading code it cannot run. A build takes a few seconds.
 
-When it cannot be built (no compiler, a failing build, ``KVLEDGER_NATIVE=0``), :func:`load`
-returns None, logs one warning, and the engine uses the PyTorch backend instead.
+When it cannot be built (no compiler, a failing build, ``KVLEDGER_NATIVE=0``), :func:`library`
+returns None and logs one warning; the engine then uses the PyTorch attention backend and
+PyTorch ops for the fused ones.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from kvledger.paths import cache_dir
 
 log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
-SOURCE = "paged_attention.cpp"
+SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
+           ("kvledger.engine", "fused_ops.cpp"))
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _reason: list[str] = []
 
@@ -52,41 +55,48 @@ def cpu_identity() -> str:
     return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
 
 
+def _sources() -> list[tuple[str, bytes]]:
+    return [(name, resources.files(package).joinpath(name).read_bytes())
+            for package, name in SOURCES]
+
+
 def source_digest() -> str:
-    """Short hash of the kernel's source and build flags (a new kernel is a new probe key)."""
-    source = resources.files("kvledger.engine.attention").joinpath(SOURCE).read_bytes()
-    return hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    """Short hash of the kernels' sources and build flags (a new kernel is a new probe key)."""
+    text = b"\0".join([src for _, src in _sources()] + [" ".join(FLAGS).encode()])
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 
 
-def _build(cxx: str, source: bytes) -> Path:
+def _build(cxx: str, sources: list[tuple[str, bytes]]) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=30, check=False).stdout.splitlines()[:1]
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS + version).encode(),
-                                     cpu_identity().encode()])).hexdigest()[:16]
-    target = cache_dir() / "native" / f"paged_attention-{key}.so"
+    key = hashlib.sha256(b"\0".join([src for _, src in sources] + [
+        " ".join(FLAGS + version).encode(), cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / "native" / f"kvledger_native-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / SOURCE
-        src.write_bytes(source)
+        paths = []
+        for name, src in sources:
+            paths.append(Path(tmp) / name)
+            paths[-1].write_bytes(src)
         out = Path(tmp) / "kernel.so"
-        done = subprocess.run([cxx, *FLAGS, str(src), "-o", str(out)], capture_output=True,
-                              text=True, timeout=300, check=False)
+        done = subprocess.run([cxx, *FLAGS, *map(str, paths), "-o", str(out)],
+                              capture_output=True, text=True, timeout=300, check=False)
         if done.returncode != 0:
             raise NativeUnavailable(f"{cxx} failed: {done.stderr.strip()[-400:]}")
         os.replace(out, target)
-    log.info("built the native paged-attention kernel: %s", target)
+    log.info("built the native kernels: %s", target)
     return target
 
 
 @functools.cache
-def load() -> PagedKernel | None:
-    """The kernel, built if needed; None (with one logged warning) when it cannot be."""
+def library() -> ctypes.CDLL | None:
+    """The native library, built if needed; None (with one logged warning) when it cannot be."""
     if os.environ.get("KVLEDGER_NATIVE", "1") == "0":
         _reason.append("disabled by KVLEDGER_NATIVE=0")
         return None
@@ -94,12 +104,18 @@ def load() -> PagedKernel | None:
     try:
         if cxx is None:
             raise NativeUnavailable("no C++ compiler (set CXX or install g++)")
-        source = resources.files("kvledger.engine.attention").joinpath(SOURCE).read_bytes()
-        return PagedKernel(ctypes.CDLL(str(_build(cxx, source))))
+        return ctypes.CDLL(str(_build(cxx, _sources())))
     except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
         _reason.append(str(exc))
-        log.warning("native paged attention unavailable (%s); using the PyTorch backend", exc)
+        log.warning("native kernels unavailable (%s); using PyTorch ops instead", exc)
         return None
+
+
+@functools.cache
+def load() -> PagedKernel | None:
+    """The paged-attention kernel, or None when the library cannot be built."""
+    lib = library()
+    return None if lib is None else PagedKernel(lib)
 
 
 def why_unavailable() -> str:

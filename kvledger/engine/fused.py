@@ -1,0 +1,104 @@
+"""Fused element-wise ops of a decoder layer (native, ``fused_ops.cpp``), with PyTorch fallbacks.
+
+A decode step runs a few matmuls and a few hundred tiny element-wise ops; on CPU each PyTorch
+op costs microseconds of dispatch whatever its size, so these three replace 3-10 ops each:
+
+- :meth:`FusedOps.add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich,
+  arXiv:1910.07467): ``h += delta; y = h / sqrt(mean(h^2) + eps) * weight``;
+- :meth:`FusedOps.rope_`: RoPE on Q and K in place, "rotate half" layout (Su et al.,
+  arXiv:2104.09864);
+- :meth:`FusedOps.silu_mul`: ``silu(gate) * up`` (SwiGLU).
+
+Arithmetic is fp32 for fp32 and bf16 tensors (one rounding per bf16 result). :func:`fused_ops`
+returns the native ops, or the PyTorch ones when the native library cannot be built
+(:mod:`kvledger.engine.attention.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
+to rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class TorchOps:
+    """The same ops in PyTorch (the fallback, and the oracle of the tests)."""
+
+    name = "torch"
+
+    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim]."""
+        if delta is not None:
+            h = h + delta
+        return h, F.rms_norm(h, (h.shape[-1],), weight, eps=eps)
+
+    def rope_(self, qk: torch.Tensor, positions: torch.Tensor, rope) -> torch.Tensor:
+        """qk [T, heads, D] rotated by the angles of ``positions`` [T] (a RotaryEmbedding)."""
+        cos, sin = rope.lookup(positions)
+        return rope.apply(qk, cos, sin)
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up [T, 2f] -> [T, f]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class NativeOps(TorchOps):
+    """The C++ ops; tensors of another dtype or layout go to the PyTorch ones."""
+
+    name = "native"
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        self._norm = lib.kvl_add_rms_norm
+        self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32]
+        self._rope = lib.kvl_rope
+        self._rope.argtypes = [ptr, i64, i32, i32, i32, ptr, ptr, ptr, i32]
+        self._silu = lib.kvl_silu_mul
+        self._silu.argtypes = [ptr, ptr, i32, i32, i32]
+        for fn in (self._norm, self._rope, self._silu):
+            fn.restype = None
+
+    def add_rms_norm(self, h, delta, weight, eps):
+        """In place: ``h`` itself becomes h + delta (h must be a tensor the caller owns)."""
+        if not (h.dtype in _DTYPES and h.is_contiguous() and weight.dtype == h.dtype
+                and (delta is None or (delta.dtype == h.dtype and delta.is_contiguous()))):
+            return super().add_rms_norm(h, delta, weight, eps)
+        out = torch.empty_like(h)
+        rows, dim = h.shape
+        self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+                   out.data_ptr(), rows, dim, eps, _DTYPES[h.dtype])
+        return h, out
+
+    def rope_(self, qk, positions, rope):
+        """In place on qk [T, heads, D] whose heads are contiguous within each token's row."""
+        tokens, heads, dim = qk.shape
+        if (qk.dtype not in _DTYPES or qk.stride(2) != 1 or qk.stride(1) != dim
+                or positions.dtype != torch.int64):
+            return super().rope_(qk, positions, rope)
+        positions = positions.contiguous()
+        rope.cover(positions)
+        self._rope(qk.data_ptr(), qk.stride(0), tokens, heads, dim, rope.cos_half.data_ptr(),
+                   rope.sin_half.data_ptr(), positions.data_ptr(), _DTYPES[qk.dtype])
+        return qk
+
+    def silu_mul(self, gate_up):
+        if gate_up.dtype not in _DTYPES or not gate_up.is_contiguous():
+            return super().silu_mul(gate_up)
+        rows, width = gate_up.shape
+        out = gate_up.new_empty(rows, width // 2)
+        self._silu(gate_up.data_ptr(), out.data_ptr(), rows, width // 2, _DTYPES[gate_up.dtype])
+        return out
+
+
+def fused_ops() -> TorchOps:
+    """The native ops when the library builds here, else the PyTorch ones."""
+    from kvledger.engine.attention.native import library
+
+    lib = library()
+    return TorchOps() if lib is None else NativeOps(lib)
