@@ -27,7 +27,7 @@ def chat(
     = None,
     model: Annotated[str, typer.Option(help="Local engine: 'default', a GGUF file or an HF "
                                             "folder.")] = "default",
-    dtype: Annotated[str, typer.Option(help="Local engine: fp32 or bf16.")] = "fp32",
+    dtype: Annotated[str, typer.Option(help="Local engine: bf16 (fast) or fp32 (exact).")] = "bf16",
     state_db: Annotated[str | None, typer.Option(
         help="Local engine: SQLite file of the conversations (default: the user data "
              "folder, shared with kvledger serve).")] = None,

@@ -19,7 +19,9 @@ class EngineConfig:
     Attributes:
         model: ``default`` (the bundled SmolLM2-135M-Instruct GGUF), a GGUF file, or a Hugging
             Face folder (config.json + safetensors).
-        dtype: ``fp32`` or ``bf16``, for the weights, the activations and the KV pool.
+        dtype: the activation (compute) dtype, also the KV pool's: ``bf16`` (the fast mode: each
+            weight held in the format the kernel probe chose, e.g. the GGUF's Q4 kept packed)
+            or ``fp32`` (every weight dense fp32: exact against transformers, for comparisons).
         block_size: tokens per KV block.
         kv_cache_gib: KV pool size in GiB, turned into whole blocks by the ledger.
         num_blocks: KV pool size in blocks; wins over kv_cache_gib. With neither, the pool
@@ -59,7 +61,7 @@ class EngineConfig:
     """
 
     model: str = "default"
-    dtype: str = "fp32"
+    dtype: str = "bf16"
     block_size: int = 16
     kv_cache_gib: float | None = None
     num_blocks: int | None = None

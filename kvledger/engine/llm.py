@@ -23,7 +23,8 @@ class LLM:
 
     Args:
         model: ``"default"`` (bundled SmolLM2-135M-Instruct), a GGUF file or an HF folder.
-        dtype: ``"fp32"`` or ``"bf16"``.
+        dtype: ``"bf16"`` (the fast mode: weights in the formats the kernel probe chose) or
+            ``"fp32"`` (dense fp32 weights, exact against transformers).
         **options: any other :class:`EngineConfig` field (block_size, kv_cache_gib, ...).
 
     Attributes:
@@ -31,7 +32,7 @@ class LLM:
         engine: the underlying LLMEngine (``engine.stats()`` for KV figures).
     """
 
-    def __init__(self, model: str = "default", dtype: str = "fp32", **options) -> None:
+    def __init__(self, model: str = "default", dtype: str = "bf16", **options) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **options))
         self.tokenizer = self.engine.tokenizer
         self._counter = itertools.count()

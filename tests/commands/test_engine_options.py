@@ -18,7 +18,7 @@ from kvledger.errors import KVLedgerError
 # one non-default value per field, and the command-line words that ask for it
 NON_DEFAULT = {
     "model": ("some/model.gguf", ["--model", "some/model.gguf"]),
-    "dtype": ("bf16", ["--dtype", "bf16"]),
+    "dtype": ("fp32", ["--dtype", "fp32"]),
     "block_size": (32, ["--block-size", "32"]),
     "kv_cache_gib": (0.5, ["--kv-cache-gib", "0.5"]),
     "num_blocks": (77, ["--num-blocks", "77"]),

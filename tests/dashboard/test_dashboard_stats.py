@@ -33,7 +33,8 @@ def engine(tmp_path, gguf_kit):
 
     path = gguf_kit.write(tmp_path / "tiny.gguf", gguf_kit.to_gguf(gguf_kit.hf_weights()))
     spec, weights = load_weights(path, torch.float32)
-    return LLMEngine(EngineConfig(model=str(path), num_blocks=12, block_size=BLOCK),
+    return LLMEngine(EngineConfig(model=str(path), dtype="fp32", num_blocks=12,
+                                  block_size=BLOCK),
                      spec=spec, weights=weights)
 
 

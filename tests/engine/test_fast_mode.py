@@ -37,14 +37,26 @@ def prompt_and_reference():
     return ids, _log_probs(torch.float32, None, ids)[0]
 
 
+def test_the_fast_mode_is_the_default():
+    import inspect
+
+    from kvledger import LLM
+    from kvledger.engine.config import EngineConfig
+
+    assert EngineConfig().dtype == "bf16"
+    assert inspect.signature(LLM).parameters["dtype"].default == "bf16"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layers,head", [("dense", "dense"), ("int4", "int8"),
-                                         ("int8", "int8")])
+                                         ("int8", "int8"), (None, None)])
 def test_fast_formats_track_fp32(prompt_and_reference, layers, head):
+    """Each format forced, and (None) the default: what the kernel probe chose here."""
     ids, ref = prompt_and_reference
-    formats = {**dict.fromkeys(LAYERS, layers), "lm_head": head}
+    formats = None if layers is None else {**dict.fromkeys(LAYERS, layers), "lm_head": head}
     got, held = _log_probs(torch.bfloat16, formats, ids)
-    assert held == formats  # the bundled GGUF has Q4 layers, so every request is met
+    if formats is not None:
+        assert held == formats  # the bundled GGUF has Q4 layers, so every request is met
     kl = (ref.exp() * (ref - got)).sum(-1)
     top1 = (ref.argmax(-1) == got.argmax(-1)).float().mean()
     assert float(top1) >= 0.90

@@ -25,6 +25,6 @@ class LiveServer(ServeProcess):
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
         args = ["--port", str(port), "--api-key", API_KEY, "--max-kv-tokens-per-request",
                 str(KV_QUOTA_TOKENS), "--kv-alert-bytes", str(KV_ALERT_BYTES),
-                "--log-interval-s", "1"]
+                "--log-interval-s", "1", "--dtype", "fp32"]  # exact, and the byte figures above
         super().__init__([sys.executable, "-c", SERVE, *args], log_path, port,
                          timeout_s=startup_timeout_s)
