@@ -60,8 +60,15 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni",
+              "amx_tile", "amx_bf16", "amx_int8")
+
+
 def machine_line(threads: int) -> str:
-    """One line naming the machine, threads, torch version and date."""
-    cpu = platform.processor() or platform.machine()
-    return (f"{date.today()} · {os.cpu_count()} CPUs ({cpu}) · {threads} torch threads · "
-            f"torch {torch.__version__}")
+    """One line naming the machine (CPU model and its SIMD flags), threads, torch, date."""
+    from kvledger.engine.attention.native import cpu_identity
+
+    model, _, flags = cpu_identity().partition(" | ")
+    simd = [f for f in SIMD_FLAGS if f in flags.split()] or ["none listed"]
+    return (f"{date.today()} · {os.cpu_count()} CPUs ({model or platform.machine()}; "
+            f"{' '.join(simd)}) · {threads} torch threads · torch {torch.__version__}")

@@ -1,0 +1,119 @@
+"""llama.cpp as an optional peer: ``llama-bench`` figures and a ``llama-server`` process.
+
+The binaries are found through ``$KVLEDGER_LLAMA_CPP_DIR`` (a folder holding ``llama-bench`` and
+``llama-server``, e.g. a CMake ``build/bin``); nothing else is searched. When the variable is
+unset or the folder lacks a binary, :func:`binary` returns None and the caller prints why and
+skips the peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Self
+
+import httpx
+
+ENV = "KVLEDGER_LLAMA_CPP_DIR"
+
+
+def binary(name: str) -> Path | None:
+    """``$KVLEDGER_LLAMA_CPP_DIR/name`` if it is an executable file, else None."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return None
+    path = Path(folder) / name
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def skip_reason(name: str) -> str:
+    """Why :func:`binary` found nothing (a line for the benchmark's output)."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return f"llama.cpp skipped: set {ENV} to a folder with {name}"
+    return f"llama.cpp skipped: no executable {name} in {folder}"
+
+
+def llama_bench(model: Path, threads: int, prompt: int, new: int, depths: tuple[int, ...],
+                repeat: int = 2) -> list[dict]:
+    """Rows of ``llama-bench -o json``: prefill (``n_prompt``) and decode (``n_gen``) tok/s
+    (``avg_ts``) at each context depth (``n_depth``).
+
+    Raises:
+        RuntimeError: llama-bench is absent or failed.
+    """
+    exe = binary("llama-bench")
+    if exe is None:
+        raise RuntimeError(skip_reason("llama-bench"))
+    cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new),
+           "-d", ",".join(map(str, depths)), "-r", str(repeat), "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout)
+
+
+class Server:
+    """``llama-server`` on ``port`` with ``parallel`` slots (continuous batching), as a context
+    manager that waits for ``/health`` and stops the process on exit.
+
+    Each slot gets ``context / parallel`` tokens of context (llama.cpp's rule).
+    """
+
+    def __init__(self, model: Path, port: int, threads: int, parallel: int = 16,
+                 context: int = 32768, log: Path | None = None) -> None:
+        exe = binary("llama-server")
+        if exe is None:
+            raise RuntimeError(skip_reason("llama-server"))
+        self.url = f"http://127.0.0.1:{port}"
+        self.cmd = [str(exe), "-m", str(model), "-t", str(threads), "-c", str(context),
+                    "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Self:
+        out = self.log.open("w") if self.log else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT)
+        finally:
+            if self.log:
+                out.close()  # the child holds its own copy
+        wait_healthy(self.url, self.proc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:
+    """Poll ``url/health`` until it answers 200.
+
+    Raises:
+        RuntimeError: the process exited or the timeout passed first.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(proc.args)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop(proc)
+    raise RuntimeError(f"server at {url} not healthy after {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """Terminate ``proc`` (this benchmark's own child) and wait for it."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
