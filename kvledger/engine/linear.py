@@ -31,11 +31,20 @@ def int4_shape_ok(out_features: int, in_features: int) -> bool:
     return out_features % 16 == 0 and in_features % GROUP == 0
 
 
-def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row symmetric int8 of ``weight`` [out, in]: codes int8 [out, in], scales fp32 [out]."""
-    w = weight.float()
-    scale = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of ``weight`` [out, in]: codes int8 [out, in], scales fp32 [out].
+
+    Done ``chunk_rows`` rows at a time, so no fp32 copy of a whole large matrix (an embedding)
+    is ever held.
+    """
+    codes = torch.empty(weight.shape, dtype=torch.int8)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32)
+    for first in range(0, weight.shape[0], chunk_rows):
+        w = weight[first:first + chunk_rows].float()
+        s = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        codes[first:first + chunk_rows] = torch.round(w / s[:, None]).clamp_(-127, 127)
+        scale[first:first + chunk_rows] = s
+    return codes, scale
 
 
 class Linear:
@@ -64,15 +73,33 @@ class Linear:
         if fmt == "dense":
             self.weight = weight
         elif fmt == "int4":
-            q, scale, zero = q4
-            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                q.to(torch.int32).contiguous(), 1)
-            self.scales = torch.stack([scale.t(), zero.t()], dim=-1).to(
-                torch.bfloat16).contiguous()
+            self._pack_q4(q4)
         else:
             self.packed, scale = int8_rows(weight)
             self.scales = scale.to(torch.bfloat16)
             self._row_scales = scale
+
+    @classmethod
+    def from_q4(cls, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                shape: tuple[int, int], bias: torch.Tensor | None = None) -> Linear:
+        """An ``int4`` Linear of ``shape`` [out, in] from its Q4 parts alone (no dense W read).
+
+        Raises:
+            ValueError: the kernel does not take the shape (:func:`int4_shape_ok`).
+        """
+        if not int4_shape_ok(*shape):
+            raise ValueError(f"the int4 kernel does not take a {list(shape)} weight")
+        self = cls.__new__(cls)
+        self.format, self.bias, self.out_features = "int4", bias, shape[0]
+        self.weight = None
+        self._pack_q4(q4)
+        return self
+
+    def _pack_q4(self, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        q, scale, zero = q4
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).contiguous(), 1)
+        self.scales = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
 
     @property
     def nbytes(self) -> int:

@@ -27,11 +27,14 @@ architecture or tensor type -> UnsupportedModelError.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -74,7 +77,11 @@ def load_weights(
     else:
         spec, state = _load_gguf_cached(path, dtype)
     _check_complete(spec, state)
-    return spec, {name: _cast(t, dtype) for name, t in state.items()}
+    cast = {name: _cast(t, dtype) for name, t in state.items()}
+    if isinstance(state, MappedWeights):  # same dtype as cached: the same mapped tensors
+        state.update(cast)
+        return spec, state
+    return spec, cast
 
 
 def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -99,13 +106,55 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
             with safe_open(str(cached), framework="pt") as f:
                 spec = _spec_from_json(f.metadata()["spec"], path)
                 names = f.keys()
-                return spec, {name: f.get_tensor(name) for name in names}
+                return spec, MappedWeights({name: f.get_tensor(name) for name in names},
+                                           cached)
         except (SafetensorError, OSError, KeyError, ValueError, TypeError):
             pass  # corrupt, truncated or stale (older ModelSpec) entry: rebuild it below
     spec, state = _load_gguf(path)
     state = {name: _cast(t, dtype) for name, t in state.items()}
     _save_atomically(state, {"spec": _spec_to_json(spec)}, cached)
     return spec, state
+
+
+class MappedWeights(dict):
+    """A state dict whose tensors are views of a memory-mapped cache file.
+
+    :meth:`release` hands a consumed tensor's pages back to the OS (``madvise(MADV_DONTNEED)``;
+    a later read re-reads them from the file), so building the model's own formats layer by
+    layer never holds the whole file in RAM. Only whole pages inside a mapping of that file are
+    released, which /proc/self/maps confirms, so memory that is not this file is never touched.
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        super().__init__(tensors)
+        self._ranges = _mapped_ranges(path)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Return the pages of ``tensor`` (a value of this dict, no longer needed) to the OS."""
+        page = mmap.PAGESIZE
+        start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.nbytes
+        lo, hi = -(-start // page) * page, end // page * page
+        if hi > lo and any(a <= lo and hi <= b for a, b in self._ranges) and _LIBC:
+            _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED)
+
+
+MADV_DONTNEED = 4  # Linux <sys/mman.h>
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
+    """Address ranges of this process's mappings of ``path`` (empty off Linux)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return []
+    target, ranges = str(path.resolve()), []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == target:
+            start, end = fields[0].split("-")
+            ranges.append((int(start, 16), int(end, 16)))
+    return ranges
 
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:

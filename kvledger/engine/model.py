@@ -22,7 +22,7 @@ from kvledger.engine import kernels
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.fused import fused_ops
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.linear import Linear
+from kvledger.engine.linear import Linear, int4_shape_ok
 from kvledger.engine.rope import RotaryEmbedding
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import FULL, ModelSpec
@@ -60,6 +60,7 @@ class LlamaModel:
         elif formats is None:
             formats = kernels.choose_formats(spec, _q4_classes(weights))
         self.formats = dict(formats)
+        release = getattr(weights, "release", None) or (lambda tensor: None)
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
         embed = w.pop("model.embed_tokens.weight")
         head = w.pop("lm_head.weight", None)
@@ -67,11 +68,14 @@ class LlamaModel:
                               fmt=self.formats.get("lm_head", "dense"))
         tied_rows = head is None and self.lm_head.format != "int4"
         self.embed = self.lm_head if tied_rows else Linear(embed)
+        for source in (embed, head):
+            if source is not None:
+                release(source)
         del embed, head
-        self.final_norm = w["model.norm.weight"]
+        self.final_norm = w.pop("model.norm.weight").clone()  # clones: no view of the cache
         self.layers = []
         for i in range(spec.num_layers):
-            self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats))
+            self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim
@@ -140,30 +144,43 @@ def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
     return classes
 
 
-def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str]) -> dict:
+def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
+                release) -> dict:
     """One layer's norms and fused Linears; its tensors are removed from ``w`` as they are
-    used, so at most one layer exists twice (source and fused) at any time."""
+    used and their pages released (``release``, see :class:`kvledger.engine.loader.
+    MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = [attn + f"{p}_proj" for p in "qkv"]
-    bias = [w.get(stem + ".bias") for stem in qkv]
+    bias = [w.pop(stem + ".bias", None) for stem in qkv]
     return {
-        "input_norm": w[prefix + "input_layernorm.weight"],
-        "post_norm": w[prefix + "post_attention_layernorm.weight"],
-        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"),
+        "input_norm": w.pop(prefix + "input_layernorm.weight").clone(),
+        "post_norm": w.pop(prefix + "post_attention_layernorm.weight").clone(),
+        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release,
                              torch.cat(bias) if bias[0] is not None else None),
-        "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense")),
+        "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release),
         "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"],
-                                 formats.get("gate_up", "dense")),
-        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense")),
+                                 formats.get("gate_up", "dense"), release),
+        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense"), release),
     }
 
 
-def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str,
+def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, release,
                   bias: torch.Tensor | None = None) -> Linear:
-    """One Linear over the row-concatenation of several projections (and their 4-bit forms)."""
-    weight = torch.cat([w.pop(s + ".weight") for s in stems]).contiguous()
+    """One Linear over the row-concatenation of several projections (or of their 4-bit forms).
+
+    Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4``),
+    so a memory-mapped weight cache never pages in the other one.
+    """
     parts = (".q4_codes", ".q4_scale", ".q4_zero")
-    q4 = None
-    if all(s + ".q4_codes" in w for s in stems):
-        q4 = tuple(torch.cat([w.pop(s + part) for s in stems]) for part in parts)
-    return Linear(weight, bias, q4, fmt)
+    dense = [w.pop(s + ".weight") for s in stems]
+    out_f, in_f = sum(t.shape[0] for t in dense), dense[0].shape[1]
+    has_q4 = all(s + ".q4_codes" in w for s in stems)
+    q4 = [[w.pop(s + part) for s in stems] for part in parts] if has_q4 else None
+    if fmt == "int4" and q4 is not None and dense[0].dtype == torch.bfloat16 \
+            and int4_shape_ok(out_f, in_f):
+        linear = Linear.from_q4(tuple(torch.cat(p) for p in q4), (out_f, in_f), bias)
+    else:
+        linear = Linear(torch.cat(dense).contiguous(), bias, None, fmt)
+    for source in dense + [t for part in q4 or [] for t in part]:
+        release(source)
+    return linear

@@ -13,6 +13,9 @@ quantized formats will keep their per-block scales in tensors indexed by the sam
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from kvledger.errors import InvalidParameterError
@@ -36,6 +39,15 @@ def resolve_kv_format(kv_cache_dtype: str, compute_dtype: torch.dtype) -> str:
     return kv_cache_dtype
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in anonymous memory (``mmap``): the OS maps each page on first write, so
+    pool blocks never used cost no RAM (``torch.zeros`` would write every page up front)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)  # keeps the map
+
+
 class KVStore:
     """Per-layer K/V block tensors.
 
@@ -54,8 +66,8 @@ class KVStore:
         self.num_blocks = num_blocks
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.key_blocks = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.value_blocks = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.key_blocks = [lazy_zeros(shape, dtype) for _ in range(num_layers)]
+        self.value_blocks = [lazy_zeros(shape, dtype) for _ in range(num_layers)]
         flat = (num_blocks * block_size, num_kv_heads, head_dim)
         self._keys = [t.view(flat) for t in self.key_blocks]
         self._values = [t.view(flat) for t in self.value_blocks]
