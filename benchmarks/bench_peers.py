@@ -71,7 +71,8 @@ def batch1(args) -> None:
         print("  llama.cpp (llama-bench, same GGUF)")
         for depth in (0, *contexts):
             tg, pp = theirs.get(("tg", depth)), theirs.get(("pp", depth))
-            print(f"    depth {depth:5d}: pp512 {pp:7.1f} tok/s (TTFT {512e3 / pp:8.1f} ms)   "
+            what = "TTFT" if depth == 0 else "its time"  # after a prefix it is not a TTFT
+            print(f"    depth {depth:5d}: pp512 {pp:7.1f} tok/s ({what} {512e3 / pp:8.1f} ms)   "
                   f"tg{args.new} {tg:6.1f} tok/s (TPOT {1e3 / tg:6.1f} ms)")
 
 
