@@ -1,8 +1,8 @@
 """kvledger against llama.cpp on the bundled GGUF, same threads, in one run (issue 10).
 
-1. Batch 1: our TPOT at 512 and 4096 tokens of context (64 new tokens, greedy, EOS ignored,
-   the default fast mode) and TTFT of a 512-token prompt, next to ``llama-bench``'s decode
-   (tg64 at depth 512 / 4096) and prefill (pp512) on the same file.
+1. Batch 1: our TTFT and TPOT with 512, 2048 and 4096-token prompts (64 new tokens, greedy,
+   EOS ignored, the default fast mode), next to ``llama-bench``'s decode (tg64 at depth 0 /
+   512 / 4096) and prefill (pp512) on the same file.
 2. Over HTTP: ``kvledger serve`` and ``llama-server -np 16``, each driven by ``kvledger bench``
    (completions, 32 requests of 250-token real-text prompts, 128 new tokens, concurrency 16;
    prompts cut with the same GGUF tokenizer, so both get the same prompts): output tok/s.
@@ -38,8 +38,12 @@ def ours_batch1(threads: int, contexts: tuple[int, ...], new: int) -> dict:
     llm = LLM("default", enable_prefix_caching=False, num_threads=threads)
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     llm.generate([real_text_ids(llm.tokenizer, 64)], params)  # warm-up
-    formats = llm.engine.model.weight_formats
-    result = {"formats": formats, "attention": llm.engine.model.attention.name}
+    model = llm.engine.model
+    held = [model.lm_head] + ([] if model.embed is model.lm_head else [model.embed])
+    held += [layer[k] for layer in model.layers for k in ("qkv", "o", "gate_up", "down")]
+    result = {"formats": model.weight_formats, "attention": model.attention.name,
+              "weight_bytes": sum(lin.nbytes for lin in held),
+              "kv_bytes_per_token": llm.engine.bytes_per_token}
     for ctx in contexts:
         out = llm.generate([real_text_ids(llm.tokenizer, ctx)], params)[0]
         result[ctx] = {"ttft_ms": out.metrics.ttft_s * 1e3, "tpot_ms": out.tpot_s * 1e3}
@@ -59,17 +63,18 @@ def llama_batch1(threads: int, depths: tuple[int, ...], new: int) -> dict | None
 
 
 def batch1(args) -> None:
-    contexts = (512, 4096)
-    print(f"batch 1, {args.new} new tokens, context 512 / 4096:")
+    contexts = (512, 2048, 4096)
+    print(f"batch 1, {args.new} new tokens, context {' / '.join(map(str, contexts))}:")
     ours = ours_batch1(args.threads, contexts, args.new)
-    print(f"  kvledger (attention {ours['attention']}, weights {ours['formats']})")
+    print(f"  kvledger (attention {ours['attention']}, weights {ours['formats']}: "
+          f"{ours['weight_bytes'] / 1e6:.1f} MB; KV {ours['kv_bytes_per_token']:,} B/token)")
     for ctx in contexts:
         print(f"    context {ctx:5d}: TTFT {ours[ctx]['ttft_ms']:8.1f} ms   "
               f"TPOT {ours[ctx]['tpot_ms']:6.1f} ms")
-    theirs = llama_batch1(args.threads, contexts, args.new)
+    theirs = llama_batch1(args.threads, (512, 4096), args.new)
     if theirs:
         print("  llama.cpp (llama-bench, same GGUF)")
-        for depth in (0, *contexts):
+        for depth in (0, 512, 4096):
             tg, pp = theirs.get(("tg", depth)), theirs.get(("pp", depth))
             what = "TTFT" if depth == 0 else "its time"  # after a prefix it is not a TTFT
             print(f"    depth {depth:5d}: pp512 {pp:7.1f} tok/s ({what} {512e3 / pp:8.1f} ms)   "
