@@ -118,7 +118,6 @@ class LlamaModel:
         return {**held, "lm_head": self.lm_head.format}
 
 
-
 def check_supported(spec: ModelSpec) -> None:
     """Raise UnsupportedModelError unless the engine can run ``spec`` exactly."""
     if spec.model_type not in SUPPORTED_MODEL_TYPES:
