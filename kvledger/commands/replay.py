@@ -81,7 +81,8 @@ def replay(
     config = engine_config
     config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
     base = setup.Setting(config, speed)
-    measured = measured or report.measured_figures(tr.requests)
+    from_trace = measured is None
+    measured = measured or report.measured_figures(tr)
     finishes = [r.finish for r in tr.requests if r.finish]
     print(f"replay of {trace} ({len(tr.requests)} requests, {len(tr.refused)} refused live) "
           f"for {spec.name} on {dev.name}; step model: {eff.source}")
@@ -97,7 +98,8 @@ def replay(
         result = BenchResult(meta=meta, summaries=[summary], records=records)
         folder = out_dir / s.label.replace("=", "-") if swept else out_dir
         report.write(result, run, finishes, folder)
-        rows.append((s, summary, folder))
+        rows.append((s, report.predicted_figures(run, tr) if from_trace else summary, summary,
+                     folder))
     _print(rows, measured, slo_targets is not None)
 
 
@@ -114,7 +116,7 @@ def _print(rows, measured, with_slo: bool) -> None:
     cols += ["SLO met", "goodput req/s"] if with_slo else []
     for c in cols:
         grid.add_column(c)
-    for s, m, _ in rows:
+    for s, _, m, _ in rows:
         cells = [s.label, f"{m['requests'] - m['failures']}/{m['requests']}", str(m["refused"]),
                  f"{m['ttft_s']['p50'] or 0:.3f}", f"{m['ttft_s']['p90'] or 0:.3f}",
                  f"{m['ttft_s']['p99'] or 0:.3f}", _ms(m["tpot_s"]["p50"]),
@@ -126,14 +128,14 @@ def _print(rows, measured, with_slo: bool) -> None:
             cells += [f"{100 * (m['slo_attained'] or 0):.0f}%", f"{m['goodput_req_s'] or 0:.2f}"]
         grid.add_row(*cells)
     console.print(grid)
-    for s, m, folder in rows:
+    for s, _, m, folder in rows:
         if m["refused_context"]:
             console.print(f"{s.label}: {m['refused_context']} requests exceed the model's "
                           "context (refused, counted above)")
         console.print(f"wrote {folder}/results.json, results.csv, report.html")
     if measured:
         console.print("predicted vs measured (relative error; preemptions: difference):")
-        for s, m, _ in rows:
+        for s, m, _, _ in rows:
             for name, p, meas, err in compare_rows(m, measured):
                 if name == "preemptions":
                     console.print(f"  {s.label} {name}: {p:.0f} vs {meas:.0f} ({err:+.0f})")

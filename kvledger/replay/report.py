@@ -145,14 +145,29 @@ def write(result: BenchResult, run: ReplayRun, measured: list | None, out_dir: P
     return paths
 
 
-def measured_figures(trace_requests) -> dict | None:
-    """Server-side figures a recorded trace carries in its finish lines (None if none)."""
-    fins = [r.finish for r in trace_requests if r.finish and r.finish.get("ttft_s") is not None]
+def measured_figures(trace) -> dict | None:
+    """Server-side figures a recorded trace carries in its finish lines: TTFT, TPOT and
+    preemptions of the requests that finished live (None if none has timings)."""
+    fins = [r.finish for r in trace.requests if r.finish and r.finish.get("ttft_s") is not None]
     if not fins:
         return None
-    tpots = [f["tpot_s"] for f in fins if f.get("tpot_s") is not None]
-    return {"ttft_s": summarize([f["ttft_s"] for f in fins]), "tpot_s": summarize(tpots),
-            "preemptions": sum(f.get("preemptions") or 0 for f in fins), "n": len(fins)}
+    return _figures([f["ttft_s"] for f in fins], [f.get("tpot_s") for f in fins],
+                    sum(f.get("preemptions") or 0 for f in fins))
+
+
+def predicted_figures(run: ReplayRun, trace) -> dict:
+    """The replay's figures over the same requests as :func:`measured_figures` (those that
+    finished live), so a partly recorded run compares like with like."""
+    live = {r.id for r in trace.requests if r.finish and r.finish.get("ttft_s") is not None}
+    sims = [s for s in run.requests if s.trace.id in live and s.request is not None]
+    return _figures([s.ttft_s for s in sims], [s.tpot_s for s in sims],
+                    sum(s.request.num_preemptions for s in sims))
+
+
+def _figures(ttfts, tpots, preemptions) -> dict:
+    return {"ttft_s": summarize([t for t in ttfts if t is not None]),
+            "tpot_s": summarize([t for t in tpots if t is not None]),
+            "preemptions": preemptions, "metrics": {"preemptions": preemptions}}
 
 
 def compare_rows(predicted: dict, measured: dict) -> list[tuple[str, float, float, float]]:
