@@ -80,6 +80,7 @@ def replay(
     spec = load_model_spec(model)
     config = engine_config
     config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
+    setup.check_replayable(config)
     base = setup.Setting(config, speed)
     from_trace = measured is None
     measured = measured or report.measured_figures(tr)

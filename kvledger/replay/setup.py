@@ -116,6 +116,19 @@ def recorded_config(header: dict) -> EngineConfig:
     return config
 
 
+def check_replayable(config: EngineConfig) -> None:
+    """Refuse what the replay cannot simulate.
+
+    Raises:
+        InvalidParameterError: an evicting ``--kv-policy`` (its evictions run in the engine,
+            beside the model, not in the Scheduler the replay drives).
+    """
+    if config.retention.evicts:
+        raise InvalidParameterError(
+            f"--kv-policy {config.kv_policy} is not replayed yet (its evictions run in the "
+            "engine, beside the model); replay with the full policy")
+
+
 def kv_format_of(config: EngineConfig, device: Device) -> str:
     """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the engine's choice on
     ``local`` (fp32 under fp32 compute, else bf16) and bf16 on the table's devices."""

@@ -98,6 +98,7 @@ def test_speed_scales_arrivals_only(trace_file, tmp_path):
     (["--device", "L4", "--slo", "ttft:fast"], "--slo ttft must be milliseconds"),
     (["--device", "L4", "--sweep", "colour=1,2"], "--sweep takes KEY=V1,V2"),
     (["--device", "L4", "--speed", "0"], "--speed must be > 0"),
+    (["--device", "L4", "--kv-policy", "window", "--kv-window", "64"], "is not replayed yet"),
     (["--device", "L4", "--compare", "nothing.json"], "--compare: nothing.json not found"),
 ])
 def test_bad_options_exit_2_with_one_line(trace_file, extra, message):
