@@ -66,7 +66,7 @@ def print_summary(engine, results, load_s: float) -> None:
     packed = (" (weights: " + ", ".join(f"{k} {v}" for k, v in formats.items()) + ")"
               if set(formats.values()) != {"dense"} else "")
     console.print(f"[bold]{engine.model_name}[/bold] · {engine.config.dtype}{packed} · KV "
-                  f"{engine.kv_format}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
+                  f"{engine.kv_layout.describe()}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
     for i, o in enumerate(results):
         if len(results) > 1:
             print(f"--- [{i}] {o.text}")

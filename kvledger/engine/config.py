@@ -47,8 +47,8 @@ class EngineConfig:
         kv_budget: most tokens kept by h2o, or a snapkv-compressed prompt.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
             or the opt-in quantized fp8, int8, int4.
-        kv_group_size: int8/int4 values: elements per scale group along head_dim (must divide
-            head_dim).
+        kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
+            head_dim, dividing it; None = 32, or head_dim when 32 does not divide it.
         kv_key_quant: int8/int4 keys: per-channel (a scale per channel over a block's tokens,
             KIVI) or per-token (groups along head_dim, as values).
         kv_outlier_channels: key channels per layer and KV head kept in fp16 beside the
@@ -79,7 +79,7 @@ class EngineConfig:
     kv_sinks: int | None = None
     kv_budget: int | None = None
     kv_cache_dtype: str = "auto"
-    kv_group_size: int = 32
+    kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
     kv_outlier_channels: int = 0
     kv_calibration: str | None = None

@@ -12,13 +12,15 @@ callers serialize access.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.kv.store import STORAGE_DTYPES, KVStore, resolve_kv_format
+from kvledger.engine.kv.calibration import outlier_index
+from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.prompts import encode_prompt
@@ -33,12 +35,12 @@ from kvledger.engine.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
-from kvledger.ledger.kv import kv_bytes_per_block, kv_bytes_per_token
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_POOL_CAP_BYTES = 1 << 30
+log = logging.getLogger("kvledger.engine")
 
 
 def _text_chars(prompt) -> int:
@@ -58,9 +60,11 @@ def _model_name(model: str) -> str:
     return model_id(resolve_model_path(model))
 
 
-def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) -> int:
-    """KV pool size in blocks: ``num_blocks``, else ``kv_cache_gib`` turned into whole blocks,
-    else ``max_num_seqs`` full-context sequences capped at ``DEFAULT_POOL_CAP_BYTES``.
+def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
+                reserved_bytes: int = 0) -> int:
+    """KV pool size in blocks: ``num_blocks``, else ``kv_cache_gib`` (less ``reserved_bytes``,
+    a quantized format's residual blocks) turned into whole blocks, else ``max_num_seqs``
+    full-context sequences capped at ``DEFAULT_POOL_CAP_BYTES`` (less ``reserved_bytes``).
 
     Raises:
         KVBudgetError: the pool has no room for one block.
@@ -69,10 +73,11 @@ def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int) 
     if c.num_blocks is not None:
         blocks = c.num_blocks
     elif c.kv_cache_gib is not None:
-        blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)), bytes_per_block)
+        blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)) - reserved_bytes, bytes_per_block)
     else:
         per_seq = blocks_for_kv_tokens(max_model_len, c.block_size)
-        blocks = min(per_seq * c.max_num_seqs, blocks_for(DEFAULT_POOL_CAP_BYTES, bytes_per_block))
+        blocks = min(per_seq * c.max_num_seqs,
+                     blocks_for(DEFAULT_POOL_CAP_BYTES - reserved_bytes, bytes_per_block))
     if blocks < 1:
         raise KVBudgetError(
             f"KV budget too small: one block of {c.block_size} tokens needs "
@@ -111,19 +116,37 @@ class LLMEngine:
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
         self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
-        self.kv_format = resolve_kv_format(config.kv_cache_dtype, dtype)
-        self.bytes_per_block = kv_bytes_per_block(spec, config.block_size, self.kv_format)
-        self.bytes_per_token = kv_bytes_per_token(spec, self.kv_format)
-        num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len)
-        self.store = KVStore(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
-                             spec.head_dim, STORAGE_DTYPES[self.kv_format],
-                             compute_dtype=dtype) if config.use_kv_cache else None
+        self.kv_layout = resolve_layout(config, spec, dtype)
+        self.kv_format = self.kv_layout.kv_format
+        self.bytes_per_block = self.kv_layout.bytes_per_block
+        self.bytes_per_token = self.kv_layout.bytes_per_token
+        num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
+                                 self.kv_layout.reserved_bytes)
+        self.store = None
+        if config.use_kv_cache:
+            self.store = self.kv_layout.build_store(num_blocks, outlier_index(config, spec,
+                                                                              self.kv_layout))
         self.runner = ModelRunner(self.model, self.store, config.block_size)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, self.store)
         self._check_retention(config.retention)
+        if self.store is not None:
+            self.scheduler.kv.pool.on_release = self.store.release
+        log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
+                 "blocks)", self.kv_layout.describe(), num_blocks, config.block_size,
+                 self.bytes_per_block, self.kv_layout.reserved_bytes)
         self.sampler = Sampler()
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
+
+    @property
+    def cache_config(self) -> dict[str, str]:
+        """The KV cache's configuration as strings (``/metrics``' ``cache_config_info`` labels,
+        vLLM's names where it has them)."""
+        layout = self.kv_layout
+        return {"block_size": str(self.config.block_size), "cache_dtype": layout.kv_format,
+                "kv_layout": layout.describe(), "num_blocks": str(self.scheduler.kv.pool.num_blocks),
+                "bytes_per_block": str(self.bytes_per_block),
+                "enable_prefix_caching": str(self.config.enable_prefix_caching)}
 
     def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a text prompt, chat messages (chat template applied) or ids.

@@ -79,6 +79,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     limits = limits or ServerLimits()
     model_name = served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
+    metrics.set_cache_config(engine.cache_config)
     observer = RequestObserver(metrics, kv_alert_bytes, log_interval_s)
     state = ServerState(
         loop=EngineLoop(engine, observer, max_queue), metrics=metrics,

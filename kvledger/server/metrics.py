@@ -105,6 +105,12 @@ class ServerMetrics:
             ("request_kv_bytes", "Peak KV bytes of each request.", KV_BYTES_BUCKETS),
         )}
 
+    def set_cache_config(self, config: dict[str, str]) -> None:
+        """Publish the KV cache configuration as ``cache_config_info`` (value 1, the settings as
+        labels, as vLLM does)."""
+        info = self._make(Gauge, "cache_config_info", "KV cache configuration.", sorted(config))
+        info.labels(model_name=self._model, **config).set(1)
+
     def _make(self, kind, name, doc, labels=(), **kwargs):
         metric = kind(PREFIX + name, doc, ["model_name", *labels], registry=self.registry,
                       **kwargs)

@@ -37,9 +37,11 @@ def test_json_contract():
     r = run("plan", LLAMA, "--json", "--context", "8192", "--kv-dtype", "fp8")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["kv_bytes_per_token"] == 32 * 2 * 8 * 128 * 1
+    # fp8 per 16-token block and KV head: 2 x 16 x 128 bytes + an fp32 scale for K and for V
+    per_layer_block = 8 * (2 * 16 * 128 + 2 * 4)
+    assert out["kv_bytes_per_token"] == 32 * per_layer_block // 16
     assert out["contexts"][0]["context"] == 8192
-    assert out["contexts"][0]["kv_bytes_per_sequence"] == 8192 * 32 * 2 * 8 * 128
+    assert out["contexts"][0]["kv_bytes_per_sequence"] == 8192 // 16 * 32 * per_layer_block
     assert {"params_total", "params_active", "weights_bytes"} <= set(out)
 
 
@@ -152,14 +154,14 @@ def test_probe_then_plan_on_local(tmp_path, monkeypatch):
                                    ("--kv-dtype", "--tp"), ("--kv-cache-dtype", "-tp")])
 def test_engine_option_names_and_their_old_aliases(names):
     """``--kv-cache-dtype`` / ``--tensor-parallel-size`` (``-tp``) as the engine and vLLM name
-    them; the old ``--kv-dtype`` / ``--tp`` still work. fp8, 2 ranks: 32 layers x 2 (K, V) x
-    8 / 2 KV heads x 128 x 1 byte per token."""
+    them; the old ``--kv-dtype`` / ``--tp`` still work. fp8, 2 ranks: 32 layers x 8 / 2 KV
+    heads x (2 x 16 x 128 bytes + 2 fp32 scales) per 16-token block, per token."""
     kv, tp = names
     r = run("plan", LLAMA, "--json", "--context", "8192", kv, "fp8", tp, "2")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert (out["options"]["kv_format"], out["options"]["tp"]) == ("fp8", 2)
-    assert out["kv_bytes_per_token"] == 32 * 2 * 4 * 128 * 1
+    assert out["kv_bytes_per_token"] == 32 * 4 * (2 * 16 * 128 + 2 * 4) // 16
 
 
 def test_the_bundled_model_has_one_name_in_plan_and_serve():

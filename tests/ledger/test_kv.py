@@ -19,6 +19,7 @@ from kvledger.ledger.kv import (
     kv_bytes_per_sequence,
     kv_bytes_per_token,
     kv_heads_per_rank,
+    residual_bytes,
     vector_bytes,
 )
 
@@ -143,18 +144,42 @@ def test_block_bytes_and_rounding(real_spec):
         kv_bytes_per_block(spec, 0, "bf16")
 
 
-def test_quantized_formats_with_scales_and_outliers(real_spec):
-    """int8: 1 B/elem + fp16 scale per group; int4: 0.5 B/elem + fp16 scale + fp16 zero point
-    per group; default group = the whole head vector; outliers kept in fp16."""
+def test_quantized_formats_follow_the_engine_block_layout(real_spec):
+    """Per block of 16 tokens and KV head (head_dim 128), counted by hand from the layout in
+    engine/kv/codecs.py: codes for K and V; fp8 one fp32 scale each; int8/int4 an fp16 scale +
+    fp16 zero point per group: values per token per 32 channels, keys per channel over the
+    block (or per token); outlier key channels 2 bytes per token each."""
     spec = real_spec("meta-llama__Llama-3.1-8B")
-    vectors = 32 * 2 * 8  # layers x (K, V) x kv heads
-    assert kv_bytes_per_token(spec, "fp8") == vectors * 128
-    assert kv_bytes_per_token(spec, "int8") == vectors * (128 + 2)
-    assert kv_bytes_per_token(spec, "int4") == vectors * (64 + 4)
-    assert kv_bytes_per_token(spec, "int4", group_size=32) == vectors * (64 + 4 * 4)
-    assert kv_bytes_per_token(spec, "int8", group_size=64) == vectors * (128 + 2 * 2)
-    # 2 % of 128 channels -> ceil(2.56) = 3 in fp16; 125 in int4 -> ceil(62.5) bytes; one group
-    assert kv_bytes_per_token(spec, "int4", outlier_frac=0.02) == vectors * (63 + 4 + 3 * 2)
+    heads = 32 * 8  # layers x kv heads
+
+    def block(fmt, **kw):
+        return kv_bytes_per_block(spec, 16, fmt, **kw)
+
+    values_meta = 16 * (128 // 32) * 4
+    assert block("fp8") == heads * (2 * 16 * 128 + 4 + 4)
+    assert block("int8") == heads * (2 * 16 * 128 + values_meta + 128 * 4)
+    assert block("int4") == heads * (2 * 16 * 64 + values_meta + 128 * 4)
+    assert block("int4", key_quant="per-token") == heads * (2 * 16 * 64 + 2 * values_meta)
+    assert block("int8", group_size=64) == heads * (2 * 16 * 128 + 16 * 2 * 4 + 128 * 4)
+    # 2 % of 128 channels -> ceil(2.56) = 3 outliers; or 4 named
+    assert block("int4", outlier_frac=0.02) == block("int4") + heads * 16 * 3 * 2
+    assert block("int4", outlier_channels=4) == block("int4") + heads * 16 * 4 * 2
+    # per token: the block's bytes / 16, rounded up per layer (fp8: 4104 / 16 = 256.5 -> 257)
+    assert kv_bytes_per_token(spec, "fp8") == 32 * -(-8 * 4104 // 16)
+    assert kv_bytes_per_sequence(spec, 100, "int4", block_size=16) == 7 * block("int4")
+    assert residual_bytes(spec, 16, "bf16") == block("bf16")
+    for bad in ({"group_size": 48}, {"outlier_channels": 128}, {"key_quant": "per-row"}):
+        with pytest.raises(InvalidParameterError):
+            block("int4", **bad)
+    with pytest.raises(InvalidParameterError):
+        block("bf16", outlier_channels=2)
+
+
+def test_mla_latent_is_priced_per_vector():
+    """vector_bytes: the MLA latent's per-vector price (int8: 1 B/elem + fp16 scale and zero
+    point per group; default group = the whole vector)."""
+    assert vector_bytes(576, "int8") == 576 + 4
+    assert vector_bytes(576, "int4", group_size=64) == 288 + 9 * 4
     assert vector_bytes(128, "fp32") == 512
 
 

@@ -115,8 +115,12 @@ def test_formats_what_if(real_spec):
         real_spec("meta-llama__Llama-3.1-8B"), get_device("H100-SXM"), PlanOptions(contexts=(8192,))
     )
     by = {f.kv_format: f for f in p.formats}
-    assert by["fp8"].kv_bytes_per_sequence[0] * 2 == by["bf16"].kv_bytes_per_sequence[0]
-    assert by["fp8"].max_concurrency[0] >= 2 * by["bf16"].max_concurrency[0]
+    # fp8: 1 byte per element + one fp32 scale per 16-token block, KV head and K/V
+    assert by["bf16"].kv_bytes_per_sequence[0] == 8192 * 32 * 8 * 2 * 128 * 2
+    assert by["fp8"].kv_bytes_per_sequence[0] == 8192 // 16 * 32 * 8 * (2 * 16 * 128 + 2 * 4)
+    fp8_request = 8192 // 16 * 32 * 8 * (2 * 16 * 128 + 2 * 4)
+    assert by["fp8"].max_concurrency[0] == p.pool_bytes // fp8_request
+    assert by["fp8"].max_concurrency[0] >= 2 * by["bf16"].max_concurrency[0] - 1  # scales cost
     assert by["fp8"].tpot_floor_s[0] < by["bf16"].tpot_floor_s[0]
 
 

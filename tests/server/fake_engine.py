@@ -42,6 +42,7 @@ class FakeEngine:
 
     model_name = "fake-model"
     max_model_len = 256
+    cache_config = {"block_size": "16", "cache_dtype": "fp32"}
 
     def __init__(self, step_delay_s: float = 0.0, kv_quota_tokens: int | None = None):
         self.tokenizer = FakeTokenizer()

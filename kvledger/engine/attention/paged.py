@@ -20,6 +20,7 @@ accumulate attention per kept token (exp(s - m) / l once the final m and l are k
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -30,6 +31,7 @@ from kvledger.engine.attention.reference import AttentionBackend
 from kvledger.engine.kv.store import KVStore
 
 CHUNK_BLOCKS = 32
+log = logging.getLogger("kvledger.engine")
 
 
 class _Paged(AttentionBackend):
@@ -47,12 +49,9 @@ class _Paged(AttentionBackend):
 
 def read_blocks(store: KVStore, layer: int, block_ids: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of blocks ``block_ids`` (any shape S) -> S + [block_size, kv_heads, D] each."""
-    flat = block_ids.reshape(-1)
-    keys = torch.index_select(store.key_blocks[layer], 0, flat)
-    values = torch.index_select(store.value_blocks[layer], 0, flat)
-    tail = keys.shape[1:]
-    return keys.view(*block_ids.shape, *tail), values.view(*block_ids.shape, *tail)
+    """K and V of blocks ``block_ids`` (any shape S) -> S + [block_size, kv_heads, D] each;
+    a quantized store dequantises these blocks only (one chunk of the loop)."""
+    return store.read_blocks(layer, block_ids)
 
 
 class PagedTorchBackend(_Paged):
@@ -63,7 +62,7 @@ class PagedTorchBackend(_Paged):
     def attend(self, layer, q, paged, store):
         n, heads, dim = q.shape
         bs = store.block_size
-        kv_heads = store.key_blocks[layer].shape[2]
+        kv_heads = store.num_kv_heads
         qg = q.reshape(n, kv_heads, heads // kv_heads, dim).float() / math.sqrt(dim)
         tables = paged.block_tables.long()
         shared = tables.shape[0] == 1  # one sequence's segment: read its blocks once
@@ -109,8 +108,15 @@ class PagedNativeBackend(_Paged):
         if self.kernel is None:
             raise native.NativeUnavailable(native.why_unavailable())
         self._fallback = PagedTorchBackend()
+        self._said_quantized = False
 
     def attend(self, layer, q, paged, store):
+        if store.quantized:
+            if not self._said_quantized:
+                self._said_quantized = True
+                log.info("paged-native does not read %s KV; paged-torch attends over it",
+                         store.kv_format)
+            return self._fallback.attend(layer, q, paged, store)
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)

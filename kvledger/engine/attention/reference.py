@@ -41,6 +41,8 @@ class AttentionBackend:
         """
         if meta.slot_mapping is not None:
             store.write(layer, meta.slot_mapping, k, v)
+            if store.lossy:  # attend over what the cache holds, as a later hit will
+                k, v = store.gather(layer, meta.slot_mapping)
         parts = []
         for group in meta.decodes:
             span = slice(group.start, group.start + group.num_seqs)

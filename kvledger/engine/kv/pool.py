@@ -29,7 +29,7 @@ hash -> block map (every cached block, in use or evictable) because eviction hap
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -59,6 +59,10 @@ class BlockPool:
 
     Misuse (freeing a free block, allocating more than is free) raises ``AssertionError``:
     those are bugs in the caller, not user errors.
+
+    Attributes:
+        on_release: called with a block id whenever its refcount drops to 0 (the KV store
+            drops a quantized format's residual buffer there); None = nothing.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -68,6 +72,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._by_hash: dict[bytes, int] = {}
         self._num_evictable = 0
+        self.on_release: Callable[[int], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -131,6 +136,8 @@ class BlockPool:
             if block.ref_cnt > 0:
                 continue
             self._free[block_id] = None
+            if self.on_release is not None:
+                self.on_release(block_id)
             if block.block_hash is None:
                 self._free.move_to_end(block_id, last=False)
             else:

@@ -7,8 +7,9 @@ one ``index_copy_`` by slot mapping and reading a sequence is one gather by slot
 
 Only K and V are stored, never Q (seed §2.1). The store holds exactly
 ``num_blocks * ledger.kv_bytes_per_block(spec, block_size, kv_format)`` bytes; tests check that
-equality. The KV format is the model dtype here (fp32 or bf16); the codec seam is this class:
-quantized formats will keep their per-block scales in tensors indexed by the same block ids.
+equality. This class stores the full-precision formats (fp32, bf16, fp16; a 16-bit store under
+fp32 compute is *lossy*: attention reads what it stored back). The quantized formats live in
+``quantized_store.py`` behind the same methods; ``layout.py`` builds the one a format needs.
 """
 
 from __future__ import annotations
@@ -18,25 +19,8 @@ import mmap
 
 import torch
 
-from kvledger.errors import InvalidParameterError
-
 KV_FORMAT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 STORAGE_DTYPES = {name: dtype for dtype, name in KV_FORMAT_OF_DTYPE.items()}
-
-
-def resolve_kv_format(kv_cache_dtype: str, compute_dtype: torch.dtype) -> str:
-    """The KV format ``--kv-cache-dtype`` names: ``auto`` is bf16, or fp32 under fp32 compute.
-
-    Raises:
-        InvalidParameterError: a format the engine cannot store.
-    """
-    if kv_cache_dtype == "auto":
-        return "fp32" if compute_dtype == torch.float32 else "bf16"
-    if kv_cache_dtype not in STORAGE_DTYPES:
-        raise InvalidParameterError(
-            f"--kv-cache-dtype {kv_cache_dtype} is not stored by the engine yet "
-            f"(choose one of auto, {', '.join(STORAGE_DTYPES)})")
-    return kv_cache_dtype
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -61,7 +45,7 @@ class KVStore:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, compute_dtype: torch.dtype | None = None
                  ) -> None:
-        self.block_size = block_size
+        self.block_size, self.num_kv_heads = block_size, num_kv_heads
         self.compute_dtype = compute_dtype or dtype
         self.num_blocks = num_blocks
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
@@ -71,6 +55,25 @@ class KVStore:
         flat = (num_blocks * block_size, num_kv_heads, head_dim)
         self._keys = [t.view(flat) for t in self.key_blocks]
         self._values = [t.view(flat) for t in self.value_blocks]
+
+    quantized = False
+
+    @property
+    def lossy(self) -> bool:
+        """True when what is read back differs from what was written (a narrower dtype)."""
+        return self.key_blocks[0].dtype != self.compute_dtype
+
+    def release(self, block_id: int) -> None:
+        """A block left every block table: nothing to do for full-precision blocks."""
+
+    def read_blocks(self, layer: int, block_ids: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of blocks ``block_ids`` (any shape S) -> S + [block_size, kv_heads, D] each."""
+        flat = block_ids.reshape(-1)
+        keys = torch.index_select(self.key_blocks[layer], 0, flat)
+        values = torch.index_select(self.value_blocks[layer], 0, flat)
+        tail = keys.shape[1:]
+        return keys.view(*block_ids.shape, *tail), values.view(*block_ids.shape, *tail)
 
     @property
     def nbytes(self) -> int:

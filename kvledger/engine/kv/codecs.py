@@ -1,0 +1,213 @@
+"""KV codecs: how a quantized format stores whole blocks of K or V.
+
+A codec turns full blocks ``x`` [n, block_size, kv_heads, head_dim] (float) into named tensors
+(codes, scales, zero points, outliers), each ``[n, *shape]`` for the per-block ``shape`` that
+:meth:`BlockCodec.fields` declares, and back. The store keeps one tensor per field, indexed by
+physical block id, so a block's scales live with its codes and are rewritten with them.
+
+Layouts (the ledger's ``kv.quantized_head_block_bytes`` prices exactly these fields):
+
+- :class:`IntCodec` (int8, int4): asymmetric, ``x ~ zero + code x scale`` with codes in
+  ``[0, 2^bits - 1]``, scale = (max - min) / (2^bits - 1) and zero = min, both fp16. Groups run
+  ``per-channel`` (one scale per channel over the block's tokens: KIVI's key quantization,
+  arXiv 2402.02750 §3, since key outliers sit in fixed channels) or ``per-token`` (groups of
+  ``group_size`` elements along head_dim: KIVI's value quantization). int4 packs two codes
+  per byte (low nibble = even channel).
+- :class:`Fp8Codec` (fp8 e4m3): one fp32 scale per block and KV head, amax / 448; values are
+  clamped to +-448 before the cast, so a large channel saturates instead of becoming NaN (the
+  e4m3fn type has no inf).
+- :class:`OutlierKeys`: wraps a codec; the calibrated channels (per layer and KV head) are
+  stored in fp16 beside it and zeroed before the inner codec sees the block, so they do not
+  stretch its scales. The inner codes still cover every channel (a zeroed channel costs its
+  codes but no range).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.errors import InvalidParameterError
+
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# smallest scale kept: the fp16 normal minimum (a smaller range is stored at this step)
+MIN_SCALE = 2.0 ** -14
+
+Fields = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class BlockCodec:
+    """Interface: full blocks [n, block_size, kv_heads, head_dim] <-> named tensors.
+
+    Args:
+        block_size, kv_heads, head_dim: block shape.
+    """
+
+    name = "abstract"
+
+    def __init__(self, block_size: int, kv_heads: int, head_dim: int) -> None:
+        self.block_size, self.kv_heads, self.head_dim = block_size, kv_heads, head_dim
+
+    def fields(self) -> Fields:
+        """Per-block shape and dtype of each stored tensor."""
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Tensors ``[n, *shape]`` per field for float blocks ``x`` [n, bs, kv_heads, D]."""
+        raise NotImplementedError
+
+    def decode(self, parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        """Blocks [n, bs, kv_heads, D] in ``dtype`` from tensors ``[n, *shape]`` per field."""
+        raise NotImplementedError
+
+
+class IntCodec(BlockCodec):
+    """Asymmetric int8 / int4 with fp16 scale and zero point per group.
+
+    Args:
+        bits: 8 or 4.
+        axis: ``per-channel`` (groups = a channel over the block's tokens) or ``per-token``
+            (groups of ``group_size`` along head_dim).
+        group_size: elements per group for ``per-token``; must divide head_dim.
+
+    Raises:
+        InvalidParameterError: group size that does not divide head_dim; odd head_dim for int4.
+    """
+
+    def __init__(self, block_size, kv_heads, head_dim, bits: int, axis: str,
+                 group_size: int) -> None:
+        super().__init__(block_size, kv_heads, head_dim)
+        if axis == "per-token" and head_dim % group_size:
+            raise InvalidParameterError(
+                f"--kv-group-size {group_size} does not divide head_dim {head_dim}")
+        if bits == 4 and head_dim % 2:
+            raise InvalidParameterError(f"int4 KV packs two channels per byte: head_dim "
+                                        f"{head_dim} is odd")
+        self.bits, self.axis, self.group = bits, axis, group_size
+        self.qmax = (1 << bits) - 1
+        self.name = f"int{bits}/{axis}"
+
+    def _meta_shape(self) -> tuple[int, ...]:
+        bs, h, d = self.block_size, self.kv_heads, self.head_dim
+        return (h, d) if self.axis == "per-channel" else (bs, h, d // self.group)
+
+    def fields(self) -> Fields:
+        bs, h, d = self.block_size, self.kv_heads, self.head_dim
+        meta = self._meta_shape()
+        return {"codes": ((bs, h, d * self.bits // 8), torch.uint8),
+                "scale": (meta, torch.float16), "zero": (meta, torch.float16)}
+
+    def _grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, bs, H, D] -> groups on the last axis."""
+        if self.axis == "per-channel":
+            return x.permute(0, 2, 3, 1)  # [n, H, D, bs]
+        n, bs, h, d = x.shape
+        return x.reshape(n, bs, h, d // self.group, self.group)
+
+    def _ungrouped(self, g: torch.Tensor) -> torch.Tensor:
+        if self.axis == "per-channel":
+            return g.permute(0, 3, 1, 2)
+        n, bs, h = g.shape[:3]
+        return g.reshape(n, bs, h, self.head_dim)
+
+    def encode(self, x):
+        g = self._grouped(x.float())
+        lo, hi = g.amin(-1), g.amax(-1)
+        scale = ((hi - lo) / self.qmax).clamp_min(MIN_SCALE).half()
+        zero = lo.half()
+        codes = ((g - zero.float()[..., None]) / scale.float()[..., None]).round_()
+        codes = self._ungrouped(codes.clamp_(0, self.qmax)).to(torch.uint8)
+        if self.bits == 4:
+            codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        return {"codes": codes.contiguous(), "scale": scale.contiguous(),
+                "zero": zero.contiguous()}
+
+    def decode(self, parts, dtype):
+        codes = parts["codes"]
+        if self.bits == 4:
+            codes = torch.stack([codes & 0xF, codes >> 4], dim=-1).flatten(-2)
+        g = self._grouped(codes.float())
+        x = g * parts["scale"].float()[..., None] + parts["zero"].float()[..., None]
+        return self._ungrouped(x).to(dtype)
+
+
+class Fp8Codec(BlockCodec):
+    """float8 e4m3 with one fp32 scale per block and KV head; values clamped before the cast.
+
+    Raises:
+        InvalidParameterError: the torch build has no ``float8_e4m3fn``.
+    """
+
+    name = "fp8-e4m3"
+
+    def __init__(self, block_size, kv_heads, head_dim) -> None:
+        super().__init__(block_size, kv_heads, head_dim)
+        self.fp8 = getattr(torch, "float8_e4m3fn", None)
+        if self.fp8 is None:
+            raise InvalidParameterError(
+                f"--kv-cache-dtype fp8 needs torch.float8_e4m3fn; torch {torch.__version__} "
+                "lacks it (use int8)")
+
+    def fields(self) -> Fields:
+        bs, h, d = self.block_size, self.kv_heads, self.head_dim
+        # stored as the fp8 bytes (torch's CPU index_copy_ has no float8 kernel)
+        return {"codes": ((bs, h, d), torch.uint8), "scale": ((h,), torch.float32)}
+
+    def encode(self, x):
+        x = x.float()
+        scale = (x.abs().amax(dim=(1, 3)) / FP8_MAX).clamp_min(MIN_SCALE)  # [n, H]
+        scaled = (x / scale[:, None, :, None]).clamp_(-FP8_MAX, FP8_MAX)
+        return {"codes": scaled.to(self.fp8).view(torch.uint8), "scale": scale}
+
+    def decode(self, parts, dtype):
+        codes = parts["codes"].view(self.fp8).float()
+        return (codes * parts["scale"][:, None, :, None]).to(dtype)
+
+
+class OutlierKeys(BlockCodec):
+    """``inner`` for all channels but ``channels`` [kv_heads, n] (long), kept in fp16."""
+
+    def __init__(self, inner: BlockCodec, channels: torch.Tensor) -> None:
+        super().__init__(inner.block_size, inner.kv_heads, inner.head_dim)
+        self.inner, self.channels = inner, channels.long()
+        self.name = f"{inner.name}+{channels.shape[1]} fp16 outliers"
+
+    def fields(self) -> Fields:
+        bs, h, n = self.block_size, self.kv_heads, self.channels.shape[1]
+        return {**self.inner.fields(), "outliers": ((bs, h, n), torch.float16)}
+
+    def _index(self, x: torch.Tensor) -> torch.Tensor:
+        return self.channels[None, None].expand(*x.shape[:2], -1, -1)
+
+    def encode(self, x):
+        idx = self._index(x)
+        outliers = x.gather(-1, idx).half()
+        parts = self.inner.encode(x.scatter(-1, idx, 0.0))
+        return {**parts, "outliers": outliers}
+
+    def decode(self, parts, dtype):
+        x = self.inner.decode(parts, dtype)
+        return x.scatter_(-1, self._index(x), parts["outliers"].to(dtype))
+
+
+def make_codecs(kv_format: str, block_size: int, kv_heads: int, head_dim: int,
+                group_size: int, key_quant: str, outlier_channels: torch.Tensor | None = None
+                ) -> tuple[list[BlockCodec] | BlockCodec, BlockCodec]:
+    """(key codec, value codec) of a quantized format.
+
+    The key codec is one per layer (a list) when ``outlier_channels`` [layers, kv_heads, n]
+    is given (each layer has its own channels), else one shared codec.
+
+    Raises:
+        InvalidParameterError: not a quantized format, or what the codecs raise.
+    """
+    def one(axis: str) -> BlockCodec:
+        if kv_format == "fp8":
+            return Fp8Codec(block_size, kv_heads, head_dim)
+        if kv_format in ("int8", "int4"):
+            return IntCodec(block_size, kv_heads, head_dim, int(kv_format[3:]), axis, group_size)
+        raise InvalidParameterError(f"{kv_format} is not a quantized KV format")
+
+    keys, values = one(key_quant), one("per-token")
+    if outlier_channels is not None and outlier_channels.shape[-1] > 0:
+        return [OutlierKeys(keys, ch) for ch in outlier_channels], values
+    return keys, values

@@ -1,0 +1,145 @@
+"""QuantizedKVStore: the paged KV pool of a quantized format (fp8, int8, int4).
+
+Per layer, one tensor per codec field (codes, scales, zero points, outliers; see
+``codecs.py``) for K and one for V, each ``[num_blocks, *field shape]``: a block's scales sit
+at its physical block id beside its codes and are rewritten whenever the block is.
+
+Full blocks only are quantized. A sequence's last, partial block lives in a *residual* buffer
+in the compute dtype (KIVI's full-precision residual with R = block size): ``residual_slots``
+buffers [R, block_size, kv_heads, head_dim] per layer for K and V, one per running sequence.
+``residual_of[block_id]`` is the buffer a partial block uses (-1: none). When a write fills a
+block, the block (residual part + new tokens) is quantized as a whole and its buffer is
+released; a block freed while partial releases its buffer too (``release``, called by the
+block pool). Prefill attention reads the step's K/V back through the store (``lossy``), so the
+step that writes a block sees the values a later prefix-cache hit on it reads.
+
+The bytes (``nbytes``) are the codec tensors plus the residual buffers; ``residual_of`` and the
+free list are bookkeeping, like block tables, and are not KV bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.engine.kv.codecs import BlockCodec
+
+
+class QuantizedKVStore:
+    """Quantized per-layer K/V blocks with full-precision residual blocks.
+
+    Args:
+        num_layers, num_blocks, block_size, num_kv_heads, head_dim: shape of the pool.
+        kv_format: fp8, int8 or int4 (for logs and stats).
+        key_codecs: one codec per layer, or one for all; value_codec: one for all layers.
+        compute_dtype: dtype of the residual blocks and of what reads return.
+        residual_slots: most partial blocks at once (the engine's ``max_num_seqs``).
+    """
+
+    quantized = lossy = True
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, kv_format: str, key_codecs: list[BlockCodec] | BlockCodec,
+                 value_codec: BlockCodec, compute_dtype: torch.dtype,
+                 residual_slots: int) -> None:
+        self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
+        self.num_kv_heads = num_kv_heads
+        self.compute_dtype = compute_dtype
+        if not isinstance(key_codecs, list):
+            key_codecs = [key_codecs] * num_layers
+        self.key_codecs, self.value_codec = key_codecs, value_codec
+        self.key_parts = [self._alloc(c) for c in key_codecs]
+        self.value_parts = [self._alloc(value_codec) for _ in range(num_layers)]
+        shape = (residual_slots, block_size, num_kv_heads, head_dim)
+        self.residual_keys = [torch.zeros(shape, dtype=compute_dtype) for _ in range(num_layers)]
+        self.residual_values = [torch.zeros(shape, dtype=compute_dtype)
+                                for _ in range(num_layers)]
+        self.residual_of = torch.full((num_blocks,), -1, dtype=torch.int64)
+        self._free_residuals = list(range(residual_slots))
+        self._plan_key: torch.Tensor | None = None
+        self._plan = None
+
+    def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
+        return {name: torch.zeros((self.num_blocks, *shape), dtype=dtype)
+                for name, (shape, dtype) in codec.fields().items()}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every codec tensor and residual buffer (what the ledger predicts)."""
+        parts = [t for layer in self.key_parts + self.value_parts for t in layer.values()]
+        return sum(t.nbytes for t in parts + self.residual_keys + self.residual_values)
+
+    def release(self, block_id: int) -> None:
+        """Block ``block_id`` left every block table: drop its residual buffer, if any."""
+        slot = int(self.residual_of[block_id])
+        if slot >= 0:
+            self.residual_of[block_id] = -1
+            self._free_residuals.append(slot)
+
+    def _write_plan(self, slot_mapping: torch.Tensor):
+        """Which blocks a step's slots fill and where partial ones go; computed once per step
+        (the same ``slot_mapping`` object is passed for every layer)."""
+        if self._plan_key is slot_mapping:
+            return self._plan
+        bs = self.block_size
+        blocks, offsets = slot_mapping // bs, slot_mapping % bs
+        uniq, inverse = torch.unique(blocks, return_inverse=True)
+        last = torch.full_like(uniq, -1).scatter_reduce_(0, inverse, offsets, "amax")
+        full = last == bs - 1
+        old = self.residual_of[uniq]
+        new = old.clone()
+        for i in torch.nonzero(~full & (old < 0)).flatten().tolist():
+            assert self._free_residuals, "more partial KV blocks than residual buffers"
+            new[i] = self._free_residuals.pop()
+        self._free_residuals += old[full & (old >= 0)].tolist()
+        new[full] = -1
+        self.residual_of[uniq] = new
+        self._plan_key = slot_mapping
+        self._plan = (uniq, inverse, offsets, full, old, new)
+        return self._plan
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
+              value: torch.Tensor) -> None:
+        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping``:
+        blocks they fill are quantized whole, the others kept in their residual buffer."""
+        uniq, inverse, offsets, full, old, new = self._write_plan(slot_mapping)
+        for x, parts, codec, residual in (
+                (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
+                (value, self.value_parts[layer], self.value_codec,
+                 self.residual_values[layer])):
+            staged = torch.zeros((len(uniq), *residual.shape[1:]), dtype=self.compute_dtype)
+            had = old >= 0
+            if had.any():
+                staged[had] = residual[old[had]]
+            staged[inverse, offsets] = x.to(self.compute_dtype)
+            if full.any():
+                ids = uniq[full]
+                for name, tensor in codec.encode(staged[full]).items():
+                    parts[name].index_copy_(0, ids, tensor)
+            if (~full).any():
+                residual.index_copy_(0, new[~full], staged[~full])
+
+    def read_blocks(self, layer: int, block_ids: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized K and V of blocks ``block_ids`` (any shape S) -> S + [bs, kv_heads, D]
+        each, in the compute dtype; a partial block comes from its residual buffer."""
+        flat = block_ids.reshape(-1)
+        slots = self.residual_of[flat]
+        partial = slots >= 0
+        out = []
+        for parts, codec, residual in (
+                (self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
+                (self.value_parts[layer], self.value_codec, self.residual_values[layer])):
+            x = codec.decode({n: t.index_select(0, flat) for n, t in parts.items()},
+                             self.compute_dtype)
+            if partial.any():
+                x[partial] = residual[slots[partial]]
+            out.append(x.view(*block_ids.shape, *x.shape[1:]))
+        return out[0], out[1]
+
+    def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V at ``slots`` (any shape S) -> S + [kv_heads, head_dim], compute dtype
+        (each block touched is dequantized once)."""
+        blocks, inverse = torch.unique(slots // self.block_size, return_inverse=True)
+        keys, values = self.read_blocks(layer, blocks)
+        offsets = slots % self.block_size
+        return keys[inverse, offsets], values[inverse, offsets]

@@ -1,0 +1,178 @@
+"""Quantized KV in the engine (fp32 compute, tiny random Llama: head_dim 16, GQA 4:2).
+
+Oracles: self-consistency (cold vs warm prefix cache, batch vs alone, preemption vs none, a
+pinned pool with eviction and reuse vs an unbounded one: the same greedy tokens), the
+attention backends against each other over the same quantized blocks, and the pool's tensor
+bytes against the ledger's figure counted by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv import kv_bytes_per_block
+
+FORMATS = ["int8", "int4", "fp8"]
+# int4 on every run, the other formats in the slow suite
+SOME_SLOW = ["int4", *(pytest.param(f, marks=pytest.mark.slow) for f in ("int8", "fp8"))]
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine_factory(tiny_llama):
+    """Engines over the tiny model; quantized KV is read by paged-torch (paged-native hands
+    it over) or by the reference backend, so the module does not run once per backend."""
+    import torch
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_weights
+
+    folder, _ = tiny_llama
+    spec, weights = load_weights(folder, torch.float32)
+
+    def build(**options):
+        options.setdefault("attention", "paged-torch")
+        return LLMEngine(EngineConfig(model=str(folder), **options), spec=spec, weights=weights)
+
+    return build
+
+
+def _prompts(n, length=37, shared=0, seed=5):
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, 320) for _ in range(shared)]
+    return [prefix + [rng.randrange(3, 320) for _ in range(length - shared + 3 * i)]
+            for i in range(n)]
+
+
+def _run(engine, prompts, tag="r"):
+    for i, p in enumerate(prompts):
+        engine.add_request(f"{tag}{i}", p, GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+    return [done[f"{tag}{i}"] for i in range(len(prompts))]
+
+
+def _alone(engine, prompts, tag="a"):
+    return [_run(engine, [p], f"{tag}{i}-")[0] for i, p in enumerate(prompts)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cold_warm_batch_and_alone_agree(tiny_engine_factory, fmt):
+    engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt)
+    prompts = _prompts(4, shared=20)
+    cold = _alone(engine, prompts)
+    assert engine.stats()["prefix_cache_hit_tokens"] > 0  # prompts 2.. hit the shared block
+    warm = _alone(engine, prompts, "w")
+    batched = _run(engine, prompts, "b")
+    assert cold == warm == batched
+    assert engine.stats()["kv_blocks_free"] == 64
+
+
+@pytest.mark.parametrize("fmt", SOME_SLOW)
+def test_preemption_and_a_pinned_pool_with_reuse_match_an_unbounded_pool(tiny_engine_factory,
+                                                                         fmt):
+    """20 prompts (shared prefixes, so hits, evictions and reuse of hashed blocks) through 12
+    blocks: every reused block gets its own codes and scales."""
+    prompts = _prompts(10, length=24, shared=17) + _prompts(10, length=21, seed=9)
+    free = _run(tiny_engine_factory(num_blocks=400, kv_cache_dtype=fmt), prompts)
+    pinned = tiny_engine_factory(num_blocks=12, kv_cache_dtype=fmt, max_num_seqs=4)
+    assert _run(pinned, prompts) == free
+    s = pinned.stats()
+    assert s["num_preemptions"] > 0 or s["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("fmt", SOME_SLOW)
+def test_backends_read_the_same_quantized_blocks(tiny_engine_factory, fmt):
+    prompts = _prompts(3)
+    ref = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt, attention="reference"),
+               prompts)
+    paged = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt,
+                                     attention="paged-torch"), prompts)
+    assert paged == ref
+
+
+def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
+    prompts = _prompts(3)
+    full = _run(tiny_engine_factory(num_blocks=64), prompts)
+    int8 = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype="int8"), prompts)
+    same = sum(a == b for x, y in zip(full, int8) for a, b in zip(x, y))
+    assert same >= 0.8 * sum(map(len, full))
+
+
+@pytest.mark.parametrize("fmt, options, per_head_block", [
+    # tiny model: 3 layers x 2 KV heads, head_dim 16, 16-token blocks
+    ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4),            # group 16 = head_dim
+    ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4),
+    ("fp8", {}, 2 * 16 * 16 + 2 * 4),
+])
+def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block):
+    engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5, **options)
+    spec = engine.spec
+    residual = 5 * 3 * 16 * 2 * 2 * 16 * 4  # max_num_seqs fp32 blocks
+    assert engine.bytes_per_block == 3 * 2 * per_head_block == kv_bytes_per_block(
+        spec, 16, fmt, group_size=options.get("kv_group_size"),
+        key_quant=options.get("kv_key_quant", "per-channel"))
+    assert engine.store.nbytes == 37 * engine.bytes_per_block + residual
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_bundled_model_pool_bytes_equal_ledger_bytes(fmt):
+    """SmolLM2-135M: 30 layers x 3 KV heads, head_dim 64; kv_cache_gib sizing less residual."""
+    from kvledger import LLM
+    from kvledger.ledger.costs import blocks_for
+    from kvledger.ledger.kv import residual_bytes
+
+    llm = LLM("default", kv_cache_dtype=fmt, kv_cache_gib=0.05, max_num_seqs=3)
+    e = llm.engine
+    residual = 3 * residual_bytes(e.spec, 16, "fp32")
+    blocks = blocks_for(int(0.05 * 2**30) - residual, kv_bytes_per_block(e.spec, 16, fmt))
+    assert e.store.nbytes == blocks * e.bytes_per_block + residual
+    assert e.stats()["kv_blocks_total"] == blocks
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"kv_cache_dtype": "int4", "kv_group_size": 5}, "does not divide|divide head_dim"),
+    ({"kv_cache_dtype": "int4", "kv_outlier_channels": 16}, r"\[0, head_dim 16\)"),
+    ({"kv_cache_dtype": "bf16", "kv_outlier_channels": 2}, "quantized KV formats"),
+    ({"kv_cache_dtype": "int8", "kv_outlier_channels": 2}, "needs a calibration"),
+])
+def test_bad_kv_options_are_refused(tiny_engine_factory, options, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        tiny_engine_factory(num_blocks=8, **options)
+
+
+def _calibration(spec, model, **over):
+    data = {"kvledger_calibration": 1, "model": model, "num_layers": spec.num_layers,
+            "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+            "key_absmax": [[[float(c) for c in range(spec.head_dim)]] * spec.num_kv_heads
+                           ] * spec.num_layers}
+    return {**data, **over}
+
+
+def test_outlier_channels_from_a_calibration_file(tiny_engine_factory, tiny_llama, tmp_path):
+    folder, _ = tiny_llama
+    spec = tiny_engine_factory(num_blocks=1).spec
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_calibration(spec, folder.name)))
+    engine = tiny_engine_factory(num_blocks=40, kv_cache_dtype="int4", kv_outlier_channels=2,
+                                 kv_calibration=str(good))
+    assert engine.store.key_codecs[0].channels.tolist() == [[14, 15], [14, 15]]
+    assert _run(engine, _prompts(2)) == _alone(engine, _prompts(2))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_calibration(spec, "some-other-model")))
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text("{not json")
+    for path, message in ((other, "is for model"), (corrupt, "not a readable")):
+        with pytest.raises(InvalidParameterError, match=message):
+            tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_outlier_channels=2,
+                                kv_calibration=str(path))
