@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 import pytest
 
@@ -15,7 +16,7 @@ class IdleEngine:
     model_name = "idle-model"
     max_model_len = 128
     tokenizer = None
-    cache_config = {"block_size": "16", "cache_dtype": "fp32"}
+    cache_config: ClassVar[dict] = {"block_size": "16", "cache_dtype": "fp32"}
 
     def stats(self) -> dict:
         return {"num_running": 0, "num_waiting": 0, "kv_usage": 0.0}

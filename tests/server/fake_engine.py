@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvledger.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from kvledger.engine.sampling_params import SamplingParams
@@ -42,7 +43,7 @@ class FakeEngine:
 
     model_name = "fake-model"
     max_model_len = 256
-    cache_config = {"block_size": "16", "cache_dtype": "fp32"}
+    cache_config: ClassVar[dict] = {"block_size": "16", "cache_dtype": "fp32"}
 
     def __init__(self, step_delay_s: float = 0.0, kv_quota_tokens: int | None = None):
         self.tokenizer = FakeTokenizer()
