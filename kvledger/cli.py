@@ -1,5 +1,5 @@
 """The ``kvledger`` command line: plan | models | probe | generate | serve | bench | chat | eval |
-replay.
+replay | calibrate.
 
 Each subcommand lives in ``kvledger/commands/<name>.py`` and imports its heavy dependencies
 (torch, transformers, fastapi) inside the function, so ``kvledger plan`` starts without torch.
@@ -15,7 +15,17 @@ from collections.abc import Callable
 import typer
 
 from kvledger import __version__
-from kvledger.commands import bench, chat, generate, models, plan, probe, replay, serve
+from kvledger.commands import (
+    bench,
+    calibrate,
+    chat,
+    generate,
+    models,
+    plan,
+    probe,
+    replay,
+    serve,
+)
 from kvledger.commands import eval as eval_cmd
 from kvledger.errors import KVLedgerError
 
@@ -66,6 +76,7 @@ eval_app = typer.Typer(no_args_is_help=True, help="Quality of a KV choice: perpl
 eval_app.command("perplexity")(user_errors(eval_cmd.perplexity))
 eval_app.command("passkey")(user_errors(eval_cmd.passkey))
 app.add_typer(eval_app, name="eval")
+app.command("calibrate")(user_errors(calibrate.calibrate))
 app.command("replay")(user_errors(replay.replay))
 
 

@@ -61,7 +61,8 @@ def plan(
     bandwidth_gbs: Annotated[float | None, Opt(help="Memory bandwidth, GB/s")] = None,
     tflops: Annotated[float | None, Opt(help="Dense bf16 TFLOPS")] = None,
     kv_cache_dtype: Annotated[str, Opt(
-        "--kv-cache-dtype", "--kv-dtype", help="KV format: fp32 fp16 bf16 fp8 int8 int4")] = "bf16",
+        "--kv-cache-dtype", "--kv-dtype",
+        help="KV format: auto (= bf16) fp32 fp16 bf16 fp8 int8 int4")] = "bf16",
     weights_dtype: Annotated[
         str | None, Opt(help="fp32 bf16 fp16 fp8 int8 int4 (default: GGUF bytes / checkpoint)")
     ] = None,
@@ -75,7 +76,10 @@ def plan(
         bool, Opt("--no-window-savings", help="Size sliding layers as full attention")
     ] = False,
     kv_group_size: Annotated[int | None, Opt(help="Elements per int8/int4 scale group")] = None,
-    kv_outlier_frac: Annotated[float, Opt(help="Fraction of channels kept in fp16")] = 0.0,
+    kv_outlier_frac: Annotated[float, Opt(help="Fraction of key channels kept in fp16")] = 0.0,
+    kv_outlier_channels: Annotated[int | None, Opt(
+        help="Key channels per layer and KV head kept in fp16 (wins over --kv-outlier-frac)")] = None,
+    kv_key_quant: Annotated[str, Opt(help=field_help()["kv_key_quant"])] = "per-channel",
     shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
     turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
     mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,
@@ -106,7 +110,7 @@ def plan(
         _warn(str(w.message))
     options = PlanOptions(
         contexts=contexts,
-        kv_format=kv_cache_dtype,
+        kv_format="bf16" if kv_cache_dtype == "auto" else kv_cache_dtype,
         weights_dtype=weights_dtype,
         tp=tensor_parallel_size,
         batch=batch,
@@ -116,6 +120,8 @@ def plan(
         window_aware=not no_window_savings,
         kv_group_size=kv_group_size,
         kv_outlier_frac=kv_outlier_frac,
+        kv_outlier_channels=kv_outlier_channels,
+        kv_key_quant=kv_key_quant,
         shared_prefix=shared_prefix,
         turn_tokens=turn_tokens,
         mfu=mfu,

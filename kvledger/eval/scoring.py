@@ -11,7 +11,7 @@ request, no batching), the KV manager, store and attention backend are not.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,11 +67,13 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     return engine, base
 
 
-def step_logprobs(engine, tokens: list[int], stride: int, first: int
+def step_logprobs(engine, tokens: list[int], stride: int, first: int,
+                  inspect: Callable[[Request], None] | None = None
                   ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield ``(position, logprobs)`` per step: log-softmax [rows, vocab] (fp32) of the logits at
     positions ``position .. position + rows - 1``, for positions in ``[first, len(tokens) - 1)``
-    (the logits at position p predict token p + 1).
+    (the logits at position p predict token p + 1). ``inspect(request)``, if given, runs once
+    the whole chunk is in the cache, before its blocks are freed (calibration reads the K/V).
 
     Raises:
         KVBudgetError: the pool cannot hold the chunk (another request holds blocks).
@@ -95,5 +97,7 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int
             if lo < hi:
                 logits = engine.model.compute_logits(hidden[lo - start: hi - start])
                 yield lo, torch.log_softmax(logits, dim=-1)
+        if inspect is not None:
+            inspect(req)
     finally:
         kv.free(req)

@@ -20,6 +20,7 @@ from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import SLIDING, ModelSpec
 
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
+RESIDUAL_FORMAT = "bf16"  # the activation dtype a quantized-KV engine keeps partial blocks in
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class PlanOptions:
     window_aware: bool = True
     kv_group_size: int | None = None
     kv_outlier_frac: float = 0.0
+    kv_outlier_channels: int | None = None
+    kv_key_quant: str = "per-channel"
     shared_prefix: int = 0
     turn_tokens: int = 1024
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -252,8 +255,10 @@ def _retention_rows(spec: ModelSpec, o: PlanOptions, pool_blocks: int,
 def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...]:
     rows = []
     for kind, layers in Counter(spec.layer_types).items():
+        quantized = kv.kv_format(o.kv_format).quantized
         per_layer = kv.layer_bytes_per_token(
-            spec, kind, o.kv_format, o.kv_group_size, o.kv_outlier_frac, o.tp
+            spec, kind, o.kv_format, o.kv_group_size, o.kv_outlier_frac if quantized else 0.0,
+            o.tp, o.kv_key_quant, o.kv_outlier_channels if quantized else None, o.block_size
         )
         window = spec.sliding_window if kind == SLIDING else None
         rows.append(LayerKindRow(kind, layers, per_layer, per_layer * layers, window))
@@ -277,10 +282,13 @@ class _FormatPlan:
             "group_size": o.kv_group_size,
             "tp": o.tp,
             "outlier_frac": o.kv_outlier_frac if kv.kv_format(fmt).quantized else 0.0,
+            "outlier_channels": o.kv_outlier_channels if kv.kv_format(fmt).quantized else None,
+            "key_quant": o.kv_key_quant,
         }
 
     def per_token(self, fmt: str) -> int:
-        return kv.kv_bytes_per_token(self.spec, window_aware=False, **self._kw(fmt))
+        return kv.kv_bytes_per_token(self.spec, window_aware=False, block_size=self.o.block_size,
+                                     **self._kw(fmt))
 
     def block_bytes(self, fmt: str) -> int:
         return kv.kv_bytes_per_block(self.spec, self.o.block_size, **self._kw(fmt))
@@ -294,7 +302,13 @@ class _FormatPlan:
         )
 
     def _per_request(self, fmt: str, tokens: int) -> int:
-        return self.sequence_bytes(fmt, tokens, block_size=self.o.block_size) + self.fixed
+        """Whole blocks + fixed state + a quantized format's bf16 residual block (the running
+        sequence's partial block, kept at full precision)."""
+        residual = 0
+        if kv.kv_format(fmt).quantized:
+            residual = kv.residual_bytes(self.spec, self.o.block_size, RESIDUAL_FORMAT, self.o.tp)
+        return self.sequence_bytes(fmt, tokens, block_size=self.o.block_size) + self.fixed \
+            + residual
 
     def _shared(self, fmt: str) -> int:
         """Bytes of the shared prefix's full blocks in the layers that keep every token."""
@@ -302,7 +316,8 @@ class _FormatPlan:
         full_blocks = o.shared_prefix // o.block_size * o.block_size
         kinds = [k for k in self.spec.layer_types if not (o.window_aware and k == SLIDING)]
         return full_blocks * sum(
-            kv.layer_bytes_per_token(self.spec, k, **self._kw(fmt)) for k in kinds
+            kv.layer_bytes_per_token(self.spec, k, block_size=o.block_size, **self._kw(fmt))
+            for k in kinds
         )
 
     def concurrency(self, fmt: str, tokens: int) -> int:

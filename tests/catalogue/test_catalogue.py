@@ -113,5 +113,7 @@ def test_models_table_and_fp8_column():
     r = run("models", "--kv-dtype", "fp8")
     assert r.exit_code == 0, r.output
     line = next(x for x in r.stdout.splitlines() if "meta-llama/Llama-3.1-8B " in x)
-    assert "64.0 KiB" in line  # fp8: one byte per element, half of bf16's 128 KiB
+    # fp8: one byte per element + an fp32 scale per 16-token block, KV head and K/V:
+    # 32 layers x 8 heads x (2 x 16 x 128 + 8) / 16 = 65,664 B = 64.1 KiB (bf16: 128 KiB)
+    assert "64.1 KiB" in line
     assert run("models", "--kv-dtype", "fp7").exit_code == 2

@@ -171,3 +171,25 @@ def test_the_bundled_model_has_one_name_in_plan_and_serve():
 
     planned = json.loads(run("plan", "default", "--context", "2048", "--json").stdout)["model"]
     assert planned == "SmolLM2-135M-Instruct.Q4_1" == _model_name("default")
+
+
+def test_kv_layout_options_price_the_engine_layout():
+    """int4, per-token keys, 4 fp16 outlier key channels: per 16-token block and KV head
+    2 x 16 x 64 code bytes + 2 x 16 x 4 groups x 4 B of scales + 16 x 4 x 2 B of outliers."""
+    r = run("plan", LLAMA, "--json", "--context", "8192", "--kv-cache-dtype", "int4",
+            "--kv-key-quant", "per-token", "--kv-outlier-channels", "4")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["block_bytes"] == 32 * 8 * (2 * 16 * 64 + 2 * 16 * 4 * 4
+                                                           + 16 * 4 * 2)
+    auto = json.loads(run("plan", LLAMA, "--json", "--kv-cache-dtype", "auto").stdout)
+    assert auto["options"]["kv_format"] == "bf16"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kv-group-size", "48"], "divide head_dim 128"),
+    (["--kv-outlier-channels", "128"], "--kv-outlier-channels must be in"),
+    (["--kv-key-quant", "per-row"], "--kv-key-quant must be one of"),
+])
+def test_bad_kv_layout_options_exit_2(args, message):
+    r = run("plan", LLAMA, "--kv-cache-dtype", "int4", *args)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
