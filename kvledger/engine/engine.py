@@ -194,6 +194,10 @@ class LLMEngine:
         if spec.evicts and self.store is None:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
+        if spec.evicts and self.store is not None and self.store.quantized:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} runs on full-precision KV (fp32, bf16, fp16) for now, "
+                f"not {self.kv_format} (compaction rewrites slots inside quantized blocks)")
 
     def abort(self, request_id: str) -> None:
         """Drop a request in any state; its KV blocks are free when this returns."""

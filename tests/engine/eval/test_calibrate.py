@@ -27,7 +27,7 @@ def calibration(tiny_llama):
 
 
 def test_magnitudes_are_the_cached_keys_largest_values(calibration):
-    engine, cal, chunks = calibration
+    engine, cal, _ = calibration
     spec = engine.spec
     assert cal.key_absmax.shape == (spec.num_layers, spec.num_kv_heads, spec.head_dim)
     assert cal.tokens == 128

@@ -145,6 +145,7 @@ def test_bundled_model_pool_bytes_equal_ledger_bytes(fmt):
     ({"kv_cache_dtype": "int4", "kv_outlier_channels": 16}, r"\[0, head_dim 16\)"),
     ({"kv_cache_dtype": "bf16", "kv_outlier_channels": 2}, "quantized KV formats"),
     ({"kv_cache_dtype": "int8", "kv_outlier_channels": 2}, "needs a calibration"),
+    ({"kv_cache_dtype": "int4", "kv_policy": "window", "kv_window": 32}, "full-precision KV"),
 ])
 def test_bad_kv_options_are_refused(tiny_engine_factory, options, message):
     with pytest.raises(InvalidParameterError, match=message):
