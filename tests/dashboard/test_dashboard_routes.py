@@ -97,7 +97,8 @@ def test_plan_route_matches_the_cli_json(client_for):
         "model": "meta-llama/llama-3.1-8b", "context": "8k", "kv_dtype": "fp8", "plot": True})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["plan"]["kv_bytes_per_token"] == 32 * 2 * 8 * 128  # fp8: 1 byte per element
+    # fp8: 1 byte per element + an fp32 scale per 16-token block, KV head and K/V
+    assert body["plan"]["kv_bytes_per_token"] == 32 * 8 * (2 * 16 * 128 + 2 * 4) // 16
     assert body["plan"]["contexts"][0]["context"] == 8192
     assert body["plot_png"].startswith("iVBORw0KGgo")  # base64 of the PNG signature
 
