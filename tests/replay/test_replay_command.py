@@ -116,11 +116,12 @@ def test_malformed_trace_line_exit_2(tmp_path):
 
 
 def test_sweep_kv_cache_dtype_grows_the_pool(trace_file, tmp_path):
-    """int8 KV (1 byte + a 2-byte scale per 32 elements) holds 2 / (1 + 2/32) = 1.88x the
-    bf16 blocks in the same memory."""
+    """int8 KV per 16-token block and KV head of head_dim D: 2 x 16 x D code bytes + the values'
+    fp16 scale and zero point per 32 elements per token (2 D) + the keys' per-channel scale and
+    zero point (4 D) = 38 D bytes, against bf16's 64 D: 64 / 38 = 1.68x the blocks."""
     code, text = _run(trace_file, "--model", MODEL, "--device", "L4",
                       "--sweep", "kv-cache-dtype=bf16,int8", "--out", tmp_path)
     assert code == 0, text
     blocks = {f: json.loads((tmp_path / f"kv-cache-dtype-{f}" / "results.json").read_text())
               ["summaries"][0]["num_blocks"] for f in ("bf16", "int8")}
-    assert blocks["int8"] / blocks["bf16"] == pytest.approx(2 / (1 + 2 / 32), rel=1e-3)
+    assert blocks["int8"] / blocks["bf16"] == pytest.approx(64 / 38, rel=1e-3)
