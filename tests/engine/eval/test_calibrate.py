@@ -19,7 +19,7 @@ def calibration(tiny_llama):
 
     folder, _ = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
-    engine = LLMEngine(EngineConfig(model=str(folder), num_blocks=8, kv_cache_dtype="fp32",
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="fp32", num_blocks=8, kv_cache_dtype="fp32",
                                     attention="paged-torch"), spec=spec, weights=weights)
     rng = random.Random(2)
     chunks = [[rng.randrange(3, 320) for _ in range(64)] for _ in range(2)]

@@ -38,6 +38,7 @@ def tiny_engine_factory(tiny_llama):
 
     def build(**options):
         options.setdefault("attention", "paged-torch")
+        options.setdefault("dtype", "fp32")
         return LLMEngine(EngineConfig(model=str(folder), **options), spec=spec, weights=weights)
 
     return build
