@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from retention_reference import mask_only_logprobs
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
@@ -46,18 +47,6 @@ def run(engine, prompt, max_tokens, kv_policy=None, logprobs=None, check=None):
         if check is not None:
             check(engine)
     return out
-
-
-def mask_only_logprobs(hf_model, tokens, spec: RetentionSpec) -> torch.Tensor:
-    """log_softmax [L, vocab] of transformers over ``tokens``, every key kept, key k hidden
-    from query q unless k <= q and (k < sinks or k > q - window)."""
-    n = len(tokens)
-    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    allowed = (k <= q) & ((k < spec.sinks) | (k > q - spec.window))
-    mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([tokens]), attention_mask=mask[None, None]).logits[0]
-    return torch.log_softmax(logits.float(), -1)
 
 
 @pytest.mark.parametrize("name", ["window", "sinks"])

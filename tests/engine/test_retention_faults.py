@@ -113,7 +113,7 @@ def test_positions_after_a_partial_reuse(tiny_llama, tiny_engine_factory):
     """llama.cpp #12161: after a partial prefix reuse the next tokens get the positions after
     the reused ones: a sinks request that hit 2 blocks gives the mask-only reference's tokens
     and logprobs."""
-    from tests.engine.test_retention import mask_only_logprobs
+    from retention_reference import mask_only_logprobs
 
     _, hf = tiny_llama
     engine = tiny_engine_factory(block_size=4, num_blocks=64)

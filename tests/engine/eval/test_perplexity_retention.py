@@ -11,10 +11,10 @@ import random
 
 import pytest
 import torch
+from retention_reference import mask_only_logprobs
 
 from kvledger.eval.perplexity import RETENTION_STRIDE, perplexity
 from kvledger.ledger.retention import RetentionSpec
-from tests.engine.test_retention import mask_only_logprobs
 
 
 def _ids(n: int, seed: int = 5) -> list[int]:
