@@ -55,7 +55,7 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
     tokenizer = load_tokenizer("default")
     text = default_text()
     ids = tokenizer.encode(text, add_special_tokens=False)
-    base_cfg = eval_config(EngineConfig(kv_cache_dtype="bf16"), context)
+    base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype="bf16"), context)
     base = LLMEngine(base_cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     rows = []
     for label, over in variants:
@@ -114,7 +114,7 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
     per_request_blocks = blocks_for_kv_tokens(tokens, 16)
     rows = []
     for fmt in ("fp32", "bf16", "fp8", "int8", "int4"):
-        cfg = EngineConfig(kv_cache_dtype=fmt, kv_cache_gib=budget_bytes / 2**30,
+        cfg = EngineConfig(dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=budget_bytes / 2**30,
                            max_num_seqs=max_num_seqs)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
         fits = engine.store.nbytes <= budget_bytes
