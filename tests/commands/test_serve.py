@@ -15,7 +15,8 @@ def test_flags_reach_the_engine_config_and_uvicorn(monkeypatch):
 
     def fake_engine(config):
         seen["config"] = config
-        return SimpleNamespace(model_name="m", max_model_len=64, tokenizer=None)
+        return SimpleNamespace(model_name="m", max_model_len=64, tokenizer=None,
+                               cache_config={"block_size": "16", "cache_dtype": "bf16"})
 
     def fake_run(server):
         seen.update(app=server.config.app, host=server.config.host, port=server.config.port,

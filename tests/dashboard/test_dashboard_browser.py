@@ -24,7 +24,7 @@ SECRET_PROMPT = "Zanzibar quokka marmalade lighthouse " * 6  # must never reach 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     process = served(tmp_path_factory.mktemp("dash") / "serve.log", "--api-key", KEY,
-                     "--kv-cache-gib", "0.02", "--log-interval-s", "1")
+                     "--kv-cache-gib", "0.02", "--log-interval-s", "1", "--dtype", "fp32")
     yield process
     process.close()
 
@@ -149,8 +149,9 @@ def test_plan_form(server, driver):
     driver.find_element(By.CSS_SELECTOR, "#plan-form button").click()
     wait(driver, lambda d: visible(d, "plan-out"), 60, "no plan shown")
     kinds = text(driver, "t-kinds")
-    # Gemma 2 9B: 21 + 21 layers, 8 KV heads x 256 x 2 (K, V) x 1 byte (fp8) = 4 KiB per layer
-    assert "sliding_attention 21 4.0 KiB 84.0 KiB 4096" in kinds
+    # Gemma 2 9B, fp8: 8 KV heads x 256 x 2 (K, V) x 1 B = 4.0 KiB a layer, + 2 fp32 scales per block of 16
+    # tokens and KV head = 4 B a token: x 21 layers = 86,100 B = 84.1 KiB
+    assert "sliding_attention 21 4.0 KiB 84.1 KiB 4096" in kinds
     assert driver.find_element(By.ID, "plot").get_attribute("src").startswith(
         "data:image/png;base64,")
     assert console_errors(driver) == []

@@ -92,7 +92,7 @@ def test_installed_plan_of_an_hf_id(installed):
 def test_installed_serve_has_the_dashboard(installed):
     bin_dir, env, work, _ = installed
     os.chdir(work)
-    served = serve_bundled(work / "serve.log", "--kv-cache-gib", "0.02",
+    served = serve_bundled(work / "serve.log", "--kv-cache-gib", "0.02", "--dtype", "fp32",
                             command=[str(bin_dir / "kvledger")], env=env)
     try:
         page = httpx.get(served.url + "/dashboard", timeout=30)
