@@ -133,7 +133,7 @@ def test_bundled_model_pool_bytes_equal_ledger_bytes(fmt):
     from kvledger.ledger.costs import blocks_for
     from kvledger.ledger.kv import residual_bytes
 
-    llm = LLM("default", kv_cache_dtype=fmt, kv_cache_gib=0.05, max_num_seqs=3)
+    llm = LLM("default", dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=0.05, max_num_seqs=3)
     e = llm.engine
     residual = 3 * residual_bytes(e.spec, 16, "fp32")
     blocks = blocks_for(int(0.05 * 2**30) - residual, kv_bytes_per_block(e.spec, 16, fmt))
