@@ -65,9 +65,9 @@ def outlier_index(config, spec: ModelSpec, layout) -> torch.Tensor | None:
     n = layout.outlier_channels
     if not n:
         return None
-    from kvledger.engine.engine import _model_name
+    from kvledger.paths import model_id, resolve_model_path
 
-    name = _model_name(config.model)
+    name = model_id(resolve_model_path(config.model))
     path = Path(config.kv_calibration) if config.kv_calibration else shipped_path(name)
     if path is None:
         raise InvalidParameterError(
