@@ -13,7 +13,9 @@ released; a block freed while partial releases its buffer too (``release``, call
 block pool). Prefill attention reads the step's K/V back through the store (``lossy``), so the
 step that writes a block sees the values a later prefix-cache hit on it reads.
 
-The bytes (``nbytes``) are the codec tensors plus the residual buffers; ``residual_of`` and the
+Every tensor is allocated with ``lazy_zeros`` (anonymous memory mapped on first write), so
+blocks never used cost no RAM, as in the full-precision store. The bytes (``nbytes``) are the
+codec tensors plus the residual buffers; ``residual_of`` and the
 free list are bookkeeping, like block tables, and are not KV bytes.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.kv.codecs import BlockCodec
+from kvledger.engine.kv.store import lazy_zeros
 
 
 class QuantizedKVStore:
@@ -50,16 +53,15 @@ class QuantizedKVStore:
         self.key_parts = [self._alloc(c) for c in key_codecs]
         self.value_parts = [self._alloc(value_codec) for _ in range(num_layers)]
         shape = (residual_slots, block_size, num_kv_heads, head_dim)
-        self.residual_keys = [torch.zeros(shape, dtype=compute_dtype) for _ in range(num_layers)]
-        self.residual_values = [torch.zeros(shape, dtype=compute_dtype)
-                                for _ in range(num_layers)]
+        self.residual_keys = [lazy_zeros(shape, compute_dtype) for _ in range(num_layers)]
+        self.residual_values = [lazy_zeros(shape, compute_dtype) for _ in range(num_layers)]
         self.residual_of = torch.full((num_blocks,), -1, dtype=torch.int64)
         self._free_residuals = list(range(residual_slots))
         self._plan_key: torch.Tensor | None = None
         self._plan = None
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
-        return {name: torch.zeros((self.num_blocks, *shape), dtype=dtype)
+        return {name: lazy_zeros((self.num_blocks, *shape), dtype)
                 for name, (shape, dtype) in codec.fields().items()}
 
     @property
