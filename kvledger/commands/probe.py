@@ -87,5 +87,11 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
     print(f"  attention (1 query, {kernels.ATTENTION_CONTEXT} positions): {cells}   -> "
           f"{result.attention}")
+    limits = result.fused_max_rows()
+    for key, by_rows in result.fused_us.items():
+        op, _, dtype = key.partition(":")
+        cells = "  ".join(f"{rows}: {t['native']:.0f}/{t['torch']:.0f}" for rows, t in by_rows.items())
+        print(f"  {key:17s} rows: native/torch µs  {cells}   -> native up to "
+              f"{limits[op][kernels.FUSED_DTYPES[dtype]]} rows")
     print(f"saved to {kernels._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
           "KVLEDGER_ATTENTION")

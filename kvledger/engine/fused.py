@@ -12,7 +12,10 @@ op costs microseconds of dispatch whatever its size, so these three replace 3-10
 Arithmetic is fp32 for fp32 and bf16 tensors (one rounding per bf16 result). :func:`fused_ops`
 returns the native ops, or the PyTorch ones when the native library cannot be built
 (:mod:`kvledger.engine.attention.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
-to rounding.
+to rounding. The native ops run on one thread without SIMD exp: they win on the few rows of a
+decode step and lose on a prefill's hundreds, so each takes at most the rows the kernel probe
+measured it faster at (:meth:`kvledger.engine.kernels.ProbeResult.fused_max_rows`); more rows
+go to PyTorch.
 """
 
 from __future__ import annotations
@@ -49,11 +52,14 @@ class TorchOps:
 
 
 class NativeOps(TorchOps):
-    """The C++ ops; tensors of another dtype or layout go to the PyTorch ones."""
+    """The C++ ops; tensors of another dtype or layout, or more rows than ``max_rows`` allows
+    (op -> dtype -> rows; an op or dtype left out has no limit), go to the PyTorch ones."""
 
     name = "native"
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL,
+                 max_rows: dict[str, dict[torch.dtype, int]] | None = None) -> None:
+        self._max_rows = max_rows or {}
         ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._norm = lib.kvl_add_rms_norm
         self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32]
@@ -64,10 +70,15 @@ class NativeOps(TorchOps):
         for fn in (self._norm, self._rope, self._silu):
             fn.restype = None
 
+    def _too_many(self, op: str, t: torch.Tensor) -> bool:
+        limit = self._max_rows.get(op, {}).get(t.dtype)
+        return limit is not None and t.shape[0] > limit
+
     def add_rms_norm(self, h, delta, weight, eps):
         """In place: ``h`` itself becomes h + delta (h must be a tensor the caller owns)."""
         if not (h.dtype in _DTYPES and h.is_contiguous() and weight.dtype == h.dtype
-                and (delta is None or (delta.dtype == h.dtype and delta.is_contiguous()))):
+                and (delta is None or (delta.dtype == h.dtype and delta.is_contiguous()))
+                and not self._too_many("add_rms_norm", h)):
             return super().add_rms_norm(h, delta, weight, eps)
         out = torch.empty_like(h)
         rows, dim = h.shape
@@ -88,7 +99,8 @@ class NativeOps(TorchOps):
         return qk
 
     def silu_mul(self, gate_up):
-        if gate_up.dtype not in _DTYPES or not gate_up.is_contiguous():
+        if (gate_up.dtype not in _DTYPES or not gate_up.is_contiguous()
+                or self._too_many("silu_mul", gate_up)):
             return super().silu_mul(gate_up)
         rows, width = gate_up.shape
         out = gate_up.new_empty(rows, width // 2)
@@ -96,9 +108,10 @@ class NativeOps(TorchOps):
         return out
 
 
-def fused_ops() -> TorchOps:
-    """The native ops when the library builds here, else the PyTorch ones."""
+def fused_ops(max_rows: dict[str, dict[torch.dtype, int]] | None = None) -> TorchOps:
+    """The native ops (limited to ``max_rows``, see :class:`NativeOps`) when the library builds
+    here, else the PyTorch ones."""
     from kvledger.engine.attention.native import library
 
     lib = library()
-    return TorchOps() if lib is None else NativeOps(lib)
+    return TorchOps() if lib is None else NativeOps(lib, max_rows)

@@ -3,7 +3,9 @@
 Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
 :data:`kvledger.engine.linear.FORMATS` for one decode row (bf16 activations; random weights of
-the real shape), and the fastest attention backend for one decode query over 512 positions.
+the real shape), the fastest attention backend for one decode query over 512 positions, and up
+to how many rows the native fused element-wise ops (:mod:`kvledger.engine.fused`, one thread)
+beat PyTorch's (vectorised, all threads) — a decode step has a few rows, a prefill hundreds.
 Candidates are timed in interleaved rounds (each round calls every candidate once, after a
 warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
 disturbed moment then slows all candidates alike instead of one of them.
@@ -23,7 +25,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -36,6 +38,9 @@ log = logging.getLogger("kvledger.engine")
 REPEATS = 20
 ATTENTION_CONTEXT = 512
 CLASSES = ("qkv", "o", "gate_up", "down", "lm_head")
+FUSED_ROWS = (1, 4, 16, 64, 256)
+"""Row counts at which the probe times each fused op, native against PyTorch."""
+FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -46,6 +51,8 @@ class ProbeResult:
         cpu: CPU model and flags; torch_version; threads: torch intra-op threads.
         matmul_us: class -> format -> best time of one decode row, µs.
         attention_us: backend -> best time of one decode query over 512 positions, µs.
+        fused_us: ``"op:dtype"`` (e.g. ``"silu_mul:bf16"``) -> rows (as text) ->
+            ``{"native": µs, "torch": µs}``; empty when the native library is unavailable.
     """
 
     cpu: str
@@ -53,6 +60,7 @@ class ProbeResult:
     threads: int
     matmul_us: dict[str, dict[str, float]]
     attention_us: dict[str, float]
+    fused_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def weight_format(self, shape_class: str, available: tuple[str, ...] = FORMATS) -> str:
         """Fastest measured format among ``available`` for ``shape_class``."""
@@ -63,6 +71,20 @@ class ProbeResult:
     def attention(self) -> str:
         """Fastest measured attention backend."""
         return min(self.attention_us, key=self.attention_us.__getitem__)
+
+    def fused_max_rows(self) -> dict[str, dict[torch.dtype, int]]:
+        """op -> dtype -> the most rows the native op takes: the largest of :data:`FUSED_ROWS`
+        up to which native was faster at every measured count (0: never native)."""
+        limits: dict[str, dict[torch.dtype, int]] = {}
+        for key, by_rows in self.fused_us.items():
+            op, _, dtype = key.partition(":")
+            best = 0
+            for rows in sorted(by_rows, key=int):
+                if by_rows[rows]["native"] >= by_rows[rows]["torch"]:
+                    break
+                best = int(rows)
+            limits.setdefault(op, {})[FUSED_DTYPES[dtype]] = best
+        return limits
 
 
 def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
@@ -120,6 +142,36 @@ def _time_attention(spec: ModelSpec) -> dict[str, float]:
     return _best_us(candidates)
 
 
+def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, gen):
+    """A call of ``ops``' ``op`` on ``rows`` random rows of the model's width."""
+    if op == "silu_mul":
+        x = torch.randn(rows, 2 * spec.intermediate_size, generator=gen).to(dtype)
+        return lambda: ops.silu_mul(x)
+    h = torch.randn(rows, spec.hidden_size, generator=gen).to(dtype)
+    delta = (torch.randn(rows, spec.hidden_size, generator=gen) * 1e-3).to(dtype)
+    weight = torch.randn(spec.hidden_size, generator=gen).to(dtype)
+    return lambda: ops.add_rms_norm(h, delta, weight, 1e-5)
+
+
+def _time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
+    from kvledger.engine.attention.native import library
+    from kvledger.engine.fused import NativeOps, TorchOps
+
+    lib = library()
+    if lib is None:
+        return {}
+    impls = {"native": NativeOps(lib), "torch": TorchOps()}
+    gen = torch.Generator().manual_seed(0)
+    result = {}
+    for name, dtype in FUSED_DTYPES.items():
+        for op in ("add_rms_norm", "silu_mul"):
+            result[f"{op}:{name}"] = {
+                str(rows): _best_us({k: _fused_call(o, op, rows, dtype, spec, gen)
+                                     for k, o in impls.items()})
+                for rows in FUSED_ROWS}
+    return result
+
+
 def _cache_file():
     return cache_dir() / "probe" / "kernels.json"
 
@@ -129,7 +181,7 @@ def _key(spec: ModelSpec, cpu: str) -> str:
 
     text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
                        spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
-                       source_digest()])
+                       source_digest(), FUSED_ROWS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -165,7 +217,8 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
             log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
     sizes = shapes(spec)
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
-                         {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec))
+                         {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec),
+                         _time_fused(spec))
     entries[key] = asdict(result)
     path = _cache_file()
     try:
@@ -210,6 +263,11 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
         available = FORMATS if cls in q4_classes else ("dense", "int8")
         chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
     return chosen
+
+
+def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:
+    """The probe's row limits of the native fused ops (see :meth:`ProbeResult.fused_max_rows`)."""
+    return probe(spec).fused_max_rows()
 
 
 def choose_attention(spec: ModelSpec) -> str:

@@ -54,7 +54,7 @@ class LlamaModel:
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or kernels.choose_attention(spec))
         self.attention = attention
-        self.ops = fused_ops()
+        self.ops = fused_ops(kernels.fused_limits(spec))
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:

@@ -32,6 +32,9 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
     assert {"dense", "int8"} <= set(first.matmul_us["qkv"])
     assert "reference" in first.attention_us
     assert all(t > 0 for t in first.attention_us.values())
+    assert set(first.fused_us) == {f"{op}:{d}" for op in ("add_rms_norm", "silu_mul")
+                                   for d in kernels.FUSED_DTYPES}
+    assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernels.FUSED_ROWS}
 
     def fail(*_):
         raise AssertionError("measured again despite a cached entry")
@@ -79,3 +82,33 @@ def test_bad_forced_format_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=fp4")
     with pytest.raises(InvalidParameterError, match="KVLEDGER_WEIGHT_FORMAT"):
         kernels.forced_formats()
+
+
+def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win():
+    t = lambda native, torch_: {"native": native, "torch": torch_}
+    result = kernels.ProbeResult("cpu", "t", 2, {}, {}, {
+        "silu_mul:bf16": {"1": t(10, 20), "4": t(30, 20), "16": t(40, 80)},  # a loss at 4 ends it
+        "silu_mul:fp32": {"1": t(30, 20)},
+        "add_rms_norm:bf16": {"1": t(1, 2), "4": t(3, 4), "16": t(5, 6)}})
+    import torch
+
+    limits = result.fused_max_rows()
+    assert limits["silu_mul"] == {torch.bfloat16: 1, torch.float32: 0}
+    assert limits["add_rms_norm"][torch.bfloat16] == 16
+
+
+def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
+    import torch
+
+    from kvledger.engine.attention.native import library
+    from kvledger.engine.fused import NativeOps, TorchOps
+
+    lib = library()
+    assert lib is not None
+    ops = NativeOps(lib, {"silu_mul": {torch.float32: 2}})
+    calls = []
+    monkeypatch.setattr(TorchOps, "silu_mul", lambda self, x: calls.append(len(x)) or x[:, :1])
+    ops.silu_mul(torch.randn(2, 8))  # within the limit: native
+    ops.silu_mul(torch.randn(3, 8))  # over it: PyTorch
+    ops.silu_mul(torch.randn(3, 8).bfloat16())  # no limit for bf16: native
+    assert calls == [3]
