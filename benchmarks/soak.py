@@ -16,8 +16,12 @@ its own client. Afterwards:
 A client that waits longer than ``--read-timeout-s`` for a byte gives up: that counts as an
 abort by its own client (the server sees the disconnect and frees the request).
 
+The KV pool is mapped lazily (a page costs RAM on its first write), so RSS also grows while the
+prefix cache first spreads over the pool, up to the pool's bytes: that is not a leak. To see a
+leak, give the server a pool small enough to be cycled through early (``-- --num-blocks 512``).
+
 Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24]
-[--read-timeout-s 300] [--out soak.json]
+[--read-timeout-s 300] [--out soak.json] [-- SERVE_OPTIONS...]
 """
 
 from __future__ import annotations
@@ -144,12 +148,13 @@ def main() -> None:
     ap.add_argument("--read-timeout-s", type=float, default=300.0,
                     help="a client waiting longer than this for a byte gives up (own abort)")
     ap.add_argument("--out", default="soak.json")
+    ap.add_argument("serve_options", nargs="*", help="after --: options of kvledger serve")
     args = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open("soak-server.log", "w")  # noqa: SIM115 - the server writes until the end
     proc = subprocess.Popen([sys.executable, "-c", SERVE, "--port", str(port),
-                             "--log-interval-s", "30"], stdout=log, stderr=subprocess.STDOUT)
+                             "--log-interval-s", "30", *args.serve_options], stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
             try:
@@ -174,6 +179,7 @@ def main() -> None:
         half = [r for t, r in run["rss"] if t >= run["wall_s"] / 2]
         result = {
             "clients": args.clients, "minutes": args.minutes, "max_tokens": args.max_tokens,
+            "serve_options": args.serve_options,
             "outcomes": {k: v for k, v in o.items() if k != "transport_errors"},
             "lost": o["sent"] - o["full"] - o["clear_error"] - o["own_abort"] - o["own_timeout"],
             "server_finished": served, "server_accepted_by_client_count": accepted,
