@@ -40,7 +40,8 @@ batch = [real_text_ids(tok, 256, offset=5000 + 300 * i) for i in range(16)]
 t = time.perf_counter()
 outs = llm.generate(batch, SamplingParams(max_tokens=32, **greedy))
 dt = time.perf_counter() - t
-print(json.dumps({{"ttft_ms": 1e3 * statistics.median(o.metrics.ttft_s for o in runs),
+import kvledger
+print(json.dumps({{"kvledger": kvledger.__file__, "ttft_ms": 1e3 * statistics.median(o.metrics.ttft_s for o in runs),
                    "tpot_ms": 1e3 * statistics.median(o.tpot_s for o in runs),
                    "batch16_tok_s": sum(len(o.token_ids) for o in outs) / dt}}))
 """
@@ -52,8 +53,11 @@ def measure(tree: Path, dtype: str, threads: int) -> dict[str, float]:
     code = CHILD.format(bench_dir=str(Path(__file__).parent), dtype=dtype, threads=threads)
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+                         check=True, cwd=tree)  # cwd leads sys.path under -c: the tree's own
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(result.pop("kvledger")).is_relative_to(tree.resolve()):
+        raise SystemExit(f"{tree}: imported another checkout's kvledger")
+    return result
 
 
 def main() -> None:
