@@ -68,8 +68,9 @@ def test_streaming_past_the_context_equals_the_mask_only_reference(tiny_llama,
     ref = mask_only_logprobs(hf, (PROMPT + out.token_ids)[:-1], spec)
     for i, lp in enumerate(out.logprobs):
         row = ref[len(PROMPT) - 1 + i]
-        assert lp.token_id == int(row.argmax()), i
-        assert abs(lp.logprob - float(row[lp.token_id])) < 1e-4, i
+        # greedy: the engine's token is the reference's best (up to the logprob tolerance)
+        assert float(row[lp.token_id]) >= float(row.max()) - 1e-4, (i, lp.token_id)
+        assert abs(lp.logprob - float(row[lp.token_id])) < 1e-4, (i, lp.logprob)
 
 
 def test_one_block_less_than_the_bound_is_refused_at_admission(tiny_engine_factory):
