@@ -84,6 +84,11 @@ def _kernel_probe(model: str, threads: int | None) -> None:
         pick = result.weight_format(cls, tuple(times) if cls in q4 else ("dense", "int8"))
         cells = "  ".join(f"{fmt} {us:9.1f}" for fmt, us in times.items())
         print(f"  {cls:8s} {cells}   -> {pick}")
+        for fmt, by_rows in result.gemm_us.get(cls, {}).items():
+            cells = "  ".join(f"{rows}: " + "/".join(f"{us:.0f}" for us in t.values())
+                              for rows, t in by_rows.items())
+            print(f"    {fmt:6s} rows: own kernel/fp32 GEMM µs  {cells}   -> fp32 GEMM from "
+                  f"{result.gemm_rows(cls, fmt)} rows")
     cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
     print(f"  attention (1 query, {kernels.ATTENTION_CONTEXT} positions): {cells}   -> "
           f"{result.attention}")

@@ -38,6 +38,12 @@ log = logging.getLogger("kvledger.engine")
 REPEATS = 20
 ATTENTION_CONTEXT = 512
 CLASSES = ("qkv", "o", "gate_up", "down", "lm_head")
+GEMM_ROWS = (16, 64, 256)
+"""Row counts at which the probe times each layer format's own kernel against the fp32 GEMM
+(:meth:`kvledger.engine.linear.Linear.fp32_gemm`): prefill chunks and large decode batches."""
+GEMM_REPEATS = 3
+REFERENCE_REQUEST = (512, 128)
+"""(prompt tokens, new tokens) of the request whose matmul time picks each class's format."""
 FUSED_ROWS = (1, 4, 16, 64, 256)
 """Row counts at which the probe times each fused op, native against PyTorch."""
 FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -50,6 +56,8 @@ class ProbeResult:
     Attributes:
         cpu: CPU model and flags; torch_version; threads: torch intra-op threads.
         matmul_us: class -> format -> best time of one decode row, µs.
+        gemm_us: class -> format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs,
+            "fp32": µs}`` (no ``fp32`` for int4); no ``lm_head`` (it sees one row per sequence).
         attention_us: backend -> best time of one decode query over 512 positions, µs.
         fused_us: ``"op:dtype"`` (e.g. ``"silu_mul:bf16"``) -> rows (as text) ->
             ``{"native": µs, "torch": µs}``; empty when the native library is unavailable.
@@ -61,11 +69,36 @@ class ProbeResult:
     matmul_us: dict[str, dict[str, float]]
     attention_us: dict[str, float]
     fused_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    gemm_us: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
 
     def weight_format(self, shape_class: str, available: tuple[str, ...] = FORMATS) -> str:
-        """Fastest measured format among ``available`` for ``shape_class``."""
+        """The format among ``available`` with the least matmul time for
+        :data:`REFERENCE_REQUEST`: one decode row per new token, the prompt in chunks of the
+        largest :data:`GEMM_ROWS` through the faster path (decode rows only where no chunk
+        was timed)."""
+        prompt, new = REFERENCE_REQUEST
+        chunk = max(GEMM_ROWS)
+
+        def cost(fmt: str) -> float:
+            by_rows = self.gemm_us.get(shape_class, {}).get(fmt, {})
+            chunk_us = min(by_rows[str(chunk)].values()) if str(chunk) in by_rows else 0.0
+            return new * self.matmul_us[shape_class][fmt] + prompt / chunk * chunk_us
+
         times = self.matmul_us[shape_class]
-        return min((f for f in available if f in times), key=times.__getitem__)
+        return min((f for f in available if f in times), key=cost)
+
+    def gemm_rows(self, shape_class: str, fmt: str) -> int | None:
+        """Rows from which ``fmt``'s layers of ``shape_class`` take the fp32 GEMM: the
+        smallest of :data:`GEMM_ROWS` from which it was faster at every measured count
+        (None: never)."""
+        by_rows = self.gemm_us.get(shape_class, {}).get(fmt, {})
+        start = None
+        for rows in sorted(by_rows, key=int, reverse=True):
+            times = by_rows[rows]
+            if "fp32" not in times or times["fp32"] >= times["own"]:
+                break
+            start = int(rows)
+        return start
 
     @property
     def attention(self) -> str:
@@ -95,12 +128,12 @@ def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
             "lm_head": (spec.vocab_size, h)}
 
 
-def _best_us(candidates: dict) -> dict[str, float]:
+def _best_us(candidates: dict, repeats: int = REPEATS) -> dict[str, float]:
     """Best time of each ``name -> fn`` over interleaved rounds, µs."""
     best = dict.fromkeys(candidates, float("inf"))
     for fn in candidates.values():
         fn()
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for name, fn in candidates.items():
             t = time.perf_counter()
             fn()
@@ -108,17 +141,33 @@ def _best_us(candidates: dict) -> dict[str, float]:
     return {name: round(t * 1e6, 1) for name, t in best.items()}
 
 
-def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
+def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
+    """One Linear per format of a random [out_f, in_f] weight (int4 where its shape allows)."""
     gen = torch.Generator().manual_seed(0)
     dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
     q4 = None
     if int4_shape_ok(out_f, in_f):
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
-    x = torch.randn(1, in_f, generator=gen).bfloat16()
-    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
-              if fmt != "int4" or q4 is not None}
-    return _best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in layers.items()})
+    return {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+            if fmt != "int4" or q4 is not None}
+
+
+def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
+    x = torch.randn(1, in_f).bfloat16()
+    return _best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f).items()})
+
+
+def _time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for fmt, lin in _layers(out_f, in_f).items():
+        for rows in GEMM_ROWS:
+            x = torch.randn(rows, in_f).bfloat16()
+            calls = {"own": lambda lin=lin, x=x: lin(x)}
+            if fmt != "int4":
+                calls["fp32"] = lambda lin=lin, x=x: lin.fp32_gemm(x)
+            result.setdefault(fmt, {})[str(rows)] = _best_us(calls, GEMM_REPEATS)
+    return result
 
 
 def _time_attention(spec: ModelSpec) -> dict[str, float]:
@@ -181,7 +230,7 @@ def _key(spec: ModelSpec, cpu: str) -> str:
 
     text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
                        spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
-                       source_digest(), FUSED_ROWS])
+                       source_digest(), FUSED_ROWS, GEMM_ROWS])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -218,7 +267,8 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
     sizes = shapes(spec)
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
                          {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec),
-                         _time_fused(spec))
+                         _time_fused(spec),
+                         {c: _time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"})
     entries[key] = asdict(result)
     path = _cache_file()
     try:
@@ -263,6 +313,12 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
         available = FORMATS if cls in q4_classes else ("dense", "int8")
         chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
     return chosen
+
+
+def choose_gemm_rows(spec: ModelSpec, formats: dict[str, str]) -> dict[str, int | None]:
+    """Class -> rows from which its layers (in ``formats``) take the fp32 GEMM (probe)."""
+    result = probe(spec)
+    return {cls: result.gemm_rows(cls, fmt) for cls, fmt in formats.items()}
 
 
 def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:

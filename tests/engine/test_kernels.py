@@ -35,6 +35,8 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
     assert set(first.fused_us) == {f"{op}:{d}" for op in ("add_rms_norm", "silu_mul")
                                    for d in kernels.FUSED_DTYPES}
     assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernels.FUSED_ROWS}
+    assert set(first.gemm_us) == set(kernels.CLASSES) - {"lm_head"}
+    assert set(first.gemm_us["qkv"]["int8"]["16"]) == {"own", "fp32"}
 
     def fail(*_):
         raise AssertionError("measured again despite a cached entry")
@@ -112,3 +114,43 @@ def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
     ops.silu_mul(torch.randn(3, 8))  # over it: PyTorch
     ops.silu_mul(torch.randn(3, 8).bfloat16())  # no limit for bf16: native
     assert calls == [3]
+
+
+def _gemm(own, fp32=None):
+    return {"own": own} if fp32 is None else {"own": own, "fp32": fp32}
+
+
+def test_fp32_gemm_starts_where_it_wins_for_good_and_counts_in_the_format_choice():
+    result = kernels.ProbeResult(
+        "cpu", "t", 2, {"gate_up": {"dense": 30.0, "int4": 9.0, "int8": 10.0}}, {}, {},
+        {"gate_up": {"int8": {"16": _gemm(50, 60), "64": _gemm(200, 150), "256": _gemm(800, 400)},
+                     "dense": {"16": _gemm(90, 60), "64": _gemm(300, 310), "256": _gemm(900, 400)},
+                     "int4": {"16": _gemm(45), "64": _gemm(190), "256": _gemm(800)}}})
+    assert result.gemm_rows("gate_up", "int8") == 64
+    assert result.gemm_rows("gate_up", "dense") == 256  # a loss at 64 ends the run from the top
+    assert result.gemm_rows("gate_up", "int4") is None
+    # 128 decode rows + 2 chunks of 256: int8 10*128 + 2*400 = 2080 < int4 9*128 + 2*800 = 2752
+    assert kernels.REFERENCE_REQUEST == (512, 128)
+    assert result.weight_format("gate_up") == "int8"
+
+
+def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
+    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8: codes x the kernel's
+    bf16 row scales): the result is the exact product rounded once to bf16 (half an ulp)."""
+    import torch
+
+    from kvledger.engine.linear import Linear
+
+    gen = torch.Generator().manual_seed(0)
+    w = (torch.randn(96, 64, generator=gen) * 0.02).bfloat16()
+    x = torch.randn(40, 64, generator=gen).bfloat16()
+    bias = torch.randn(96, generator=gen).bfloat16()
+    for fmt in ("int8", "dense"):
+        lin = Linear(w, bias, None, fmt)
+        weight = w.float() if fmt == "dense" else lin.packed.float() * lin.scales.float()[:, None]
+        exact = x.double() @ weight.double().t() + bias.double()
+        lin.gemm_rows = 32
+        got = lin(x)  # 40 rows >= 32: the fp32 GEMM
+        assert got.dtype == torch.bfloat16
+        assert bool(((got.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-6).all()), fmt
+        assert torch.equal(lin(x[:8]), Linear(w, bias, None, fmt)(x[:8]))  # 8 rows: own kernel
