@@ -30,6 +30,8 @@ FLAGS = {
     "use_kv_cache": "--no-kv-cache",
     "num_threads": "--threads",
 }
+# more names of a field's flag
+ALIASES = {"num_threads": ["--num-threads"], "tensor_parallel_size": ["-tp", "--tp"]}
 CONFIG_PARAMETER = "engine_config"
 
 
@@ -67,9 +69,7 @@ def _is_negated(field: dataclasses.Field) -> bool:
 
 
 def _option(field: dataclasses.Field, annotation, help_text: str) -> inspect.Parameter:
-    names = [flag(field.name)]
-    if field.name == "num_threads":
-        names.append("--num-threads")
+    names = [flag(field.name), *ALIASES.get(field.name, [])]
     if _is_negated(field):
         annotation, default, help_text = bool, False, f"Turn off: {help_text}"
     else:

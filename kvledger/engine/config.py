@@ -55,6 +55,12 @@ class EngineConfig:
             quantized rest (quantized formats; chosen by the calibration).
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
+        tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
+            KV heads and the MLP per rank, the LM head by vocabulary); 1 = one process. More
+            than 1 starts that many processes on torch.distributed (gloo on CPU), or joins
+            the ranks torchrun started (RANK / WORLD_SIZE in the environment).
+        tp_timeout_s: seconds a tensor-parallel collective may wait for a rank before the
+            engine reports it failed (HTTP 503, /health unhealthy).
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -83,6 +89,8 @@ class EngineConfig:
     kv_key_quant: str = "per-channel"
     kv_outlier_channels: int = 0
     kv_calibration: str | None = None
+    tensor_parallel_size: int = 1
+    tp_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -90,7 +98,9 @@ class EngineConfig:
                     "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
                     "long_prompt_tokens": self.long_prompt_tokens,
                     "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
-                    "num_threads": self.num_threads, "kv_group_size": self.kv_group_size}
+                    "num_threads": self.num_threads, "kv_group_size": self.kv_group_size,
+                    "tensor_parallel_size": self.tensor_parallel_size,
+                    "tp_timeout_s": self.tp_timeout_s}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise InvalidParameterError(f"{name} must be > 0, got {value}")
