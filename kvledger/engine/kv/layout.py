@@ -18,6 +18,7 @@ from kvledger.ledger.kv import (
     kv_bytes_per_block,
     kv_bytes_per_token,
     kv_format,
+    kv_heads_per_rank,
     outlier_count,
     residual_bytes,
     resolve_group_size,
@@ -47,6 +48,7 @@ class KVLayout:
         key_quant: per-channel or per-token (int8/int4 keys).
         outlier_channels: fp16 key channels per layer and KV head (quantized formats).
         block_size: tokens per block; residual_slots: partial blocks kept at full precision.
+        tp: tensor-parallel ranks; every figure is one rank's (its ``kv_heads_per_rank``).
     """
 
     spec: ModelSpec
@@ -57,6 +59,7 @@ class KVLayout:
     key_quant: str
     outlier_channels: int
     residual_slots: int
+    tp: int = 1
 
     @property
     def quantized(self) -> bool:
@@ -65,7 +68,7 @@ class KVLayout:
 
     def _kw(self) -> dict:
         return {"group_size": self.group_size, "key_quant": self.key_quant,
-                "outlier_channels": self.outlier_channels}
+                "outlier_channels": self.outlier_channels, "tp": self.tp}
 
     @property
     def bytes_per_block(self) -> int:
@@ -84,7 +87,7 @@ class KVLayout:
         if not self.quantized:
             return 0
         compute = KV_FORMAT_OF_DTYPE[self.compute_dtype]
-        return self.residual_slots * residual_bytes(self.spec, self.block_size, compute)
+        return self.residual_slots * residual_bytes(self.spec, self.block_size, compute, self.tp)
 
     def describe(self) -> str:
         """E.g. ``int4 (keys per-channel, values per-token groups of 32, 4 fp16 outlier
@@ -106,7 +109,7 @@ class KVLayout:
         long: the calibrated outlier channels)."""
         s = self.spec
         if not self.quantized:
-            return KVStore(s.num_layers, num_blocks, self.block_size, s.num_kv_heads,
+            return KVStore(s.num_layers, num_blocks, self.block_size, kv_heads_per_rank(s, self.tp),
                            s.head_dim, STORAGE_DTYPES[self.kv_format], self.compute_dtype)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
@@ -123,10 +126,16 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
 
     Raises:
         InvalidParameterError: a group size that does not divide head_dim, outlier channels
-            on a full-precision format or not fewer than head_dim, int4 with an odd head_dim.
+            on a full-precision format or not fewer than head_dim, int4 with an odd head_dim,
+            a quantized format under tensor parallelism (not split per rank yet).
     """
     fmt = resolve_kv_format(config.kv_cache_dtype, compute_dtype)
     quantized = kv_format(fmt).quantized
+    tp = config.tensor_parallel_size
+    if quantized and tp > 1:
+        raise InvalidParameterError(
+            f"--kv-cache-dtype {fmt} does not run with --tensor-parallel-size {tp} yet (the "
+            f"quantized store is not split per rank); use fp32, bf16 or fp16")
     if config.kv_outlier_channels and not quantized:
         raise InvalidParameterError(
             f"--kv-outlier-channels applies to quantized KV formats (fp8, int8, int4), not {fmt}")
@@ -135,6 +144,6 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     if fmt in ("int8", "int4"):
         group = resolve_group_size(config.kv_group_size, spec.head_dim)
     layout = KVLayout(spec, fmt, compute_dtype, config.block_size, group, config.kv_key_quant,
-                      outliers, config.max_num_seqs)
+                      outliers, config.max_num_seqs, tp)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)
     return layout
