@@ -47,11 +47,17 @@ class ModelRunner:
         :meth:`execute`)."""
         return self._forward(chunks)[0]
 
-    def _forward(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
+                                          torch.Tensor]:
+        """The step's flat inputs: token ids [T], positions [T], the attention metadata and
+        the rows [num_sampling_chunks] whose logits are wanted (what a tensor-parallel step
+        broadcasts to the other ranks)."""
         if self.store is None:
-            ids, pos, meta, last = self._no_cache_batch(chunks)
-        else:
-            ids, pos, meta, last = self._paged_batch(chunks)
+            return self._no_cache_batch(chunks)
+        return self._paged_batch(chunks)
+
+    def _forward(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, pos, meta, last = self.batch(chunks)
         return self.model.forward(ids, pos, meta, self.store), last
 
     def _paged_batch(self, chunks: Seq):
