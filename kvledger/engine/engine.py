@@ -23,6 +23,7 @@ from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
 from kvledger.engine.retention.policies import make_policy
@@ -105,6 +106,19 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         dtype = DTYPES[config.dtype]
+        self.parallel = None
+        if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
+            from kvledger.engine.parallel.launch import TensorParallel
+            from kvledger.spec import load_spec
+
+            self.parallel = TensorParallel.start(config, spec or load_spec(config.model))
+        try:
+            self._build(config, dtype, spec, weights, tokenizer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
         if spec is None:
             from kvledger.engine.loader import load_tokenizer, load_weights
 
@@ -115,7 +129,10 @@ class LLMEngine:
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
-        self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
+        if self.parallel is None:
+            self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
+        else:
+            self.model = self.parallel.build_model(spec, weights, dtype, config.attention)
         self.kv_layout = resolve_layout(config, spec, dtype)
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
@@ -126,7 +143,10 @@ class LLMEngine:
         if config.use_kv_cache:
             self.store = self.kv_layout.build_store(num_blocks, outlier_index(config, spec,
                                                                               self.kv_layout))
-        self.runner = ModelRunner(self.model, self.store, config.block_size)
+        if self.parallel is None:
+            self.runner = ModelRunner(self.model, self.store, config.block_size)
+        else:
+            self.runner = self.parallel.runner(self.model, self.store, config, num_blocks)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, self.store)
         self._check_retention(config.retention)
@@ -174,7 +194,10 @@ class LLMEngine:
                 token ids (also in ``logit_bias`` / ``stop_token_ids``), duplicate request_id.
             ContextLengthError: prompt + max_tokens over the context (max_tokens None = up to it).
             KVBudgetError: the request can never fit the pool or its per-request KV quota.
+            TensorParallelError: a tensor-parallel rank failed (``failure``).
         """
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise InvalidParameterError(
@@ -191,6 +214,10 @@ class LLMEngine:
         self.scheduler.add(req)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and self.parallel is not None:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} does not run with --tensor-parallel-size "
+                f"{self.config.tensor_parallel_size} yet (eviction rewrites rank 0's KV only)")
         if spec.evicts and self.store is None:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
@@ -198,6 +225,17 @@ class LLMEngine:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} runs on full-precision KV (fp32, bf16, fp16) for now, "
                 f"not {self.kv_format} (compaction rewrites slots inside quantized blocks)")
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot compute any more (a tensor-parallel rank died or hung), else
+        None. Once set, ``add_request`` and ``step`` raise TensorParallelError (HTTP 503)."""
+        return None if self.parallel is None else self.parallel.failure
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done at interpreter exit)."""
+        if self.parallel is not None:
+            self.parallel.close()
 
     def abort(self, request_id: str) -> None:
         """Drop a request in any state; its KV blocks are free when this returns."""
@@ -292,4 +330,6 @@ class LLMEngine:
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
         s["kv_bytes_predicted"] = held * self.bytes_per_token
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
+        if self.parallel is not None:  # every rank's store, rank 0 first
+            s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
         return s

@@ -1,0 +1,91 @@
+"""A tensor-parallel worker (rank >= 1): ``python -m kvledger.engine.parallel.worker``.
+
+Started by rank 0 (:mod:`.launch`) with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` in its environment, or reached from a torchrun rank through
+:func:`serve`. It takes its setup from rank 0, loads the model and keeps its share, builds its
+KV store (the ledger's per-rank bytes for the pool's block count), then runs every step rank 0
+broadcasts until rank 0 sends None (shutdown) or its connection goes away (the process exits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.parallel.group import RankGroup, TensorParallelError
+from kvledger.engine.parallel.launch import RENDEZVOUS_TIMEOUT_S
+from kvledger.engine.parallel.rank_model import build_rank_model
+from kvledger.engine.parallel.runner import run_step
+
+PR_SET_PDEATHSIG = 1
+log = logging.getLogger("kvledger.engine")
+
+
+def serve(group: RankGroup) -> None:
+    """Run this rank until rank 0 stops it.
+
+    Raises:
+        TensorParallelError: rank 0 went away or a collective failed.
+    """
+    from kvledger.engine.engine import DTYPES
+    from kvledger.engine.kv.layout import resolve_layout
+    from kvledger.engine.loader import load_weights
+
+    setup = group.broadcast()
+    torch.set_num_threads(setup["threads"])
+    config = EngineConfig(**setup["config"])
+    dtype = DTYPES[config.dtype]
+    try:
+        spec, weights = load_weights(config.model, dtype)
+        model = build_rank_model(spec, weights, dtype, group, setup["attention"],
+                                 setup["formats"])
+        del weights
+        store = None
+        if config.use_kv_cache:
+            store = resolve_layout(config, spec, dtype).build_store(setup["num_blocks"])
+    except Exception as exc:  # noqa: BLE001 - reported to rank 0 as one line, then exit
+        group.gather_objects(f"tensor-parallel rank {group.rank} could not load the model: "
+                             f"{exc}")
+        raise SystemExit(1) from None
+    group.gather_objects(store.nbytes if store is not None else 0)
+    while (step := group.broadcast()) is not None:
+        run_step(model, store, step)
+    group.destroy()
+
+
+def _die_with_parent() -> None:
+    """Exit when the process that started this one exits (Linux ``PR_SET_PDEATHSIG``)."""
+    parent = int(os.environ.get("KVLEDGER_TP_PARENT", "0"))
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the closed connection still ends the worker
+    if parent and os.getppid() != parent:
+        raise SystemExit(1)  # the parent is already gone
+
+
+def main() -> None:
+    """Join the group from the environment and serve."""
+    _die_with_parent()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout_s = float(os.environ.get("KVLEDGER_TP_TIMEOUT_S", "60"))
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S)))
+    try:
+        serve(RankGroup(rank, world, timeout_s))
+    except TensorParallelError as exc:
+        print(f"kvledger tensor-parallel rank {rank}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
