@@ -15,7 +15,9 @@ sleep on an event that every new command sets. Commands are handled in arrival o
 abort sent after an add always finds its request. An add is validated in this thread (context
 length, KV quota, queue size) and its error reaches the HTTP handler before any stream starts.
 If an iteration fails (a bug in ``step()``), every live request gets an ``error`` output and is
-aborted; the thread keeps serving. On shutdown the live requests get an ``error`` output too,
+aborted; the thread keeps serving. An engine that can no longer compute (a tensor-parallel rank
+died or hung: ``engine.failure``) fails its live requests with :data:`UNAVAILABLE_ERROR` (HTTP
+503), and refuses new ones with the same status. On shutdown the live requests get an ``error`` output too,
 and once the thread has exited (or while it stops) every call fails at once with
 :class:`EngineUnavailableError` (503) instead of waiting for an answer that never comes.
 """
@@ -43,6 +45,7 @@ log = logging.getLogger("kvledger.server")
 IDLE_WAKE_S = 1.0  # idle loop period: the periodic engine log still runs
 INTERNAL_ERROR = "internal engine error"  # prefix of the error of requests failed by a bug
 SHUTDOWN_ERROR = "the server is shutting down"  # error of requests cut off by a stop
+UNAVAILABLE_ERROR = "engine unavailable"  # prefix of the error of requests an engine failure cut
 
 
 class QueueFullError(KVLedgerError):
@@ -93,6 +96,11 @@ class EngineLoop:
     def alive(self) -> bool:
         """True while the engine thread runs and takes commands."""
         return self._thread.is_alive() and not self._closed and not self._stopping
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine cannot compute any more (``engine.failure``), else None."""
+        return getattr(self._engine, "failure", None)
 
     @property
     def num_live(self) -> int:
@@ -162,7 +170,13 @@ class EngineLoop:
             while not self._stopping:
                 try:
                     self._iterate()
-                except Exception as exc:  # a bug: fail the live requests, keep serving
+                except Exception as exc:
+                    if isinstance(exc, KVLedgerError) and exc.http_status == 503:
+                        log.error("engine step failed: %s; failing %d live requests", exc,
+                                  len(self._streams))  # the engine cannot compute
+                        self._fail_all(f"{UNAVAILABLE_ERROR}: {exc}")
+                        continue
+                    # a bug: fail the live requests, keep serving
                     log.exception("engine step failed; failing %d live requests",
                                   len(self._streams))
                     self._fail_all(f"{INTERNAL_ERROR}: {exc}")

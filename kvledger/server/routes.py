@@ -64,12 +64,16 @@ def _model_card(state) -> dict:
 
 @router.get("/health")
 async def health(request: Request):
-    """200 while the engine thread runs and the server takes requests, else 503."""
+    """200 while the engine thread runs, its engine can compute and the server takes requests,
+    else 503 with the reason."""
     state = _state(request)
     if state.drain.draining:
         return error_response(503, "the server is shutting down (draining)", "server_draining")
     if not state.loop.alive:
         return error_response(503, "the engine thread has stopped; the server cannot generate",
+                              "engine_unavailable")
+    if state.loop.failure is not None:
+        return error_response(503, f"the engine cannot generate: {state.loop.failure}",
                               "engine_unavailable")
     return {"status": "ok"}
 

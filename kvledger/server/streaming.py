@@ -31,7 +31,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from kvledger.engine.outputs import RequestOutput, TokenLogprob
-from kvledger.server.engine_loop import INTERNAL_ERROR, SHUTDOWN_ERROR
+from kvledger.server.engine_loop import INTERNAL_ERROR, SHUTDOWN_ERROR, UNAVAILABLE_ERROR
 from kvledger.server.protocol import error_body
 from kvledger.server.responses import step_logprobs
 
@@ -69,7 +69,8 @@ def engine_error(out: RequestOutput) -> tuple[int, dict]:
     """HTTP status and OpenAI error object of a request the engine finished with an error.
 
     500 when a bug in the engine step failed it (:data:`INTERNAL_ERROR`); 503 when the server
-    stopped the engine (:data:`SHUTDOWN_ERROR`, drain timeout); 400 when the scheduler refused it for good (it outgrew what the KV pool can ever hold: a
+    stopped the engine (:data:`SHUTDOWN_ERROR`, drain timeout) or the engine cannot compute
+    (:data:`UNAVAILABLE_ERROR`: a tensor-parallel rank failed); 400 when the scheduler refused it for good (it outgrew what the KV pool can ever hold: a
     retry cannot pass, so not a 429).
     """
     message = out.error or "the engine could not serve this request"
@@ -77,6 +78,8 @@ def engine_error(out: RequestOutput) -> tuple[int, dict]:
         return 500, error_body(message, "server_error", None, "internal_error")
     if message == SHUTDOWN_ERROR:
         return 503, error_body(message, "server_error", None, "server_draining")
+    if message.startswith(UNAVAILABLE_ERROR):
+        return 503, error_body(message, "server_error", None, "engine_unavailable")
     return 400, error_body(message, "invalid_request_error", None, "kv_quota_exceeded")
 
 
