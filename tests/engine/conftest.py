@@ -5,15 +5,17 @@ from __future__ import annotations
 import pytest
 
 
-def make_tiny_llama(folder, *, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0):
+def make_tiny_llama(folder, *, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0,
+                    heads: int = 4, kv_heads: int = 2, vocab: int = 320):
     """Save a small random LlamaForCausalLM (safetensors) and return the HF model (fp32, eval)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+        vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
+        max_position_embeddings=512,
         rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-5,
         rope_scaling=rope_scaling, bos_token_id=1, eos_token_id=2)
     model = LlamaForCausalLM(cfg).eval()
@@ -80,3 +82,18 @@ def bundled_llm():
     from kvledger import LLM
 
     return LLM("default", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory):
+    """``make(**make_tiny_llama options)`` -> the folder of that tiny model, saved once."""
+    made: dict = {}
+
+    def make(**options):
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp("tiny-llama")
+            make_tiny_llama(made[key], **options)
+        return made[key]
+
+    return make

@@ -1,0 +1,190 @@
+"""Tensor parallelism (issue 16): the split of the weights, per-rank KV bytes against the
+ledger, logits and tokens of TP = 2 / 3 / 4 against TP = 1, and a killed worker.
+
+The oracle of the multi-process tests is the TP = 1 engine on the same weights (itself checked
+against transformers in test_model.py): a rank that held the wrong heads, a missing or doubled
+all-reduce, or a wrong vocabulary slice moves the logits far past 1e-4.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.kv.layout import resolve_layout
+from kvledger.engine.parallel.shard import kv_head_range, shard_spec, shard_weights
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.spec import load_spec
+
+GREEDY = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+
+
+def _engine(folder, tp: int, **options):
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_weights
+
+    spec, weights = load_weights(folder, torch.float32)
+    return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", attention="paged-native",
+                                  tensor_parallel_size=tp, **options), spec=spec, weights=weights)
+
+
+def _greedy(engine, prompts: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Tokens of each prompt, and the logits of every step (prefill, then each decode)."""
+    from kvledger.engine.sampling_params import SamplingParams
+
+    seen, execute = [], engine.runner.execute
+    engine.runner.execute = lambda chunks: seen.append(execute(chunks)) or seen[-1]
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"r{i}", ids, SamplingParams(**GREEDY))
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+    engine.runner.execute = execute
+    return [done[f"r{i}"] for i in range(len(prompts))], seen
+
+
+def _workers_of_this_process() -> list[int]:
+    """Pids of live tensor-parallel workers whose parent is this process."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == os.getpid() and b"kvledger.engine.parallel.worker" in cmd:
+            pids.append(int(entry))
+    return pids
+
+
+def test_split_follows_the_gqa_rule_and_recomposes_the_mlp(tiny_llama_folder):
+    from kvledger.engine.loader import load_weights
+
+    bundled = load_spec("default")
+    with pytest.raises(InvalidParameterError, match=r"size 2 does not divide the model's heads "
+                                                    r"\(9 query, 3 KV heads\)"):
+        shard_spec(bundled, 2)
+    spec, weights = load_weights(tiny_llama_folder(heads=4, kv_heads=1), torch.float32)
+    # query head j reads KV head j // group: with one KV head every rank holds head 0
+    assert [list(kv_head_range(spec, 4, r)) for r in range(4)] == [[0]] * 4
+    two = load_spec(tiny_llama_folder())  # 4 query heads over 2 KV heads
+    assert [list(kv_head_range(two, 4, r)) for r in range(4)] == [[0], [0], [1], [1]]
+    assert [list(kv_head_range(two, 2, r)) for r in range(2)] == [[0], [1]]
+    x = torch.randn(5, spec.hidden_size)
+    p = "model.layers.1.mlp."
+
+    def mlp(w):
+        gate, up = x @ w[p + "gate_proj.weight"].T, x @ w[p + "up_proj.weight"].T
+        return (torch.nn.functional.silu(gate) * up) @ w[p + "down_proj.weight"].T
+
+    parts = [mlp(shard_weights(weights, spec, 4, r)) for r in range(4)]
+    torch.testing.assert_close(sum(parts), mlp(weights), atol=1e-5, rtol=1e-5)
+    heads = [shard_weights(weights, spec, 4, r)["lm_head.weight"] for r in range(4)]
+    torch.testing.assert_close(torch.cat(heads)[: spec.vocab_size], weights["lm_head.weight"])
+
+
+@pytest.mark.parametrize("tp,heads,kv_heads", [(3, None, None), (2, 4, 2), (4, 4, 1)])
+def test_rank_pool_holds_the_ledger_per_rank_bytes(tp, heads, kv_heads, tiny_llama_folder):
+    """Each rank's store == blocks x the ledger's per-rank block bytes == ``kvledger plan
+    --tp``'s block bytes (bundled: 16 x 30 layers x 2 x 1 KV head x 64 x 4 B = 245,760)."""
+    spec = load_spec("default" if heads is None else tiny_llama_folder(heads=heads,
+                                                                       kv_heads=kv_heads))
+    config = EngineConfig(dtype="fp32", tensor_parallel_size=tp)
+    store = resolve_layout(config, spec, torch.float32).build_store(7)
+    assert store.nbytes == 7 * kv_bytes_per_block(spec, 16, "fp32", tp=tp)
+    assert store.nbytes == 7 * 2 * spec.num_layers * 16 * max(spec.num_kv_heads // tp, 1) \
+        * spec.head_dim * 4
+    if heads is None:
+        assert store.nbytes == 7 * 245_760
+
+
+def test_bad_sizes_are_one_line_errors():
+    from kvledger.cli import app
+
+    result = CliRunner().invoke(app, ["generate", "hi", "-tp", "2"])
+    assert result.exit_code == 2
+    assert "does not divide the model's heads (9 query, 3 KV heads)" in result.output
+    with pytest.raises(InvalidParameterError, match="tensor_parallel_size must be > 0"):
+        EngineConfig(tensor_parallel_size=0)
+
+
+@pytest.mark.slow
+def test_bundled_tp3_logits_and_tokens_equal_tp1():
+    """9 query / 3 KV heads over 3 ranks: prefill + 16 decode steps within 1e-4 (fp32)."""
+    from kvledger.engine.engine import LLMEngine
+
+    prompt = [[1, 504, 3458, 282, 4649, 314, 216, 30, 51, 2533, 1345, 28, 27, 2124]]
+    results = {}
+    for tp in (1, 3):
+        engine = LLMEngine(EngineConfig(dtype="fp32", attention="paged-native", num_blocks=32,
+                                        tensor_parallel_size=tp))
+        results[tp] = _greedy(engine, prompt)
+        if tp == 3:
+            per_block = kv_bytes_per_block(engine.spec, 16, "fp32", tp=3)
+            assert engine.stats()["kv_pool_bytes_per_rank"] == [32 * per_block] * 3
+        engine.close()
+    (tokens1, logits1), (tokens3, logits3) = results[1], results[3]
+    assert tokens3 == tokens1 and len(logits3) == len(logits1) == 16
+    for a, b in zip(logits1, logits3):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,kv_heads", [(2, 2), (4, 1)])
+def test_tiny_tp_equals_tp1_alone_and_batched_with_preemption(tp, kv_heads, tiny_llama_folder):
+    """One prompt: logits of every step within 1e-4; then a batch under a pool small enough to
+    preempt (chunked prefill, prefix hits): the same tokens as TP = 1."""
+    folder = tiny_llama_folder(heads=4, kv_heads=kv_heads, vocab=322)  # 322: a ragged split
+    alone = [list(range(3, 40))]
+    batch = [list(range(3 + i, 50 + 7 * i)) for i in range(5)] + [list(range(3, 40))]
+    options = {"num_blocks": 14, "max_num_batched_tokens": 32}
+    runs = {}
+    for size in (1, tp):
+        engine = _engine(folder, size, **options)
+        runs[size] = (_greedy(engine, alone), _greedy(engine, batch),
+                      engine.stats())
+        if size > 1:
+            workers = engine.parallel.workers
+            engine.close()
+            assert [w.returncode for w in workers] == [0] * (tp - 1)
+    (one, batch1, stats1), (many, batch_tp, stats_tp) = runs[1], runs[tp]
+    assert many[0] == one[0]
+    for a, b in zip(one[1], many[1]):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)
+    assert batch_tp[0] == batch1[0]
+    assert stats_tp["num_preemptions"] == stats1["num_preemptions"] > 0
+    assert stats_tp["prefix_cache_hit_tokens"] == stats1["prefix_cache_hit_tokens"] > 0
+    spec = load_spec(folder)
+    assert stats_tp["kv_pool_bytes_per_rank"] == [14 * kv_bytes_per_block(spec, 16, "fp32",
+                                                                          tp=tp)] * tp
+
+
+@pytest.mark.slow
+def test_killed_worker_gives_503_health_says_why_and_nothing_is_left(tiny_llama_folder,
+                                                                     app_client):
+    engine = _engine(tiny_llama_folder(), 2, num_blocks=32, tp_timeout_s=30)
+    client = app_client(engine)
+    body = {"model": engine.model_name, "prompt": [5, 6, 7, 8], "max_tokens": 4}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert client.get("/health").status_code == 200
+    (worker,) = engine.parallel.workers
+    os.kill(worker.pid, signal.SIGKILL)
+    failed = client.post("/v1/completions", json=body)  # within tp_timeout_s at the latest
+    assert failed.status_code == 503, failed.text
+    health = client.get("/health")
+    assert health.status_code == 503
+    assert "worker rank 1" in health.json()["error"]["message"]
+    assert "exited (signal 9)" in health.json()["error"]["message"]
+    assert client.post("/v1/completions", json=body).status_code == 503
+    engine.close()
+    assert _workers_of_this_process() == []
