@@ -37,6 +37,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._counter = itertools.count()
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done at interpreter exit)."""
+        self.engine.close()
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[RequestOutput]:

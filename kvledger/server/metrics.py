@@ -92,6 +92,9 @@ class ServerMetrics:
             ("kv_quota_rejections", "Requests refused because their KV exceeds the quota."),
             ("kv_alerts", "Requests whose KV passed the alert threshold."),
         )}
+        self.pool_bytes = self._make(
+            Gauge, "kv_pool_bytes", "Bytes of each tensor-parallel rank's KV pool tensors.",
+            ["rank"])
         self.request_success = self._make(
             Counter, "request_success", "Finished requests by finish reason.", ["finished_reason"]
         )
@@ -121,6 +124,10 @@ class ServerMetrics:
         for name, key in STAT_GAUGES.items():
             if key in stats:
                 self.gauges[name].set(stats[key])
+        per_rank = stats.get("kv_pool_bytes_per_rank") or (
+            [stats["kv_pool_bytes"]] if "kv_pool_bytes" in stats else [])
+        for rank, nbytes in enumerate(per_rank):
+            self.pool_bytes.labels(model_name=self._model, rank=str(rank)).set(nbytes)
         for name, key in STAT_COUNTERS.items():
             value = stats.get(key)
             if value is None:

@@ -177,6 +177,9 @@ def test_killed_worker_gives_503_health_says_why_and_nothing_is_left(tiny_llama_
     body = {"model": engine.model_name, "prompt": [5, 6, 7, 8], "max_tokens": 4}
     assert client.post("/v1/completions", json=body).status_code == 200
     assert client.get("/health").status_code == 200
+    per_rank = engine.stats()["kv_pool_bytes_per_rank"]
+    assert per_rank == [32 * kv_bytes_per_block(engine.spec, 16, "fp32", tp=2)] * 2
+    assert f'rank="1"}} {float(per_rank[1])}' in client.get("/metrics").text
     (worker,) = engine.parallel.workers
     os.kill(worker.pid, signal.SIGKILL)
     failed = client.post("/v1/completions", json=body)  # within tp_timeout_s at the latest
