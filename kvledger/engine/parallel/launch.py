@@ -41,7 +41,7 @@ from kvledger.spec import ModelSpec
 
 WORKER_MODULE = "kvledger.engine.parallel.worker"
 EXIT_GRACE_S = 10.0
-RENDEZVOUS_TIMEOUT_S = 300.0  # most seconds for every rank to start (torch import, niced)
+RENDEZVOUS_TIMEOUT_S = 1800.0  # most seconds for every rank to start (torch import, niced)
 log = logging.getLogger("kvledger.engine")
 
 
@@ -82,7 +82,8 @@ class TensorParallel:
         Raises:
             InvalidParameterError: the size does not divide the heads or the MLP, torchrun's
                 WORLD_SIZE differs from it, or a tensor-parallel engine already runs here.
-            TensorParallelError: the workers did not meet within ``tp_timeout_s``.
+            TensorParallelError: a worker exited while starting, or they did not all start
+                within RENDEZVOUS_TIMEOUT_S.
         """
         tp = config.tensor_parallel_size
         check_divisible(spec, tp)
@@ -98,14 +99,16 @@ class TensorParallel:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             return cls._join_torchrun(tp, timeout, config.tp_timeout_s)
         port = _free_port()
+        store = dist.TCPStore("127.0.0.1", port, tp, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "WORLD_SIZE": str(tp), "KVLEDGER_TP_TIMEOUT_S": str(config.tp_timeout_s),
                "KVLEDGER_TP_PARENT": str(os.getpid())}
         workers = [subprocess.Popen([sys.executable, "-m", WORKER_MODULE],
                                     env={**env, "RANK": str(r)}) for r in range(1, tp)]
         try:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                    world_size=tp, timeout=timeout)
+            _wait_ready(store, workers, timeout.total_seconds())
+            dist.init_process_group("gloo", store=store, rank=0, world_size=tp, timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - a worker failed to start
             exited = _exits(workers)
             _stop(workers, 0.0)
@@ -190,6 +193,30 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ready_key(rank: int) -> str:
+    """The rendezvous store key a worker sets once it runs (before it joins the group)."""
+    return f"kvledger-tp-ready-{rank}"
+
+
+def _wait_ready(store, workers: list[subprocess.Popen], timeout_s: float) -> None:
+    """Wait until every worker has set its ready key, polling their exit: a worker that dies
+    while starting fails at once, a slow one (torch import on a busy machine) is waited for up
+    to ``timeout_s``.
+
+    Raises:
+        RuntimeError: a worker exited, or the time ran out.
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(range(1, len(workers) + 1))
+    while pending:
+        pending = [r for r in pending if not store.check([ready_key(r)])]
+        if any(w.poll() is not None for w in workers):
+            raise RuntimeError("a worker exited while starting")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers {pending} did not start within {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def _exits(workers: list[subprocess.Popen]) -> str:

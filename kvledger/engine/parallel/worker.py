@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.parallel.group import RankGroup, TensorParallelError
-from kvledger.engine.parallel.launch import RENDEZVOUS_TIMEOUT_S
+from kvledger.engine.parallel.launch import RENDEZVOUS_TIMEOUT_S, ready_key
 from kvledger.engine.parallel.rank_model import build_rank_model
 from kvledger.engine.parallel.runner import run_step
 
@@ -78,8 +78,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout_s = float(os.environ.get("KVLEDGER_TP_TIMEOUT_S", "60"))
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S)))
+    timeout = timedelta(seconds=max(timeout_s, RENDEZVOUS_TIMEOUT_S))
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=False, timeout=timeout)
+    store.set(ready_key(rank), "1")
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         serve(RankGroup(rank, world, timeout_s))
     except TensorParallelError as exc:
