@@ -28,6 +28,7 @@ import torch.distributed as dist
 from kvledger.errors import KVLedgerError
 
 CONTROL_TIMEOUT = timedelta(days=30)
+RENDEZVOUS_TIMEOUT_S = 1800.0  # most seconds for every rank to start (torch import, niced)
 log = logging.getLogger("kvledger.engine")
 
 
@@ -103,6 +104,11 @@ class RankGroup:
             dist.destroy_process_group()
         except Exception as exc:  # noqa: BLE001 - shutting down anyway
             log.debug("destroy_process_group: %s", exc)
+
+
+def ready_key(rank: int) -> str:
+    """The rendezvous store key a worker sets once it runs (before it joins the group)."""
+    return f"kvledger-tp-ready-{rank}"
 
 
 def describe_failure(exc: Exception) -> str:

@@ -32,7 +32,13 @@ import torch
 import torch.distributed as dist
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.parallel.group import RankGroup, TensorParallelError, describe_failure
+from kvledger.engine.parallel.group import (
+    RENDEZVOUS_TIMEOUT_S,
+    RankGroup,
+    TensorParallelError,
+    describe_failure,
+    ready_key,
+)
 from kvledger.engine.parallel.rank_model import build_rank_model
 from kvledger.engine.parallel.runner import ParallelRunner
 from kvledger.engine.parallel.shard import check_divisible
@@ -41,7 +47,6 @@ from kvledger.spec import ModelSpec
 
 WORKER_MODULE = "kvledger.engine.parallel.worker"
 EXIT_GRACE_S = 10.0
-RENDEZVOUS_TIMEOUT_S = 1800.0  # most seconds for every rank to start (torch import, niced)
 log = logging.getLogger("kvledger.engine")
 
 
@@ -147,7 +152,8 @@ class TensorParallel:
         Raises:
             TensorParallelError: a worker failed while loading.
         """
-        setup = {"config": dataclasses.asdict(config), "attention": model.attention.name,
+        setup = {"config": dataclasses.asdict(config), "dtype": model.dtype,
+                 "attention": model.attention.name,
                  "formats": model.formats, "num_blocks": num_blocks,
                  "threads": threads_per_rank(config)}
         self.group.broadcast(setup)
@@ -193,11 +199,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def ready_key(rank: int) -> str:
-    """The rendezvous store key a worker sets once it runs (before it joins the group)."""
-    return f"kvledger-tp-ready-{rank}"
 
 
 def _wait_ready(store, workers: list[subprocess.Popen], timeout_s: float) -> None:

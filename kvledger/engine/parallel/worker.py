@@ -20,8 +20,12 @@ import torch
 import torch.distributed as dist
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.parallel.group import RankGroup, TensorParallelError
-from kvledger.engine.parallel.launch import RENDEZVOUS_TIMEOUT_S, ready_key
+from kvledger.engine.parallel.group import (
+    RENDEZVOUS_TIMEOUT_S,
+    RankGroup,
+    TensorParallelError,
+    ready_key,
+)
 from kvledger.engine.parallel.rank_model import build_rank_model
 from kvledger.engine.parallel.runner import run_step
 
@@ -35,14 +39,13 @@ def serve(group: RankGroup) -> None:
     Raises:
         TensorParallelError: rank 0 went away or a collective failed.
     """
-    from kvledger.engine.engine import DTYPES
     from kvledger.engine.kv.layout import resolve_layout
     from kvledger.engine.loader import load_weights
 
     setup = group.broadcast()
     torch.set_num_threads(setup["threads"])
     config = EngineConfig(**setup["config"])
-    dtype = DTYPES[config.dtype]
+    dtype = setup["dtype"]
     try:
         spec, weights = load_weights(config.model, dtype)
         model = build_rank_model(spec, weights, dtype, group, setup["attention"],
