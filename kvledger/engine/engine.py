@@ -19,6 +19,7 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
+from kvledger.engine.kernels import choose_attention
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.model import LlamaModel
@@ -129,11 +130,12 @@ class LLMEngine:
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
-        if self.parallel is None:
-            self.model = LlamaModel(spec, weights, dtype, attention=config.attention)
-        else:
-            self.model = self.parallel.build_model(spec, weights, dtype, config.attention)
         self.kv_layout = resolve_layout(config, spec, dtype)
+        attention = config.attention or choose_attention(spec, self.kv_layout.quantized)
+        if self.parallel is None:
+            self.model = LlamaModel(spec, weights, dtype, attention=attention)
+        else:
+            self.model = self.parallel.build_model(spec, weights, dtype, attention)
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token

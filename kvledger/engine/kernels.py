@@ -3,9 +3,11 @@
 Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
 :data:`kvledger.engine.linear.FORMATS` for one decode row (bf16 activations; random weights of
-the real shape), the fastest attention backend for one decode query over 512 positions, and up
-to how many rows the native fused element-wise ops (:mod:`kvledger.engine.fused`, one thread)
-beat PyTorch's (vectorised, all threads) — a decode step has a few rows, a prefill hundreds.
+the real shape), the fastest attention backend for one decode query over 512 positions (once
+over a bf16 pool and once over an int8 pool: the quantized formats' choice, since a backend
+fastest on plain blocks may not be once it dequantizes), and up to how many rows the native
+fused element-wise ops (:mod:`kvledger.engine.fused`, one thread) beat PyTorch's (vectorised,
+all threads) — a decode step has a few rows, a prefill hundreds.
 Candidates are timed in interleaved rounds (each round calls every candidate once, after a
 warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
 disturbed moment then slows all candidates alike instead of one of them.
@@ -61,6 +63,7 @@ class ProbeResult:
         attention_us: backend -> best time of one decode query over 512 positions, µs.
         fused_us: ``"op:dtype"`` (e.g. ``"silu_mul:bf16"``) -> rows (as text) ->
             ``{"native": µs, "torch": µs}``; empty when the native library is unavailable.
+        quantized_attention_us: as ``attention_us``, over an int8 pool (keys per channel).
     """
 
     cpu: str
@@ -70,6 +73,7 @@ class ProbeResult:
     attention_us: dict[str, float]
     fused_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     gemm_us: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
+    quantized_attention_us: dict[str, float] = field(default_factory=dict)
 
     def weight_format(self, shape_class: str, available: tuple[str, ...] = FORMATS) -> str:
         """The format among ``available`` with the least matmul time for
@@ -118,6 +122,12 @@ class ProbeResult:
                 best = int(rows)
             limits.setdefault(op, {})[FUSED_DTYPES[dtype]] = best
         return limits
+
+    @property
+    def quantized_attention(self) -> str:
+        """Fastest measured backend over quantized KV (the plain choice if none was timed)."""
+        times = self.quantized_attention_us or self.attention_us
+        return min(times, key=times.__getitem__)
 
 
 def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
@@ -170,14 +180,29 @@ def _time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
     return result
 
 
-def _time_attention(spec: ModelSpec) -> dict[str, float]:
-    from kvledger.engine.attention import BACKENDS, AttentionMetadata, make_backend
-    from kvledger.engine.attention.metadata import DecodeGroup
+def _pool(spec: ModelSpec, quantized: bool):
+    """A one-layer pool of ATTENTION_CONTEXT positions: bf16, or int8 (bf16 compute) filled
+    with random K/V (all blocks full, so every one is read quantized)."""
+    from kvledger.engine.kv.codecs import make_codecs
+    from kvledger.engine.kv.quantized_store import QuantizedKVStore
     from kvledger.engine.kv.store import KVStore
 
-    block = 16
+    block, dims = 16, (spec.num_kv_heads, spec.head_dim)
     blocks = ATTENTION_CONTEXT // block
-    store = KVStore(1, blocks, block, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
+    if not quantized:
+        return KVStore(1, blocks, block, *dims, torch.bfloat16)
+    keys, values = make_codecs("int8", block, *dims, spec.head_dim, "per-channel")
+    store = QuantizedKVStore(1, blocks, block, *dims, "int8", keys, values, torch.bfloat16, 1)
+    kv = torch.randn(ATTENTION_CONTEXT, *dims).bfloat16()
+    store.write(0, torch.arange(ATTENTION_CONTEXT), kv, kv)
+    return store
+
+
+def _time_attention(spec: ModelSpec, quantized: bool = False) -> dict[str, float]:
+    from kvledger.engine.attention import BACKENDS, AttentionMetadata, make_backend
+    from kvledger.engine.attention.metadata import DecodeGroup
+
+    store = _pool(spec, quantized)
     q = torch.randn(1, spec.num_attention_heads, spec.head_dim).bfloat16()
     slots = torch.arange(ATTENTION_CONTEXT)[None]
     empty = q[:0, :spec.num_kv_heads]
@@ -268,7 +293,8 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
                          {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec),
                          _time_fused(spec),
-                         {c: _time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"})
+                         {c: _time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"},
+                         _time_attention(spec, quantized=True))
     entries[key] = asdict(result)
     path = _cache_file()
     try:
@@ -326,6 +352,11 @@ def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:
     return probe(spec).fused_max_rows()
 
 
-def choose_attention(spec: ModelSpec) -> str:
-    """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend."""
-    return os.environ.get("KVLEDGER_ATTENTION") or probe(spec).attention
+def choose_attention(spec: ModelSpec, quantized: bool = False) -> str:
+    """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend (over quantized KV
+    when ``quantized``: fp8, int8, int4)."""
+    forced = os.environ.get("KVLEDGER_ATTENTION")
+    if forced:
+        return forced
+    result = probe(spec)
+    return result.quantized_attention if quantized else result.attention

@@ -37,6 +37,8 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
     assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernels.FUSED_ROWS}
     assert set(first.gemm_us) == set(kernels.CLASSES) - {"lm_head"}
     assert set(first.gemm_us["qkv"]["int8"]["16"]) == {"own", "fp32"}
+    assert set(first.quantized_attention_us) == set(first.attention_us)  # same candidates
+    assert all(t > 0 for t in first.quantized_attention_us.values())
 
     def fail(*_):
         raise AssertionError("measured again despite a cached entry")
@@ -54,6 +56,27 @@ def test_choice_is_the_fastest_available_format():
     assert result.weight_format("qkv") == "int4"
     assert result.weight_format("qkv", ("dense", "int8")) == "int8"
     assert result.attention == "paged-native"
+    assert result.quantized_attention == "paged-native"  # none timed: the plain choice
+    result.quantized_attention_us = {"paged-torch": 9.0, "paged-native": 3.0, "reference": 4.0}
+    assert result.quantized_attention == "paged-native"
+    result.quantized_attention_us["reference"] = 1.0
+    assert result.quantized_attention == "reference"
+
+
+@pytest.mark.parametrize("kv,want", [("int8", "paged-torch"), ("int4", "paged-torch"),
+                                     ("fp8", "paged-torch"), ("fp32", "paged-native")])
+def test_engine_takes_the_fastest_backend_measured_for_its_kv_format(tiny_llama, monkeypatch,
+                                                                     kv, want):
+    """A quantized pool gets the probe's fastest backend over quantized KV, a plain pool the
+    fastest over plain blocks (a fake probe where the two differ)."""
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+
+    monkeypatch.setattr(kernels, "probe", lambda *_: kernels.ProbeResult(
+        "cpu", "t", 1, {}, {"paged-native": 1.0, "paged-torch": 2.0},
+        quantized_attention_us={"paged-native": 5.0, "paged-torch": 2.0}))
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama[0]), dtype="fp32", kv_cache_dtype=kv))
+    assert engine.model.attention.name == want
 
 
 def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):

@@ -123,6 +123,46 @@ def why_unavailable() -> str:
     return _reason[-1] if _reason else ""
 
 
+class KVSide(ctypes.Structure):
+    """K or V of one layer of a quantized store, as the kernel reads it (``KVSide`` in the
+    .cpp): pointers to the codec tensors and the residual buffers, and the codec's kind."""
+
+    _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("zero", ctypes.c_void_p), ("outliers", ctypes.c_void_p),
+                ("outlier_channels", ctypes.c_void_p), ("residual", ctypes.c_void_p),
+                ("kind", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("num_outliers", ctypes.c_int32)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor
+            ) -> tuple[KVSide, list[torch.Tensor]] | None:
+    """The kernel's view of one codec's tensors ``parts`` (``QuantizedKVStore.key_parts[l]``
+    or ``value_parts[l]``) and residual buffers [slots, bs, kv_heads, D], with the tensors it
+    points into (keep them alive); None for a codec the kernel does not decode."""
+    from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys
+
+    channels = None
+    if isinstance(codec, OutlierKeys):
+        channels, codec = codec.channels.contiguous(), codec.inner
+    if isinstance(codec, Fp8Codec):
+        kind, group = 3, 0
+    elif isinstance(codec, IntCodec) and codec.bits in (4, 8):
+        kind, group = codec.bits, 0 if codec.axis == "per-channel" else codec.group
+    else:
+        return None
+    held = [t for t in (*parts.values(), residual, channels) if t is not None]
+    if not all(t.is_contiguous() for t in held):
+        return None
+    side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
+                  _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), kind, group,
+                  0 if channels is None else channels.shape[1])
+    return side, held
+
+
 class PagedKernel:
     """ctypes wrapper of ``kvl_paged_attention`` (see the .cpp for the layout)."""
 
@@ -132,7 +172,7 @@ class PagedKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.kvl_paged_attention
         i32, ptr = ctypes.c_int, ctypes.c_void_p
-        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32, ptr]
+        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32] + [ptr] * 4
         self._fn.restype = None
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
         self.dim_multiple = lib.kvl_head_dim_multiple()
@@ -146,23 +186,43 @@ class PagedKernel:
                 and dim % self.dim_multiple == 0
                 and block_size <= self.max_block)
 
+    def accepts_quantized(self, q: torch.Tensor, store) -> bool:
+        """Whether the kernel reads this QuantizedKVStore for these queries."""
+        return (q.dtype in _DTYPES and store.compute_dtype == q.dtype
+                and q.shape[1] // store.num_kv_heads <= self.max_group
+                and q.shape[2] <= self.max_dim and q.shape[2] % self.dim_multiple == 0
+                and store.block_size <= self.max_block)
+
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
                  paged) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D]."""
+        _, block_size, kv_heads, _ = key_blocks.shape
+        return self._launch(q, kv_heads, block_size, paged, key_blocks.data_ptr(),
+                            value_blocks.data_ptr(), None)
+
+    def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
+                  residual_of: torch.Tensor, block_size: int, kv_heads: int,
+                  paged) -> torch.Tensor:
+        """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
+        :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1)."""
+        return self._launch(q, kv_heads, block_size, paged, None, None,
+                            (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
+                             residual_of.data_ptr()))
+
+    def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant) -> torch.Tensor:
         q = q.contiguous()
         out = torch.empty_like(q)
         n, heads, dim = q.shape
-        _, block_size, kv_heads, _ = key_blocks.shape
         tables, seqs, lens = paged.block_tables, paged.seq_of_query, paged.context_lens
         work = n * kv_heads * tables.shape[1] * block_size
         threads = torch.get_num_threads() if work >= self.THREAD_WORK else 1
         parts, partial = self.split(n * kv_heads, tables.shape[1], threads), None
         if parts > 1:
             partial = torch.empty(n * heads * parts * (dim + 2), dtype=torch.float32)
-        self._fn(q.data_ptr(), key_blocks.data_ptr(), value_blocks.data_ptr(), out.data_ptr(),
+        self._fn(q.data_ptr(), k_ptr, v_ptr, out.data_ptr(),
                  tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
                  block_size, tables.shape[1], 1.0 / dim ** 0.5, _DTYPES[q.dtype], threads,
-                 parts, None if partial is None else partial.data_ptr())
+                 parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3))
         return out
 
     @staticmethod

@@ -10,7 +10,8 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   (each chunk is an ``index_select`` of whole blocks, so memory stays bounded at any context).
   It needs no compiler and is the fallback when the native kernel cannot be built.
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
-  place one block at a time, no copy at all.
+  place one block at a time, no copy at all. Over a quantized store (fp8, int8, int4) it
+  dequantizes each block's KV head into a block-sized buffer inside the loop.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
 dequantises there, per block), and :meth:`PagedTorchBackend.chunk_scores` receives each
@@ -108,16 +109,33 @@ class PagedNativeBackend(_Paged):
         if self.kernel is None:
             raise native.NativeUnavailable(native.why_unavailable())
         self._fallback = PagedTorchBackend()
-        self._said_quantized = False
+        self._sides_of: tuple[object, dict] | None = None  # (store, layer -> kernel's view)
 
     def attend(self, layer, q, paged, store):
         if store.quantized:
-            if not self._said_quantized:
-                self._said_quantized = True
-                log.info("paged-native does not read %s KV; paged-torch attends over it",
-                         store.kv_format)
-            return self._fallback.attend(layer, q, paged, store)
+            sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
+            if sides is None:
+                return self._fallback.attend(layer, q, paged, store)
+            return self.kernel.quantized(q, sides[0], store.residual_of, store.block_size,
+                                         store.num_kv_heads, paged)
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
         return self.kernel(q, keys, values, paged)
+
+    def _sides(self, store, layer: int):
+        """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per
+        store and layer (its tensors never move); None when a codec has no kernel decoder."""
+        if self._sides_of is None or self._sides_of[0] is not store:
+            self._sides_of = (store, {})
+        cache = self._sides_of[1]
+        if layer not in cache:
+            k = native.kv_side(store.key_parts[layer], store.key_codecs[layer],
+                               store.residual_keys[layer])
+            v = native.kv_side(store.value_parts[layer], store.value_codec,
+                               store.residual_values[layer])
+            cache[layer] = None if k is None or v is None else ((k[0], v[0]), k[1] + v[1])
+            if cache[layer] is None:
+                log.info("paged-native has no decoder for %s KV; paged-torch attends over it",
+                         store.kv_format)
+        return cache[layer]

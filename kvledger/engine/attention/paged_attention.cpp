@@ -8,6 +8,14 @@
 // int32) and sees the first context_lens[i] positions of it. Element type: fp32 or bf16 (raw
 // uint16 bits); arithmetic in fp32.
 //
+// Quantized KV (kvledger.engine.kv.codecs, QuantizedKVStore): K and V are each described by a
+// KVSide (codes, scales, zero points, fp16 outlier channels, the residual buffers). Per block
+// of the loop, the item's KV head is dequantized into a small fp32 buffer (bs x head_dim) and
+// attended from there, so the context is never materialised in full precision; a block whose
+// residual_of entry is >= 0 is still partial and is read from its compute-dtype residual
+// buffer instead. Dequantized values are rounded to the compute dtype first, as the codecs'
+// decode(dtype) does.
+//
 // Work is split into items (query, kv head, part of the context): with few queries (batch-1
 // decode) a context is cut into parts so every thread has work, each part keeps its own running
 // max, normaliser and weighted sum, and the parts are merged at the end (the split-context
@@ -41,12 +49,28 @@ inline void store(uint16_t* p, int64_t i, float f) {  // round to nearest even
     p[i] = static_cast<uint16_t>(u >> 16);
 }
 
+// K or V of one layer of a quantized store; block ids index every per-block tensor.
+enum Kind { kInt8 = 8, kInt4 = 4, kFp8 = 3 };
+struct KVSide {
+    const uint8_t* codes;      // [blocks, bs, kv_heads, head_dim * bits / 8]
+    const void* scale;         // int: fp16 bits, [blocks, kv_heads, head_dim] when group == 0
+                               // (per channel), else [blocks, bs, kv_heads, head_dim / group];
+                               // fp8: fp32 [blocks, kv_heads]
+    const uint16_t* zero;      // int: fp16 bits, the shape of scale
+    const uint16_t* outliers;  // fp16 bits [blocks, bs, kv_heads, num_outliers], or null
+    const int64_t* outlier_channels;  // [kv_heads, num_outliers]
+    const void* residual;      // compute dtype [slots, bs, kv_heads, head_dim]
+    int32_t kind, group, num_outliers;
+};
+
 struct Args {
     const void* q; const void* k; const void* v; void* out;
     const int32_t* block_tables; const int32_t* seq_of_query; const int32_t* context_lens;
     int num_queries, heads, kv_heads, head_dim, block_size, max_blocks, parts;
     float scale;
     float* partial;  // [num_queries, kv_heads, parts, group, head_dim + 2] when parts > 1
+    const KVSide* ks; const KVSide* vs;  // quantized K and V (null: k and v are plain blocks)
+    const int64_t* residual_of;          // [blocks]: residual slot of a partial block, or -1
 };
 
 constexpr int kMaxGroup = 16, kMaxDim = 256, kMaxBlock = 256, kLanes = 8;
@@ -102,12 +126,152 @@ inline vec exp_nonpos(vec x) {
 }
 inline float exp_nonpos(float x) { return exp_nonpos(vec{} + x)[0]; }
 
+// fp16 bits -> fp32 (exact, subnormals included).
+inline float half_to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0) {
+        const float f = static_cast<float>(m) * (1.f / 16777216.f);  // m x 2^-24
+        return sign ? -f : f;
+    }
+    const uint32_t u = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// float8 e4m3fn byte -> fp32: 4 exponent bits (bias 7), 3 mantissa bits, no inf, 0x7F = NaN.
+struct Fp8Table {
+    float v[256];
+    Fp8Table() {
+        for (int b = 0; b < 256; ++b) {
+            const int e = (b >> 3) & 15, m = b & 7;
+            float f = e == 0 ? std::ldexp(m / 8.f, -6) : std::ldexp(1.f + m / 8.f, e - 7);
+            if (e == 15 && m == 7) f = NAN;
+            v[b] = b & 0x80 ? -f : f;
+        }
+    }
+};
+const Fp8Table kFp8Values;
+
+inline float to_compute(float x, const float*) { return x; }
+inline float to_compute(float x, const uint16_t*) {  // round to bf16 as .to(bfloat16) does
+    uint16_t h;
+    store(&h, 0, x);
+    return load(&h, 0);
+}
+
+// Rows 0..n-1 of block `id`, KV head kh, dequantized into out [n, D] (fp32 holding values of
+// the compute dtype T).
+template <typename T>
+void dequantize(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs, int n,
+                float* out) {
+    const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
+    if (s.kind == kFp8) {
+        const float sc = static_cast<const float*>(s.scale)[id * kv_heads + kh];
+        for (int t = 0; t < n; ++t) {
+            const uint8_t* c = s.codes + (row0 + static_cast<int64_t>(t) * kv_heads) * D;
+            for (int d = 0; d < D; ++d) out[t * D + d] = kFp8Values.v[c[d]] * sc;
+        }
+    } else {
+        const uint16_t* scale = static_cast<const uint16_t*>(s.scale);
+        const int row_bytes = s.kind == kInt8 ? D : D / 2;
+        alignas(64) float fs[kMaxDim], fz[kMaxDim];
+        for (int t = 0; t < n; ++t) {
+            if (s.group != 0 || t == 0) {  // per channel: one row of scales for the block
+                const int ng = s.group == 0 ? D : D / s.group;
+                const int64_t at = s.group == 0 ? (id * kv_heads + kh) * D
+                                                : (row0 + static_cast<int64_t>(t) * kv_heads) * ng;
+                const int per = s.group == 0 ? 1 : s.group;
+                for (int d = 0; d < D; ++d) {
+                    fs[d] = half_to_float(scale[at + d / per]);
+                    fz[d] = half_to_float(s.zero[at + d / per]);
+                }
+            }
+            const uint8_t* c = s.codes + (row0 + static_cast<int64_t>(t) * kv_heads) * row_bytes;
+            float* o = out + t * D;
+            if (s.kind == kInt8) {
+                for (int d = 0; d < D; ++d) o[d] = static_cast<float>(c[d]) * fs[d] + fz[d];
+            } else {  // two codes per byte, the low nibble is the even channel
+                for (int d = 0; d < D; d += 2) {
+                    o[d] = static_cast<float>(c[d / 2] & 15) * fs[d] + fz[d];
+                    o[d + 1] = static_cast<float>(c[d / 2] >> 4) * fs[d + 1] + fz[d + 1];
+                }
+            }
+        }
+    }
+    const T* tag = nullptr;
+    for (int i = 0; i < n * D; ++i) out[i] = to_compute(out[i], tag);
+    for (int t = 0; t < n && s.num_outliers; ++t) {
+        const uint16_t* o = s.outliers + (row0 + static_cast<int64_t>(t) * kv_heads) * s.num_outliers;
+        const int64_t* ch = s.outlier_channels + static_cast<int64_t>(kh) * s.num_outliers;
+        for (int j = 0; j < s.num_outliers; ++j)
+            out[t * D + ch[j]] = to_compute(half_to_float(o[j]), tag);
+    }
+}
+
+// Running state of one (query, kv head, part) item: the group's scaled queries, weighted sums,
+// running max m and normaliser l, and one block's scores.
+struct State {
+    vec qf[kMaxGroup][kMaxDim / kLanes], acc[kMaxGroup][kMaxDim / kLanes];
+    alignas(64) float s[kMaxGroup][kMaxBlock + kLanes];
+    float m[kMaxGroup], l[kMaxGroup];
+};
+
+// Fold n rows of K and V (element type R, `stride` elements apart) into the state.
+template <typename R, int DV>
+inline __attribute__((always_inline)) void attend_block(State& st, const R* krows,
+                                                        const R* vrows, int64_t stride, int n,
+                                                        int G, int nv_dynamic) {
+    const int nv = DV ? DV : nv_dynamic;
+    for (int t = 0; t < n; ++t) {
+        const R* krow = krows + t * stride;
+        vec row[kMaxDim / kLanes];
+        for (int j = 0; j < nv; ++j) row[j] = load_vec(krow + j * kLanes);
+        for (int g = 0; g < G; ++g) {  // two chains of FMAs, so their latencies overlap
+            vec even = st.qf[g][0] * row[0], odd = vec{};
+            for (int j = 1; j < nv; j += 2) {
+                odd += st.qf[g][j] * row[j];
+                if (j + 1 < nv) even += st.qf[g][j + 1] * row[j + 1];
+            }
+            st.s[g][t] = hsum(even + odd);
+        }
+    }
+    const int nl = (n + kLanes - 1) / kLanes;  // score vectors; the tail lanes are -inf
+    for (int g = 0; g < G; ++g) {
+        for (int t = n; t < nl * kLanes; ++t) st.s[g][t] = -INFINITY;
+        vec* sv = reinterpret_cast<vec*>(st.s[g]);
+        vec vmax = vec{} + st.m[g];
+        for (int j = 0; j < nl; ++j) vmax = vmax > sv[j] ? vmax : sv[j];
+        float mx = vmax[0];
+        for (int i = 1; i < kLanes; ++i) mx = vmax[i] > mx ? vmax[i] : mx;
+        const float corr = exp_nonpos(st.m[g] - mx);
+        vec sum = vec{};
+        for (int j = 0; j < nl; ++j) {
+            sv[j] = exp_nonpos(sv[j] - mx);
+            sum += sv[j];
+        }
+        st.l[g] = st.l[g] * corr + hsum(sum);
+        st.m[g] = mx;
+        if (corr != 1.f)
+            for (int j = 0; j < nv; ++j) st.acc[g][j] *= corr;
+    }
+    for (int t = 0; t < n; ++t) {
+        const R* vrow = vrows + t * stride;
+        vec row[kMaxDim / kLanes];
+        for (int j = 0; j < nv; ++j) row[j] = load_vec(vrow + j * kLanes);
+        for (int g = 0; g < G; ++g) {
+            const float p = st.s[g][t];
+            for (int j = 0; j < nv; ++j) st.acc[g][j] += p * row[j];
+        }
+    }
+}
+
 // One (query, kv head, part) item; DV = head_dim / kLanes when fixed at compile time, 0 when not.
-template <typename T, int DV>
+// QUANT: K/V come from a.ks / a.vs (dequantized per block) instead of a.k / a.v.
+template <typename T, int DV, bool QUANT>
 void attend_part(const Args& a, int qi, int kh, int part) {
     const T* q = static_cast<const T*>(a.q);
-    const T* kc = static_cast<const T*>(a.k);
-    const T* vc = static_cast<const T*>(a.v);
     const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
     const int nv = DV ? DV : D / kLanes;
     const int L = a.context_lens[qi];
@@ -115,81 +279,51 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     const int b_begin = static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts);
     const int b_end = static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts);
     const int32_t* table = a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
-    vec qf[kMaxGroup][kMaxDim / kLanes], acc[kMaxGroup][kMaxDim / kLanes];
-    alignas(64) float s[kMaxGroup][kMaxBlock + kLanes];
-    float m[kMaxGroup], l[kMaxGroup];
+    State st;
     for (int g = 0; g < G; ++g) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         for (int j = 0; j < nv; ++j) {
-            qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
-            acc[g][j] = vec{};
+            st.qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
+            st.acc[g][j] = vec{};
         }
-        m[g] = -INFINITY;
-        l[g] = 0.f;
+        st.m[g] = -INFINITY;
+        st.l[g] = 0.f;
     }
     const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
+    std::vector<float> kbuf(QUANT ? bs * D : 0), vbuf(QUANT ? bs * D : 0);
     for (int b = b_begin; b < b_end; ++b) {
         const int start = b * bs;
         const int n = L - start < bs ? L - start : bs;
-        const int64_t block_base = static_cast<int64_t>(table[b]) * bs * token_stride + kh * D;
-        for (int t = 0; t < n; ++t) {
-            const T* krow = kc + block_base + t * token_stride;
-            vec row[kMaxDim / kLanes];
-            for (int j = 0; j < nv; ++j) row[j] = load_vec(krow + j * kLanes);
-            for (int g = 0; g < G; ++g) {  // two chains of FMAs, so their latencies overlap
-                vec even = qf[g][0] * row[0], odd = vec{};
-                for (int j = 1; j < nv; j += 2) {
-                    odd += qf[g][j] * row[j];
-                    if (j + 1 < nv) even += qf[g][j + 1] * row[j + 1];
-                }
-                s[g][t] = hsum(even + odd);
-            }
-        }
-        const int nl = (n + kLanes - 1) / kLanes;  // score vectors; the tail lanes are -inf
-        for (int g = 0; g < G; ++g) {
-            for (int t = n; t < nl * kLanes; ++t) s[g][t] = -INFINITY;
-            vec* sv = reinterpret_cast<vec*>(s[g]);
-            vec vmax = vec{} + m[g];
-            for (int j = 0; j < nl; ++j) vmax = vmax > sv[j] ? vmax : sv[j];
-            float mx = vmax[0];
-            for (int i = 1; i < kLanes; ++i) mx = vmax[i] > mx ? vmax[i] : mx;
-            const float corr = exp_nonpos(m[g] - mx);
-            vec sum = vec{};
-            for (int j = 0; j < nl; ++j) {
-                sv[j] = exp_nonpos(sv[j] - mx);
-                sum += sv[j];
-            }
-            l[g] = l[g] * corr + hsum(sum);
-            m[g] = mx;
-            if (corr != 1.f)
-                for (int j = 0; j < nv; ++j) acc[g][j] *= corr;
-        }
-        for (int t = 0; t < n; ++t) {
-            const T* vrow = vc + block_base + t * token_stride;
-            vec row[kMaxDim / kLanes];
-            for (int j = 0; j < nv; ++j) row[j] = load_vec(vrow + j * kLanes);
-            for (int g = 0; g < G; ++g) {
-                const float p = s[g][t];
-                for (int j = 0; j < nv; ++j) acc[g][j] += p * row[j];
-            }
+        const int64_t id = table[b];
+        const int64_t slot = QUANT ? a.residual_of[id] : id;
+        if (!QUANT || slot >= 0) {  // plain blocks, or a partial block's residual buffer
+            const T* kc = static_cast<const T*>(QUANT ? a.ks->residual : a.k);
+            const T* vc = static_cast<const T*>(QUANT ? a.vs->residual : a.v);
+            const int64_t base = slot * bs * token_stride + kh * D;
+            attend_block<T, DV>(st, kc + base, vc + base, token_stride, n, G, nv);
+        } else {
+            dequantize<T>(*a.ks, id, kh, a.kv_heads, D, bs, n, kbuf.data());
+            dequantize<T>(*a.vs, id, kh, a.kv_heads, D, bs, n, vbuf.data());
+            attend_block<float, DV>(st, kbuf.data(), vbuf.data(), D, n, G, nv);
         }
     }
     if (a.parts == 1) {
         T* out = static_cast<T*>(a.out);
         for (int g = 0; g < G; ++g) {
             const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
-            const float inv = 1.f / l[g];
+            const float inv = 1.f / st.l[g];
             for (int j = 0; j < nv; ++j)
-                for (int i = 0; i < kLanes; ++i) store(out, base + j * kLanes + i, acc[g][j][i] * inv);
+                for (int i = 0; i < kLanes; ++i)
+                    store(out, base + j * kLanes + i, st.acc[g][j][i] * inv);
         }
         return;
     }
     float* dst = a.partial + ((static_cast<int64_t>(qi) * a.kv_heads + kh) * a.parts + part)
                                  * G * (D + 2);
     for (int g = 0; g < G; ++g, dst += D + 2) {
-        dst[0] = m[g];
-        dst[1] = l[g];
-        std::memcpy(dst + 2, acc[g], sizeof(float) * D);
+        dst[0] = st.m[g];
+        dst[1] = st.l[g];
+        std::memcpy(dst + 2, st.acc[g], sizeof(float) * D);
     }
 }
 
@@ -223,13 +357,16 @@ void merge_parts(const Args& a, int qi, int kh) {
 
 template <typename T, int DV>
 void run(const Args& a, int num_threads) {
+    const bool quant = a.ks != nullptr;
     const int64_t pairs = static_cast<int64_t>(a.num_queries) * a.kv_heads;
     const int64_t items = pairs * a.parts;
     auto body = [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t pair = w / a.parts;
-            attend_part<T, DV>(a, static_cast<int>(pair / a.kv_heads),
-                           static_cast<int>(pair % a.kv_heads), static_cast<int>(w % a.parts));
+            const int qi = static_cast<int>(pair / a.kv_heads);
+            const int kh = static_cast<int>(pair % a.kv_heads), part = static_cast<int>(w % a.parts);
+            if (quant) attend_part<T, DV, true>(a, qi, kh, part);
+            else attend_part<T, DV, false>(a, qi, kh, part);
         }
     };
     const int n = static_cast<int>(num_threads < items ? num_threads : items);
@@ -261,13 +398,16 @@ int kvl_max_block_size() { return kMaxBlock; }
 // is_bf16: 0 = fp32, 1 = bf16. num_threads > 1 splits the items evenly over that many threads;
 // parts > 1 cuts every context into that many runs of blocks (partial: scratch of
 // num_queries * kv_heads * parts * (heads / kv_heads) * (head_dim + 2) floats).
+// ks, vs, residual_of: a quantized store's K and V sides (k and v are then unused), or null.
 void kvl_paged_attention(const void* q, const void* k, const void* v, void* out,
                          const int32_t* block_tables, const int32_t* seq_of_query,
                          const int32_t* context_lens, int num_queries, int heads, int kv_heads,
                          int head_dim, int block_size, int max_blocks, float scale, int is_bf16,
-                         int num_threads, int parts, float* partial) {
+                         int num_threads, int parts, float* partial, const KVSide* ks,
+                         const KVSide* vs, const int64_t* residual_of) {
     Args a{q, k, v, out, block_tables, seq_of_query, context_lens, num_queries, heads, kv_heads,
-           head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, partial};
+           head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, partial, ks, vs,
+           residual_of};
     const int dv = head_dim / kLanes;  // common head sizes get their own unrolled code
     if (is_bf16) {
         if (dv == 8) run<uint16_t, 8>(a, num_threads);

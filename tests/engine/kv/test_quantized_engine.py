@@ -25,8 +25,8 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def tiny_engine_factory(tiny_llama):
-    """Engines over the tiny model; quantized KV is read by paged-torch (paged-native hands
-    it over) or by the reference backend, so the module does not run once per backend."""
+    """Engines over the tiny model; quantized KV is read by the native kernel unless a test
+    names another backend (the module does not run once per backend)."""
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -37,7 +37,7 @@ def tiny_engine_factory(tiny_llama):
     spec, weights = load_weights(folder, torch.float32)
 
     def build(**options):
-        options.setdefault("attention", "paged-torch")
+        options.setdefault("attention", "paged-native")
         options.setdefault("dtype", "fp32")
         return LLMEngine(EngineConfig(model=str(folder), **options), spec=spec, weights=weights)
 
@@ -96,9 +96,10 @@ def test_backends_read_the_same_quantized_blocks(tiny_engine_factory, fmt):
     prompts = _prompts(3)
     ref = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt, attention="reference"),
                prompts)
-    paged = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt,
-                                     attention="paged-torch"), prompts)
-    assert paged == ref
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt, attention=backend)
+        assert engine.model.attention.name == backend
+        assert _run(engine, prompts) == ref, backend
 
 
 def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):

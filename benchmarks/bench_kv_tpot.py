@@ -1,0 +1,105 @@
+"""Decode time per output token (TPOT) at batch 8 over 4K-token contexts, per KV format.
+
+Issue 11's timing target: int8 KV's TPOT <= bf16 KV's (the decode step reads the whole KV of
+every running sequence; int8 reads about half of bf16's bytes, and the kernel dequantizes per
+block inside its loop). For each format, one engine (bf16 compute, the default fast mode, the
+attention backend the kernel probe picks for that format) takes ``--batch`` prompts of
+``--context`` tokens of real text (Python's ``pydoc_data.topics``, different offsets, so no
+shared prefix) and decodes ``--new`` tokens greedily with EOS ignored; later repeats find the
+prompts in the prefix cache (prefill is not what is measured). Prefill is not timed:
+every engine step after all requests have their first token is a pure decode step of
+``--batch`` sequences, timed on its own; TPOT = the median of those step times (every request
+gets one token per step). ``--repeats`` runs per format, interleaved across formats, and each
+format keeps the median of its runs' medians.
+
+A timing figure: run it on a quiet machine (``uptime`` load < 1.5), unniced, and say the load.
+
+    python benchmarks/bench_kv_tpot.py [--context 4096] [--batch 8] [--new 32]
+        [--formats bf16,int8,int4,fp8] [--repeats 3] [--threads 2] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from common import machine_line, real_text_ids
+
+
+def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
+    """Seconds of each engine step in which every request of ``prompts`` decodes one token."""
+    from kvledger.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{time.monotonic_ns()}-{i}", p, params)
+    started, times = set(), []
+    while engine.has_unfinished_requests():
+        all_decoding = len(started) == len(prompts)
+        t = time.perf_counter()
+        outputs = engine.step()
+        elapsed = time.perf_counter() - t
+        if all_decoding and len(outputs) == len(prompts):
+            times.append(elapsed)
+        started.update(o.request_id for o in outputs if o.token_ids)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--context", type=int, default=4096, help="prompt tokens per request")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--new", type=int, default=32, help="output tokens per request")
+    ap.add_argument("--formats", default="bf16,int8,int4,fp8")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="write every figure here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_tokenizer, load_weights
+
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    print(machine_line(args.threads), "· bf16 compute · load", os.getloadavg()[0])
+    spec, weights = load_weights("default", torch.bfloat16)
+    tokenizer = load_tokenizer("default")
+    prompts = [real_text_ids(tokenizer, args.context, offset=i * args.context)
+               for i in range(args.batch)]
+    blocks = args.batch * (-(-(args.context + args.new) // 16) + 1)
+    engines = {}
+    for fmt in formats:
+        cfg = EngineConfig(dtype="bf16", kv_cache_dtype=fmt, num_blocks=blocks,
+                           max_num_seqs=args.batch, num_threads=args.threads)
+        engines[fmt] = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
+    runs = {fmt: [] for fmt in formats}
+    for _ in range(args.repeats):
+        for fmt in formats:  # interleaved: a disturbed moment slows every format alike
+            steps = decode_steps(engines[fmt], prompts, args.new)
+            runs[fmt].append(statistics.median(steps))
+    rows = []
+    base = statistics.median(runs[formats[0]])
+    for fmt in formats:
+        tpot = statistics.median(runs[fmt])
+        engine = engines[fmt]
+        rows.append({"kv_format": fmt, "layout": engine.kv_layout.describe(),
+                     "attention": engine.model.attention.name, "tpot_ms": round(tpot * 1e3, 2),
+                     "runs_ms": [round(t * 1e3, 2) for t in runs[fmt]],
+                     f"vs_{formats[0]}": round(tpot / base, 3),
+                     "kv_bytes_per_token": engine.bytes_per_token})
+        print(f"{fmt:5s} TPOT {tpot * 1e3:8.2f} ms  ({tpot / base:.3f}x {formats[0]})  "
+              f"runs {rows[-1]['runs_ms']}  backend {rows[-1]['attention']}  "
+              f"{engine.kv_layout.describe()}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine_line(args.threads),
+                                         "context": args.context, "batch": args.batch,
+                                         "new": args.new, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
