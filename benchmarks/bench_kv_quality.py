@@ -12,7 +12,14 @@ Peer (same text file, same GGUF): ``llama-perplexity`` with ``-ctk/-ctv`` f16, q
 Capacity: 4K-token requests that fit in a 256 MiB KV budget per format: the engine's pool
 (blocks after the residual buffers) / blocks per request, next to the ledger's figure.
 
+Pass key (``--passkey-depths N``, alone with ``--passkey-only``): ``kvledger eval passkey``'s
+trial (a 5-digit key hidden in filler, asked for at the end, greedy answer) at ``--context``
+for N depths evenly spread over [0, 1], per KV format. The depths run deepest first, so each
+prompt finds the filler before its key in the prefix cache (the answers do not change: cold
+and warm runs give the same tokens).
+
     python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--json OUT]
+        [--passkey-depths 10 [--passkey-only]]
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ VARIANTS = [  # label, EngineConfig overrides
      {"kv_cache_dtype": "int4", "kv_key_quant": "per-token", "kv_outlier_channels": 4}),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *(
+    v for v in VARIANTS if v[0] in ("fp8", "int8", "int4", "int4 + 4 outliers"))]
 
 
 def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
@@ -71,6 +80,33 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
               flush=True)
         del engine
     return rows, text
+
+
+def passkey_accuracy(context: int, depths: int) -> list[dict]:
+    """Pass-key trials at ``depths`` evenly spread depths per format of PASSKEY_VARIANTS."""
+    import torch
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.eval.passkey import passkey
+    from kvledger.eval.scoring import eval_config
+
+    spec, weights = load_weights("default", torch.float32)
+    tokenizer = load_tokenizer("default")
+    at = sorted((round(i / (depths - 1), 3) if depths > 1 else 0.5 for i in range(depths)),
+                reverse=True)
+    rows = []
+    for label, over in PASSKEY_VARIANTS:
+        cfg = eval_config(EngineConfig(dtype="fp32", **over), context)
+        engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
+        r = passkey(engine, context, at)
+        rows.append({"variant": label, **r.to_json()})
+        print(f"passkey {label:20s} {100 * r.accuracy:5.1f} % "
+              f"({sum(t.retrieved for t in r.trials)}/{len(r.trials)}); missed at "
+              f"{[t.depth for t in r.trials if not t.retrieved]}", flush=True)
+        del engine
+    return rows
 
 
 def llama_cpp(text: str, context: int, chunks: int) -> list[dict] | None:
@@ -136,7 +172,15 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--only", help="comma-separated variant labels (default: all)")
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
+    ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
+    keys = passkey_accuracy(args.context, args.passkey_depths) if args.passkey_depths else None
+    if args.passkey_only:
+        if args.json:
+            args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
+                                             "passkey": keys}, indent=1))
+        return
     variants = VARIANTS
     if args.only:
         wanted = set(args.only.split(","))
@@ -149,7 +193,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
                                          "chunks": args.chunks, "kvledger": rows,
-                                         "llama_cpp": peer, "capacity_256MiB_4K": cap},
+                                         "llama_cpp": peer, "capacity_256MiB_4K": cap,
+                                         "passkey": keys},
                                         indent=1))
 
 

@@ -71,11 +71,14 @@ def test_engine_takes_the_fastest_backend_measured_for_its_kv_format(tiny_llama,
     fastest over plain blocks (a fake probe where the two differ)."""
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.loader import load_weights
 
+    spec, weights = load_weights(tiny_llama[0])
     monkeypatch.setattr(kernels, "probe", lambda *_: kernels.ProbeResult(
         "cpu", "t", 1, {}, {"paged-native": 1.0, "paged-torch": 2.0},
         quantized_attention_us={"paged-native": 5.0, "paged-torch": 2.0}))
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama[0]), dtype="fp32", kv_cache_dtype=kv))
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama[0]), dtype="fp32", kv_cache_dtype=kv),
+                       spec=spec, weights=weights)
     assert engine.model.attention.name == want
 
 

@@ -31,6 +31,9 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -140,26 +143,76 @@ inline float half_to_float(uint16_t h) {
     return f;
 }
 
-// float8 e4m3fn byte -> fp32: 4 exponent bits (bias 7), 3 mantissa bits, no inf, 0x7F = NaN.
-struct Fp8Table {
-    float v[256];
-    Fp8Table() {
-        for (int b = 0; b < 256; ++b) {
-            const int e = (b >> 3) & 15, m = b & 7;
-            float f = e == 0 ? std::ldexp(m / 8.f, -6) : std::ldexp(1.f + m / 8.f, e - 7);
-            if (e == 15 && m == 7) f = NAN;
-            v[b] = b & 0x80 ? -f : f;
-        }
-    }
-};
-const Fp8Table kFp8Values;
 
-inline float to_compute(float x, const float*) { return x; }
-inline float to_compute(float x, const uint16_t*) {  // round to bf16 as .to(bfloat16) does
-    uint16_t h;
-    store(&h, 0, x);
-    return load(&h, 0);
+// n fp16 values -> fp32: eight at a time with F16C where the CPU has it (exact either way).
+inline void halves_to_floats(const uint16_t* h, float* f, int n) {
+    int i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+#endif
+    for (; i < n; ++i) f[i] = half_to_float(h[i]);
 }
+
+// Round n fp32 values to bf16 in place (nearest even), as .to(torch.bfloat16) does.
+inline void round_to_bf16(float* x, int n) {
+    uint32_t u[kMaxDim];
+    std::memcpy(u, x, sizeof(float) * n);
+    for (int i = 0; i < n; ++i) u[i] = (u[i] + 0x7FFFu + ((u[i] >> 16) & 1u)) & 0xFFFF0000u;
+    std::memcpy(x, u, sizeof(float) * n);
+}
+
+inline void store_vec(float* p, vec x) { std::memcpy(p, &x, sizeof x); }
+
+// Eight codes -> eight fp32: int8 (one byte each), int4 (four bytes, the low nibble is the
+// even channel) and float8 e4m3fn. For e4m3 the 7 exponent and mantissa bits moved to fp32's
+// bits 20..26 make 2^(e-127) x 1.m (a subnormal for e = 0), and x 2^120 rebiases to e4m3's 7;
+// both steps are exact. (0x7F, e4m3's NaN, would read 480: the codec never writes it, values
+// are clamped to +-448.) AVX2 widens the bytes in registers; other CPUs take a scalar loop.
+#if defined(__AVX2__)
+inline vec int8_codes(const uint8_t* c) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(c));
+    return reinterpret_cast<vec>(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+}
+inline vec int4_codes(const uint8_t* c) {
+    int32_t four;
+    std::memcpy(&four, c, 4);
+    const __m128i pairs = _mm_shuffle_epi8(_mm_cvtsi32_si128(four),
+                                           _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1,
+                                                         -1, -1, -1, -1));
+    const __m256i nibbles = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_cvtepu8_epi32(pairs), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+        _mm256_set1_epi32(15));
+    return reinterpret_cast<vec>(_mm256_cvtepi32_ps(nibbles));
+}
+inline vec fp8_to_float(const uint8_t* c) {
+    const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    const __m256i bits = _mm256_or_si256(
+        _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F)), 20),
+        _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24));
+    return reinterpret_cast<vec>(_mm256_castsi256_ps(bits)) * 0x1p120f;
+}
+#else
+inline vec int8_codes(const uint8_t* c) {
+    vec r;
+    for (int i = 0; i < kLanes; ++i) r[i] = static_cast<float>(c[i]);
+    return r;
+}
+inline vec int4_codes(const uint8_t* c) {
+    vec r;
+    for (int i = 0; i < kLanes; ++i) r[i] = static_cast<float>((c[i / 2] >> (4 * (i & 1))) & 15);
+    return r;
+}
+inline vec fp8_to_float(const uint8_t* c) {
+    vec r;
+    for (int i = 0; i < kLanes; ++i) {
+        const uint32_t bits = ((c[i] & 0x7Fu) << 20) | ((c[i] & 0x80u) << 24);
+        std::memcpy(&r[i], &bits, 4);  // NOLINT: one lane's bytes
+    }
+    return r * 0x1p120f;
+}
+#endif
 
 // Rows 0..n-1 of block `id`, KV head kh, dequantized into out [n, D] (fp32 holding values of
 // the compute dtype T).
@@ -167,46 +220,43 @@ template <typename T>
 void dequantize(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs, int n,
                 float* out) {
     const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
-    if (s.kind == kFp8) {
-        const float sc = static_cast<const float*>(s.scale)[id * kv_heads + kh];
-        for (int t = 0; t < n; ++t) {
-            const uint8_t* c = s.codes + (row0 + static_cast<int64_t>(t) * kv_heads) * D;
-            for (int d = 0; d < D; ++d) out[t * D + d] = kFp8Values.v[c[d]] * sc;
-        }
-    } else {
-        const uint16_t* scale = static_cast<const uint16_t*>(s.scale);
-        const int row_bytes = s.kind == kInt8 ? D : D / 2;
-        alignas(64) float fs[kMaxDim], fz[kMaxDim];
-        for (int t = 0; t < n; ++t) {
-            if (s.group != 0 || t == 0) {  // per channel: one row of scales for the block
-                const int ng = s.group == 0 ? D : D / s.group;
-                const int64_t at = s.group == 0 ? (id * kv_heads + kh) * D
-                                                : (row0 + static_cast<int64_t>(t) * kv_heads) * ng;
-                const int per = s.group == 0 ? 1 : s.group;
-                for (int d = 0; d < D; ++d) {
-                    fs[d] = half_to_float(scale[at + d / per]);
-                    fz[d] = half_to_float(s.zero[at + d / per]);
-                }
-            }
-            const uint8_t* c = s.codes + (row0 + static_cast<int64_t>(t) * kv_heads) * row_bytes;
-            float* o = out + t * D;
-            if (s.kind == kInt8) {
-                for (int d = 0; d < D; ++d) o[d] = static_cast<float>(c[d]) * fs[d] + fz[d];
-            } else {  // two codes per byte, the low nibble is the even channel
-                for (int d = 0; d < D; d += 2) {
-                    o[d] = static_cast<float>(c[d / 2] & 15) * fs[d] + fz[d];
-                    o[d + 1] = static_cast<float>(c[d / 2] >> 4) * fs[d + 1] + fz[d + 1];
-                }
-            }
-        }
+    const uint16_t* scale = static_cast<const uint16_t*>(s.scale);
+    const int row_bytes = s.kind == kInt4 ? D / 2 : D;
+    alignas(64) float fs[kMaxDim], fz[kMaxDim], gs[kMaxDim], gz[kMaxDim];
+    if (s.kind != kFp8 && s.group == 0) {  // per channel: one scale and zero per channel
+        halves_to_floats(scale + (id * kv_heads + kh) * D, fs, D);
+        halves_to_floats(s.zero + (id * kv_heads + kh) * D, fz, D);
     }
-    const T* tag = nullptr;
-    for (int i = 0; i < n * D; ++i) out[i] = to_compute(out[i], tag);
-    for (int t = 0; t < n && s.num_outliers; ++t) {
-        const uint16_t* o = s.outliers + (row0 + static_cast<int64_t>(t) * kv_heads) * s.num_outliers;
-        const int64_t* ch = s.outlier_channels + static_cast<int64_t>(kh) * s.num_outliers;
-        for (int j = 0; j < s.num_outliers; ++j)
-            out[t * D + ch[j]] = to_compute(half_to_float(o[j]), tag);
+    const float fp8_scale = s.kind == kFp8 ? static_cast<const float*>(s.scale)[id * kv_heads + kh]
+                                           : 0.f;
+    for (int t = 0; t < n; ++t) {
+        const int64_t row = row0 + static_cast<int64_t>(t) * kv_heads;
+        const uint8_t* c = s.codes + row * row_bytes;
+        float* o = out + t * D;
+        if (s.kind == kFp8) {
+            for (int d = 0; d < D; d += kLanes) store_vec(o + d, fp8_to_float(c + d) * fp8_scale);
+        } else {
+            if (s.group != 0) {  // per token: groups of `group` channels along head_dim
+                const int ng = D / s.group;
+                halves_to_floats(scale + row * ng, gs, ng);
+                halves_to_floats(s.zero + row * ng, gz, ng);
+                for (int j = 0; j < ng; ++j)
+                    for (int d = j * s.group; d < (j + 1) * s.group; ++d) {
+                        fs[d] = gs[j];
+                        fz[d] = gz[j];
+                    }
+            }
+            for (int d = 0; d < D; d += kLanes) {
+                const vec codes = s.kind == kInt8 ? int8_codes(c + d) : int4_codes(c + d / 2);
+                store_vec(o + d, codes * load_vec(fs + d) + load_vec(fz + d));
+            }
+        }
+        if (s.num_outliers) {
+            const uint16_t* v = s.outliers + row * s.num_outliers;
+            const int64_t* ch = s.outlier_channels + static_cast<int64_t>(kh) * s.num_outliers;
+            for (int j = 0; j < s.num_outliers; ++j) o[ch[j]] = half_to_float(v[j]);
+        }
+        if (sizeof(T) == 2) round_to_bf16(o, D);
     }
 }
 
