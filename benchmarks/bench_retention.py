@@ -15,8 +15,14 @@ every position's logits are scored.
   prefilled; the last ``tail`` tokens are then scored against the compressed cache (query
   agnostic, as kvpress evaluates). Compared with every policy's PPL on the same tail tokens.
 
+Streaming (``--stream sinks,window``): the whole ``--tokens`` text as ONE sequence through each
+listed policy at each budget, past the model's trained context (kept keys keep their original
+positions), PPL per ``--segment``-token segment next to ``full``'s chunked figure for the same
+tokens (every chunk scored from scratch).
+
 Usage: python benchmarks/bench_retention.py [--tokens 16384] [--chunk 8192] [--stride 32]
        [--budgets 256,512,1024] [--plot ppl.png] [--json out.json]
+       [--stream sinks,window --stream-plot stream.png]
 """
 
 from __future__ import annotations
@@ -102,6 +108,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--stream", default=None,
+                    help="policies (window,sinks,h2o) to run over the whole text as one stream")
+    ap.add_argument("--segment", type=int, default=1024, help="stream PPL segment, tokens")
+    ap.add_argument("--stream-plot", default=None)
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     wanted = set(args.policies.split(","))
@@ -113,25 +123,90 @@ def main() -> None:
     print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), h2o stride "
           f"{args.stride}, tail {args.tail}")
     results = []
-    runs = [r for r in specs(budgets) if r[0] in wanted]
+    order = args.policies.split(",")
+    runs = sorted((r for r in specs(budgets) if r[0] in wanted), key=lambda r: order.index(r[0]))
     for name, budget, spec in runs:
         t0 = time.perf_counter()
         stride = args.stride if spec.policy == "h2o" else args.exact_stride
         prompt_len = args.chunk - args.tail if name == "snapkv" else None
-        nlls = torch.stack([score(engine, c, spec, stride, prompt_len) for c in chunks])
+        nlls = []
+        for i, c in enumerate(chunks):
+            nlls.append(score(engine, c, spec, stride, prompt_len))
+            print(f"  {name} {budget or '-'} chunk {i}: {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+        nlls = torch.stack(nlls)
         row = {"policy": name, "budget": budget, "spec": spec.describe(),
                "ppl": None if name == "snapkv" else ppl(nlls),
                "ppl_tail": ppl(nlls[:, -(args.tail - 1):]),
                "nll_by_position": torch.nanmean(nlls, 0).tolist(),
+               "nll_per_chunk": nlls.tolist(),
                "seconds": round(time.perf_counter() - t0, 1)}
         results.append(row)
         print(f"{name:7s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
               f"last {args.tail}: {row['ppl_tail']:8.3f}  ({row['seconds']} s)", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "results": results}, f)
+        save(args, results)
     if args.plot:
         plot(results, args.plot, args.chunk)
+    if args.stream:
+        stream(engine, ids, args, budgets, results)
+
+
+def save(args, results: list[dict]) -> None:
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f)
+
+
+def segment_ppl(nll: torch.Tensor, segment: int) -> list[float]:
+    """PPL of each ``segment``-token stretch of a flat NLL vector (nan entries skipped)."""
+    return [ppl(nll[lo: lo + segment]) for lo in range(0, len(nll), segment)]
+
+
+def stream(engine, ids: list[int], args, budgets: list[int], results: list[dict]) -> None:
+    """The whole text as one sequence through each ``--stream`` policy (one row each), and
+    ``full``'s chunked NLL laid end to end for the same tokens (when it ran)."""
+    full = next((r for r in results if r["policy"] == "full"), None)
+    rows = []
+    if full is not None:
+        flat = torch.cat([torch.tensor(c + [math.nan]) for c in full["nll_per_chunk"]])
+        rows.append({"policy": "full (chunked)", "budget": None,
+                     "segments": segment_ppl(flat, args.segment), "ppl": full["ppl"]})
+    for name in args.stream.split(","):
+        for name_, budget, spec in specs(budgets):
+            if name_ != name:
+                continue
+            t0 = time.perf_counter()
+            nll = score(engine, ids, spec, args.exact_stride)
+            rows.append({"policy": f"{name} (one stream)", "budget": budget,
+                         "spec": spec.describe(), "segments": segment_ppl(nll, args.segment),
+                         "ppl": ppl(nll), "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"stream {name} {budget}: PPL {rows[-1]['ppl']:.3f} over {len(ids)} tokens "
+                  f"({rows[-1]['seconds']} s); per {args.segment}: "
+                  + " ".join(f"{p:.2f}" for p in rows[-1]["segments"]), flush=True)
+            results.append({**rows[-1], "stream": True})
+            save(args, results)
+    if args.stream_plot:
+        plot_stream(rows, args.stream_plot, args.segment, args.chunk)
+
+
+def plot_stream(rows: list[dict], path: str, segment: int, context: int) -> None:
+    """PPL per segment against position in the text, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in rows:
+        xs = [(i + 0.5) * segment for i in range(len(r["segments"]))]
+        ax.plot(xs, r["segments"], marker="o", label=r["policy"] + (
+            f" {r['budget']}" if r["budget"] else ""))
+    ax.axvline(context, color="grey", linestyle=":", label=f"chunk of {context} (full restarts; the model's context at 8192)")
+    ax.set_xlabel("position in the text (tokens)")
+    ax.set_ylabel(f"perplexity ({segment}-token segments)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def plot(results: list[dict], path: str, chunk: int, bucket: int = 256) -> None:
