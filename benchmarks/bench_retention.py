@@ -201,7 +201,8 @@ def plot_stream(rows: list[dict], path: str, segment: int, context: int) -> None
         xs = [(i + 0.5) * segment for i in range(len(r["segments"]))]
         ax.plot(xs, r["segments"], marker="o", label=r["policy"] + (
             f" {r['budget']}" if r["budget"] else ""))
-    ax.axvline(context, color="grey", linestyle=":", label=f"chunk of {context} (full restarts; the model's context at 8192)")
+    ax.axvline(context, color="grey", linestyle=":",
+               label=f"chunk of {context} (where full restarts)")
     ax.set_xlabel("position in the text (tokens)")
     ax.set_ylabel(f"perplexity ({segment}-token segments)")
     ax.legend(fontsize=8)
