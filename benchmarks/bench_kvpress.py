@@ -31,6 +31,17 @@ import torch
 from common import real_text_ids
 
 
+class _NoSpecialTokens:
+    """The tokenizer encoding without a BOS: transformers 5.2 prepends one to this GGUF's text
+    and 5.24 (kvledger's) does not, so the texts would differ by a token."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
 def make_press(name: str, ratio: float):
     """The kvpress press of ``name`` at ``compression_ratio = ratio`` (None for ``none``)."""
     from kvpress import ObservedAttentionPress, SnapKVPress, StreamingLLMPress
@@ -80,7 +91,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gguf = Path(args.gguf)
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    ids = real_text_ids(tok, args.tokens)
+    ids = real_text_ids(_NoSpecialTokens(tok), args.tokens)
     prompt_len = args.tokens - args.tail
     print(f"{platform.processor() or platform.machine()} · {args.threads} threads · torch "
           f"{torch.__version__} · transformers {transformers.__version__} · kvpress "
