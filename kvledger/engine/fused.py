@@ -59,7 +59,8 @@ class NativeOps(TorchOps):
 
     def __init__(self, lib: ctypes.CDLL,
                  max_rows: dict[str, dict[torch.dtype, int]] | None = None) -> None:
-        self._max_rows = max_rows or {}
+        self._max_rows = {(op, dtype): rows for op, by_dtype in (max_rows or {}).items()
+                          for dtype, rows in by_dtype.items()}
         ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._norm = lib.kvl_add_rms_norm
         self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32]
@@ -71,7 +72,7 @@ class NativeOps(TorchOps):
             fn.restype = None
 
     def _too_many(self, op: str, t: torch.Tensor) -> bool:
-        limit = self._max_rows.get(op, {}).get(t.dtype)
+        limit = self._max_rows.get((op, t.dtype))
         return limit is not None and t.shape[0] > limit
 
     def add_rms_norm(self, h, delta, weight, eps):

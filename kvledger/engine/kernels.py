@@ -273,6 +273,11 @@ def _read_cache() -> dict:
         return {}
 
 
+_MEMO: dict[tuple[str, str], ProbeResult] = {}
+"""(cache file, key) -> result already read or measured in this process: a model's several
+choices (formats, GEMM rows, fused limits, attention) parse the cache file once."""
+
+
 def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
     """The probe's result for ``spec`` on this machine: cached, or measured (~seconds) and saved.
 
@@ -283,10 +288,14 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
 
     cpu = cpu_identity()
     key = _key(spec, cpu)
+    memo = (str(_cache_file()), key)
+    if not refresh and memo in _MEMO:
+        return _MEMO[memo]
     entries = _read_cache()
     if not refresh and key in entries:
         try:
-            return ProbeResult(**entries[key])
+            _MEMO[memo] = ProbeResult(**entries[key])
+            return _MEMO[memo]
         except TypeError as exc:
             log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
     sizes = shapes(spec)
@@ -296,6 +305,7 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
                          {c: _time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"},
                          _time_attention(spec, quantized=True))
     entries[key] = asdict(result)
+    _MEMO[memo] = result
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ class Linear:
             fmt = "dense"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None
-        self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (see module doc)
+        self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (not for int4)
         if fmt == "dense":
             self.weight = weight
         elif fmt == "int4":
@@ -115,7 +115,7 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in] -> [tokens, out]."""
-        if self.gemm_rows is not None and x.shape[0] >= self.gemm_rows and self.format != "int4":
+        if self.gemm_rows is not None and x.shape[0] >= self.gemm_rows:
             return self.fp32_gemm(x)
         if self.format == "dense":
             return F.linear(x, self.weight, self.bias)
