@@ -3,7 +3,8 @@ generation per policy (default: 20,000 tokens under ``sinks`` at budget 1024, an
 to the model's context, 8,192 tokens, where it has to stop).
 
 TPOT of a segment = the median wall time of its decode steps (one engine step = one token for
-the single request); KV bytes = the pool's allocated bytes (``engine.stats()``, blocks in use x
+the single request); TPOT *at* a mark = the median of the last ``--at-steps`` steps before it
+(the first segment's median mixes in the steps before the budget is reached); KV bytes = the pool's allocated bytes (``engine.stats()``, blocks in use x
 bytes per block) and the ledger's bytes for the tokens held, read at the end of each segment.
 The claim checked: under sinks both stay flat (TPOT within 10 % of the first segment's),
 while full's grow with the sequence. Timing: run on a quiet machine at normal priority.
@@ -26,9 +27,10 @@ from kvledger import LLM, SamplingParams
 PROMPT_TOKENS = 64
 
 
-def generate_timed(engine, prompt: list[int], n: int, every: int, kv_policy) -> list[dict]:
-    """Greedy ``n`` tokens (EOS ignored); one row per ``every`` tokens: median step seconds,
-    allocated and ledger KV bytes, blocks in use."""
+def generate_timed(engine, prompt: list[int], n: int, every: int, kv_policy,
+                   at_steps: int) -> list[dict]:
+    """Greedy ``n`` tokens (EOS ignored); one row per ``every`` tokens: median step ms over the
+    segment and over its last ``at_steps`` steps, allocated and ledger KV bytes, blocks in use."""
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, kv_policy=kv_policy)
     engine.add_request("flat", prompt, params)
     engine.step()  # the prefill and the first token
@@ -42,10 +44,12 @@ def generate_timed(engine, prompt: list[int], n: int, every: int, kv_policy) -> 
             s = engine.stats()  # the last in-flight figures (the final step frees the blocks)
         if made % every == 0 or not engine.has_unfinished_requests():
             rows.append({"tokens": made, "tpot_ms": 1e3 * statistics.median(times),
+                         "tpot_ms_at": 1e3 * statistics.median(times[-at_steps:]),
                          "kv_bytes_allocated": s["kv_bytes_allocated"],
                          "kv_bytes_predicted": s["kv_bytes_predicted"],
                          "kv_blocks": s["kv_blocks_total"] - s["kv_blocks_free"]})
-            print(f"  {made:6d} tokens: TPOT {rows[-1]['tpot_ms']:7.2f} ms, KV "
+            print(f"  {made:6d} tokens: TPOT {rows[-1]['tpot_ms']:7.2f} ms (at the mark "
+                  f"{rows[-1]['tpot_ms_at']:7.2f}), KV "
                   f"{rows[-1]['kv_bytes_allocated'] / 2**20:8.2f} MiB allocated "
                   f"({rows[-1]['kv_blocks']} blocks), ledger "
                   f"{rows[-1]['kv_bytes_predicted'] / 2**20:8.2f} MiB", flush=True)
@@ -62,6 +66,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="bf16", help="the engine default")
+    ap.add_argument("--at-steps", type=int, default=100,
+                    help="steps before each mark whose median is the TPOT at the mark")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     llm = LLM("default", dtype=args.dtype, num_threads=args.threads, max_num_seqs=1)
@@ -74,9 +80,11 @@ def main() -> None:
     out = {}
     for name, (policy, n) in runs.items():
         print(f"{name}: {n} tokens after a {PROMPT_TOKENS}-token prompt", flush=True)
-        out[name] = generate_timed(engine, prompt, n, args.every, policy)
-        first, last = out[name][0]["tpot_ms"], out[name][-1]["tpot_ms"]
-        print(f"{name}: TPOT last / first segment = {last / first:.3f}", flush=True)
+        out[name] = generate_timed(engine, prompt, n, args.every, policy, args.at_steps)
+        first, last = out[name][0], out[name][-1]
+        print(f"{name}: TPOT last / first segment = {last['tpot_ms'] / first['tpot_ms']:.3f}; "
+              f"at the last / first mark = {last['tpot_ms_at'] / first['tpot_ms_at']:.3f}",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": machine_line(args.threads), **out}, f)
