@@ -26,6 +26,7 @@ CODECS = {  # label -> (format, key quant, group, outlier channels per KV head)
     "int8 per-token keys g8": ("int8", "per-token", 8, 0),
     "int4": ("int4", "per-channel", 32, 0),
     "int4 per-token keys g16": ("int4", "per-token", 16, 0),
+    "int4 per-token keys g4": ("int4", "per-token", 4, 0),  # groups inside a kernel vector
     "int4 + 3 outliers": ("int4", "per-channel", 32, 3),
     "int8 per-token keys + 2 outliers": ("int8", "per-token", 64, 2),
     "fp8": ("fp8", "per-channel", 32, 0),
@@ -33,11 +34,13 @@ CODECS = {  # label -> (format, key quant, group, outlier channels per KV head)
 }
 
 
-def _store(label, kv_heads, dim, tables, lengths, dtype=torch.float32, num_blocks=64, seed=0):
-    """A one-layer quantized pool holding random K/V (keys with a x20 channel) for sequences
-    ``tables`` of ``lengths`` tokens, written in one step: full blocks are quantized, each
-    sequence's partial last block stays in its residual buffer."""
-    fmt, key_quant, group, n_out = CODECS[label]
+def _store(label, kv_heads, dim, tables, lengths, dtype=torch.float32, num_blocks=64, seed=0,
+           codec=None, shape_keys=None):
+    """A one-layer quantized pool holding random K/V (keys with a x20 channel, or as
+    ``shape_keys`` reshapes them) for sequences ``tables`` of ``lengths`` tokens, written in one
+    step: full blocks are quantized, each sequence's partial last block stays in its residual
+    buffer. ``codec`` (format, key quant, group, outliers) instead of a ``label`` of CODECS."""
+    fmt, key_quant, group, n_out = codec or CODECS[label]
     g = torch.Generator().manual_seed(seed)
     channels = None
     if n_out:
@@ -50,6 +53,8 @@ def _store(label, kv_heads, dim, tables, lengths, dtype=torch.float32, num_block
                        for t, n in zip(tables, lengths)])
     k = torch.randn(len(slots), kv_heads, dim, generator=g)
     k[:, :, 5] *= 20.0
+    if shape_keys is not None:
+        shape_keys(k)
     v = torch.randn(len(slots), kv_heads, dim, generator=g)
     store.write(0, slots, k.to(dtype), v.to(dtype))
     return store
@@ -93,11 +98,13 @@ def _exact(q, store, tables, lens):
     return torch.stack(out)
 
 
-def _check(q, meta_fn, store, tables, lens, tol=1e-5):
-    """paged-native within ``tol`` of the float64 oracle, paged-torch within 4 x ``tol``."""
+def _check(q, meta_fn, store, tables, lens, tol=1e-5, torch_tol=None):
+    """paged-native within ``tol`` of the float64 oracle, paged-torch within ``torch_tol``
+    (default 4 x ``tol``)."""
     empty = torch.empty(0, store.num_kv_heads, q.shape[-1], dtype=q.dtype)
     want = _exact(q, store, tables, lens)
-    for backend, bound in ((_native(), tol), (make_backend("paged-torch"), 4 * tol)):
+    for backend, bound in ((_native(), tol),
+                           (make_backend("paged-torch"), torch_tol or 4 * tol)):
         got = backend(0, q, empty, empty, meta_fn(), store)
         assert got.dtype == q.dtype and got.shape == q.shape
         assert float((got.double() - want).abs().max()) <= bound, backend.name
@@ -142,10 +149,42 @@ def test_native_split_context_over_quantized_blocks(monkeypatch, label):
         torch.set_num_threads(previous)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_native_folded_scales_keep_a_large_channel_and_a_constant_one(fmt):
+    """The kernel folds per-channel key scales and zero points into the query (q.k = (q s).code
+    + q.z): a key channel near 600 (zero point ~600, a small scale), a constant channel (the
+    smallest scale, every code 0) and an all-zero one give the oracle's output. Terms of the
+    scores reach ~75, so fp32 sums are ~1e-5 off: native <= 2e-5 (measured 5-8e-6 for the
+    three formats), paged-torch, which decodes then attends in fp32, <= 1e-4 (measured 3.5e-5)."""
+    def shape(k):
+        k[:, :, 5] = 600.0 + k[:, :, 5] / 20.0  # |x| ~ 600 over a range of a few units
+        k[:, :, 7] = -3.25
+        k[:, :, 11] = 0.0
+
+    lengths = [70, BLOCK * 12, 21]
+    tables = _tables(lengths, seed=5)
+    store = _store(None, 3, 64, tables, lengths, codec=(fmt, "per-channel", 32, 0),
+                   shape_keys=shape)
+    q = torch.randn(len(lengths), 9, 64, generator=torch.Generator().manual_seed(4))
+    _check(q, lambda: _decode_meta(tables, lengths), store, tables, lengths, tol=2e-5,
+           torch_tol=1e-4)
+
+
+@pytest.mark.parametrize("key_quant", ["per-token", "per-channel"])
+def test_native_head_dim_96_groups_of_12(key_quant):
+    """head_dim 96 (no unrolled kernel for it) with groups of 12: value groups, and per-token
+    key groups, that straddle the kernel's 8-lane vectors; plus 2 outlier channels."""
+    lengths = [45, BLOCK * 5, 7]
+    tables = _tables(lengths, seed=6)
+    store = _store(None, 3, 96, tables, lengths, codec=("int4", key_quant, 12, 2))
+    q = torch.randn(len(lengths), 9, 96, generator=torch.Generator().manual_seed(5))
+    _check(q, lambda: _decode_meta(tables, lengths), store, tables, lengths)
+
+
 @pytest.mark.parametrize("label", ["int8", "int4 + 3 outliers", "fp8"])
 def test_native_bf16_compute_over_quantized_blocks(label):
-    """bf16 compute: dequantized values are rounded to bf16 as decode(bf16) does; outputs
-    within two bf16 ulps (at |x| < 1) of the float64 oracle over those values."""
+    """bf16 compute: the kernel attends over the fp32 dequantized values, the oracle over
+    decode(bf16), which rounds them to bf16; outputs within two bf16 ulps (at |x| < 1)."""
     lengths = [70, 3, 33, 200]
     tables = _tables(lengths, seed=7)
     store = _store(label, 3, 128, tables, lengths, dtype=torch.bfloat16)

@@ -134,7 +134,9 @@ class PagedNativeBackend(_Paged):
                                store.residual_keys[layer])
             v = native.kv_side(store.value_parts[layer], store.value_codec,
                                store.residual_values[layer])
-            cache[layer] = None if k is None or v is None else ((k[0], v[0]), k[1] + v[1])
+            usable = (k is not None and v is not None and k[0].kind == v[0].kind
+                      and v[0].num_outliers == 0)  # one codec kind; outliers are keys' only
+            cache[layer] = ((k[0], v[0]), k[1] + v[1]) if usable else None
             if cache[layer] is None:
                 log.info("paged-native has no decoder for %s KV; paged-torch attends over it",
                          store.kv_format)

@@ -9,12 +9,13 @@
 // uint16 bits); arithmetic in fp32.
 //
 // Quantized KV (kvledger.engine.kv.codecs, QuantizedKVStore): K and V are each described by a
-// KVSide (codes, scales, zero points, fp16 outlier channels, the residual buffers). Per block
-// of the loop, the item's KV head is dequantized into a small fp32 buffer (bs x head_dim) and
-// attended from there, so the context is never materialised in full precision; a block whose
-// residual_of entry is >= 0 is still partial and is read from its compute-dtype residual
-// buffer instead. Dequantized values are rounded to the compute dtype first, as the codecs'
-// decode(dtype) does.
+// KVSide (codes, scales, zero points, fp16 outlier channels, the residual buffers) and attended
+// without a dequantized copy: codes are widened to fp32 in registers inside the dot products,
+// keys' per-channel (or e4m3's per-block) scales and zero points are folded into the query once
+// per block, values' per-token scales are applied to the row in registers (attend_quantized).
+// The arithmetic is the codecs' decode in fp32 (not rounded to a bf16 compute dtype first). A
+// block whose residual_of entry is >= 0 is still partial and is read from its compute-dtype
+// residual buffer instead.
 //
 // Work is split into items (query, kv head, part of the context): with few queries (batch-1
 // decode) a context is cut into parts so every thread has work, each part keeps its own running
@@ -151,16 +152,10 @@ inline void halves_to_floats(const uint16_t* h, float* f, int n) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(f + i, _mm256_cvtph_ps(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
-#endif
+    for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
+#else
     for (; i < n; ++i) f[i] = half_to_float(h[i]);
-}
-
-// Round n fp32 values to bf16 in place (nearest even), as .to(torch.bfloat16) does.
-inline void round_to_bf16(float* x, int n) {
-    uint32_t u[kMaxDim];
-    std::memcpy(u, x, sizeof(float) * n);
-    for (int i = 0; i < n; ++i) u[i] = (u[i] + 0x7FFFu + ((u[i] >> 16) & 1u)) & 0xFFFF0000u;
-    std::memcpy(x, u, sizeof(float) * n);
+#endif
 }
 
 inline void store_vec(float* p, vec x) { std::memcpy(p, &x, sizeof x); }
@@ -187,10 +182,10 @@ inline vec int4_codes(const uint8_t* c) {
     return reinterpret_cast<vec>(_mm256_cvtepi32_ps(nibbles));
 }
 inline vec fp8_to_float(const uint8_t* c) {
-    const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
-    const __m256i bits = _mm256_or_si256(
-        _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7F)), 20),
-        _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24));
+    // sign-extended and moved up 20 bits: the sign lands in bit 31 (and 28..30, masked)
+    const __m256i u = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
+    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(u, 20),
+                                          _mm256_set1_epi32(static_cast<int>(0x87F00000u)));
     return reinterpret_cast<vec>(_mm256_castsi256_ps(bits)) * 0x1p120f;
 }
 #else
@@ -214,79 +209,29 @@ inline vec fp8_to_float(const uint8_t* c) {
 }
 #endif
 
-// Rows 0..n-1 of block `id`, KV head kh, dequantized into out [n, D] (fp32 holding values of
-// the compute dtype T).
-template <typename T>
-void dequantize(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs, int n,
-                float* out) {
-    const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
-    const uint16_t* scale = static_cast<const uint16_t*>(s.scale);
-    const int row_bytes = s.kind == kInt4 ? D / 2 : D;
-    alignas(64) float fs[kMaxDim], fz[kMaxDim], gs[kMaxDim], gz[kMaxDim];
-    if (s.kind != kFp8 && s.group == 0) {  // per channel: one scale and zero per channel
-        halves_to_floats(scale + (id * kv_heads + kh) * D, fs, D);
-        halves_to_floats(s.zero + (id * kv_heads + kh) * D, fz, D);
-    }
-    const float fp8_scale = s.kind == kFp8 ? static_cast<const float*>(s.scale)[id * kv_heads + kh]
-                                           : 0.f;
-    for (int t = 0; t < n; ++t) {
-        const int64_t row = row0 + static_cast<int64_t>(t) * kv_heads;
-        const uint8_t* c = s.codes + row * row_bytes;
-        float* o = out + t * D;
-        if (s.kind == kFp8) {
-            for (int d = 0; d < D; d += kLanes) store_vec(o + d, fp8_to_float(c + d) * fp8_scale);
-        } else {
-            if (s.group != 0) {  // per token: groups of `group` channels along head_dim
-                const int ng = D / s.group;
-                halves_to_floats(scale + row * ng, gs, ng);
-                halves_to_floats(s.zero + row * ng, gz, ng);
-                for (int j = 0; j < ng; ++j)
-                    for (int d = j * s.group; d < (j + 1) * s.group; ++d) {
-                        fs[d] = gs[j];
-                        fz[d] = gz[j];
-                    }
-            }
-            for (int d = 0; d < D; d += kLanes) {
-                const vec codes = s.kind == kInt8 ? int8_codes(c + d) : int4_codes(c + d / 2);
-                store_vec(o + d, codes * load_vec(fs + d) + load_vec(fz + d));
-            }
-        }
-        if (s.num_outliers) {
-            const uint16_t* v = s.outliers + row * s.num_outliers;
-            const int64_t* ch = s.outlier_channels + static_cast<int64_t>(kh) * s.num_outliers;
-            for (int j = 0; j < s.num_outliers; ++j) o[ch[j]] = half_to_float(v[j]);
-        }
-        if (sizeof(T) == 2) round_to_bf16(o, D);
-    }
-}
-
-// Running state of one (query, kv head, part) item: the group's scaled queries, weighted sums,
-// running max m and normaliser l, and one block's scores.
+// Running state of one (query, kv head, part) item: the group's scaled queries (qm: the same
+// with the outlier key channels zeroed; qk: folded with one block's key scales), weighted
+// sums, running max m and normaliser l, and one block's scores.
 struct State {
     vec qf[kMaxGroup][kMaxDim / kLanes], acc[kMaxGroup][kMaxDim / kLanes];
+    vec qm[kMaxGroup][kMaxDim / kLanes], qk[kMaxGroup][kMaxDim / kLanes];
     alignas(64) float s[kMaxGroup][kMaxBlock + kLanes];
     float m[kMaxGroup], l[kMaxGroup];
 };
 
-// Fold n rows of K and V (element type R, `stride` elements apart) into the state.
-template <typename R, int DV>
-inline __attribute__((always_inline)) void attend_block(State& st, const R* krows,
-                                                        const R* vrows, int64_t stride, int n,
-                                                        int G, int nv_dynamic) {
-    const int nv = DV ? DV : nv_dynamic;
-    for (int t = 0; t < n; ++t) {
-        const R* krow = krows + t * stride;
-        vec row[kMaxDim / kLanes];
-        for (int j = 0; j < nv; ++j) row[j] = load_vec(krow + j * kLanes);
-        for (int g = 0; g < G; ++g) {  // two chains of FMAs, so their latencies overlap
-            vec even = st.qf[g][0] * row[0], odd = vec{};
-            for (int j = 1; j < nv; j += 2) {
-                odd += st.qf[g][j] * row[j];
-                if (j + 1 < nv) even += st.qf[g][j + 1] * row[j + 1];
-            }
-            st.s[g][t] = hsum(even + odd);
-        }
+// q . row over nv vectors, in two chains of FMAs so their latencies overlap.
+inline float dot(const vec* q, const vec* row, int nv) {
+    vec even = q[0] * row[0], odd = vec{};
+    for (int j = 1; j < nv; j += 2) {
+        odd += q[j] * row[j];
+        if (j + 1 < nv) even += q[j + 1] * row[j + 1];
     }
+    return hsum(even + odd);
+}
+
+// Online-softmax step over the n scores st.s[g][0..n) of a block: new max, normaliser, the
+// accumulators rescaled; the scores become exp(score - max).
+inline void softmax_block(State& st, int n, int G, int nv) {
     const int nl = (n + kLanes - 1) / kLanes;  // score vectors; the tail lanes are -inf
     for (int g = 0; g < G; ++g) {
         for (int t = n; t < nl * kLanes; ++t) st.s[g][t] = -INFINITY;
@@ -306,6 +251,21 @@ inline __attribute__((always_inline)) void attend_block(State& st, const R* krow
         if (corr != 1.f)
             for (int j = 0; j < nv; ++j) st.acc[g][j] *= corr;
     }
+}
+
+// Fold n rows of K and V (element type R, `stride` elements apart) into the state.
+template <typename R, int DV>
+inline __attribute__((always_inline)) void attend_block(State& st, const R* krows,
+                                                        const R* vrows, int64_t stride, int n,
+                                                        int G, int nv_dynamic) {
+    const int nv = DV ? DV : nv_dynamic;
+    for (int t = 0; t < n; ++t) {
+        const R* krow = krows + t * stride;
+        vec row[kMaxDim / kLanes];
+        for (int j = 0; j < nv; ++j) row[j] = load_vec(krow + j * kLanes);
+        for (int g = 0; g < G; ++g) st.s[g][t] = dot(st.qf[g], row, nv);
+    }
+    softmax_block(st, n, G, nv);
     for (int t = 0; t < n; ++t) {
         const R* vrow = vrows + t * stride;
         vec row[kMaxDim / kLanes];
@@ -317,9 +277,148 @@ inline __attribute__((always_inline)) void attend_block(State& st, const R* krow
     }
 }
 
+// One quantized block of one KV head, as the attention reads it: the codes of token t at
+// codes + t * stride, and what turns codes into values (x = zero + code x scale for int8/int4,
+// x = value(code) x fp8_scale for e4m3).
+struct QBlock {
+    const uint8_t* codes;
+    int64_t stride;
+    const uint16_t *tscale, *tzero;  // per-token groups: token t's at + t * tstride (else null)
+    int64_t tstride;
+    int groups;
+    bool aligned;                      // groups are whole vectors: vector j is in group_of[j]
+    int16_t group_of[kMaxDim];         // group of vector j (aligned), else of lane j
+    float fp8_scale;
+    alignas(64) float cs[kMaxDim], cz[kMaxDim];  // per channel: scale and zero of each channel
+};
+
+// The block-independent part of a QBlock: which group each vector (or lane) belongs to.
+void group_layout(const KVSide& s, int D, QBlock& b) {
+    if (s.group == 0) return;
+    b.groups = D / s.group;
+    b.aligned = s.group % kLanes == 0;
+    for (int i = 0; i < (b.aligned ? D / kLanes : D); ++i)
+        b.group_of[i] = static_cast<int16_t>(b.aligned ? i * kLanes / s.group : i / s.group);
+}
+
+// Point b at block `id`, KV head kh (per-channel scales converted to fp32 here).
+template <int KIND>
+void open_block(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs, QBlock& b) {
+    const int row_bytes = KIND == kInt4 ? D / 2 : D;
+    const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
+    b.codes = s.codes + row0 * row_bytes;
+    b.stride = static_cast<int64_t>(kv_heads) * row_bytes;
+    b.tscale = b.tzero = nullptr;
+    if (KIND == kFp8) {
+        b.fp8_scale = static_cast<const float*>(s.scale)[id * kv_heads + kh];
+    } else if (s.group != 0) {
+        b.tscale = static_cast<const uint16_t*>(s.scale) + row0 * b.groups;
+        b.tzero = s.zero + row0 * b.groups;
+        b.tstride = static_cast<int64_t>(kv_heads) * b.groups;
+    } else {
+        halves_to_floats(static_cast<const uint16_t*>(s.scale) + (id * kv_heads + kh) * D, b.cs, D);
+        halves_to_floats(s.zero + (id * kv_heads + kh) * D, b.cz, D);
+    }
+}
+
+// Lanes j*8.. of a per-group array g as a vector.
+inline vec group_vec(const QBlock& b, const float* g, int j) {
+    if (b.aligned) return vec{} + g[b.group_of[j]];
+    vec r;
+    for (int i = 0; i < kLanes; ++i) r[i] = g[b.group_of[j * kLanes + i]];
+    return r;
+}
+
+template <int KIND>
+inline vec codes_vec(const uint8_t* c, int j) {
+    if (KIND == kInt8) return int8_codes(c + j * kLanes);
+    if (KIND == kInt4) return int4_codes(c + j * kLanes / 2);
+    return fp8_to_float(c + j * kLanes);
+}
+
+// Token t's codes as nv vectors: the values themselves for int8/int4 (zero + code x scale,
+// in registers), e4m3 values without their block scale (the caller folds it).
+template <int KIND>
+inline __attribute__((always_inline)) void dequantize_row(const QBlock& b, int t, int nv,
+                                                          vec* row) {
+    const uint8_t* c = b.codes + t * b.stride;
+    for (int j = 0; j < nv; ++j) row[j] = codes_vec<KIND>(c, j);
+    if (KIND == kFp8) return;
+    if (b.tscale) {
+        float sg[kMaxDim], zg[kMaxDim];
+        halves_to_floats(b.tscale + t * b.tstride, sg, b.groups);
+        halves_to_floats(b.tzero + t * b.tstride, zg, b.groups);
+        for (int j = 0; j < nv; ++j)
+            row[j] = row[j] * group_vec(b, sg, j) + group_vec(b, zg, j);
+    } else {
+        for (int j = 0; j < nv; ++j)
+            row[j] = row[j] * load_vec(b.cs + j * kLanes) + load_vec(b.cz + j * kLanes);
+    }
+}
+
+// Fold one full quantized block (n rows) into the state without a dequantized copy. Keys with
+// one scale per channel (and e4m3's one per block) are folded into the query once per block,
+// q.k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c, so the loop over tokens is a dot of q' with
+// the codes widened in registers; per-token key groups and values are dequantized row by row
+// in registers (e4m3 values' block scale goes into the probabilities). The fp16 outlier key
+// channels are zeroed in qm and their q_c x outlier_tc added per token.
+template <int KIND, int DV>
+inline __attribute__((always_inline)) void attend_quantized(
+        State& st, const KVSide& ks, const QBlock& kb, const QBlock& vb, int64_t row0,
+        int kh, int kv_heads, int n, int G, int nv_dynamic) {
+    const int nv = DV ? DV : nv_dynamic;
+    const bool fold = KIND == kFp8 || kb.tscale == nullptr;
+    float kc[kMaxGroup] = {};
+    if (fold) {
+        for (int g = 0; g < G; ++g) {
+            vec z = vec{};
+            for (int j = 0; j < nv; ++j) {
+                if (KIND == kFp8) {
+                    st.qk[g][j] = st.qm[g][j] * kb.fp8_scale;
+                } else {
+                    st.qk[g][j] = st.qm[g][j] * load_vec(kb.cs + j * kLanes);
+                    z += st.qm[g][j] * load_vec(kb.cz + j * kLanes);
+                }
+            }
+            if (KIND != kFp8) kc[g] = hsum(z);
+        }
+    }
+    const int no = ks.num_outliers;
+    const int64_t* ch = ks.outlier_channels + static_cast<int64_t>(kh) * no;
+    for (int t = 0; t < n; ++t) {
+        vec row[kMaxDim / kLanes];
+        if (fold) {
+            for (int j = 0; j < nv; ++j) row[j] = codes_vec<KIND>(kb.codes + t * kb.stride, j);
+        } else {
+            dequantize_row<KIND>(kb, t, nv, row);
+        }
+        for (int g = 0; g < G; ++g) st.s[g][t] = dot(fold ? st.qk[g] : st.qm[g], row, nv) + kc[g];
+        if (no) {
+            float out[kMaxDim];
+            halves_to_floats(ks.outliers + (row0 + static_cast<int64_t>(t) * kv_heads) * no,
+                             out, no);
+            for (int g = 0; g < G; ++g) {
+                const float* q = reinterpret_cast<const float*>(st.qf[g]);
+                float extra = 0.f;
+                for (int j = 0; j < no; ++j) extra += q[ch[j]] * out[j];
+                st.s[g][t] += extra;
+            }
+        }
+    }
+    softmax_block(st, n, G, nv);
+    for (int t = 0; t < n; ++t) {
+        vec row[kMaxDim / kLanes];
+        dequantize_row<KIND>(vb, t, nv, row);
+        for (int g = 0; g < G; ++g) {
+            const float p = KIND == kFp8 ? st.s[g][t] * vb.fp8_scale : st.s[g][t];
+            for (int j = 0; j < nv; ++j) st.acc[g][j] += p * row[j];
+        }
+    }
+}
+
 // One (query, kv head, part) item; DV = head_dim / kLanes when fixed at compile time, 0 when not.
-// QUANT: K/V come from a.ks / a.vs (dequantized per block) instead of a.k / a.v.
-template <typename T, int DV, bool QUANT>
+// KIND: 0 for plain blocks a.k / a.v, else the codec kind of a.ks and a.vs.
+template <typename T, int DV, int KIND>
 void attend_part(const Args& a, int qi, int kh, int part) {
     const T* q = static_cast<const T*>(a.q);
     const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
@@ -334,27 +433,39 @@ void attend_part(const Args& a, int qi, int kh, int part) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         for (int j = 0; j < nv; ++j) {
             st.qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
+            st.qm[g][j] = st.qf[g][j];
             st.acc[g][j] = vec{};
+        }
+        if (KIND != 0) {
+            float* qm = reinterpret_cast<float*>(st.qm[g]);
+            for (int j = 0; j < a.ks->num_outliers; ++j)
+                qm[a.ks->outlier_channels[static_cast<int64_t>(kh) * a.ks->num_outliers + j]] = 0.f;
         }
         st.m[g] = -INFINITY;
         st.l[g] = 0.f;
     }
     const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
-    std::vector<float> kbuf(QUANT ? bs * D : 0), vbuf(QUANT ? bs * D : 0);
+    QBlock kb, vb;
+    if (KIND) {
+        group_layout(*a.ks, D, kb);
+        group_layout(*a.vs, D, vb);
+    }
     for (int b = b_begin; b < b_end; ++b) {
         const int start = b * bs;
         const int n = L - start < bs ? L - start : bs;
         const int64_t id = table[b];
-        const int64_t slot = QUANT ? a.residual_of[id] : id;
-        if (!QUANT || slot >= 0) {  // plain blocks, or a partial block's residual buffer
-            const T* kc = static_cast<const T*>(QUANT ? a.ks->residual : a.k);
-            const T* vc = static_cast<const T*>(QUANT ? a.vs->residual : a.v);
+        const int64_t slot = KIND ? a.residual_of[id] : id;
+        if (!KIND || slot >= 0) {  // plain blocks, or a partial block's residual buffer
+            const T* kc = static_cast<const T*>(KIND ? a.ks->residual : a.k);
+            const T* vc = static_cast<const T*>(KIND ? a.vs->residual : a.v);
             const int64_t base = slot * bs * token_stride + kh * D;
             attend_block<T, DV>(st, kc + base, vc + base, token_stride, n, G, nv);
         } else {
-            dequantize<T>(*a.ks, id, kh, a.kv_heads, D, bs, n, kbuf.data());
-            dequantize<T>(*a.vs, id, kh, a.kv_heads, D, bs, n, vbuf.data());
-            attend_block<float, DV>(st, kbuf.data(), vbuf.data(), D, n, G, nv);
+            constexpr int K = KIND ? KIND : kInt8;  // (KIND 0 never gets here)
+            open_block<K>(*a.ks, id, kh, a.kv_heads, D, bs, kb);
+            open_block<K>(*a.vs, id, kh, a.kv_heads, D, bs, vb);
+            attend_quantized<K, DV>(st, *a.ks, kb, vb, id * bs * a.kv_heads + kh, kh,
+                                    a.kv_heads, n, G, nv);
         }
     }
     if (a.parts == 1) {
@@ -407,7 +518,7 @@ void merge_parts(const Args& a, int qi, int kh) {
 
 template <typename T, int DV>
 void run(const Args& a, int num_threads) {
-    const bool quant = a.ks != nullptr;
+    const int kind = a.ks ? a.ks->kind : 0;  // K and V share it (the caller checks)
     const int64_t pairs = static_cast<int64_t>(a.num_queries) * a.kv_heads;
     const int64_t items = pairs * a.parts;
     auto body = [&](int64_t begin, int64_t end) {
@@ -415,8 +526,10 @@ void run(const Args& a, int num_threads) {
             const int64_t pair = w / a.parts;
             const int qi = static_cast<int>(pair / a.kv_heads);
             const int kh = static_cast<int>(pair % a.kv_heads), part = static_cast<int>(w % a.parts);
-            if (quant) attend_part<T, DV, true>(a, qi, kh, part);
-            else attend_part<T, DV, false>(a, qi, kh, part);
+            if (kind == kInt8) attend_part<T, DV, kInt8>(a, qi, kh, part);
+            else if (kind == kInt4) attend_part<T, DV, kInt4>(a, qi, kh, part);
+            else if (kind == kFp8) attend_part<T, DV, kFp8>(a, qi, kh, part);
+            else attend_part<T, DV, 0>(a, qi, kh, part);
         }
     };
     const int n = static_cast<int>(num_threads < items ? num_threads : items);
