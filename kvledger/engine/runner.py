@@ -79,6 +79,17 @@ class ModelRunner:
                 pos.append(p)
                 slots.append(int(ctx[-1]))
                 last_of[id(c)] = len(ids) - 1
+        slot_decoded = set()
+        for c in retained:
+            made = self._retained_decode(c, len(ids))
+            if made is not None:
+                meta.decodes.append(made[0])
+                p = c.request.num_computed_tokens
+                ids.extend(c.request.token_ids_range(p, p + 1))
+                pos.append(p)
+                slots.append(made[1])
+                last_of[id(c)] = len(ids) - 1
+                slot_decoded.add(id(c))
         slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
         for c in prefills:
             start, n = c.request.num_computed_tokens, c.num_new_tokens
@@ -92,7 +103,7 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
-        for c in retained:
+        for c in (c for c in retained if id(c) not in slot_decoded):
             slot_chunks.append(self._retained_segment(c, meta, len(ids)))
             start, n = c.request.num_computed_tokens, c.num_new_tokens
             ids.extend(c.request.token_ids_range(start, start + n))
@@ -111,6 +122,22 @@ class ModelRunner:
             pos.extend(range(end))
             last_of[id(c)] = len(ids) - 1
         return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+
+    def _retained_decode(self, c, offset: int) -> tuple[DecodeGroup, int] | None:
+        """A decode group of one token under an evicting policy whose query sees every held
+        token and whose attention is not scored (window, sinks, snapkv after compression),
+        read through the backend's decode (a slot-list context), with the new token's slot;
+        None for the other chunks (they take :meth:`_retained_segment`)."""
+        req, state, p = c.request, c.request.retention, c.request.num_computed_tokens
+        if c.num_new_tokens != 1 or p == 0:
+            return None
+        scored = state.policy.scored_queries(torch.tensor([p]), req.num_prompt_tokens)
+        if scored is not None and bool(scored.any()):
+            return None
+        slots, _, mask, new_slots = state.context(req.block_table, p, 1)
+        if not bool(mask.all()):
+            return None
+        return DecodeGroup(offset, 1, slots[None], None, slot_view=True), int(new_slots[0])
 
     def _retained_segment(self, c, meta: AttentionMetadata, offset: int) -> torch.Tensor:
         """Add the gathered segment of a chunk under an evicting policy (and its attention

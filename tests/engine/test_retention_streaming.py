@@ -45,6 +45,7 @@ def test_streaming_past_the_context_equals_the_mask_only_reference(tiny_llama,
     with pytest.raises(ContextLengthError, match="maximum context length is 512"):
         engine.add_request("full", PROMPT, params())
     engine.add_request("r", PROMPT, params(SPECS[name], logprobs=0))
+    one_token_blocks = _count_one_token_block_reads(engine)
     peaks, most_held, out = [], 0, None
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -63,6 +64,8 @@ def test_streaming_past_the_context_equals_the_mask_only_reference(tiny_llama,
     assert len(out.token_ids) == NEW and out.finish_reason == "length"
     assert engine.scheduler.kv.pool.num_free == bound  # all free at idle
     assert max(peaks) <= bound and most_held == spec.capacity - 1  # it did evict
+    if engine.model.attention.name == "paged-native":  # decodes read the slot lists in place
+        assert one_token_blocks["calls"] >= (NEW - 1) * engine.spec.num_layers
     logprobs = torch.tensor([lp.logprob for lp in out.logprobs])
     assert torch.isfinite(logprobs).all()
     ref = mask_only_logprobs(hf, (PROMPT + out.token_ids)[:-1], spec)
@@ -82,3 +85,21 @@ def test_one_block_less_than_the_bound_is_refused_at_admission(tiny_engine_facto
     with pytest.raises(KVBudgetError, match=f"= {bound} blocks"):
         engine.add_request("r", PROMPT, params(SPECS["sinks"]))
     assert not engine.has_unfinished_requests()
+
+
+def _count_one_token_block_reads(engine) -> dict:
+    """Count the native kernel's calls over the pool viewed as blocks of one token (the
+    slot-list decode of an evicting policy); other backends have no kernel to count."""
+    calls = {"calls": 0}
+    backend = engine.model.attention
+    kernel = getattr(backend, "kernel", None)
+    if kernel is None:
+        return calls
+
+    def counting(q, keys, values, paged):
+        calls["calls"] += keys.shape[1] == 1
+        return kernel(q, keys, values, paged)
+
+    backend.kernel = counting
+    counting.accepts = kernel.accepts
+    return calls

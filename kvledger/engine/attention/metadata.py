@@ -45,23 +45,29 @@ class DecodeGroup:
 
     ``slots``: [num_seqs, max_context] int64 slot of each context position (padding repeats a
     valid slot); ``mask``: [num_seqs, 1, 1, max_context] bool (True = attend) or None when all
-    contexts have the same length.
+    contexts have the same length. ``slot_view``: the slots are any list (a sequence under an
+    evicting retention policy, with holes and moved tokens), not whole blocks of block tables:
+    the paged form then treats every slot as a block of one token.
     """
 
     start: int
     num_seqs: int
     slots: torch.Tensor
     mask: torch.Tensor | None
+    slot_view: bool = False
     _paged: PagedQueries | None = field(default=None, repr=False)
 
     def paged(self, block_size: int) -> PagedQueries:
-        """The group in block-table form (computed on first use, then cached)."""
+        """The group in block-table form (computed on first use, then cached); with
+        ``slot_view`` the table lists slots, for the pool viewed as blocks of one token."""
         if self._paged is None:
             if self.mask is None:
                 lens = torch.full((self.num_seqs,), self.slots.shape[1], dtype=torch.int32)
             else:
                 lens = self.mask.reshape(self.num_seqs, -1).sum(-1, dtype=torch.int32)
-            self._paged = PagedQueries(_block_table(self.slots, block_size).contiguous(),
+            tables = self.slots.to(torch.int32) if self.slot_view else _block_table(
+                self.slots, block_size)
+            self._paged = PagedQueries(tables.contiguous(),
                                        torch.arange(self.num_seqs, dtype=torch.int32), lens)
         return self._paged
 

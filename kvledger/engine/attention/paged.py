@@ -28,7 +28,7 @@ import torch
 
 from kvledger.engine.attention import native
 from kvledger.engine.attention.metadata import PagedQueries
-from kvledger.engine.attention.reference import AttentionBackend
+from kvledger.engine.attention.reference import AttentionBackend, gathered_decode
 from kvledger.engine.kv.store import KVStore
 
 CHUNK_BLOCKS = 32
@@ -37,7 +37,14 @@ log = logging.getLogger("kvledger.engine")
 
 class _Paged(AttentionBackend):
     def decode(self, layer, q, group, store):
+        if group.slot_view:
+            return self.attend_slots(layer, q, group, store)
         return self.attend(layer, q, group.paged(store.block_size), store)
+
+    def attend_slots(self, layer: int, q: torch.Tensor, group, store: KVStore) -> torch.Tensor:
+        """Output [num_seqs, heads, D] of a decode group whose contexts are any slot lists
+        (``DecodeGroup.slot_view``); here by gather + SDPA, as the reference backend."""
+        return gathered_decode(layer, q, group, store)
 
     def prefill_after_prefix(self, layer, q, seg, store):
         return self.attend(layer, q, seg.paged(store.block_size), store)
@@ -122,6 +129,15 @@ class PagedNativeBackend(_Paged):
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
         return self.kernel(q, keys, values, paged)
+
+    def attend_slots(self, layer, q, group, store):
+        """The kernel over the pool viewed as blocks of one slot ([blocks * bs, 1, kv_heads,
+        D], no copy): a token-granular block table, read in place."""
+        keys, values = store.key_blocks[layer], store.value_blocks[layer]
+        if store.quantized or not self.kernel.accepts(q, keys):
+            return super().attend_slots(layer, q, group, store)
+        one = (-1, 1, *keys.shape[2:])
+        return self.kernel(q, keys.view(one), values.view(one), group.paged(1))
 
     def _sides(self, store, layer: int):
         """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per

@@ -76,14 +76,20 @@ class ReferenceBackend(AttentionBackend):
     name = "reference"
 
     def decode(self, layer, q, group, store):
-        keys, values = store.gather(layer, group.slots)  # [B, L, kv_heads, D]
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=group.mask, enable_gqa=True)
-        return out.squeeze(2)
+        return gathered_decode(layer, q, group, store)
 
     def prefill_after_prefix(self, layer, q, seg, store):
         return gathered_prefill(layer, q, seg, store)
+
+
+def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup,
+                    store: KVStore) -> torch.Tensor:
+    """[num_seqs, heads, D] output of a decode group's queries over its ``slots`` gathered."""
+    keys, values = store.gather(layer, group.slots)  # [B, L, kv_heads, D]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=group.mask, enable_gqa=True)
+    return out.squeeze(2)
 
 
 def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment,
