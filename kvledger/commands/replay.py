@@ -39,6 +39,9 @@ def replay(
     weights_dtype: Annotated[str | None, Opt(
         help="Weights format for the bytes read per step (default: the checkpoint's).")] = None,
     tp: Annotated[int, Opt("--tp", "--tensor-parallel-size", help="Tensor-parallel ranks.")] = 1,
+    link_gbs: Annotated[float | None, Opt(
+        help="Bandwidth between tensor-parallel ranks, GB/s per direction (default: the "
+             "device's NVLink/PCIe figure, kvledger/ledger/interconnect.py).")] = None,
     speed: Annotated[float, Opt(help="Load multiplier: arrival times are divided by it.")] = 1.0,
     slo: Annotated[str | None, Opt(help="Targets for goodput, e.g. ttft:500,tpot:50 (ms).")]
     = None,
@@ -78,9 +81,7 @@ def replay(
     if max_requests is not None:
         tr.requests = tr.requests[:max_requests]
     spec = load_model_spec(model)
-    config = engine_config
     config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
-    setup.check_replayable(config)
     base = setup.Setting(config, speed)
     from_trace = measured is None
     measured = measured or report.measured_figures(tr)
@@ -89,12 +90,13 @@ def replay(
           f"for {spec.name} on {dev.name}; step model: {eff.source}")
     rows, out_dir = [], Path(out)
     for s in setup.settings(base, swept):
-        run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, tp, step_times)
+        run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, tp, step_times, link_gbs)
         summary, records = report.summary(run, s.label, s.config.max_num_seqs, slo_targets)
         meta = {"trace": trace, "model": spec.name, "device": dev.name,
                 "kv_format": setup.kv_format_of(s.config, dev),
                 "setting": s.label, "step_model": eff.source, "step_times": step_times,
-                "speed": s.speed, "engine": dataclasses.asdict(s.config),
+                "speed": s.speed, "tp": tp, "link_gbs": link_gbs,
+                "engine": dataclasses.asdict(s.config),
                 "num_blocks": run.num_blocks}
         result = BenchResult(meta=meta, summaries=[summary], records=records)
         folder = out_dir / s.label.replace("=", "-") if swept else out_dir

@@ -6,6 +6,11 @@
 thread drives the wrapper exactly as it drives the engine. Times are ``time.perf_counter()``
 seconds minus the wrapper's creation time, the clock the engine stamps its request metrics
 with.
+
+Under a token-level retention policy (h2o, snapkv) the request's policy object is wrapped in
+:class:`RecordingPolicy`, which passes every decision through unchanged and notes the positions
+it dropped; each ``step`` line carries them as ``evicted`` (what lets a replay keep exactly the
+tokens the engine kept, :mod:`kvledger.replay.retention`). Nothing else of the engine changes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import KVLedgerError
+from kvledger.ledger.retention import RetentionSpec
+from kvledger.replay.retention import dropped_ranges
 from kvledger.replay.trace import TraceWriter
 
 _DEFAULTS = SamplingParams()
@@ -27,8 +34,29 @@ def sampling_fields(params: SamplingParams) -> dict:
     for f in dataclasses.fields(SamplingParams):
         value = getattr(params, f.name)
         if f.name != "max_tokens" and value != getattr(_DEFAULTS, f.name):
-            out[f.name] = value
+            out[f.name] = dataclasses.asdict(value) if isinstance(value, RetentionSpec) else value
     return out
+
+
+class RecordingPolicy:
+    """A live request's retention policy that notes what its ``keep`` drops.
+
+    Every attribute is the wrapped policy's; ``keep`` returns the policy's answer and appends
+    ``(request id, dropped positions)`` to ``log``.
+    """
+
+    def __init__(self, inner, request_id: str, log: list) -> None:
+        self.inner, self.request_id, self.log = inner, request_id, log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        """The wrapped policy's [h] bool mask over ``pos`` [h]; notes ``pos[~mask]``."""
+        kept = self.inner.keep(pos, scores, next_pos, num_prompt_tokens, compressed)
+        if not bool(kept.all()):
+            self.log.append((self.request_id, sorted(pos[~kept].tolist())))
+        return kept
 
 
 class TracingEngine:
@@ -45,6 +73,7 @@ class TracingEngine:
         self._t0 = time.perf_counter()
         self._live: dict[str, Any] = {}  # id -> Request, for its figures at finish
         self._steps = 0
+        self._evicted: list[tuple[str, list[int]]] = []  # this step's drops (RecordingPolicy)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
@@ -63,6 +92,9 @@ class TracingEngine:
             raise
         req = self._engine.scheduler.requests[request_id]
         self._live[request_id] = req
+        if req.retention is not None and req.retention.policy.compacts:
+            req.retention.policy = RecordingPolicy(req.retention.policy, request_id,
+                                                   self._evicted)
         self._writer.write({
             "type": "request", "id": request_id, "arrival_s": self._t(req.metrics.arrival_time),
             **self._writer.prompt_fields(req.prompt_token_ids),
@@ -82,8 +114,10 @@ class TracingEngine:
                 "chunks": [[c.request.request_id, c.start, c.num_new_tokens]
                            for c in plan.chunks],
                 "preempted": [r.request_id for r in plan.preempted],
-                "failed": [r.request_id for r, _ in plan.failed]})
+                "failed": [r.request_id for r, _ in plan.failed],
+                "evicted": [[rid, dropped_ranges(p)] for rid, p in self._evicted]})
             self._steps += 1
+        self._evicted.clear()
         for out in outputs:
             if out.finished:
                 self._finish(out.request_id, out.finish_reason, out)

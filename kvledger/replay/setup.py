@@ -16,7 +16,7 @@ from kvledger.engine.engine import pool_blocks
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
 from kvledger.ledger.hardware import Device, GiB, get_device
-from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.ledger.kv import kv_bytes_per_block, kv_format
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
 from kvledger.replay.simulator import ModelClock, RecordedClock, ReplayRun, Simulator
@@ -38,6 +38,9 @@ SWEEP_KEYS = {  # --sweep key -> (what it sets, value type)
     "max-kv-tokens-per-request": ("max_kv_tokens_per_request", int),
     "long-prompt-tokens": ("long_prompt_tokens", int),
     "kv-cache-dtype": ("kv_cache_dtype", str),
+    "kv-policy": ("kv_policy", str),
+    "kv-window": ("kv_window", int),
+    "kv-budget": ("kv_budget", int),
     "speed": ("speed", float),
 }
 
@@ -116,25 +119,40 @@ def recorded_config(header: dict) -> EngineConfig:
     return config
 
 
-def check_replayable(config: EngineConfig) -> None:
-    """Refuse what the replay cannot simulate.
+def check_replayable(config: EngineConfig, device: Device) -> None:
+    """Refuse what the engine would refuse.
 
     Raises:
-        InvalidParameterError: an evicting ``--kv-policy`` (its evictions run in the engine,
-            beside the model, not in the Scheduler the replay drives).
+        InvalidParameterError: an evicting ``--kv-policy`` over a quantized KV format (the
+            engine runs evicting policies on full-precision KV only).
     """
-    if config.retention.evicts:
+    fmt = kv_format_of(config, device)
+    if config.retention.evicts and kv_format(fmt).quantized:
         raise InvalidParameterError(
-            f"--kv-policy {config.kv_policy} is not replayed yet (its evictions run in the "
-            "engine, beside the model); replay with the full policy")
+            f"--kv-policy {config.retention.policy} runs on full-precision KV (fp32, bf16, "
+            f"fp16), not {fmt}, in the engine and so in replay")
+
+
+def live_retention(header: dict):
+    """The recording engine's default retention policy (None: the header has no engine)."""
+    try:
+        return recorded_config(header).retention
+    except InvalidParameterError:
+        return None
+
+
+def compute_format_of(config: EngineConfig, device: Device) -> str:
+    """The activations' format: the engine's ``--dtype`` on ``local`` (fp32 or bf16, its two
+    compute types here), bf16 on the table's devices."""
+    return config.dtype if device.name == "local" and config.dtype == "fp32" else "bf16"
 
 
 def kv_format_of(config: EngineConfig, device: Device) -> str:
-    """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the engine's choice on
-    ``local`` (fp32 under fp32 compute, else bf16) and bf16 on the table's devices."""
+    """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the compute format (the
+    engine's choice)."""
     if config.kv_cache_dtype != "auto":
         return config.kv_cache_dtype
-    return config.dtype if device.name == "local" and config.dtype == "fp32" else "bf16"
+    return compute_format_of(config, device)
 
 
 def resolve_device(name: str) -> tuple[Device, Efficiency]:
@@ -169,20 +187,24 @@ def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: s
 
 def simulate(trace: Trace, spec: ModelSpec, device: Device, eff: Efficiency, s: Setting,
              weights_dtype: str | None = None, tp: int = 1,
-             step_times: str = "model") -> ReplayRun:
+             step_times: str = "model", link_gbs: float | None = None) -> ReplayRun:
     """Replay ``trace`` under one setting.
 
     Args:
         step_times: ``model`` (the step-time model) or ``trace`` (the recorded durations; the
             model for steps past the recording).
+        link_gbs: per-direction bandwidth between tensor-parallel ranks (None: the device's).
     """
+    check_replayable(s.config, device)
     blocks, bpb = num_blocks_for(spec, device, s, weights_dtype, tp)
+    activation_bytes = kv_format(compute_format_of(s.config, device)).bits // 8
     model = StepTimeModel(spec, device, eff, kv_format_of(s.config, device), weights_dtype, tp,
-                          _group(s.config))
+                          _group(s.config), activation_bytes, link_gbs)
     clock = ModelClock(model)
     if step_times == "trace":
         if not trace.steps:
             raise InvalidParameterError("--step-times trace: this trace recorded no steps")
         clock = RecordedClock(trace.steps, clock)
-    sim = Simulator(trace, s.config, blocks, bpb, spec.max_position_embeddings, clock, s.speed)
+    sim = Simulator(trace, s.config, blocks, bpb, spec.max_position_embeddings, clock, s.speed,
+                    live_retention(trace.header))
     return sim.run()

@@ -19,6 +19,12 @@ hash, so two requests share exactly the prefix blocks whose hashes they share; t
 last block and the output get tokens unique to the request. A trace without either (an
 imported one) shares nothing.
 
+Retention: a request under an evicting ``--kv-policy`` (the engine's default, or the one its
+trace ``sampling`` names) gets the engine's retention state, so the Scheduler frees and compacts
+its blocks after each step as the engine does (:mod:`kvledger.replay.retention`: exact for
+window and sinks; for h2o and snapkv exact while the replay follows a recorded schedule whose
+evictions the trace holds, else a score-free stand-in that predicts the block accounting only).
+
 Clocks: :class:`ModelClock` (the step-time model, back to back) and :class:`RecordedClock`
 (each step starts and lasts as the trace's step of the same index did; this reproduces a
 recorded run's schedule when the replay's scheduler is the live one).
@@ -37,6 +43,8 @@ from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.engine.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, KVBudgetError
+from kvledger.ledger.retention import RetentionSpec
+from kvledger.replay.retention import NoKVStore, ReplayedPolicy, positions_of, retained_kv
 from kvledger.replay.step_model import StepFeatures, StepTimeModel
 from kvledger.replay.trace import Trace, TraceRequest
 
@@ -89,6 +97,7 @@ class SimRequest:
     token_times: list[float] = field(default_factory=list)
     finished_s: float | None = None
     output_ids: list[int] = field(default_factory=list)
+    live_policy: bool = False  # replayed under the policy it ran under live
 
     @property
     def ttft_s(self) -> float | None:
@@ -147,13 +156,18 @@ class Simulator:
         max_model_len: the model's context.
         clock: ModelClock or RecordedClock.
         speed: arrival-time divisor (2 = twice the load); the step times do not change.
+        live_retention: the recording engine's default retention policy (None: unknown), which
+            decides whether the trace's recorded evictions apply to a request.
     """
 
     def __init__(self, trace: Trace, config: EngineConfig, num_blocks: int,
-                 bytes_per_block: int, max_model_len: int, clock, speed: float = 1.0) -> None:
-        self.trace, self.clock = trace, clock
+                 bytes_per_block: int, max_model_len: int, clock, speed: float = 1.0,
+                 live_retention: RetentionSpec | None = None) -> None:
+        self.trace, self.clock, self.config = trace, clock, config
+        self.live_retention = live_retention
         self.sched = Scheduler(config, num_blocks, config.block_size, bytes_per_block,
-                               max_model_len)
+                               max_model_len, NoKVStore())
+        self.in_sync = True  # every step so far computed what the trace's step of its index did
         self.bytes_per_block = bytes_per_block
         self.hash_block_size = trace.header.get("hash_block_size")
         self.sims = [SimRequest(r, r.arrival_s / speed, r.target_output_tokens)
@@ -163,6 +177,11 @@ class Simulator:
         r = sim.trace
         params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
         req = Request(r.id, prompt_ids(r, self.hash_block_size), params)
+        named = r.sampling.get("kv_policy")
+        spec = RetentionSpec.from_dict(named) if named else self.config.retention
+        req.retention = retained_kv(spec, self.config.block_size)
+        sim.live_policy = spec == (RetentionSpec.from_dict(named) if named else
+                                   self.live_retention)
         try:
             self.sched.add(req)
         except (ContextLengthError, KVBudgetError) as exc:
@@ -212,6 +231,7 @@ class Simulator:
                 sim = by_id[chunk.request.request_id]
                 sim.first_scheduled_s = sim.first_scheduled_s if sim.first_scheduled_s is not \
                     None else start
+            self._recorded_evictions(len(steps) - 1, plan, by_id)
             self.sched.advance(plan)
             for chunk in plan.chunks:
                 if chunk.samples:
@@ -219,6 +239,22 @@ class Simulator:
             now = end
         return ReplayRun(self.sims, steps, pool.num_blocks, self.bytes_per_block, peak,
                          self.sched.num_preemptions, now)
+
+    def _recorded_evictions(self, index: int, plan: SchedulerOutput, by_id: dict) -> None:
+        """Give each token-level policy of this step the positions the engine dropped at the
+        trace's step ``index``, while the replay computes what the trace did (else None: the
+        stand-in selection)."""
+        live = self.trace.steps[index] if index < len(self.trace.steps) else None
+        ours = [[c.request.request_id, c.start, c.num_new_tokens] for c in plan.chunks]
+        self.in_sync = self.in_sync and live is not None and "evicted" in live and \
+            [list(c) for c in live["chunks"]] == ours
+        evicted = {rid: positions_of(runs) for rid, runs in (live or {}).get("evicted", [])}
+        for chunk in plan.chunks:
+            state = chunk.request.retention
+            if state is not None and isinstance(state.policy, ReplayedPolicy):
+                exact = self.in_sync and by_id[chunk.request.request_id].live_policy
+                state.policy.recorded = evicted.get(chunk.request.request_id, set()) \
+                    if exact else None
 
     def _append(self, sim: SimRequest, end: float) -> None:
         req = sim.request

@@ -8,6 +8,8 @@ already cached) the features are
   kv_read ``R = sum (start_c + n_c)``: KV tokens each chunk reads (a chunk reads its context
           once, as a paged kernel does)
   seqs    ``S``: chunks (sequences) in the step
+  sampled ``N``: chunks that sample a token (those reaching their request's end; a chunk
+          inside a long prompt samples nothing)
 
 and the ledger's terms on a device of peak ``F`` FLOP/s and ``B`` bytes/s, per tensor-parallel
 rank (:mod:`kvledger.ledger.costs`):
@@ -15,13 +17,21 @@ rank (:mod:`kvledger.ledger.costs`):
   compute_s = (2 x active params x T + attention FLOPs per pair x P) / (tp x F)
   memory_s  = (weight bytes read + KV bytes per token x (R + T)) / B   (per rank)
 
+  collective_s (tp > 1) = 2 x layers x all_reduce(hidden x T x a) + gather(N x ceil(V / tp) x a)
+          the two all-reduces of every layer (after the attention output and the MLP down
+          projections, whose inputs are split by columns) and the gather of the vocabulary-split
+          logits on rank 0, ``a`` bytes per activation (2 for bf16), priced at the link
+          bandwidth between ranks (:mod:`kvledger.ledger.interconnect`: ring all-reduce,
+          bandwidth only, no latency); this is the engine's tensor parallelism
+          (``kvledger/engine/parallel/rank_model.py``)
+
   duration  = step_overhead_s + seq_overhead_s x S + compute_s / mfu + memory_s / mbu
+              + collective_s
 
 The two terms are added, not overlapped (max): an engine that does not overlap its weight
 reads with its matmuls (a CPU engine, small batches) pays both. ``mfu`` and ``mbu`` are the
 efficiency factors, the fraction of peak FLOP/s and bandwidth a step reaches; the overheads are
-the framework's fixed cost per step and per sequence (scheduling, sampling, launches). No
-collective cost is modelled for tp > 1.
+the framework's fixed cost per step and per sequence (scheduling, sampling, launches).
 
 Factors for the devices of the table are :data:`DEFAULT_EFFICIENCY`: round figures we assume,
 not measurements (the planner's MFU of 0.4 for prefill, 0.7 of peak bandwidth for decode, a few
@@ -39,6 +49,7 @@ from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.errors import ConfigError, InvalidParameterError
 from kvledger.ledger.costs import attention_flops
 from kvledger.ledger.hardware import Device
+from kvledger.ledger.interconnect import all_reduce_s, gather_s, link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_token
 from kvledger.ledger.params import count_params, params_read_per_step, spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
@@ -54,18 +65,22 @@ class StepFeatures:
     pairs: int
     kv_read_tokens: int
     seqs: int
+    sampled: int
 
     @classmethod
-    def of(cls, chunks: list[tuple[int, int]]) -> StepFeatures:
-        """Features of chunks given as ``(start, num_new_tokens)``."""
+    def of(cls, chunks: list[tuple[int, int]], sampled: int | None = None) -> StepFeatures:
+        """Features of chunks given as ``(start, num_new_tokens)``; ``sampled`` chunks sample
+        a token (None: all of them)."""
         return cls(tokens=sum(n for _, n in chunks),
                    pairs=sum(n * s + n * (n + 1) // 2 for s, n in chunks),
-                   kv_read_tokens=sum(s + n for s, n in chunks), seqs=len(chunks))
+                   kv_read_tokens=sum(s + n for s, n in chunks), seqs=len(chunks),
+                   sampled=len(chunks) if sampled is None else sampled)
 
     @classmethod
     def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
         """Features of a scheduler step."""
-        return cls.of([(c.start, c.num_new_tokens) for c in plan.chunks])
+        return cls.of([(c.start, c.num_new_tokens) for c in plan.chunks],
+                      sum(1 for c in plan.chunks if c.samples))
 
 
 @dataclass(frozen=True)
@@ -139,12 +154,21 @@ class StepTimeModel:
             file's real bytes).
         tp: tensor-parallel ranks.
         kv_group_size: elements per scale group of an int8/int4 KV format (None: the vector).
+        activation_bytes: bytes per activation element the collectives move (2: bf16).
+        link_gbs: per-direction bandwidth between ranks, GB/s (None: the device's, see
+            :mod:`kvledger.ledger.interconnect`).
+
+    Raises:
+        InvalidParameterError: tp > 1 on a device with no known link and no ``link_gbs``.
     """
 
     def __init__(self, spec: ModelSpec, device: Device, efficiency: Efficiency,
                  kv_format: str = "bf16", weights_dtype: str | None = None, tp: int = 1,
-                 kv_group_size: int | None = None):
+                 kv_group_size: int | None = None, activation_bytes: int = 2,
+                 link_gbs: float | None = None):
         self.spec, self.device, self.eff, self.tp = spec, device, efficiency, tp
+        self.activation_bytes = activation_bytes
+        self.link = link_bytes_per_s(device, link_gbs) if tp > 1 else None
         counts = count_params(spec)
         self.flops_per_token = 2 * counts.active
         self.flops_per_pair = attention_flops(spec, 1)
@@ -164,9 +188,18 @@ class StepTimeModel:
         return (flops / (self.tp * self.device.flops_per_s),
                 (weights + kv) / self.device.bandwidth_bytes_per_s)
 
+    def collective_s(self, f: StepFeatures) -> float:
+        """Seconds of the step's tensor-parallel all-reduces and logits gather (0 at tp 1)."""
+        if self.tp == 1:
+            return 0.0
+        s, a = self.spec, self.activation_bytes
+        reduce = all_reduce_s(s.hidden_size * f.tokens * a, self.tp, self.link)
+        logits = gather_s(f.sampled * -(-s.vocab_size // self.tp) * a, self.tp, self.link)
+        return 2 * s.num_layers * reduce + logits
+
     def duration(self, f: StepFeatures) -> float:
         """Seconds of a step with features ``f``."""
         compute, memory = self.terms(f)
         e = self.eff
         return (e.step_overhead_s + e.seq_overhead_s * f.seqs + compute / e.mfu
-                + memory / e.mbu)
+                + memory / e.mbu + self.collective_s(f))

@@ -30,7 +30,10 @@ ignored, so the format can grow. Version 1:
 ``step``
     ``index`` (from 0), ``start_s``, ``duration_s`` (of the engine's ``step()``), ``chunks``
     (``[request id, first token position, tokens computed]`` per scheduled chunk, in the
-    scheduler's order), ``preempted`` and ``failed`` (request ids).
+    scheduler's order), ``preempted`` and ``failed`` (request ids), and ``evicted``: per
+    request of a token-level retention policy (h2o, snapkv) whose eviction after this step
+    dropped tokens, ``[request id, [[lo, hi], ...]]`` (the dropped positions as half-open
+    runs); absent when the producer did not record evictions (older traces, bench, importers).
 
 A request's output length for replay is its ``finish`` line's ``output_tokens``, else its own
 ``output_tokens``, else ``max_tokens``.

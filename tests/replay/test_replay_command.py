@@ -98,8 +98,10 @@ def test_speed_scales_arrivals_only(trace_file, tmp_path):
     (["--device", "L4", "--slo", "ttft:fast"], "--slo ttft must be milliseconds"),
     (["--device", "L4", "--sweep", "colour=1,2"], "--sweep takes KEY=V1,V2"),
     (["--device", "L4", "--speed", "0"], "--speed must be > 0"),
-    (["--device", "L4", "--kv-policy", "window", "--kv-window", "64"], "is not replayed yet"),
+    (["--device", "L4", "--kv-policy", "window", "--kv-window", "64", "--kv-cache-dtype",
+      "int8"], "runs on full-precision KV"),
     (["--device", "L4", "--compare", "nothing.json"], "--compare: nothing.json not found"),
+    (["--device", "L4", "--tp", "2", "--link-gbs", "0"], "--link-gbs must be positive"),
 ])
 def test_bad_options_exit_2_with_one_line(trace_file, extra, message):
     code, text = _run(trace_file, "--model", MODEL, *extra)
@@ -125,3 +127,34 @@ def test_sweep_kv_cache_dtype_grows_the_pool(trace_file, tmp_path):
     blocks = {f: json.loads((tmp_path / f"kv-cache-dtype-{f}" / "results.json").read_text())
               ["summaries"][0]["num_blocks"] for f in ("bf16", "int8")}
     assert blocks["int8"] / blocks["bf16"] == pytest.approx(64 / 38, rel=1e-3)
+
+
+def test_sweep_kv_window_frees_blocks(trace_file, tmp_path):
+    """Under sinks a sequence holds at most sinks + window - 1 tokens plus one 64-token chunk:
+    a short window holds fewer blocks and preempts less than a window longer than any request
+    (which holds what full retention holds)."""
+    code, text = _run(trace_file, "--model", MODEL, "--device", "L4", "--num-blocks", "300",
+                      "--max-num-seqs", "32", "--kv-policy", "sinks", "--kv-window", "8",
+                      "--sweep", "kv-window=128,4096", "--out", tmp_path)
+    assert code == 0, text
+    runs = {w: json.loads((tmp_path / f"kv-window-{w}" / "results.json").read_text())
+            for w in (128, 4096)}
+    block = 16 * 32 * 8 * 128 * 2 * 2  # bytes: 16 tokens x layers x KV heads x dim x K,V x bf16
+    held = {w: max(r["kv_peak_bytes"] for r in run["replay_requests"]) // block
+            for w, run in runs.items()}
+    assert held[128] <= -(-(4 + 128 - 1 + 64) // 16) < held[4096]
+    pre = {w: run["summaries"][0]["metrics"]["preemptions"] for w, run in runs.items()}
+    assert pre[128] < pre[4096]
+
+
+def test_tp_collectives_slow_the_steps_on_a_slow_link(trace_file, tmp_path):
+    """The same TP 2 replay over a 1 GB/s link (NVLink: 450) has longer steps: its TPOT grows
+    by at least the 64 all-reduces of one decode token (4096 x 2 bytes each) per token."""
+    args = ["--model", MODEL, "--device", "H100-SXM", "--tp", "2", "--max-num-seqs", "4"]
+    tpot = {}
+    for link in ("450", "1"):
+        code, text = _run(trace_file, *args, "--link-gbs", link, "--out", tmp_path / link)
+        assert code == 0, text
+        body = json.loads((tmp_path / link / "results.json").read_text())
+        tpot[link] = body["summaries"][0]["tpot_s"]["p50"]
+    assert tpot["1"] - tpot["450"] > 64 * 4096 * 2 / 1e9 * (1 - 1 / 450)

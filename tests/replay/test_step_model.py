@@ -7,6 +7,7 @@ import random
 import pytest
 
 from kvledger.catalogue import load_model_spec
+from kvledger.errors import InvalidParameterError
 from kvledger.ledger.hardware import get_device
 from kvledger.replay.fit import fit
 from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
@@ -18,7 +19,7 @@ LLAMA_8B_KV_BYTES = 131_072  # 32 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes
 def test_features_by_hand():
     f = StepFeatures.of([(0, 4), (10, 1)])
     # pairs: 4 new tokens from 0 see 1+2+3+4 = 10 keys; 1 token at 10 sees 11
-    assert f == StepFeatures(tokens=5, pairs=21, kv_read_tokens=15, seqs=2)
+    assert f == StepFeatures(tokens=5, pairs=21, kv_read_tokens=15, seqs=2, sampled=2)
 
 
 def test_decode_step_on_h100_by_hand():
@@ -35,6 +36,43 @@ def test_decode_step_on_h100_by_hand():
     tp2 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2)
     assert tp2.terms(f)[0] == pytest.approx(model.terms(f)[0] / 2)
     assert tp2.terms(f)[1] == pytest.approx(model.terms(f)[1] / 2)
+
+
+def test_tensor_parallel_collectives_on_h100_by_hand():
+    """Llama-3.1-8B (config.json: hidden 4096, 32 layers, vocab 128256) at TP 2 over H100 SXM
+    NVLink (900 GB/s bidirectional -> 450e9 B/s per direction), a decode batch of 8 in bf16:
+    two ring all-reduces per layer of 4096 x 8 x 2 bytes (2 (n-1)/n = 1 at n = 2) and the gather
+    of rank 1's 8 x 64128 bf16 logits on rank 0."""
+    spec = load_model_spec("meta-llama/Llama-3.1-8B")
+    h100 = get_device("H100-SXM")
+    eff = Efficiency(mfu=0.5, mbu=0.8, step_overhead_s=0.0, seq_overhead_s=0.0, source="t")
+    f = StepFeatures.of([(100 + i, 1) for i in range(8)])
+    reduce = 4096 * 8 * 2 / 450e9
+    gather = 8 * 64128 * 2 / 450e9
+    tp2 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2)
+    assert tp2.collective_s(f) == pytest.approx(64 * reduce + gather, rel=1e-12)
+    compute, memory = tp2.terms(f)
+    assert tp2.duration(f) == pytest.approx(compute / 0.5 + memory / 0.8 + 64 * reduce + gather)
+    # TP 4: ring factor 2 x 3 / 4, three parts of ceil(128256 / 4) = 32064 logits gathered
+    tp4 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=4)
+    assert tp4.collective_s(f) == pytest.approx(64 * 1.5 * reduce + 3 * 8 * 32064 * 2 / 450e9)
+    assert StepTimeModel(spec, h100, eff, "bf16", "bf16").collective_s(f) == 0
+    # a 16-token prefill chunk that does not end its prompt samples nothing: no logits
+    mid = StepFeatures.of([(0, 16)], sampled=0)
+    assert tp2.collective_s(mid) == pytest.approx(64 * 4096 * 16 * 2 / 450e9)
+    # the link override and a device with no known link
+    slow = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2, link_gbs=45)
+    assert slow.collective_s(f) == pytest.approx(10 * tp2.collective_s(f))
+    custom = get_device("custom", 80, 3000, 900)
+    with pytest.raises(InvalidParameterError, match="--link-gbs"):
+        StepTimeModel(spec, custom, eff, tp=2)
+
+
+def test_every_table_device_has_a_link():
+    from kvledger.ledger.hardware import DEVICES
+    from kvledger.ledger.interconnect import LINK_GBS
+
+    assert set(LINK_GBS) == set(DEVICES)
 
 
 def test_fit_recovers_known_factors():
@@ -67,4 +105,5 @@ def test_samples_from_trace_use_the_step_period_while_busy():
              {"start_s": 5.0, "duration_s": 0.3, "chunks": [["c", 0, 2]]}]
     got = samples_from_trace(steps)
     assert [round(t, 9) for _, t in got] == [0.25, 0.1, 0.3]  # busy: start to start; idle after
-    assert got[1][0] == StepFeatures(tokens=5, pairs=9 + 10, kv_read_tokens=13, seqs=2)
+    assert got[1][0] == StepFeatures(tokens=5, pairs=9 + 10, kv_read_tokens=13, seqs=2,
+                                     sampled=2)
