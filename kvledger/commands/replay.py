@@ -38,7 +38,6 @@ def replay(
                                    "'default'.")] = "default",
     weights_dtype: Annotated[str | None, Opt(
         help="Weights format for the bytes read per step (default: the checkpoint's).")] = None,
-    tp: Annotated[int, Opt("--tp", "--tensor-parallel-size", help="Tensor-parallel ranks.")] = 1,
     link_gbs: Annotated[float | None, Opt(
         help="Bandwidth between tensor-parallel ranks, GB/s per direction (default: the "
              "device's NVLink/PCIe figure, kvledger/ledger/interconnect.py).")] = None,
@@ -83,6 +82,8 @@ def replay(
     spec = load_model_spec(model)
     config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
     base = setup.Setting(config, speed)
+    for s in setup.settings(base, swept):  # refuse before printing anything
+        setup.check_replayable(s.config, dev, link_gbs)
     from_trace = measured is None
     measured = measured or report.measured_figures(tr)
     finishes = [r.finish for r in tr.requests if r.finish]
@@ -90,12 +91,12 @@ def replay(
           f"for {spec.name} on {dev.name}; step model: {eff.source}")
     rows, out_dir = [], Path(out)
     for s in setup.settings(base, swept):
-        run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, tp, step_times, link_gbs)
+        run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, step_times, link_gbs)
         summary, records = report.summary(run, s.label, s.config.max_num_seqs, slo_targets)
         meta = {"trace": trace, "model": spec.name, "device": dev.name,
                 "kv_format": setup.kv_format_of(s.config, dev),
                 "setting": s.label, "step_model": eff.source, "step_times": step_times,
-                "speed": s.speed, "tp": tp, "link_gbs": link_gbs,
+                "speed": s.speed, "tp": s.config.tensor_parallel_size, "link_gbs": link_gbs,
                 "engine": dataclasses.asdict(s.config),
                 "num_blocks": run.num_blocks}
         result = BenchResult(meta=meta, summaries=[summary], records=records)

@@ -16,6 +16,7 @@ from kvledger.engine.engine import pool_blocks
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
 from kvledger.ledger.hardware import Device, GiB, get_device
+from kvledger.ledger.interconnect import link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_block, kv_format
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
@@ -41,6 +42,7 @@ SWEEP_KEYS = {  # --sweep key -> (what it sets, value type)
     "kv-policy": ("kv_policy", str),
     "kv-window": ("kv_window", int),
     "kv-budget": ("kv_budget", int),
+    "tp": ("tensor_parallel_size", int),
     "speed": ("speed", float),
 }
 
@@ -119,13 +121,17 @@ def recorded_config(header: dict) -> EngineConfig:
     return config
 
 
-def check_replayable(config: EngineConfig, device: Device) -> None:
-    """Refuse what the engine would refuse.
+def check_replayable(config: EngineConfig, device: Device, link_gbs: float | None = None
+                     ) -> None:
+    """Refuse what the engine would refuse, and a tensor-parallel replay without a link.
 
     Raises:
         InvalidParameterError: an evicting ``--kv-policy`` over a quantized KV format (the
-            engine runs evicting policies on full-precision KV only).
+            engine runs evicting policies on full-precision KV only); under ``--tp`` > 1 a
+            ``link_gbs`` <= 0 or a device with no known link.
     """
+    if config.tensor_parallel_size > 1:
+        link_bytes_per_s(device, link_gbs)
     fmt = kv_format_of(config, device)
     if config.retention.evicts and kv_format(fmt).quantized:
         raise InvalidParameterError(
@@ -186,16 +192,18 @@ def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: s
 
 
 def simulate(trace: Trace, spec: ModelSpec, device: Device, eff: Efficiency, s: Setting,
-             weights_dtype: str | None = None, tp: int = 1,
-             step_times: str = "model", link_gbs: float | None = None) -> ReplayRun:
-    """Replay ``trace`` under one setting.
+             weights_dtype: str | None = None, step_times: str = "model",
+             link_gbs: float | None = None) -> ReplayRun:
+    """Replay ``trace`` under one setting (tensor-parallel ranks: its
+    ``tensor_parallel_size``, the engine's ``--tp``).
 
     Args:
         step_times: ``model`` (the step-time model) or ``trace`` (the recorded durations; the
             model for steps past the recording).
         link_gbs: per-direction bandwidth between tensor-parallel ranks (None: the device's).
     """
-    check_replayable(s.config, device)
+    check_replayable(s.config, device, link_gbs)
+    tp = s.config.tensor_parallel_size
     blocks, bpb = num_blocks_for(spec, device, s, weights_dtype, tp)
     activation_bytes = kv_format(compute_format_of(s.config, device)).bits // 8
     model = StepTimeModel(spec, device, eff, kv_format_of(s.config, device), weights_dtype, tp,
