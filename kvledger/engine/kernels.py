@@ -49,6 +49,8 @@ REFERENCE_REQUEST = (512, 128)
 FUSED_ROWS = (1, 4, 16, 64, 256)
 """Row counts at which the probe times each fused op, native against PyTorch."""
 FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+NOT_Q4_FORMATS = tuple(f for f in FORMATS if f != "int4")
+"""The formats of a weight the GGUF does not store as Q4."""
 
 
 @dataclass
@@ -159,8 +161,9 @@ def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
     if int4_shape_ok(out_f, in_f):
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
-    return {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
-            if fmt != "int4" or q4 is not None}
+    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+              if fmt != "int4" or q4 is not None}
+    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8 needs native
 
 
 def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
@@ -346,7 +349,7 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
     result = None if set(forced) == set(CLASSES) else probe(spec)
     chosen = {}
     for cls in CLASSES:
-        available = FORMATS if cls in q4_classes else ("dense", "int8")
+        available = FORMATS if cls in q4_classes else NOT_Q4_FORMATS
         chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
     return chosen
 

@@ -8,7 +8,10 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.kernels`):
   ``w = (q - 8) * scale + zero`` (:mod:`kvledger.engine.q4`); only for weights the GGUF stores
   as Q4, so it adds no rounding beyond the file's (except the scales' last 3 fp16 bits);
 - ``int8``: symmetric per-row int8, ``w = q * s_row`` with ``s_row = max|w_row| / 127``
-  (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``.
+  (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``;
+- ``w8a8``: the same codes with fp32 row scales, multiplied by the native int8 x int8 kernel
+  (:mod:`kvledger.engine.w8a8`), which also rounds the activations to int8 per block of 32
+  inputs; without the native library it is ``int8``.
 
 The quantized formats take bf16 activations only; in fp32 (the exact mode) every layer is
 dense. A layer never keeps a second copy of its weight. The weight-only kernels are made for
@@ -25,15 +28,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvledger.engine import w8a8
 from kvledger.engine.q4 import GROUP
 
-FORMATS = ("dense", "int4", "int8")
+FORMATS = ("dense", "int4", "int8", "w8a8")
 
 
 def int4_shape_ok(out_features: int, in_features: int) -> bool:
     """Whether torch's CPU int4 kernel takes a weight of ``[out_features, in_features]``: it
     packs rows in tiles of 16 and needs whole groups of ``GROUP`` along the input."""
     return out_features % 16 == 0 and in_features % GROUP == 0
+
+
+def w8a8_ok(in_features: int) -> bool:
+    """Whether the native ``w8a8`` kernel is built here and takes inputs of this width."""
+    kernel = w8a8.kernel()
+    return kernel is not None and kernel.accepts(in_features)
 
 
 def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +83,8 @@ class Linear:
         if weight.dtype != torch.bfloat16 or (fmt == "int4" and (
                 q4 is None or not int4_shape_ok(*weight.shape))):
             fmt = "dense"
+        if fmt == "w8a8" and not w8a8_ok(weight.shape[1]):
+            fmt = "int8"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None
         self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (not for int4)
@@ -82,7 +94,7 @@ class Linear:
             self._pack_q4(q4)
         else:
             self.packed, scale = int8_rows(weight)
-            self.scales = scale.to(torch.bfloat16)
+            self.scales = scale if fmt == "w8a8" else scale.to(torch.bfloat16)
             self._row_scales = scale
 
     @classmethod
@@ -121,14 +133,16 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.format == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
+        elif self.format == "w8a8":
+            y = w8a8.kernel()(x, self.packed, self.scales)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
         return y if self.bias is None else y + self.bias
 
     def fp32_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in] -> [tokens, out] in x's dtype, multiplied in fp32 on the weight
-        dequantized for this call (int8: ``(x @ q.T) * s_row`` with the kernel's bf16 scales,
-        so both paths use the same weight).
+        dequantized for this call (int8, w8a8: ``(x @ q.T) * s_row`` with the kernel's
+        scales, so both paths use the same weight; w8a8 does not round x here).
 
         Raises:
             ValueError: an ``int4`` layer (its packed codes cannot be read back).
@@ -150,6 +164,6 @@ class Linear:
         """
         if self.format == "dense":
             return F.embedding(ids, self.weight)
-        if self.format == "int8":
+        if self.format in ("int8", "w8a8"):
             return (self.packed[ids].to(torch.float32) * self._row_scales[ids, None]).to(dtype)
         raise ValueError("rows of an int4-packed weight cannot be read back")

@@ -49,7 +49,7 @@ def test_the_fast_mode_is_the_default():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layers,head", [("dense", "dense"), ("int4", "int8"),
-                                         ("int8", "int8"), (None, None)])
+                                         ("int8", "int8"), ("w8a8", "w8a8"), (None, None)])
 def test_fast_formats_track_fp32(prompt_and_reference, layers, head):
     """Each format forced, and (None) the default: what the kernel probe chose here."""
     ids, ref = prompt_and_reference

@@ -29,7 +29,7 @@ def own_cache(tmp_path, monkeypatch):
 def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, monkeypatch):
     first = kernels.probe(tiny_spec)
     assert set(first.matmul_us) == set(kernels.CLASSES)
-    assert {"dense", "int8"} <= set(first.matmul_us["qkv"])
+    assert {"dense", "int8", "w8a8"} <= set(first.matmul_us["qkv"])  # w8a8: native, built here
     assert "reference" in first.attention_us
     assert all(t > 0 for t in first.attention_us.values())
     assert set(first.fused_us) == {f"{op}:{d}" for op in ("add_rms_norm", "silu_mul")
@@ -161,8 +161,8 @@ def test_fp32_gemm_starts_where_it_wins_for_good_and_counts_in_the_format_choice
 
 
 def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
-    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8: codes x the kernel's
-    bf16 row scales): the result is the exact product rounded once to bf16 (half an ulp)."""
+    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8, w8a8: codes x the
+    kernel's row scales): the result is the exact product rounded once to bf16 (half an ulp)."""
     import torch
 
     from kvledger.engine.linear import Linear
@@ -171,7 +171,7 @@ def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
     w = (torch.randn(96, 64, generator=gen) * 0.02).bfloat16()
     x = torch.randn(40, 64, generator=gen).bfloat16()
     bias = torch.randn(96, generator=gen).bfloat16()
-    for fmt in ("int8", "dense"):
+    for fmt in ("int8", "w8a8", "dense"):
         lin = Linear(w, bias, None, fmt)
         weight = w.float() if fmt == "dense" else lin.packed.float() * lin.scales.float()[:, None]
         exact = x.double() @ weight.double().t() + bias.double()

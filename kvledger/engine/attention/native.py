@@ -1,8 +1,10 @@
-"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``)
-and the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`).
+"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``),
+the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
+the int8 decode product (``kvledger/engine/int8_gemv.cpp``, :mod:`kvledger.engine.w8a8`).
 
-Both sources make one plain shared library (no Python or torch headers), built on first use with
-the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native``, into
+The sources make one plain shared library (no Python or torch headers), built on first use with
+the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native -fopenmp``
+(its OpenMP loops run on the runtime PyTorch already loaded, libgomp.so.1), into
 ``cache_dir()/native/kvledger_native-<key>.so``. The key hashes the sources, the compiler's
 version line, the flags and the CPU (model name and flags from ``/proc/cpuinfo``), so another
 CPU or compiler rebuilds instead of loading code it cannot run. A build takes a few seconds.
@@ -31,9 +33,9 @@ import torch
 from kvledger.paths import cache_dir
 
 log = logging.getLogger("kvledger.engine")
-FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread"]
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
-           ("kvledger.engine", "fused_ops.cpp"))
+           ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"))
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _reason: list[str] = []
 

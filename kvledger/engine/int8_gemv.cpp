@@ -1,0 +1,252 @@
+// Int8 x int8 matrix products for the few rows of a decode step (the "w8a8" weight format,
+// kvledger/engine/linear.py):
+//
+//   y[r, o] = s[o] * sum_b d[r, b] * sum_{i in block b} a[r, i] * w[o, i]
+//
+// with w [out, in] the per-row symmetric int8 codes of the weight and s [out] their fp32 row
+// scales (w ~ codes * s), and the activations x [rows, in] (bf16) quantized here, per row in
+// blocks of 32, to a[r, i] = round(x[r, i] / d[r, b]) with d[r, b] = max_{i in b} |x[r, i]| / 127
+// (the Q8_0 activation scheme of GGML/llama.cpp, described in its docs; not its code). Each block's
+// integer dot product is exact in int32 (at most 32 * 127 * 127), scaled by d in fp32 and summed
+// in fp32; s is applied once at the end, and y is rounded to bf16.
+//
+// AVX2: the dot of a block is vpmaddubsw on (|a|, w * sign(a)) -- the unsigned x signed byte
+// product, whose int16 pair sums (at most 2 * 127 * 127) cannot saturate -- then vpmaddwd with
+// ones to int32, converted to fp32 and fused-multiply-added with d. Other CPUs (and the
+// kvl_w8a8_mm `scalar` switch, so tests can compare both here) run the same arithmetic in plain
+// loops; both paths quantize to identical codes and differ only in fp32 summation order.
+//
+// Threads: output rows are split into `threads` contiguous ranges with an OpenMP parallel loop.
+// Built with -fopenmp, the library needs libgomp.so.1, the soname of the OpenMP runtime that
+// PyTorch loads first, so these loops run on the same thread pool as torch's own intra-op loops
+// (no second pool competing for the cores).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int BLOCK = 32;
+constexpr int TILE = 4;  // weight rows per tile: each activation block is loaded once per tile
+
+inline float bf16_to_f32(uint16_t v) {
+    const uint32_t u = static_cast<uint32_t>(v) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+
+// Activations of one call, quantized: codes q, their magnitudes |q| (the unsigned operand of
+// vpmaddubsw) and the block scales d.
+struct Quantized {
+    std::vector<int8_t> q;
+    std::vector<uint8_t> mag;
+    std::vector<float> d;
+};
+
+// One row of n (a multiple of BLOCK) bf16 values. inv = 127 / amax is computed the same way on
+// both paths and rounding is to nearest even on both, so the codes are identical.
+void quantize_row_scalar(const uint16_t* x, int n, int8_t* q, uint8_t* mag, float* d) {
+    for (int b = 0; b < n / BLOCK; ++b) {
+        float amax = 0.f;
+        for (int i = 0; i < BLOCK; ++i)
+            amax = std::fmax(amax, std::fabs(bf16_to_f32(x[b * BLOCK + i])));
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        d[b] = amax / 127.f;
+        for (int i = 0; i < BLOCK; ++i) {
+            const float v = std::nearbyint(bf16_to_f32(x[b * BLOCK + i]) * inv);
+            const int c = static_cast<int>(std::fmax(-127.f, std::fmin(127.f, v)));
+            q[b * BLOCK + i] = static_cast<int8_t>(c);
+            mag[b * BLOCK + i] = static_cast<uint8_t>(c < 0 ? -c : c);
+        }
+    }
+}
+
+// Dot products of weight rows [o0, o1) with every activation row, plain loops.
+void rows_scalar(const int8_t* w, const float* s, int in, int o0, int o1, const Quantized& a,
+                 int rows, uint16_t* y, int out) {
+    const int nb = in / BLOCK;
+    for (int o = o0; o < o1; ++o) {
+        const int8_t* wr = w + static_cast<int64_t>(o) * in;
+        for (int r = 0; r < rows; ++r) {
+            const int8_t* ar = a.q.data() + static_cast<int64_t>(r) * in;
+            float acc = 0.f;
+            for (int b = 0; b < nb; ++b) {
+                int32_t dot = 0;
+                for (int i = b * BLOCK; i < (b + 1) * BLOCK; ++i) dot += int32_t(ar[i]) * wr[i];
+                acc += a.d[static_cast<int64_t>(r) * nb + b] * static_cast<float>(dot);
+            }
+            y[static_cast<int64_t>(r) * out + o] = f32_to_bf16(acc * s[o]);
+        }
+    }
+}
+
+#if defined(__AVX2__)
+
+inline float hsum(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+inline __m256i load32(const void* p) {
+    return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// 32 bf16 -> 4 x 8 fp32 (in order).
+inline void load_bf16x32(const uint16_t* x, __m256 v[4]) {
+    for (int k = 0; k < 4; ++k) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8 * k));
+        v[k] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+}
+
+void quantize_row_avx2(const uint16_t* x, int n, int8_t* q, uint8_t* mag, float* d) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int b = 0; b < n / BLOCK; ++b) {
+        __m256 v[4];
+        load_bf16x32(x + b * BLOCK, v);
+        for (int k = 0; k < 4; ++k) v[k] = _mm256_and_ps(v[k], abs_mask);  // |x| for the max
+        const __m256 m = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        d[b] = amax / 127.f;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i c[4];
+        load_bf16x32(x + b * BLOCK, v);  // again, signed
+        for (int k = 0; k < 4; ++k) c[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vinv));
+        // pack 32 int32 -> 32 int8 (saturating; |c| <= 127 anyway), then undo the lane interleave
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]),
+                                             _mm256_packs_epi32(c[2], c[3]));
+        const __m256i codes = _mm256_permutevar8x32_epi32(p, order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * BLOCK), codes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(mag + b * BLOCK), _mm256_abs_epi8(codes));
+    }
+}
+
+// acc[t][r] += d[r, b] * (block b of weight row t) . (block b of activation row r), T weight rows
+// by R activation rows at a time.
+template <int T, int R>
+void tile_avx2(const int8_t* w, const float* s, int in, int o, const Quantized& a, int r0,
+               uint16_t* y, int out) {
+    const int nb = in / BLOCK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[T][R];
+    for (int t = 0; t < T; ++t)
+        for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
+    const int8_t* wr = w + static_cast<int64_t>(o) * in;
+    for (int b = 0; b < nb; ++b) {
+        __m256i wv[T];
+        for (int t = 0; t < T; ++t) wv[t] = load32(wr + static_cast<int64_t>(t) * in + b * BLOCK);
+        for (int r = 0; r < R; ++r) {
+            const int64_t at = static_cast<int64_t>(r0 + r) * in + b * BLOCK;
+            const __m256i q = load32(a.q.data() + at);
+            const __m256i mag = load32(a.mag.data() + at);
+            const __m256 db = _mm256_broadcast_ss(a.d.data() + int64_t(r0 + r) * nb + b);
+            for (int t = 0; t < T; ++t) {
+                const __m256i p16 = _mm256_maddubs_epi16(mag, _mm256_sign_epi8(wv[t], q));
+                const __m256i p32 = _mm256_madd_epi16(p16, ones);
+                acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), db, acc[t][r]);
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t)
+        for (int r = 0; r < R; ++r)
+            y[static_cast<int64_t>(r0 + r) * out + o + t] = f32_to_bf16(hsum(acc[t][r]) * s[o + t]);
+}
+
+template <int T>
+void rows_avx2_tile(const int8_t* w, const float* s, int in, int o, const Quantized& a, int rows,
+                    uint16_t* y, int out) {
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) tile_avx2<T, 2>(w, s, in, o, a, r, y, out);
+    if (r < rows) tile_avx2<T, 1>(w, s, in, o, a, r, y, out);
+}
+
+void rows_avx2(const int8_t* w, const float* s, int in, int o0, int o1, const Quantized& a,
+               int rows, uint16_t* y, int out) {
+    int o = o0;
+    for (; o + TILE <= o1; o += TILE) rows_avx2_tile<TILE>(w, s, in, o, a, rows, y, out);
+    for (; o < o1; ++o) rows_avx2_tile<1>(w, s, in, o, a, rows, y, out);
+}
+
+#endif
+
+}  // namespace
+
+extern "C" {
+
+// x: [rows, in] bf16 (raw bits); w: [out, in] int8 row-major; s: [out] fp32; y: [rows, out] bf16.
+// in must be a multiple of 32. threads: how many threads share the output rows (1: the caller
+// only; ignored without OpenMP). scalar != 0 forces the plain loops even where AVX2 is built.
+void kvl_w8a8_mm(const uint16_t* x, int rows, int in, const int8_t* w, const float* s, int out,
+                 uint16_t* y, int threads, int scalar) {
+    thread_local Quantized a;
+    const int nb = in / BLOCK;
+    a.q.resize(static_cast<size_t>(rows) * in);
+    a.mag.resize(static_cast<size_t>(rows) * in);
+    a.d.resize(static_cast<size_t>(rows) * nb);
+    bool vector = false;
+#if defined(__AVX2__)
+    vector = scalar == 0;
+#endif
+    for (int r = 0; r < rows; ++r) {
+        const int64_t at = static_cast<int64_t>(r) * in;
+#if defined(__AVX2__)
+        if (vector) {
+            quantize_row_avx2(x + at, in, a.q.data() + at, a.mag.data() + at,
+                              a.d.data() + int64_t(r) * nb);
+            continue;
+        }
+#endif
+        quantize_row_scalar(x + at, in, a.q.data() + at, a.mag.data() + at,
+                            a.d.data() + int64_t(r) * nb);
+    }
+    const Quantized& qa = a;
+    // contiguous ranges of whole tiles, one per thread
+    const int tiles = (out + TILE - 1) / TILE;
+    if (threads < 1) threads = 1;
+    if (threads > tiles) threads = tiles;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+    for (int t = 0; t < threads; ++t) {
+        const int o0 = static_cast<int>(static_cast<int64_t>(tiles) * t / threads) * TILE;
+        int o1 = static_cast<int>(static_cast<int64_t>(tiles) * (t + 1) / threads) * TILE;
+        if (o1 > out) o1 = out;
+#if defined(__AVX2__)
+        if (vector) {
+            rows_avx2(w, s, in, o0, o1, qa, rows, y, out);
+            continue;
+        }
+#endif
+        rows_scalar(w, s, in, o0, o1, qa, rows, y, out);
+    }
+}
+
+// Whether kvl_w8a8_mm was built with its AVX2 path (1) or only the plain loops (0).
+int kvl_w8a8_vector() {
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+}  // extern "C"
