@@ -96,6 +96,8 @@ class Linear:
             self.packed, scale = int8_rows(weight)
             self.scales = scale if fmt == "w8a8" else scale.to(torch.bfloat16)
             self._row_scales = scale
+            if fmt == "w8a8":
+                self._w8a8 = w8a8.kernel().bind(self.packed, self.scales)
 
     @classmethod
     def from_q4(cls, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -134,7 +136,7 @@ class Linear:
         if self.format == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
         elif self.format == "w8a8":
-            y = w8a8.kernel()(x, self.packed, self.scales)
+            y = self._w8a8(x)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
         return y if self.bias is None else y + self.bias

@@ -47,30 +47,50 @@ class W8A8Kernel:
         """Whether the kernel takes inputs of this width (whole blocks of :data:`BLOCK`)."""
         return in_features % BLOCK == 0
 
-    def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                 scalar: bool = False) -> torch.Tensor:
-        """[rows, in] bf16 -> [rows, out] bf16 (see the module docstring).
-
-        Args:
-            x: activations, bf16 (made contiguous here).
-            codes: int8 [out, in], contiguous; scales: fp32 [out], contiguous.
-            scalar: run the plain loops even where the AVX2 path is built (tests).
+    def bind(self, codes: torch.Tensor, scales: torch.Tensor) -> W8A8Weight:
+        """The product with one weight, checked once: int8 ``codes`` [out, in] and fp32
+        ``scales`` [out], both contiguous (kept alive by the result).
 
         Raises:
-            ValueError: a wrong dtype, or ``in`` not a multiple of :data:`BLOCK`.
+            ValueError: a wrong dtype or layout, or ``in`` not a multiple of :data:`BLOCK`.
         """
-        rows, width = x.shape
-        if (x.dtype != torch.bfloat16 or codes.dtype != torch.int8
-                or scales.dtype != torch.float32 or not self.accepts(width)
-                or codes.shape[1] != width):
-            raise ValueError("w8a8 takes bf16 x [rows, in] with in % 32 == 0, int8 codes "
-                             "[out, in] and fp32 scales [out]")
+        if (codes.dtype != torch.int8 or scales.dtype != torch.float32 or codes.dim() != 2
+                or not self.accepts(codes.shape[1]) or scales.shape != codes.shape[:1]
+                or not (codes.is_contiguous() and scales.is_contiguous())):
+            raise ValueError("w8a8 takes contiguous int8 codes [out, in] with in % 32 == 0 "
+                             "and fp32 scales [out]")
+        return W8A8Weight(self._fn, codes, scales)
+
+    def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                 scalar: bool = False) -> torch.Tensor:
+        """``bind(codes, scales)(x, scalar)`` (see :class:`W8A8Weight`)."""
+        return self.bind(codes, scales)(x, scalar)
+
+
+class W8A8Weight:
+    """One weight's product (:meth:`W8A8Kernel.bind`): per call only x is checked."""
+
+    def __init__(self, fn, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        self._fn, self._held = fn, (codes, scales)
+        self.out_features, self.in_features = codes.shape
+        self._codes, self._scales = codes.data_ptr(), scales.data_ptr()
+        self._threaded = codes.numel() >= THREAD_BYTES
+
+    def __call__(self, x: torch.Tensor, scalar: bool = False) -> torch.Tensor:
+        """[rows, in] bf16 (made contiguous here) -> [rows, out] bf16 (the module docstring);
+        ``scalar`` runs the plain loops even where the AVX2 path is built (tests).
+
+        Raises:
+            ValueError: x not bf16 [rows, in].
+        """
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"w8a8 takes bf16 x [rows, {self.in_features}]")
         x = x.contiguous()
-        out = codes.shape[0]
-        y = torch.empty(rows, out, dtype=torch.bfloat16)
-        threads = torch.get_num_threads() if codes.numel() >= THREAD_BYTES else 1
-        self._fn(x.data_ptr(), rows, width, codes.data_ptr(), scales.data_ptr(), out,
-                 y.data_ptr(), threads, int(scalar))
+        rows = x.shape[0]
+        y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
+        self._fn(x.data_ptr(), rows, self.in_features, self._codes, self._scales,
+                 self.out_features, y.data_ptr(),
+                 torch.get_num_threads() if self._threaded else 1, int(scalar))
         return y
 
 

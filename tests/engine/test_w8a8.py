@@ -95,6 +95,10 @@ def test_bad_arguments_are_refused(kernel):
         kernel(x.float(), codes, scales)
     with pytest.raises(ValueError):
         kernel(x[:, :48], codes[:, :48], scales)
+    with pytest.raises(ValueError):
+        kernel.bind(codes, scales)(x[:, :32])
+    with pytest.raises(ValueError):
+        kernel.bind(codes.t(), scales)
 
 
 def test_linear_keeps_one_int8_copy_and_falls_back_without_the_kernel(monkeypatch):
