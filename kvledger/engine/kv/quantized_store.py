@@ -89,10 +89,13 @@ class QuantizedKVStore:
         full = last == bs - 1
         old = self.residual_of[uniq]
         new = old.clone()
+        # the buffers of blocks this step fills are free first: a chunk that fills a partial
+        # block and opens the next reuses its buffer (write() reads every old buffer before it
+        # writes any new one)
+        self._free_residuals += old[full & (old >= 0)].tolist()
         for i in torch.nonzero(~full & (old < 0)).flatten().tolist():
             assert self._free_residuals, "more partial KV blocks than residual buffers"
             new[i] = self._free_residuals.pop()
-        self._free_residuals += old[full & (old >= 0)].tolist()
         new[full] = -1
         self.residual_of[uniq] = new
         self._plan_key = slot_mapping
