@@ -216,6 +216,7 @@ struct State {
     vec qf[kMaxGroup][kMaxDim / kLanes], acc[kMaxGroup][kMaxDim / kLanes];
     vec qm[kMaxGroup][kMaxDim / kLanes], qk[kMaxGroup][kMaxDim / kLanes];
     alignas(64) float s[kMaxGroup][kMaxBlock + kLanes];
+    alignas(64) float w[kMaxGroup][kMaxBlock + kLanes];  // probabilities x a value scale
     float m[kMaxGroup], l[kMaxGroup];
 };
 
@@ -253,6 +254,49 @@ inline void softmax_block(State& st, int n, int G, int nv) {
     }
 }
 
+// acc[g][j0..j1) += sum_t w[g][t] row(t, j) for the GC queries g0.. of the group, W vectors at
+// a time: the accumulators stay in registers over the n rows (a row is read once per chunk).
+template <int GC, int W, typename Row>
+inline __attribute__((always_inline)) void weighted_rows_chunk(
+        State& st, const float (*w)[kMaxBlock + kLanes], int g0, int n, int j, Row row) {
+    vec acc[GC][W];
+    for (int g = 0; g < GC; ++g)
+        for (int i = 0; i < W; ++i) acc[g][i] = st.acc[g0 + g][j + i];
+    for (int t = 0; t < n; ++t) {
+        vec r[W];
+        for (int i = 0; i < W; ++i) r[i] = row(t, j + i);
+        for (int g = 0; g < GC; ++g) {
+            const float p = w[g0 + g][t];
+            for (int i = 0; i < W; ++i) acc[g][i] += p * r[i];
+        }
+    }
+    for (int g = 0; g < GC; ++g)
+        for (int i = 0; i < W; ++i) st.acc[g0 + g][j + i] = acc[g][i];
+}
+
+template <int GC, typename Row>
+inline __attribute__((always_inline)) void weighted_rows_g(
+        State& st, const float (*w)[kMaxBlock + kLanes], int g0, int n, int j0, int j1, Row row) {
+    int j = j0;
+    for (; j + 2 <= j1; j += 2) weighted_rows_chunk<GC, 2>(st, w, g0, n, j, row);
+    if (j < j1) weighted_rows_chunk<GC, 1>(st, w, g0, n, j, row);
+}
+
+// acc[g][j0..j1) += sum_t w[g][t] row(t, j) for every query g < G of the group, in chunks of
+// up to 4 queries (so the accumulators fit in registers).
+template <typename Row>
+inline __attribute__((always_inline)) void weighted_rows(
+        State& st, const float (*w)[kMaxBlock + kLanes], int G, int n, int j0, int j1, Row row) {
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        switch (G - g0 < 4 ? G - g0 : 4) {
+            case 1: weighted_rows_g<1>(st, w, g0, n, j0, j1, row); break;
+            case 2: weighted_rows_g<2>(st, w, g0, n, j0, j1, row); break;
+            case 3: weighted_rows_g<3>(st, w, g0, n, j0, j1, row); break;
+            default: weighted_rows_g<4>(st, w, g0, n, j0, j1, row); break;
+        }
+    }
+}
+
 // Fold n rows of K and V (element type R, `stride` elements apart) into the state.
 template <typename R, int DV>
 inline __attribute__((always_inline)) void attend_block(State& st, const R* krows,
@@ -266,15 +310,8 @@ inline __attribute__((always_inline)) void attend_block(State& st, const R* krow
         for (int g = 0; g < G; ++g) st.s[g][t] = dot(st.qf[g], row, nv);
     }
     softmax_block(st, n, G, nv);
-    for (int t = 0; t < n; ++t) {
-        const R* vrow = vrows + t * stride;
-        vec row[kMaxDim / kLanes];
-        for (int j = 0; j < nv; ++j) row[j] = load_vec(vrow + j * kLanes);
-        for (int g = 0; g < G; ++g) {
-            const float p = st.s[g][t];
-            for (int j = 0; j < nv; ++j) st.acc[g][j] += p * row[j];
-        }
-    }
+    weighted_rows(st, st.s, G, n, 0, nv,
+                  [&](int t, int j) { return load_vec(vrows + t * stride + j * kLanes); });
 }
 
 // One quantized block of one KV head, as the attention reads it: the codes of token t at
@@ -283,7 +320,8 @@ inline __attribute__((always_inline)) void attend_block(State& st, const R* krow
 struct QBlock {
     const uint8_t* codes;
     int64_t stride;
-    const uint16_t *tscale, *tzero;  // per-token groups: token t's at + t * tstride (else null)
+    const float *tscale, *tzero;  // per-token groups, fp32: token t's at + t * tstride (or null)
+    float *scales, *zeros;        // where they are converted to (all KV heads of the block)
     int64_t tstride;
     int groups;
     bool aligned;                      // groups are whole vectors: vector j is in group_of[j]
@@ -292,9 +330,14 @@ struct QBlock {
     alignas(64) float cs[kMaxDim], cz[kMaxDim];  // per channel: scale and zero of each channel
 };
 
-// The block-independent part of a QBlock: which group each vector (or lane) belongs to.
-void group_layout(const KVSide& s, int D, QBlock& b) {
-    if (s.group == 0) return;
+// The block-independent part of a QBlock: which group each vector (or lane) belongs to, and
+// room for a block's per-token scales and zero points in fp32 (all its KV heads, `tokens`).
+void group_layout(const KVSide& s, int D, int64_t tokens, QBlock& b, std::vector<float>& room) {
+    b.tscale = b.tzero = b.scales = b.zeros = nullptr;
+    if (s.kind == kFp8 || s.group == 0) return;
+    room.resize(2 * tokens * (D / s.group));
+    b.tscale = b.scales = room.data();
+    b.tzero = b.zeros = b.scales + tokens * (D / s.group);
     b.groups = D / s.group;
     b.aligned = s.group % kLanes == 0;
     for (int i = 0; i < (b.aligned ? D / kLanes : D); ++i)
@@ -308,12 +351,14 @@ void open_block(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs
     const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
     b.codes = s.codes + row0 * row_bytes;
     b.stride = static_cast<int64_t>(kv_heads) * row_bytes;
-    b.tscale = b.tzero = nullptr;
     if (KIND == kFp8) {
         b.fp8_scale = static_cast<const float*>(s.scale)[id * kv_heads + kh];
     } else if (s.group != 0) {
-        b.tscale = static_cast<const uint16_t*>(s.scale) + row0 * b.groups;
-        b.tzero = s.zero + row0 * b.groups;
+        const int n = bs * kv_heads * b.groups;
+        halves_to_floats(static_cast<const uint16_t*>(s.scale) + id * n, b.scales, n);
+        halves_to_floats(s.zero + id * n, b.zeros, n);
+        b.tscale = b.scales + kh * b.groups;  // token t, KV head kh: + t * tstride
+        b.tzero = b.zeros + kh * b.groups;
         b.tstride = static_cast<int64_t>(kv_heads) * b.groups;
     } else {
         halves_to_floats(static_cast<const uint16_t*>(s.scale) + (id * kv_heads + kh) * D, b.cs, D);
@@ -345,9 +390,7 @@ inline __attribute__((always_inline)) void dequantize_row(const QBlock& b, int t
     for (int j = 0; j < nv; ++j) row[j] = codes_vec<KIND>(c, j);
     if (KIND == kFp8) return;
     if (b.tscale) {
-        float sg[kMaxDim], zg[kMaxDim];
-        halves_to_floats(b.tscale + t * b.tstride, sg, b.groups);
-        halves_to_floats(b.tzero + t * b.tstride, zg, b.groups);
+        const float *sg = b.tscale + t * b.tstride, *zg = b.tzero + t * b.tstride;
         for (int j = 0; j < nv; ++j)
             row[j] = row[j] * group_vec(b, sg, j) + group_vec(b, zg, j);
     } else {
@@ -359,9 +402,11 @@ inline __attribute__((always_inline)) void dequantize_row(const QBlock& b, int t
 // Fold one full quantized block (n rows) into the state without a dequantized copy. Keys with
 // one scale per channel (and e4m3's one per block) are folded into the query once per block,
 // q.k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c, so the loop over tokens is a dot of q' with
-// the codes widened in registers; per-token key groups and values are dequantized row by row
-// in registers (e4m3 values' block scale goes into the probabilities). The fp16 outlier key
-// channels are zeroed in qm and their q_c x outlier_tc added per token.
+// the codes widened in registers (per-token key groups: each row dequantized in registers).
+// Values: sum_t p_t v_t = sum_t (p_t s_t) code_t + sum_t p_t z_t, so the value scales go into
+// the probabilities (w) and the loop over rows is weighted_rows over the widened codes, as
+// for plain blocks; groups that split a vector take rows dequantized in registers. The fp16
+// outlier key channels are zeroed in qm and their q_c x outlier_tc added per token.
 template <int KIND, int DV>
 inline __attribute__((always_inline)) void attend_quantized(
         State& st, const KVSide& ks, const QBlock& kb, const QBlock& vb, int64_t row0,
@@ -406,13 +451,46 @@ inline __attribute__((always_inline)) void attend_quantized(
         }
     }
     softmax_block(st, n, G, nv);
-    for (int t = 0; t < n; ++t) {
+    const auto codes = [&](int t, int j) { return codes_vec<KIND>(vb.codes + t * vb.stride, j); };
+    const int nl = (n + kLanes - 1) / kLanes;
+    if (KIND == kFp8) {  // one scale for the block: into the probabilities
+        for (int g = 0; g < G; ++g) {
+            vec* w = reinterpret_cast<vec*>(st.w[g]);
+            for (int i = 0; i < nl; ++i) w[i] = reinterpret_cast<vec*>(st.s[g])[i] * vb.fp8_scale;
+        }
+        weighted_rows(st, st.w, G, n, 0, nv, codes);
+        return;
+    }
+    if (vb.tscale && vb.aligned) {
+        // per-token groups of whole vectors: for each group k, sum_t p_t v_t =
+        // sum_t (p_t s_tk) code_t + sum_t p_t z_tk over the group's channels
+        const int per = nv / vb.groups;  // vectors per group
+        for (int k = 0; k < vb.groups; ++k) {
+            alignas(64) float sk[kMaxBlock + kLanes], zk[kMaxBlock + kLanes];
+            for (int t = 0; t < n; ++t) {
+                sk[t] = vb.tscale[t * vb.tstride + k];
+                zk[t] = vb.tzero[t * vb.tstride + k];
+            }
+            for (int t = n; t < nl * kLanes; ++t) sk[t] = zk[t] = 0.f;
+            for (int g = 0; g < G; ++g) {
+                vec z = vec{};
+                for (int i = 0; i < nl; ++i) {
+                    const vec p = reinterpret_cast<vec*>(st.s[g])[i];
+                    reinterpret_cast<vec*>(st.w[g])[i] = p * load_vec(sk + i * kLanes);
+                    z += p * load_vec(zk + i * kLanes);
+                }
+                const float zsum = hsum(z);
+                for (int j = k * per; j < (k + 1) * per; ++j) st.acc[g][j] += zsum;
+            }
+            weighted_rows(st, st.w, G, n, k * per, (k + 1) * per, codes);
+        }
+        return;
+    }
+    for (int t = 0; t < n; ++t) {  // groups that split a vector: whole rows dequantized
         vec row[kMaxDim / kLanes];
         dequantize_row<KIND>(vb, t, nv, row);
-        for (int g = 0; g < G; ++g) {
-            const float p = KIND == kFp8 ? st.s[g][t] * vb.fp8_scale : st.s[g][t];
-            for (int j = 0; j < nv; ++j) st.acc[g][j] += p * row[j];
-        }
+        for (int g = 0; g < G; ++g)
+            for (int j = 0; j < nv; ++j) st.acc[g][j] += st.s[g][t] * row[j];
     }
 }
 
@@ -446,9 +524,10 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     }
     const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
     QBlock kb, vb;
+    std::vector<float> kroom, vroom;
     if (KIND) {
-        group_layout(*a.ks, D, kb);
-        group_layout(*a.vs, D, vb);
+        group_layout(*a.ks, D, static_cast<int64_t>(bs) * a.kv_heads, kb, kroom);
+        group_layout(*a.vs, D, static_cast<int64_t>(bs) * a.kv_heads, vb, vroom);
     }
     for (int b = b_begin; b < b_end; ++b) {
         const int start = b * bs;
