@@ -10,7 +10,10 @@ its output length (from the trace) or its ``max_tokens_effective``.
 Loop: requests whose (speed-scaled) arrival is at or before the step's start are added first,
 in arrival order, as the server's engine thread adds the requests that came in since the last
 step; with nothing to do the clock jumps to the next arrival. Request times follow the engine's
-stamps: first scheduled = the step's start, first and later tokens = the step's end.
+stamps (server-side, as ``/metrics`` defines them): arrival = when the engine adds the request
+(the start of the first step at or after its arrival: the engine stamps it in ``add_request``,
+so a request that comes in during a step does not count that step's remainder), first
+scheduled = the step's start, first and later tokens = the step's end.
 
 Token ids: a trace with ``prompt_token_ids`` is replayed with them (and with the recorded
 ``output_token_ids``, so generated blocks hit the prefix cache as they did live). A private
@@ -93,6 +96,7 @@ class SimRequest:
     target_output: int | None
     request: Request | None = None
     refused: str | None = None
+    added_s: float | None = None  # when the engine added it: its server-side arrival stamp
     first_scheduled_s: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished_s: float | None = None
@@ -101,7 +105,7 @@ class SimRequest:
 
     @property
     def ttft_s(self) -> float | None:
-        return self.token_times[0] - self.arrival_s if self.token_times else None
+        return self.token_times[0] - self.added_s if self.token_times else None
 
     @property
     def tpot_s(self) -> float | None:
@@ -110,12 +114,12 @@ class SimRequest:
 
     @property
     def e2e_s(self) -> float | None:
-        return None if self.finished_s is None else self.finished_s - self.arrival_s
+        return None if self.finished_s is None else self.finished_s - self.added_s
 
     @property
     def queue_s(self) -> float | None:
         s = self.first_scheduled_s
-        return None if s is None else s - self.arrival_s
+        return None if s is None else s - self.added_s
 
 
 @dataclass
@@ -173,8 +177,9 @@ class Simulator:
         self.sims = [SimRequest(r, r.arrival_s / speed, r.target_output_tokens)
                      for r in trace.requests]
 
-    def _add(self, sim: SimRequest) -> None:
+    def _add(self, sim: SimRequest, now: float) -> None:
         r = sim.trace
+        sim.added_s = now
         params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
         req = Request(r.id, prompt_ids(r, self.hash_block_size), params)
         named = r.sampling.get("kv_policy")
@@ -209,7 +214,7 @@ class Simulator:
                 now = pending[0].arrival_s
             start = self.clock.start(len(steps), now)
             while pending and pending[0].arrival_s <= start:
-                self._add(pending.popleft())
+                self._add(pending.popleft(), start)
             if not self.sched.has_unfinished_requests():
                 now = start
                 continue

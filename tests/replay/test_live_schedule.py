@@ -62,3 +62,29 @@ def test_replay_times_follow_the_recorded_clock(live_trace):
     for sim in run.requests:
         live = sim.trace.finish
         assert abs(sim.ttft_s - live["ttft_s"]) < 0.05 * live["ttft_s"] + 2e-3
+
+
+class _OneSecondSteps:
+    """A clock whose steps run back to back and last 1 s each."""
+
+    def start(self, index, now):
+        return now
+
+    def duration(self, index, plan):
+        return 1.0
+
+
+def test_arrival_is_stamped_when_the_engine_adds_the_request():
+    """The engine stamps arrival in add_request, between steps: a request that comes in 0.5 s
+    into a 1 s step is added at the next step's start (t = 1), computed in it, first token at
+    t = 2: server-side TTFT 1 s (not 1.5 s), queue 0."""
+    from kvledger.replay.trace import Trace, TraceRequest
+
+    trace = Trace({}, [TraceRequest("a", 0.0, 8, [1] * 8, max_tokens=3),
+                       TraceRequest("b", 0.5, 8, [2] * 8, max_tokens=2)])
+    config = EngineConfig(block_size=4, num_blocks=32)
+    run = Simulator(trace, config, 32, 1, 512, _OneSecondSteps()).run()
+    a, b = run.requests
+    assert (a.added_s, a.ttft_s, a.queue_s) == (0.0, 1.0, 0.0)
+    assert (b.added_s, b.ttft_s, b.queue_s) == (1.0, 1.0, 0.0)
+    assert b.token_times == [2.0, 3.0] and b.e2e_s == 2.0
