@@ -104,20 +104,28 @@ class KVLayout:
         parts.append(f"residual block {compute}")
         return f"{self.kv_format} ({', '.join(parts)})"
 
-    def build_store(self, num_blocks: int, outlier_index: torch.Tensor | None = None):
-        """The pool's store for ``num_blocks`` blocks (``outlier_index`` [layers, kv_heads, n]
-        long: the calibrated outlier channels)."""
+    def build_store(self, num_blocks: int, outlier_index: torch.Tensor | None = None,
+                    rank: int = 0):
+        """Rank ``rank``'s store for ``num_blocks`` blocks: its KV heads only under tensor
+        parallelism (``parallel.shard.kv_head_range``). ``outlier_index`` [layers, kv_heads, n]
+        long: the calibrated outlier channels of every KV head of the whole model."""
         s = self.spec
+        heads = kv_heads_per_rank(s, self.tp)
         if not self.quantized:
-            return KVStore(s.num_layers, num_blocks, self.block_size, kv_heads_per_rank(s, self.tp),
-                           s.head_dim, STORAGE_DTYPES[self.kv_format], self.compute_dtype)
+            return KVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
+                           STORAGE_DTYPES[self.kv_format], self.compute_dtype)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
 
-        keys, values = make_codecs(self.kv_format, self.block_size, s.num_kv_heads, s.head_dim,
+        if outlier_index is not None and self.tp > 1:
+            from kvledger.engine.parallel.shard import kv_head_range
+
+            own = kv_head_range(s, self.tp, rank)
+            outlier_index = outlier_index[:, own.start:own.stop]
+        keys, values = make_codecs(self.kv_format, self.block_size, heads, s.head_dim,
                                    self.group_size or s.head_dim, self.key_quant, outlier_index)
-        return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, s.num_kv_heads,
-                                s.head_dim, self.kv_format, keys, values, self.compute_dtype,
+        return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
+                                self.kv_format, keys, values, self.compute_dtype,
                                 self.residual_slots)
 
 
@@ -126,16 +134,10 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
 
     Raises:
         InvalidParameterError: a group size that does not divide head_dim, outlier channels
-            on a full-precision format or not fewer than head_dim, int4 with an odd head_dim,
-            a quantized format under tensor parallelism (not split per rank yet).
+            on a full-precision format or not fewer than head_dim, int4 with an odd head_dim.
     """
     fmt = resolve_kv_format(config.kv_cache_dtype, compute_dtype)
     quantized = kv_format(fmt).quantized
-    tp = config.tensor_parallel_size
-    if quantized and tp > 1:
-        raise InvalidParameterError(
-            f"--kv-cache-dtype {fmt} does not run with --tensor-parallel-size {tp} yet (the "
-            f"quantized store is not split per rank); use fp32, bf16 or fp16")
     if config.kv_outlier_channels and not quantized:
         raise InvalidParameterError(
             f"--kv-outlier-channels applies to quantized KV formats (fp8, int8, int4), not {fmt}")
@@ -144,6 +146,6 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     if fmt in ("int8", "int4"):
         group = resolve_group_size(config.kv_group_size, spec.head_dim)
     layout = KVLayout(spec, fmt, compute_dtype, config.block_size, group, config.kv_key_quant,
-                      outliers, config.max_num_seqs, tp)
+                      outliers, config.max_num_seqs, config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)
     return layout

@@ -3,7 +3,8 @@
 Started by rank 0 (:mod:`.launch`) with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` in its environment, or reached from a torchrun rank through
 :func:`serve`. It takes its setup from rank 0, loads the model and keeps its share, builds its
-KV store (the ledger's per-rank bytes for the pool's block count), then runs every step rank 0
+KV store (its KV heads in the pool's block count, the ledger's per-rank bytes; a quantized
+format keeps the calibrated outlier channels of those heads), then runs every step rank 0
 broadcasts until rank 0 sends None (shutdown) or its connection goes away (the process exits).
 """
 
@@ -39,6 +40,7 @@ def serve(group: RankGroup) -> None:
     Raises:
         TensorParallelError: rank 0 went away or a collective failed.
     """
+    from kvledger.engine.kv.calibration import outlier_index
     from kvledger.engine.kv.layout import resolve_layout
     from kvledger.engine.loader import load_weights
 
@@ -53,14 +55,16 @@ def serve(group: RankGroup) -> None:
         del weights
         store = None
         if config.use_kv_cache:
-            store = resolve_layout(config, spec, dtype).build_store(setup["num_blocks"])
+            layout = resolve_layout(config, spec, dtype)
+            store = layout.build_store(setup["num_blocks"], outlier_index(config, spec, layout),
+                                       group.rank)
     except Exception as exc:  # noqa: BLE001 - reported to rank 0 as one line, then exit
         group.gather_objects(f"tensor-parallel rank {group.rank} could not load the model: "
                              f"{exc}")
         raise SystemExit(1) from None
     group.gather_objects(store.nbytes if store is not None else 0)
     while (step := group.broadcast()) is not None:
-        run_step(model, store, step)
+        run_step(model, store, step, group)
     group.destroy()
 
 
