@@ -87,6 +87,12 @@ class KVStore:
         self._keys[layer].index_copy_(0, slot_mapping, key.to(dtype))
         self._values[layer].index_copy_(0, slot_mapping, value.to(dtype))
 
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's K/V at slots ``src`` [k] to slots ``dst`` [k] (all read before
+        any is written, so the two may overlap; retention compaction)."""
+        for layer in range(len(self.key_blocks)):
+            self.write(layer, dst, *self.gather(layer, src))
+
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape S) -> two tensors of shape S + [kv_heads, head_dim].
 

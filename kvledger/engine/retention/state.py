@@ -153,9 +153,7 @@ class RetainedKV:
         src = self.slots(block_table, kept)
         new_table = block_table[:first] + dst_table
         dst = self.slots(new_table, torch.arange(first * bs, first * bs + len(kept)))
-        for layer in range(len(store.key_blocks)):
-            keys, values = store.gather(layer, src)
-            store.write(layer, dst, keys, values)
+        store.copy_slots(src, dst)
         released = [b for b in block_table[first:] if b not in set(dst_table)]
         pool.free(reversed(released))
         self.pos = torch.cat([self.pos[: first * bs], self.pos[kept]])
