@@ -149,11 +149,14 @@ class LLMEngine:
             self.runner = ModelRunner(self.model, self.store, config.block_size)
         else:
             self.runner = self.parallel.runner(self.model, self.store, config, num_blocks)
+        # compaction copies and block releases go to the store, or under tensor parallelism
+        # through the runner to every rank's store
+        store_ops = self.store if self.parallel is None or self.store is None else self.runner
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
-                                   self.max_model_len, self.store)
+                                   self.max_model_len, store_ops)
         self._check_retention(config.retention)
         if self.store is not None:
-            self.scheduler.kv.pool.on_release = self.store.release
+            self.scheduler.kv.pool.on_release = store_ops.release
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks)", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes)
@@ -216,10 +219,6 @@ class LLMEngine:
         self.scheduler.add(req)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
-        if spec.evicts and self.parallel is not None:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} does not run with --tensor-parallel-size "
-                f"{self.config.tensor_parallel_size} yet (eviction rewrites rank 0's KV only)")
         if spec.evicts and self.store is None:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")

@@ -35,7 +35,9 @@ class KVCacheManager:
         num_blocks: blocks in the pool.
         block_size: tokens per block.
         enable_prefix_caching: False disables hashing and hits.
-        store: the KV tensors, where retention compaction copies K/V (None: no compaction).
+        store: where retention compaction copies K/V, through ``copy_slots(src, dst)``: the
+            KV store, or under tensor parallelism the runner that has every rank copy (None: no
+            compaction).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
