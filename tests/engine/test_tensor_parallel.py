@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import torch
+from tp_harness import greedy, tp_engine, workers_of_this_process
 from typer.testing import CliRunner
 
 from kvledger.engine.config import EngineConfig
@@ -21,50 +22,6 @@ from kvledger.engine.parallel.shard import kv_head_range, shard_spec, shard_weig
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.spec import load_spec
-
-GREEDY = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
-
-
-def _engine(folder, tp: int, **options):
-    from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
-
-    spec, weights = load_weights(folder, torch.float32)
-    return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", attention="paged-native",
-                                  tensor_parallel_size=tp, **options), spec=spec, weights=weights)
-
-
-def _greedy(engine, prompts: list[list[int]]) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Tokens of each prompt, and the logits of every step (prefill, then each decode)."""
-    from kvledger.engine.sampling_params import SamplingParams
-
-    seen, execute = [], engine.runner.execute
-    engine.runner.execute = lambda chunks: seen.append(execute(chunks)) or seen[-1]
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"r{i}", ids, SamplingParams(**GREEDY))
-    done = {}
-    while engine.has_unfinished_requests():
-        done.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
-    engine.runner.execute = execute
-    return [done[f"r{i}"] for i in range(len(prompts))], seen
-
-
-def _workers_of_this_process() -> list[int]:
-    """Pids of live tensor-parallel workers whose parent is this process."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if ppid == os.getpid() and b"kvledger.engine.parallel.worker" in cmd:
-            pids.append(int(entry))
-    return pids
 
 
 def test_split_follows_the_gqa_rule_and_recomposes_the_mlp(tiny_llama_folder):
@@ -128,7 +85,7 @@ def test_bundled_tp3_logits_and_tokens_equal_tp1():
     for tp in (1, 3):
         engine = LLMEngine(EngineConfig(dtype="fp32", attention="paged-native", num_blocks=32,
                                         tensor_parallel_size=tp))
-        results[tp] = _greedy(engine, prompt)
+        results[tp] = greedy(engine, prompt)
         if tp == 3:
             per_block = kv_bytes_per_block(engine.spec, 16, "fp32", tp=3)
             assert engine.stats()["kv_pool_bytes_per_rank"] == [32 * per_block] * 3
@@ -150,8 +107,8 @@ def test_tiny_tp_equals_tp1_alone_and_batched_with_preemption(tp, kv_heads, tiny
     options = {"num_blocks": 14, "max_num_batched_tokens": 32}
     runs = {}
     for size in (1, tp):
-        engine = _engine(folder, size, **options)
-        runs[size] = (_greedy(engine, alone), _greedy(engine, batch),
+        engine = tp_engine(folder, size, **options)
+        runs[size] = (greedy(engine, alone), greedy(engine, batch),
                       engine.stats())
         if size > 1:
             workers = engine.parallel.workers
@@ -172,11 +129,16 @@ def test_tiny_tp_equals_tp1_alone_and_batched_with_preemption(tp, kv_heads, tiny
 @pytest.mark.slow
 def test_killed_worker_gives_503_health_says_why_and_nothing_is_left(tiny_llama_folder,
                                                                      app_client):
-    engine = _engine(tiny_llama_folder(), 2, num_blocks=32, tp_timeout_s=30)
+    engine = tp_engine(tiny_llama_folder(), 2, num_blocks=32, tp_timeout_s=30)
     client = app_client(engine)
     body = {"model": engine.model_name, "prompt": [5, 6, 7, 8], "max_tokens": 4}
     assert client.post("/v1/completions", json=body).status_code == 200
     assert client.get("/health").status_code == 200
+    evicting = {**body, "prompt": list(range(3, 60)), "max_tokens": 6,
+                "kv_policy": {"policy": "h2o", "budget": 20, "window": 6, "sinks": 2}}
+    reply = client.post("/v1/completions", json=evicting)  # a per-request retention policy
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 6
     per_rank = engine.stats()["kv_pool_bytes_per_rank"]
     assert per_rank == [32 * kv_bytes_per_block(engine.spec, 16, "fp32", tp=2)] * 2
     assert f'rank="1"}} {float(per_rank[1])}' in client.get("/metrics").text
@@ -190,4 +152,4 @@ def test_killed_worker_gives_503_health_says_why_and_nothing_is_left(tiny_llama_
     assert "exited (signal 9)" in health.json()["error"]["message"]
     assert client.post("/v1/completions", json=body).status_code == 503
     engine.close()
-    assert _workers_of_this_process() == []
+    assert workers_of_this_process() == []
