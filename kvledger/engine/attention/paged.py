@@ -11,7 +11,7 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   It needs no compiler and is the fallback when the native kernel cannot be built.
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
   place one block at a time, no copy at all. Over a quantized store (fp8, int8, int4) it
-  dequantizes each block's KV head into a block-sized buffer inside the loop.
+  reads the codes themselves, the scales folded into the query and the probabilities.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
 dequantises there, per block), and :meth:`PagedTorchBackend.chunk_scores` receives each
