@@ -104,8 +104,11 @@ def _bundled(tp: int, **options):
 @pytest.mark.slow
 def test_bundled_tp3_int8_with_outliers_gives_tp1_s_tokens():
     """int8 + the shipped calibration's 4 outlier channels: the same 16 greedy tokens as TP = 1
-    in int8 (two full quantized blocks and a residual one by the end), logits within 1e-3, and
-    each rank's pool the ledger's bytes (32 blocks x 76,800 + 4 residual blocks x 245,760)."""
+    in int8 (two full quantized blocks and a residual one by the end), and each rank's pool the
+    ledger's bytes (32 blocks x 76,800 + 4 residual blocks x 245,760). Logits are not exact:
+    the all-reduce sums in another order (~1e-7 in fp32), which moves the odd K/V value across
+    a rounding boundary of its int8 code; measured 0.066 at most over the 16 steps (a wrong
+    head or scale moves them by whole units)."""
     prompt = BUNDLED_PROMPT * 2 + [28, 27]
     runs = {}
     for tp in (1, 3):
@@ -116,8 +119,8 @@ def test_bundled_tp3_int8_with_outliers_gives_tp1_s_tokens():
         engine.close()
     (tokens1, logits1), (tokens3, logits3) = runs[1], runs[3]
     assert tokens3 == tokens1
-    for a, b in zip(logits1, logits3):
-        torch.testing.assert_close(b, a, atol=1e-3, rtol=0)
+    for a, b in zip(logits1, logits3):  # measured 0.066 at most (see the docstring)
+        torch.testing.assert_close(b, a, atol=0.1, rtol=0)
 
 
 @pytest.mark.slow
@@ -129,7 +132,7 @@ def test_tiny_replicated_kv_head_quantized_equals_tp1(fmt, tiny_llama_folder):
     folder = tiny_llama_folder(heads=4, kv_heads=1, vocab=322)
     alone = [list(range(3, 40))]
     batch = [list(range(3 + i, 50 + 7 * i)) for i in range(5)]
-    options = {"num_blocks": 14, "max_num_batched_tokens": 32, "max_num_seqs": 3,
+    options = {"num_blocks": 9, "max_num_batched_tokens": 32, "max_num_seqs": 3,
                "kv_cache_dtype": fmt}
     runs = {}
     for tp in (1, 4):
