@@ -51,6 +51,11 @@ FUSED_ROWS = (1, 4, 16, 64, 256)
 FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 NOT_Q4_FORMATS = tuple(f for f in FORMATS if f != "int4")
 """The formats of a weight the GGUF does not store as Q4."""
+OPT_IN_FORMATS = ("w8a8",)
+"""Formats the probe times but does not choose by itself (``KVLEDGER_WEIGHT_FORMAT`` opts in):
+w8a8 rounds the activations to int8 too, and on the bundled model it changed the greedy answer
+to "What is the capital of France?" from Paris to a list of French words (tests/commands/
+test_generate.py), within test_fast_mode's KL bound."""
 
 
 @dataclass
@@ -350,6 +355,7 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
     chosen = {}
     for cls in CLASSES:
         available = FORMATS if cls in q4_classes else NOT_Q4_FORMATS
+        available = tuple(f for f in available if f not in OPT_IN_FORMATS)
         chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
     return chosen
 

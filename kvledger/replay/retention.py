@@ -42,6 +42,9 @@ class NoKVStore:
 
     key_blocks: tuple = ()
 
+    def copy_slots(self, src, dst) -> None:
+        """Compaction's K/V copy (:meth:`kvledger.engine.kv.store.KVStore.copy_slots`): none."""
+
 
 class ReplayedPolicy:
     """A token-level policy (one that ``compacts``) with a score-free stand-in selection.
