@@ -81,7 +81,8 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     q4 = set(kernels.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
     for cls in kernels.CLASSES:
         times = result.matmul_us[cls]
-        pick = result.weight_format(cls, tuple(times) if cls in q4 else kernels.NOT_Q4_FORMATS)
+        pick = result.weight_format(cls, tuple(f for f in kernels.candidates(cls, q4)
+                                               if f in times))
         cells = "  ".join(f"{fmt} {us:9.1f}" for fmt, us in times.items())
         print(f"  {cls:8s} {cells}   -> {pick}")
         for fmt, by_rows in result.gemm_us.get(cls, {}).items():

@@ -354,10 +354,15 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
     result = None if set(forced) == set(CLASSES) else probe(spec)
     chosen = {}
     for cls in CLASSES:
-        available = FORMATS if cls in q4_classes else NOT_Q4_FORMATS
-        available = tuple(f for f in available if f not in OPT_IN_FORMATS)
-        chosen[cls] = forced.get(cls) or result.weight_format(cls, available)
+        chosen[cls] = forced.get(cls) or result.weight_format(cls, candidates(cls, q4_classes))
     return chosen
+
+
+def candidates(shape_class: str, q4_classes: set[str]) -> tuple[str, ...]:
+    """The formats the probe may choose for ``shape_class`` (``int4`` only for Q4 weights, no
+    :data:`OPT_IN_FORMATS`)."""
+    available = FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
+    return tuple(f for f in available if f not in OPT_IN_FORMATS)
 
 
 def choose_gemm_rows(spec: ModelSpec, formats: dict[str, str]) -> dict[str, int | None]:

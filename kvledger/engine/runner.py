@@ -69,27 +69,24 @@ class ModelRunner:
         ids, pos, slots = [], [], []
         meta = AttentionMetadata(slot_mapping=None)
         last_of = {}
+        def add_decode(c, slot: int) -> None:  # one decode token: id, position, slot
+            p = c.request.num_computed_tokens
+            ids.extend(c.request.token_ids_range(p, p + 1))
+            pos.append(p)
+            slots.append(slot)
+            last_of[id(c)] = len(ids) - 1
+
         decodes.sort(key=lambda c: c.request.num_computed_tokens)
         for group in _length_groups(decodes):
             contexts = [self._context_slots(c.request, c.request.num_computed_tokens + 1) for c in group]
             meta.decodes.append(_decode_group(len(ids), contexts))
             for c, ctx in zip(group, contexts):
-                p = c.request.num_computed_tokens
-                ids.extend(c.request.token_ids_range(p, p + 1))
-                pos.append(p)
-                slots.append(int(ctx[-1]))
-                last_of[id(c)] = len(ids) - 1
-        slot_decoded = set()
+                add_decode(c, int(ctx[-1]))
         for c in retained:
             made = self._retained_decode(c, len(ids))
             if made is not None:
                 meta.decodes.append(made[0])
-                p = c.request.num_computed_tokens
-                ids.extend(c.request.token_ids_range(p, p + 1))
-                pos.append(p)
-                slots.append(made[1])
-                last_of[id(c)] = len(ids) - 1
-                slot_decoded.add(id(c))
+                add_decode(c, made[1])
         slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
         for c in prefills:
             start, n = c.request.num_computed_tokens, c.num_new_tokens
@@ -103,7 +100,7 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
-        for c in (c for c in retained if id(c) not in slot_decoded):
+        for c in (c for c in retained if id(c) not in last_of):  # the rest: gathered segments
             slot_chunks.append(self._retained_segment(c, meta, len(ids)))
             start, n = c.request.num_computed_tokens, c.num_new_tokens
             ids.extend(c.request.token_ids_range(start, start + n))
