@@ -16,13 +16,17 @@ every position's logits are scored.
   agnostic, as kvpress evaluates). Compared with every policy's PPL on the same tail tokens.
 
 Streaming (``--stream sinks,window``): the whole ``--tokens`` text as ONE sequence through each
-listed policy at each budget, past the model's trained context (kept keys keep their original
-positions), PPL per ``--segment``-token segment next to ``full``'s chunked figure for the same
-tokens (every chunk scored from scratch).
+listed policy at each budget and each of ``--positions`` (original: kept keys where they were
+computed; cache: StreamingLLM's positions inside the cache), past the model's trained context,
+fed in steps of ``--stream-stride`` tokens (cache positions depend on it: a step's queries sit
+after the tokens held at its start), PPL per ``--segment``-token segment next to ``full``'s
+chunked figure for the same tokens (every chunk scored from scratch; ``--full-json`` takes it
+from an earlier run's JSON).
 
 Usage: python benchmarks/bench_retention.py [--tokens 16384] [--chunk 8192] [--stride 32]
        [--budgets 256,512,1024] [--plot ppl.png] [--json out.json]
-       [--stream sinks,window --stream-plot stream.png]
+       [--stream sinks,window --positions original,cache --stream-stride 32
+        --stream-plot stream.png [--full-json full.json]]
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from common import machine_line, real_text_ids
@@ -112,6 +116,11 @@ def main() -> None:
                     help="policies (window,sinks,h2o) to run over the whole text as one stream")
     ap.add_argument("--segment", type=int, default=1024, help="stream PPL segment, tokens")
     ap.add_argument("--stream-plot", default=None)
+    ap.add_argument("--positions", default="original",
+                    help="stream runs: kv positions to run (original, cache or both)")
+    ap.add_argument("--stream-stride", type=int, default=32, help="stream step, tokens")
+    ap.add_argument("--full-json", default=None,
+                    help="take full's chunked NLL from this earlier --json output")
     args = ap.parse_args()
     budgets = [int(b) for b in args.budgets.split(",")]
     wanted = set(args.policies.split(","))
@@ -165,26 +174,30 @@ def segment_ppl(nll: torch.Tensor, segment: int) -> list[float]:
 def stream(engine, ids: list[int], args, budgets: list[int], results: list[dict]) -> None:
     """The whole text as one sequence through each ``--stream`` policy (one row each), and
     ``full``'s chunked NLL laid end to end for the same tokens (when it ran)."""
-    full = next((r for r in results if r["policy"] == "full"), None)
+    earlier = results
+    if args.full_json:
+        with open(args.full_json) as f:
+            earlier = json.load(f)["results"]
+    full = next((r for r in earlier if r["policy"] == "full"), None)
     rows = []
     if full is not None:
         flat = torch.cat([torch.tensor(c + [math.nan]) for c in full["nll_per_chunk"]])
         rows.append({"policy": "full (chunked)", "budget": None,
                      "segments": segment_ppl(flat, args.segment), "ppl": full["ppl"]})
-    for name in args.stream.split(","):
-        for name_, budget, spec in specs(budgets):
-            if name_ != name:
-                continue
-            t0 = time.perf_counter()
-            nll = score(engine, ids, spec, args.exact_stride)
-            rows.append({"policy": f"{name} (one stream)", "budget": budget,
-                         "spec": spec.describe(), "segments": segment_ppl(nll, args.segment),
-                         "ppl": ppl(nll), "seconds": round(time.perf_counter() - t0, 1)})
-            print(f"stream {name} {budget}: PPL {rows[-1]['ppl']:.3f} over {len(ids)} tokens "
-                  f"({rows[-1]['seconds']} s); per {args.segment}: "
-                  + " ".join(f"{p:.2f}" for p in rows[-1]["segments"]), flush=True)
-            results.append({**rows[-1], "stream": True})
-            save(args, results)
+    runs = [(name, budget, replace(spec, positions=p)) for name in args.stream.split(",")
+            for name_, budget, spec in specs(budgets) if name_ == name
+            for p in args.positions.split(",")]
+    for name, budget, spec in runs:
+        t0 = time.perf_counter()
+        nll = score(engine, ids, spec, args.stream_stride)
+        rows.append({"policy": f"{name} {spec.positions} (one stream)", "budget": budget,
+                     "spec": spec.describe(), "segments": segment_ppl(nll, args.segment),
+                     "ppl": ppl(nll), "seconds": round(time.perf_counter() - t0, 1)})
+        print(f"stream {spec.describe()}: PPL {rows[-1]['ppl']:.3f} over {len(ids)} tokens "
+              f"({rows[-1]['seconds']} s); per {args.segment}: "
+              + " ".join(f"{p:.2f}" for p in rows[-1]["segments"]), flush=True)
+        results.append({**rows[-1], "stream": True})
+        save(args, results)
     if args.stream_plot:
         plot_stream(rows, args.stream_plot, args.segment, args.chunk)
 

@@ -45,6 +45,10 @@ class EngineConfig:
         kv_window: recent tokens kept by window / sinks (and h2o's recent part).
         kv_sinks: first tokens always kept by sinks / h2o (default 4).
         kv_budget: most tokens kept by h2o, or a snapkv-compressed prompt.
+        kv_positions: positions window / sinks attend at once tokens are dropped: original
+            (each kept key where it was computed, kvpress's default) or cache (the held tokens
+            at 0..n-1 in slot order, the query at n: StreamingLLM's scheme, llama.cpp's
+            K-shift), None = original.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
             or the opt-in quantized fp8, int8, int4.
         kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
@@ -84,6 +88,7 @@ class EngineConfig:
     kv_window: int | None = None
     kv_sinks: int | None = None
     kv_budget: int | None = None
+    kv_positions: str | None = None
     kv_cache_dtype: str = "auto"
     kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
@@ -121,4 +126,5 @@ class EngineConfig:
     @property
     def retention(self) -> RetentionSpec:
         """The default retention policy of the kv_* options (``ledger/retention.py``)."""
-        return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget)
+        return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget,
+                                 self.kv_positions)

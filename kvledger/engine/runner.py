@@ -7,7 +7,8 @@ segment per chunk). Logits are computed only at the last position of chunks that
 
 A request under an evicting retention policy (``request.retention``) holds only some of its
 tokens, anywhere in its blocks: its chunk is one gathered segment over the held slots, with a
-mask made of causality and the policy's per-query visibility (``engine/retention``).
+mask made of causality and the policy's per-query visibility (``engine/retention``); under
+``cache`` positions its sink keys turn as they are gathered (``retention/state.py``).
 
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
@@ -126,7 +127,7 @@ class ModelRunner:
         read through the backend's decode (a slot-list context), with the new token's slot;
         None for the other chunks (they take :meth:`_retained_segment`)."""
         req, state, p = c.request, c.request.retention, c.request.num_computed_tokens
-        if c.num_new_tokens != 1 or p == 0:
+        if c.num_new_tokens != 1 or p == 0 or state.key_shift(p) is not None:
             return None
         scored = state.policy.scored_queries(torch.tensor([p]), req.num_prompt_tokens)
         if scored is not None and bool(scored.any()):
@@ -142,8 +143,12 @@ class ModelRunner:
         req, n = c.request, c.num_new_tokens
         state, start = req.retention, req.num_computed_tokens
         slots, idx, mask, new_slots = state.context(req.block_table, start, n)
-        meta.prefills.append(PrefillSegment(start=offset, length=n, slots=slots, mask=mask,
-                                            gathered=True))
+        seg = PrefillSegment(start=offset, length=n, slots=slots, mask=mask, gathered=True)
+        shift = state.key_shift(start)
+        if shift is not None:
+            cos, sin = self.model.rope.lookup(shift[1])
+            seg.key_turn = (shift[0], cos, sin)
+        meta.prefills.append(seg)
         scored = state.policy.scored_queries(torch.arange(start, start + n),
                                              req.num_prompt_tokens)
         if scored is not None and bool(scored.any()):

@@ -61,7 +61,8 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     base = None
     if base_kv is not None:
-        full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None}
+        full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None,
+                "kv_positions": None}
         base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv, **full), spec=spec,
                          weights=weights, tokenizer=tokenizer)
     return engine, base

@@ -20,6 +20,12 @@ query adds itself), plus the tokens of the chunk being computed. Positions ``p``
 ``p < first_affected`` attend exactly what ``full`` attends, so their K/V equal full's: only
 blocks before that may enter the prefix cache.
 
+Positions (``positions``, window/sinks only): ``original`` keeps every kept key at the position
+it was computed at (kvpress's default), so past the model's trained context the query's distance
+to the sinks grows without bound; ``cache`` attends as if the held tokens sat at positions
+``0..n-1`` in slot order and the query at ``n`` (StreamingLLM's scheme), so no distance ever
+exceeds the capacity. How the engine does it: ``engine/retention/state.py``.
+
 Pure integers, no torch; the engine's policy classes (``kvledger/engine/retention``) and the
 admission rule (``ledger/admission.py``) read their sizes and bounds from here.
 """
@@ -35,6 +41,9 @@ POLICIES = ("full", "window", "sinks", "h2o", "snapkv")
 DEFAULT_SINKS = 4
 SNAPKV_WINDOW = 32
 SNAPKV_KERNEL = 7
+POSITIONS = ("original", "cache")
+DEFAULT_POSITIONS = "original"
+"""Positions of window/sinks when none is named (chosen by measurement: BENCHMARKS.md)."""
 EVICTION_CHUNK = 64
 """Most tokens of an evicting sequence computed in one step (eviction runs between steps)."""
 
@@ -57,11 +66,14 @@ class RetentionSpec:
         budget: most tokens kept (h2o, snapkv).
         snapkv_window: snapkv's observation window (last prompt queries), default 32.
         snapkv_kernel: snapkv's pooling kernel, odd, default 7.
+        positions: ``original`` or ``cache`` (window, sinks; default
+            :data:`DEFAULT_POSITIONS`); every other policy keeps original positions.
 
     Raises:
         InvalidParameterError: unknown policy, window <= 0, negative sinks, a size the policy
             does not take, a missing size, an h2o budget below sinks + window + 1 (the sinks
-            and window would fill the cache), a snapkv budget not above its window.
+            and window would fill the cache), a snapkv budget not above its window, unknown
+            positions, ``cache`` positions for a policy other than window/sinks.
     """
 
     policy: str = "full"
@@ -70,6 +82,7 @@ class RetentionSpec:
     budget: int | None = None
     snapkv_window: int = SNAPKV_WINDOW
     snapkv_kernel: int = SNAPKV_KERNEL
+    positions: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -91,6 +104,7 @@ class RetentionSpec:
             raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_window")
         if self.policy in ("h2o", "snapkv") and self.budget is None:
             raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_budget")
+        self._resolve_positions()
         default_sinks = DEFAULT_SINKS if self.policy in ("sinks", "h2o") else 0
         object.__setattr__(self, "sinks", default_sinks if self.sinks is None else self.sinks)
         if self.policy == "h2o":
@@ -108,6 +122,19 @@ class RetentionSpec:
                 raise InvalidParameterError(
                     f"snapkv kv_budget {self.budget} must be above its observation window of "
                     f"{self.snapkv_window} tokens")
+
+    def _resolve_positions(self) -> None:
+        if self.positions is not None and self.positions not in POSITIONS:
+            raise InvalidParameterError(
+                f"kv_positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
+        if self.policy in ("window", "sinks"):
+            object.__setattr__(self, "positions", self.positions or DEFAULT_POSITIONS)
+        elif self.positions == "cache":
+            raise InvalidParameterError(
+                f"kv_positions 'cache' applies to window and sinks, not {self.policy!r} "
+                f"(it keeps original positions)")
+        else:
+            object.__setattr__(self, "positions", "original")
 
     @classmethod
     def from_dict(cls, obj) -> RetentionSpec:
@@ -207,10 +234,11 @@ class RetentionSpec:
         """One line, e.g. ``sinks (4 sinks + 1024 recent)``."""
         if self.policy == "full":
             return "full (every token kept)"
+        at = f" at {self.positions} positions"
         if self.policy == "window":
-            return f"window ({self.window} recent)"
+            return f"window ({self.window} recent){at}"
         if self.policy == "sinks":
-            return f"sinks ({self.sinks} sinks + {self.window} recent)"
+            return f"sinks ({self.sinks} sinks + {self.window} recent){at}"
         if self.policy == "h2o":
             return (f"h2o (budget {self.budget}: {self.sinks} sinks + {self.window} recent + "
                     f"{self.budget - self.sinks - self.window} heavy hitters)")
@@ -219,14 +247,14 @@ class RetentionSpec:
 
 
 def spec_from_options(policy: str | None, window: int | None, sinks: int | None,
-                      budget: int | None) -> RetentionSpec:
-    """The spec of the command-line options ``--kv-policy/--kv-window/--kv-sinks/--kv-budget``
-    (policy None = full; sizes given without a policy are an error)."""
+                      budget: int | None, positions: str | None = None) -> RetentionSpec:
+    """The spec of the command-line options ``--kv-policy/--kv-window/--kv-sinks/--kv-budget/
+    --kv-positions`` (policy None = full; sizes given without a policy are an error)."""
     if policy is None:
-        given = [n for n, v in (("window", window), ("sinks", sinks), ("budget", budget))
-                 if v is not None]
+        given = [n for n, v in (("window", window), ("sinks", sinks), ("budget", budget),
+                                ("positions", positions)) if v is not None]
         if given:
             raise InvalidParameterError(
                 f"kv_{given[0]} needs kv_policy (window, sinks, h2o or snapkv)")
         return RetentionSpec()
-    return RetentionSpec(policy, window=window, sinks=sinks, budget=budget)
+    return RetentionSpec(policy, window=window, sinks=sinks, budget=budget, positions=positions)

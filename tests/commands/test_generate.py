@@ -100,6 +100,19 @@ def test_a_prompt_and_a_prompts_file_together_are_refused(tmp_path):
     assert result.exit_code == 2 and "not both" in result.output
 
 
+@pytest.mark.parametrize("args, words", [
+    (["--kv-policy", "h2o", "--kv-budget", "64", "--kv-positions", "cache"],
+     "kv_positions 'cache' applies to window and sinks"),
+    (["--kv-positions", "cache"], "kv_positions needs kv_policy"),
+    (["--kv-policy", "sinks", "--kv-window", "8", "--kv-positions", "shift"],
+     "kv_positions must be one of original, cache"),
+])
+def test_bad_kv_positions_are_refused(args, words):
+    result = _invoke("hi", *args)
+    assert result.exit_code == 2 and words in result.output, result.output
+    assert "Traceback" not in result.output
+
+
 def test_zero_threads_is_refused():
     result = _invoke("hi", "--threads", "0")
     assert result.exit_code == 2 and "num_threads must be > 0" in result.output

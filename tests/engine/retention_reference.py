@@ -19,3 +19,56 @@ def mask_only_logprobs(hf_model, tokens, spec: RetentionSpec) -> torch.Tensor:
     with torch.no_grad():
         logits = hf_model(torch.tensor([tokens]), attention_mask=mask[None, None]).logits[0]
     return torch.log_softmax(logits.float(), -1)
+
+
+def cache_position_logprobs(hf_model, tokens, spec: RetentionSpec,
+                            chunks: list[tuple[int, int]]) -> torch.Tensor:
+    """log_softmax [L, vocab] of transformers under window/sinks with positions in the cache
+    (StreamingLLM's scheme), fed in the engine's ``chunks`` ((start, n) per step).
+
+    For each chunk: the tokens held at its start (k < sinks or k > start - window) are laid
+    at positions 0..m-1 in order: a fresh DynamicCache of their raw (never rotated) keys, as
+    the k_proj hooks captured them when each token was computed, rotated by transformers' own
+    RoPE to those positions, and their values; the chunk's queries at positions m..m+n-1,
+    query q (a logical position) seeing key k when k <= q and (k < sinks or k > q - window).
+    """
+    from transformers import DynamicCache
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    layers = hf_model.model.layers
+    raw: dict[str, list[list[torch.Tensor]]] = {"k": [[] for _ in layers],
+                                                "v": [[] for _ in layers]}
+    hooks = []
+    for i, layer in enumerate(layers):
+        for name, proj in (("k", layer.self_attn.k_proj), ("v", layer.self_attn.v_proj)):
+            hooks.append(proj.register_forward_hook(
+                lambda _m, _x, out, i=i, name=name: raw[name][i].append(out[0])))
+    heads, dim = hf_model.config.num_key_value_heads, hf_model.config.head_dim
+    rows = []
+    try:
+        for start, n in chunks:
+            held = [p for p in range(start) if p < spec.sinks or p > start - spec.window]
+            m = len(held)
+            cache = DynamicCache()
+            if m:
+                cos, sin = hf_model.model.rotary_emb(torch.zeros(1), torch.arange(m)[None])
+                for i in range(len(layers)):
+                    k, v = (torch.cat(raw[x][i])[held].view(1, m, heads, dim).transpose(1, 2)
+                            for x in ("k", "v"))
+                    k = apply_rotary_pos_emb(k, k, cos, sin)[1]
+                    cache.update(k, v, i)
+            q = torch.arange(start, start + n)[:, None]
+            key = torch.tensor(held + list(range(start, start + n)), dtype=torch.int64)[None, :]
+            allowed = (key <= q) & ((key < spec.sinks) | (key > q - spec.window))
+            mask = torch.zeros(n, m + n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+            with torch.no_grad():
+                out = hf_model(torch.tensor([tokens[start: start + n]]),
+                               position_ids=torch.arange(m, m + n)[None],
+                               cache_position=torch.arange(m, m + n),
+                               past_key_values=cache, attention_mask=mask[None, None],
+                               use_cache=True)
+            rows.append(torch.log_softmax(out.logits[0].float(), -1))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(rows)

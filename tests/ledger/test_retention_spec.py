@@ -25,6 +25,10 @@ from kvledger.ledger.retention import RetentionSpec, spec_from_options
     ({"policy": "full", "window": 8}, "takes no kv_window"),
     ({"policy": "snapkv", "budget": 32}, "above its observation window"),
     ({"policy": "window", "window": True}, "kv_window must be an integer"),
+    ({"policy": "sinks", "window": 8, "positions": "shifted"}, "kv_positions must be one of"),
+    ({"policy": "h2o", "budget": 64, "positions": "cache"},
+     "kv_positions 'cache' applies to window and sinks, not 'h2o'"),
+    ({"policy": "snapkv", "budget": 64, "positions": "cache"}, "applies to window and sinks"),
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(InvalidParameterError, match=re.escape(message)):
@@ -38,6 +42,27 @@ def test_defaults_and_capacity():
     h2o = RetentionSpec("h2o", budget=512)
     assert (h2o.sinks, h2o.window, h2o.capacity) == (4, 256, 512)
     assert RetentionSpec().capacity is None and RetentionSpec("snapkv", budget=64).capacity is None
+
+
+def test_positions_default_and_plumbing():
+    """window/sinks take the default positions unless named; the others keep original ones;
+    the engine option and a request's object reach the spec; the description names them."""
+    from kvledger.ledger.retention import DEFAULT_POSITIONS
+
+    assert RetentionSpec("sinks", window=8).positions == DEFAULT_POSITIONS
+    assert RetentionSpec("h2o", budget=64).positions == "original"
+    assert RetentionSpec("h2o", budget=64, positions="original").positions == "original"
+    cache = RetentionSpec("sinks", window=8, positions="cache")
+    assert cache.describe() == "sinks (4 sinks + 8 recent) at cache positions"
+    assert EngineConfig(kv_policy="window", kv_window=8, kv_positions="cache").retention \
+        == RetentionSpec("window", window=8, positions="cache")
+    assert SamplingParams(kv_policy={"policy": "sinks", "window": 8, "positions": "cache"}
+                          ).kv_policy == cache
+    with pytest.raises(InvalidParameterError, match="kv_positions needs kv_policy"):
+        spec_from_options(None, None, None, None, "cache")
+    # same bound either way: positions change what a query attends, not what is held
+    assert cache.max_kv_blocks(100, 5000, 16) == RetentionSpec(
+        "sinks", window=8, positions="original").max_kv_blocks(100, 5000, 16)
 
 
 def test_bounded_kv_figures():

@@ -27,6 +27,8 @@ def test_a_policy_object_reaches_the_engine(make_client):
     ({"policy": "window", "window": 0}, "kv_window must be an integer > 0"),
     ({"policy": "sinks", "window": 8, "sinks": -1}, "kv_sinks must be an integer >= 0"),
     ({"policy": "h2o", "budget": 8, "window": 8}, "no room for heavy hitters"),
+    ({"policy": "sinks", "window": 8, "positions": "rotated"}, "kv_positions must be one of"),
+    ({"policy": "h2o", "budget": 64, "positions": "cache"}, "applies to window and sinks"),
     ("sinks", "kv_policy"),
 ])
 def test_bad_policy_objects_are_400_and_others_are_served(make_client, kv_policy, words):

@@ -81,6 +81,8 @@ class PrefillSegment:
     ``mask``: [length, context_len] bool, set together with ``slots``.
     ``gathered``: the context is any list of slots (a sequence under an evicting retention
     policy: holes, moved tokens, per-query windows), read by gather + SDPA in every backend.
+    ``key_turn``: (rows [r], cos [r, 1, D], sin [r, 1, D]) of a gathered context whose keys at
+    those rows rotate forward after the gather (``cache`` positions, ``retention/state.py``).
     """
 
     start: int
@@ -88,6 +90,7 @@ class PrefillSegment:
     slots: torch.Tensor | None = None
     mask: torch.Tensor | None = None
     gathered: bool = False
+    key_turn: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     _paged: PagedQueries | None = field(default=None, repr=False)
 
     def paged(self, block_size: int) -> PagedQueries:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from kvledger.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.rope import RotaryEmbedding
 
 
 class AttentionBackend:
@@ -95,8 +96,12 @@ def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup,
 def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment,
                      store: KVStore) -> torch.Tensor:
     """[length, heads, D] output of a segment's queries over its ``slots`` gathered, under its
-    ``mask`` [length, context]; every query must see at least one key."""
+    ``mask`` [length, context]; every query must see at least one key. The rows of
+    ``seg.key_turn`` are rotated (RoPE) after the gather, in the gathered copy only."""
     keys, values = store.gather(layer, seg.slots)
+    if seg.key_turn is not None:
+        rows, cos, sin = seg.key_turn
+        keys[rows] = RotaryEmbedding.apply(keys[rows], cos, sin)
     return _sdpa(q, keys, values, seg.mask, causal=False)
 
 

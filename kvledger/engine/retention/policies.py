@@ -13,7 +13,8 @@ A policy is stateless; the per-sequence state (positions held, accumulated score
   pool once none of their tokens is kept.
 
 Positions: kept keys keep their original positions (RoPE applied once, when the key was
-computed; kvpress's default); nothing is re-rotated. Token selection (h2o, snapkv) is per
+computed; kvpress's default), or under window/sinks with ``positions="cache"`` attend as if
+they sat at 0..n-1 in the cache (StreamingLLM; ``state.py: RetainedKV.key_shift``). Token selection (h2o, snapkv) is per
 sequence, one set of kept tokens for all layers and KV heads, by attention summed over them.
 """
 

@@ -13,6 +13,19 @@ gathered: kept K/V are copied to lower physical indices (keys keep their origina
 a move changes nothing in attention). A block that another sequence holds or that is in the
 prefix cache is never written: its kept tokens are copied to a fresh block instead.
 
+Positions: the new tokens' queries are always at their logical positions. Under ``cache``
+positions (``RetentionSpec.positions``; StreamingLLM's scheme, held tokens at ``0..n-1`` in
+slot order and the query at ``n``) every query-key distance must be the one of that scheme. RoPE
+attention depends only on the distance (q at a, k at b: ``<R(a) q, R(b) k> = <q, R(b - a) k>``),
+so the scheme is the same as adding ``start - n`` (the tokens dropped so far) to every cache
+position: held token i (rank r_i, original position pos_i) must sit at ``r_i + start - n``, i.e.
+be rotated forward by ``delta_i = r_i + start - n - pos_i`` >= 0, the tokens dropped after it
+(:meth:`key_shift`). Under window/sinks the window is contiguous, so its delta is 0 and only the
+sinks turn: by the count of dropped tokens. The rotation is applied to the keys as attention
+gathers them (``R(a + d) = R(d) R(a)``: one rotation by ``delta`` of the stored key, from the
+key as computed, never accumulated), not written into the blocks: a block's bytes stay what
+full retention computed, so sharing and hashing are unchanged, and nothing is rotated twice.
+
 Until the first token is dropped or moved, ``identity`` holds (pos[j] == j): only then may the
 sequence's blocks be hashed into the prefix cache (``KVCacheManager.cache_full_blocks``).
 """
@@ -84,6 +97,22 @@ class RetainedKV:
         mask = (k_pos[None, :] <= q_pos[:, None]) & self.policy.visible(q_pos, k_pos)
         ctx_slots = self.slots(block_table, ctx_idx)
         return ctx_slots, ctx_idx, mask, ctx_slots[len(held_idx):]
+
+    def key_shift(self, start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """How far held keys turn for queries from ``start`` on under ``cache`` positions.
+
+        Returns:
+            (rows [r], delta [r] int64 > 0): rows of the held tokens (in the order of
+            :meth:`context`'s ``ctx_idx``) whose keys rotate forward by ``delta`` positions;
+            None under original positions or when no held key turns.
+        """
+        if self.policy.spec.positions != "cache":
+            return None
+        held_pos = self.pos[self.pos >= 0]
+        rank = torch.arange(len(held_pos))
+        delta = rank + (start - len(held_pos)) - held_pos
+        rows = delta.nonzero().flatten()
+        return (rows, delta[rows]) if len(rows) else None
 
     def append(self, start: int, n: int) -> None:
         """Record ``n`` computed tokens at positions ``[start, start + n)`` and add the
