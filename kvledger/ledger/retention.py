@@ -96,7 +96,8 @@ class RetentionSpec:
         takes = {"full": (), "window": ("window",), "sinks": ("window", "sinks"),
                  "h2o": ("window", "sinks", "budget"), "snapkv": ("budget",)}[self.policy]
         for name in ("window", "sinks", "budget"):
-            if getattr(self, name) is not None and name not in takes:
+            resolved = name == "sinks" and self.sinks == 0  # what as_dict gives back
+            if getattr(self, name) is not None and name not in takes and not resolved:
                 raise InvalidParameterError(
                     f"kv_policy {self.policy!r} takes no kv_{name}"
                     + (f" (it takes {', '.join('kv_' + t for t in takes)})" if takes else ""))

@@ -65,7 +65,7 @@ def cache_position_logprobs(hf_model, tokens, spec: RetentionSpec,
                 out = hf_model(torch.tensor([tokens[start: start + n]]),
                                position_ids=torch.arange(m, m + n)[None],
                                cache_position=torch.arange(m, m + n),
-                               past_key_values=cache, attention_mask=mask[None, None],
+                               cache=cache, attention_mask=mask[None, None],
                                use_cache=True)
             rows.append(torch.log_softmax(out.logits[0].float(), -1))
     finally:

@@ -87,8 +87,8 @@ def test_cache_positions_equal_the_streaming_reference(tiny_llama, tiny_engine_f
     assert (got - _chosen(ref, out)).abs().max() < 1e-4
     best = ref[len(PROMPT) - 1:].max(-1).values
     assert (_chosen(ref, out) >= best - 1e-4).all()
-    original = mask_only_logprobs(hf, tokens, spec)
-    assert (_chosen(original, out) - got).abs().max() > 1e-2
+    original = mask_only_logprobs(hf, tokens, spec)  # the sinks where they were computed
+    assert (original - ref)[len(PROMPT) - 1:].abs().max() > 10 * 1e-4
 
 
 def test_original_positions_are_the_default_path(tiny_llama, tiny_engine_factory):

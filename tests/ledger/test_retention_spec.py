@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -60,6 +61,10 @@ def test_positions_default_and_plumbing():
                           ).kv_policy == cache
     with pytest.raises(InvalidParameterError, match="kv_positions needs kv_policy"):
         spec_from_options(None, None, None, None, "cache")
+    # a spec's own fields build it again (dataclasses.replace, from_dict(as_dict()))
+    window = RetentionSpec("window", window=8)
+    assert RetentionSpec.from_dict(window.as_dict()) == window
+    assert dataclasses.replace(window, positions="cache").positions == "cache"
     # same bound either way: positions change what a query attends, not what is held
     assert cache.max_kv_blocks(100, 5000, 16) == RetentionSpec(
         "sinks", window=8, positions="original").max_kv_blocks(100, 5000, 16)
