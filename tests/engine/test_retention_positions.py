@@ -16,7 +16,7 @@ from kvledger.engine.retention.state import RetainedKV
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
 
-PROMPT = [(13 * i + 7) % 300 + 3 for i in range(200)]  # prefilled in chunks of 64
+PROMPT = [(13 * i + 7) % 300 + 3 for i in range(450)]  # prefilled in chunks of 64
 SINKS = {"policy": "sinks", "window": 24, "sinks": 4}
 
 
@@ -52,18 +52,18 @@ def steps(monkeypatch):
 def _chosen(rows: torch.Tensor, out) -> torch.Tensor:
     """The reference's logprob of each generated token ([len(out.token_ids)])."""
     ids = torch.tensor(out.token_ids)
-    return rows[len(PROMPT) - 1:][torch.arange(len(ids)), ids]
+    return rows[len(out.prompt_token_ids) - 1:][torch.arange(len(ids)), ids]
 
 
 def test_cache_positions_equal_the_streaming_reference(tiny_llama, tiny_engine_factory, steps):
-    """200 + 320 tokens (past the 512 positions) under sinks 4 + 24 with cache positions, in a
+    """450 + 70 tokens (past the 512 positions) under sinks 4 + 24 with cache positions, in a
     pool of exactly the policy's bound: every logprob equals the cache-position reference at
     1e-4, greedy tokens are its best; the original-position reference differs (the sinks sit
     hundreds of positions away there), so the comparison can fail; the stored sink keys are
     never rewritten (the rotation is applied to gathered copies)."""
     _, hf = tiny_llama
     spec = RetentionSpec.from_dict({**SINKS, "positions": "cache"})
-    new = 320
+    new = 70
     bound = spec.max_kv_blocks(len(PROMPT), len(PROMPT) + new, 4)
     engine = tiny_engine_factory(block_size=4, num_blocks=bound)
     sink_keys = []
