@@ -2,8 +2,8 @@
 
 Bandwidth: the best of several copies of a large buffer, counting every byte read and written
 (``2 x nbytes`` per copy; STREAM's "copy" kernel convention). Throughput: the best of several
-square bf16 matmuls (fp32 where bf16 is unsupported), ``2 x n^3`` FLOPs each. Memory: the GPU's
-total memory, or the host's physical RAM on a CPU. Figures are peaks (best of ``repeats``), the
+square bf16 matmuls (fp32 where bf16 is unsupported, or slower than fp32 on a CPU), ``2 x n^3``
+FLOPs each. Memory: the GPU's total memory, or the host's physical RAM on a CPU. Figures are peaks (best of ``repeats``), the
 same kind of number as a datasheet's.
 
 torch is imported inside :func:`measure` only, so ``import kvledger.ledger`` stays torch-free.
@@ -30,12 +30,44 @@ def _best_seconds(fn, sync, repeats: int) -> float:
     return best
 
 
+def _matmul_side(dev, dtype, sync, largest: int, budget_s: float = 0.25) -> int:
+    """The largest power-of-two side <= ``largest`` (from 256) whose square matmul takes
+    under ``budget_s`` seconds, so that the probe stays short where ``dtype`` is slow (bf16 on
+    a CPU without bf16 instructions runs at ~1 GFLOPS: a 2048 matmul would take ~20 s)."""
+    import torch
+
+    n = 256
+    while n < largest:
+        a = torch.randn(n, n, device=dev).to(dtype)
+        t0 = time.perf_counter()
+        a @ a
+        sync()
+        if (time.perf_counter() - t0) * 8 > budget_s:  # the next side costs 8x
+            break
+        n *= 2
+    return n
+
+
+def _faster_cpu_dtype():
+    """bf16 or fp32, whichever multiplies two 256 x 256 matrices faster here: a CPU without
+    bf16 instructions emulates bf16 matmuls at a small fraction of its fp32 rate, and the
+    engine then computes in fp32 GEMMs (its kernel probe), so fp32 is this CPU's peak."""
+    import torch
+
+    def seconds(dtype) -> float:
+        a = torch.randn(256, 256).to(dtype)
+        return _best_seconds(lambda: a @ a, lambda: None, 3)
+
+    return torch.bfloat16 if seconds(torch.bfloat16) <= seconds(torch.float32) else torch.float32
+
+
 def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5) -> Device:
     """Measure the current accelerator (CUDA if available, else the CPU) as a ``local`` Device.
 
     Args:
         buffer_mib: size of the copied buffer, MiB (bigger than the caches).
-        matmul_n: side of the square matmul (default 8192 on a GPU, 2048 on a CPU).
+        matmul_n: side of the square matmul (default: the largest power of two up to 8192
+            on a GPU, 2048 on a CPU, whose matmul takes under a quarter of a second).
         repeats: timed repetitions; the best one counts.
     """
     import torch
@@ -43,7 +75,6 @@ def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    n = matmul_n or (8192 if cuda else 2048)
 
     nbytes = buffer_mib * 2**20
     src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
@@ -51,9 +82,11 @@ def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5
     bandwidth_gbs = 2 * nbytes / _best_seconds(lambda: dst.copy_(src), sync, repeats) / 1e9
     src = dst = None  # free the buffers before the matmul
 
-    dtype = (
-        torch.bfloat16 if (cuda and torch.cuda.is_bf16_supported()) or not cuda else torch.float32
-    )
+    if cuda:
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    else:
+        dtype = _faster_cpu_dtype()
+    n = matmul_n or _matmul_side(dev, dtype, sync, 8192 if cuda else 2048)
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     mm_s = _best_seconds(lambda: a @ b, sync, repeats)

@@ -13,3 +13,14 @@ def test_measure_tiny():
     assert dev.name == "local"
     assert dev.memory_gib > 0 and dev.bandwidth_gbs > 0 and dev.tflops > 0
     assert dev.source.startswith("measured by kvledger probe")
+
+
+def test_matmul_side_is_bounded_by_the_time_budget():
+    """The default matmul side grows by doubling from 256 while the next size fits the budget:
+    a zero budget keeps the smallest side, an unbounded one reaches the largest allowed."""
+    torch = pytest.importorskip("torch")
+    from kvledger.ledger.probe import _matmul_side
+
+    cpu = torch.device("cpu")
+    assert _matmul_side(cpu, torch.float32, lambda: None, 2048, budget_s=0.0) == 256
+    assert _matmul_side(cpu, torch.float32, lambda: None, 512, budget_s=float("inf")) == 512
