@@ -42,18 +42,19 @@ from common import machine_line, real_text_ids
 
 from kvledger import LLM, SamplingParams
 from kvledger.engine.request import Request
-from kvledger.engine.retention.policies import make_policy
-from kvledger.engine.retention.state import RetainedKV
-from kvledger.ledger.retention import RetentionSpec
+from kvledger.ledger.retention import DEFAULT_SELECT, SELECTIONS, RetentionSpec
 
 
-def specs(budgets: list[int]) -> list[tuple[str, int | None, RetentionSpec]]:
+def specs(budgets: list[int], selects: tuple[str, ...] = (DEFAULT_SELECT,)
+          ) -> list[tuple[str, int | None, RetentionSpec]]:
+    """(policy, budget, spec) runs; h2o and snapkv once per token selection in ``selects``."""
     out = [("full", None, RetentionSpec())]
     for b in budgets:
         out += [("window", b, RetentionSpec("window", window=b)),
-                ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4)),
-                ("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2)),
-                ("snapkv", b, RetentionSpec("snapkv", budget=b))]
+                ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4))]
+        out += [("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2, select=s))
+                for s in selects]
+        out += [("snapkv", b, RetentionSpec("snapkv", budget=b, select=s)) for s in selects]
     return out
 
 
@@ -72,8 +73,7 @@ def score(engine, ids: list[int], spec: RetentionSpec, stride: int,
     prompt_len = prompt_len or len(ids)
     req = Request("bench", ids[:prompt_len], SamplingParams(max_tokens=1))
     req.output_token_ids = list(ids[prompt_len:])
-    if spec.evicts:
-        req.retention = RetainedKV(make_policy(spec), engine.config.block_size)
+    req.retention = engine.retention_state(spec)
     kv, nll = engine.scheduler.kv, torch.full((len(ids) - 1,), math.nan)
     try:
         for start in range(0, len(ids), stride):
@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--tail", type=int, default=2048)
     ap.add_argument("--budgets", default="256,512,1024")
     ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
+    ap.add_argument("--select", default=DEFAULT_SELECT,
+                    help=f"h2o/snapkv token selections to run, comma-separated ({', '.join(SELECTIONS)})")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--json", default=None)
@@ -133,7 +135,9 @@ def main() -> None:
           f"{args.stride}, tail {args.tail}")
     results = []
     order = args.policies.split(",")
-    runs = sorted((r for r in specs(budgets) if r[0] in wanted), key=lambda r: order.index(r[0]))
+    selects = tuple(args.select.split(","))
+    runs = sorted((r for r in specs(budgets, selects) if r[0] in wanted),
+                  key=lambda r: order.index(r[0]))
     for name, budget, spec in runs:
         t0 = time.perf_counter()
         stride = args.stride if spec.policy == "h2o" else args.exact_stride
@@ -141,7 +145,7 @@ def main() -> None:
         nlls = []
         for i, c in enumerate(chunks):
             nlls.append(score(engine, c, spec, stride, prompt_len))
-            print(f"  {name} {budget or '-'} chunk {i}: {time.perf_counter() - t0:.0f} s",
+            print(f"  {name} {spec.select or ''} {budget or '-'} chunk {i}: {time.perf_counter() - t0:.0f} s",
                   flush=True)
         nlls = torch.stack(nlls)
         row = {"policy": name, "budget": budget, "spec": spec.describe(),
@@ -150,8 +154,9 @@ def main() -> None:
                "nll_by_position": torch.nanmean(nlls, 0).tolist(),
                "nll_per_chunk": nlls.tolist(),
                "seconds": round(time.perf_counter() - t0, 1)}
+        row["select"] = spec.select
         results.append(row)
-        print(f"{name:7s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
+        print(f"{name:7s} {spec.select or '':12s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
               f"last {args.tail}: {row['ppl_tail']:8.3f}  ({row['seconds']} s)", flush=True)
         save(args, results)
     if args.plot:
@@ -240,7 +245,8 @@ def plot(results: list[dict], path: str, chunk: int, bucket: int = 256) -> None:
             if len(part):
                 xs.append(lo + bucket / 2)
                 ys.append(math.exp(float(part.mean())))
-        label = r["policy"] + (f" {r['budget']}" if r["budget"] else "")
+        label = (r["policy"] + (f" {r['select']}" if r.get("select") else "")
+                 + (f" {r['budget']}" if r["budget"] else ""))
         ax.plot(xs, ys, label=label, linestyle="--" if r["policy"] == "snapkv" else "-")
     ax.set_xlabel(f"position in the {chunk}-token chunk")
     ax.set_ylabel(f"perplexity ({bucket}-token buckets)")

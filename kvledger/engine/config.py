@@ -49,6 +49,8 @@ class EngineConfig:
             (each kept key where it was computed, kvpress's default) or cache (the held tokens
             at 0..n-1 in slot order, the query at n: StreamingLLM's scheme, llama.cpp's
             K-shift), None = original.
+        kv_select: how h2o / snapkv choose tokens: per-head (each layer and KV head keeps its
+            own, the default) or per-sequence (one choice for all); None = the default.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
             or the opt-in quantized fp8, int8, int4.
         kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
@@ -89,6 +91,7 @@ class EngineConfig:
     kv_sinks: int | None = None
     kv_budget: int | None = None
     kv_positions: str | None = None
+    kv_select: str | None = None
     kv_cache_dtype: str = "auto"
     kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
@@ -127,4 +130,4 @@ class EngineConfig:
     def retention(self) -> RetentionSpec:
         """The default retention policy of the kv_* options (``ledger/retention.py``)."""
         return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget,
-                                 self.kv_positions)
+                                 self.kv_positions, self.kv_select)

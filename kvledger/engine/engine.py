@@ -27,8 +27,8 @@ from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
+from kvledger.engine.retention.per_head import retained_state
 from kvledger.engine.retention.policies import make_policy
-from kvledger.engine.retention.state import RetainedKV
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
@@ -214,9 +214,17 @@ class LLMEngine:
         ids = self.tokenize(prompt)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
                       detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
-        if spec.evicts:
-            req.retention = RetainedKV(make_policy(spec), self.config.block_size)
+        req.retention = self.retention_state(spec)
         self.scheduler.add(req)
+
+    def retention_state(self, spec: RetentionSpec):
+        """A new request's retention state under ``spec`` (None for full): per (layer, KV
+        head) rows when it selects per head (``engine/retention/per_head.py``)."""
+        if not spec.evicts:
+            return None
+        return retained_state(spec, make_policy(spec), self.config.block_size,
+                              self.spec.num_layers, self.spec.num_kv_heads,
+                              tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
         if spec.evicts and self.store is None:

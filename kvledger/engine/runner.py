@@ -152,7 +152,8 @@ class ModelRunner:
         scored = state.policy.scored_queries(torch.arange(start, start + n),
                                              req.num_prompt_tokens)
         if scored is not None and bool(scored.any()):
-            observer = AttentionObserver(slice(offset, offset + n), slots, mask, scored)
+            observer = AttentionObserver(slice(offset, offset + n), slots, mask, scored,
+                                         state.heads)
             meta.observers.append(observer)
             state.pending = (idx, observer.scores)
         return new_slots

@@ -18,8 +18,6 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request
-from kvledger.engine.retention.policies import make_policy
-from kvledger.engine.retention.state import RetainedKV
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 
@@ -62,7 +60,7 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     base = None
     if base_kv is not None:
         full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None,
-                "kv_positions": None}
+                "kv_positions": None, "kv_select": None}
         base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv, **full), spec=spec,
                          weights=weights, tokenizer=tokenizer)
     return engine, base
@@ -80,9 +78,8 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int,
         KVBudgetError: the pool cannot hold the chunk (another request holds blocks).
     """
     req = Request("kvledger-eval", list(tokens), SamplingParams(max_tokens=1))
-    spec = engine.config.retention
-    if spec.evicts:  # the engine's --kv-policy: eviction runs between steps, as in generation
-        req.retention = RetainedKV(make_policy(spec), engine.config.block_size)
+    # the engine's --kv-policy: eviction runs between steps, as in generation
+    req.retention = engine.retention_state(engine.config.retention)
     kv, end = engine.scheduler.kv, len(tokens) - 1
     try:
         for start in range(0, len(tokens), stride):

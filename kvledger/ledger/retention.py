@@ -7,12 +7,17 @@ A retention policy decides which tokens' K/V a sequence keeps (seed §4.4):
 - ``sinks``: the first ``sinks`` tokens plus the ``window`` most recent (StreamingLLM, Xiao et
   al., arXiv:2309.17453).
 - ``h2o``: at most ``budget`` tokens: ``sinks`` first tokens, the ``window`` most recent, and
-  the rest by highest attention accumulated over all layers, heads and queries so far
-  (heavy hitters; Zhang et al., arXiv:2306.14048).
+  the rest by highest attention accumulated over the queries so far (heavy hitters; Zhang et
+  al., arXiv:2306.14048).
 - ``snapkv``: once, when the prompt has been prefilled, keep ``budget`` prompt tokens: the last
   ``snapkv_window`` (the observation window) and the others with the highest attention from
-  those queries, summed over layers and heads and average-pooled over ``snapkv_kernel``
-  neighbouring positions (Li et al., arXiv:2404.14469); then decode keeping everything.
+  those queries, average-pooled over ``snapkv_kernel`` neighbouring positions (Li et al.,
+  arXiv:2404.14469); then decode keeping everything.
+
+h2o and snapkv choose ``per-head`` (each layer and KV head its own tokens, by the attention of
+that KV head's query heads) or ``per-sequence`` (one choice for all, by attention summed over
+layers and heads): ``select``. Either way every head keeps the same number of tokens, so the
+sizes and bounds below hold for both.
 
 *Capacity* is the most keys one query attends: ``sinks + window`` for window/sinks,
 ``budget`` for h2o. A sequence holds at most ``capacity - 1`` tokens between steps (the next
@@ -44,6 +49,9 @@ SNAPKV_KERNEL = 7
 POSITIONS = ("original", "cache")
 DEFAULT_POSITIONS = "original"
 """Positions of window/sinks when none is named (chosen by measurement: BENCHMARKS.md)."""
+SELECTIONS = ("per-head", "per-sequence")
+DEFAULT_SELECT = "per-head"
+"""h2o/snapkv's default token selection (measured: BENCHMARKS.md, "Per-KV-head selection")."""
 EVICTION_CHUNK = 64
 """Most tokens of an evicting sequence computed in one step (eviction runs between steps)."""
 
@@ -68,6 +76,11 @@ class RetentionSpec:
         snapkv_kernel: snapkv's pooling kernel, odd, default 7.
         positions: ``original`` or ``cache`` (window, sinks; default
             :data:`DEFAULT_POSITIONS`); every other policy keeps original positions.
+        select: how h2o/snapkv choose tokens (None for the other policies): ``per-head``
+            (default) lets each (layer, KV head) keep its own top tokens by its own scores
+            (the query heads of a GQA group pooled: kvpress's and SnapKV's shape);
+            ``per-sequence`` keeps one set of tokens for all layers and heads, by scores
+            summed over them. Both keep the same number of tokens.
 
     Raises:
         InvalidParameterError: unknown policy, window <= 0, negative sinks, a size the policy
@@ -83,6 +96,7 @@ class RetentionSpec:
     snapkv_window: int = SNAPKV_WINDOW
     snapkv_kernel: int = SNAPKV_KERNEL
     positions: str | None = None
+    select: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -108,6 +122,16 @@ class RetentionSpec:
         self._resolve_positions()
         default_sinks = DEFAULT_SINKS if self.policy in ("sinks", "h2o") else 0
         object.__setattr__(self, "sinks", default_sinks if self.sinks is None else self.sinks)
+        if self.policy in ("h2o", "snapkv"):
+            select = DEFAULT_SELECT if self.select is None else self.select
+            if select not in SELECTIONS:
+                raise InvalidParameterError(f"kv_select must be one of {', '.join(SELECTIONS)}"
+                                            f", got {select!r}")
+            object.__setattr__(self, "select", select)
+        elif self.select is not None:
+            raise InvalidParameterError(
+                f"kv_policy {self.policy!r} takes no kv_select (only h2o and snapkv select "
+                f"tokens by attention)")
         if self.policy == "h2o":
             if self.window is None:
                 object.__setattr__(self, "window", max(1, self.budget // 2))
@@ -242,20 +266,23 @@ class RetentionSpec:
             return f"sinks ({self.sinks} sinks + {self.window} recent){at}"
         if self.policy == "h2o":
             return (f"h2o (budget {self.budget}: {self.sinks} sinks + {self.window} recent + "
-                    f"{self.budget - self.sinks - self.window} heavy hitters)")
+                    f"{self.budget - self.sinks - self.window} heavy hitters, {self.select})")
         return (f"snapkv (prompt compressed to {self.budget}, observation window "
-                f"{self.snapkv_window}, pooling {self.snapkv_kernel})")
+                f"{self.snapkv_window}, pooling {self.snapkv_kernel}, {self.select})")
 
 
 def spec_from_options(policy: str | None, window: int | None, sinks: int | None,
-                      budget: int | None, positions: str | None = None) -> RetentionSpec:
+                      budget: int | None, positions: str | None = None,
+                      select: str | None = None) -> RetentionSpec:
     """The spec of the command-line options ``--kv-policy/--kv-window/--kv-sinks/--kv-budget/
-    --kv-positions`` (policy None = full; sizes given without a policy are an error)."""
+    --kv-positions/--kv-select`` (policy None = full; sizes given without a policy are an
+    error)."""
     if policy is None:
         given = [n for n, v in (("window", window), ("sinks", sinks), ("budget", budget),
-                                ("positions", positions)) if v is not None]
+                                ("positions", positions), ("select", select)) if v is not None]
         if given:
             raise InvalidParameterError(
                 f"kv_{given[0]} needs kv_policy (window, sinks, h2o or snapkv)")
         return RetentionSpec()
-    return RetentionSpec(policy, window=window, sinks=sinks, budget=budget, positions=positions)
+    return RetentionSpec(policy, window=window, sinks=sinks, budget=budget, positions=positions,
+                         select=select)

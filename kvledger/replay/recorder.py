@@ -52,10 +52,12 @@ class RecordingPolicy:
         return getattr(self.inner, name)
 
     def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
-        """The wrapped policy's [h] bool mask over ``pos`` [h]; notes ``pos[~mask]``."""
+        """The wrapped policy's bool mask over ``pos`` ([h], or [rows, h] per head); notes
+        ``pos[~mask]`` (per head: the first row's, the count every row drops)."""
         kept = self.inner.keep(pos, scores, next_pos, num_prompt_tokens, compressed)
         if not bool(kept.all()):
-            self.log.append((self.request_id, sorted(pos[~kept].tolist())))
+            first_pos, first_kept = (pos, kept) if pos.dim() == 1 else (pos[0], kept[0])
+            self.log.append((self.request_id, sorted(first_pos[~first_kept].tolist())))
         return kept
 
 

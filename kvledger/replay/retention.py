@@ -20,6 +20,11 @@ What the replay predicts, per policy:
   holds ``ceil(slots / block_size)`` blocks with ``held <= slots < held + block_size`` (holes
   below one block's worth are not compacted, and whether a block empties entirely depends on
   which tokens were dropped).
+- h2o / snapkv selecting per head (``RetentionSpec.select``, the default): the engine keeps
+  every row's tokens in whole blocks with no holes, so the blocks held follow from the count
+  alone; the replay holds one row (``PerHeadKV`` of 1 x 1) and predicts the engine's blocks
+  exactly, except for the copy-on-write of a shared block, which depends on where the rows'
+  holes fall.
 - Exact for h2o/snapkv too when the trace recorded the engine's choices: ``kvledger serve
   --trace`` writes, per step, the positions each evicting request dropped (``evicted``, see
   :mod:`kvledger.replay.trace`). While the replay runs the recorded schedule under the
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.engine.retention.per_head import retained_state
 from kvledger.engine.retention.policies import RetentionPolicy, make_policy
 from kvledger.engine.retention.state import RetainedKV
 from kvledger.ledger.retention import RetentionSpec
@@ -44,6 +50,9 @@ class NoKVStore:
 
     def copy_slots(self, src, dst) -> None:
         """Compaction's K/V copy (:meth:`kvledger.engine.kv.store.KVStore.copy_slots`): none."""
+
+    def copy_head_slots(self, rows, src, dst) -> None:
+        """Per-head compaction's copy (``KVStore.copy_head_slots``): none."""
 
 
 class ReplayedPolicy:
@@ -80,7 +89,8 @@ def retained_kv(spec: RetentionSpec, block_size: int) -> RetainedKV | None:
     if not spec.evicts:
         return None
     policy = make_policy(spec)
-    return RetainedKV(ReplayedPolicy(policy) if policy.compacts else policy, block_size)
+    policy = ReplayedPolicy(policy) if policy.compacts else policy
+    return retained_state(spec, policy, block_size, layers=1, kv_heads=1)
 
 
 def dropped_ranges(positions: list[int]) -> list[list[int]]:

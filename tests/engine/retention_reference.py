@@ -72,3 +72,48 @@ def cache_position_logprobs(hf_model, tokens, spec: RetentionSpec,
         for h in hooks:
             h.remove()
     return torch.cat(rows)
+
+
+def per_head_mask_logprobs(hf_model, tokens, allowed: torch.Tensor) -> torch.Tensor:
+    """log_softmax [L, vocab] of transformers over ``tokens`` with every key kept and a mask
+    per (layer, KV head): ``allowed`` [layers, kv_heads, L, L] bool says which key each query
+    of that layer and KV head sees (the query heads of a GQA group share it). An attention
+    function registered with transformers' ``AttentionInterface`` applies it (SDPA, the same
+    scale), so each layer gets its own mask."""
+    import torch.nn.functional as F
+    from transformers import AttentionInterface
+
+    def attend(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        group = query.shape[1] // key.shape[1]
+        mask = allowed[module.layer_idx].repeat_interleave(group, 0)[None]  # [1, heads, L, L]
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                             enable_gqa=True)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register("kvledger_per_head_mask", attend)
+    config = hf_model.config
+    before = config._attn_implementation
+    config._attn_implementation = "kvledger_per_head_mask"
+    try:
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([tokens])).logits[0]
+    finally:
+        config._attn_implementation = before
+    return torch.log_softmax(logits.float(), -1)
+
+
+def held_masks(states: list[tuple[int, torch.Tensor]], n: int, layers: int,
+               kv_heads: int) -> torch.Tensor:
+    """[layers, kv_heads, n, n] bool: what each query saw in a per-head engine run, from the
+    held positions recorded before each step (``states``: (first position the step computes,
+    pos [layers * kv_heads, slots], -1 = nothing), in order): a query at q sees the keys its
+    step's rows held and the keys of its own step up to q."""
+    allowed = torch.zeros(layers * kv_heads, n, n, dtype=torch.bool)
+    starts = [s for s, _ in states] + [n]
+    for (start, pos), end in zip(states, starts[1:]):
+        for q in range(start, min(end, n)):
+            for row in range(layers * kv_heads):
+                held = pos[row][pos[row] >= 0]
+                allowed[row, q, held] = True
+            allowed[:, q, start: q + 1] = True
+    return allowed.view(layers, kv_heads, n, n)

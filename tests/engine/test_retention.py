@@ -93,9 +93,10 @@ def test_policy_suite_bounds_held_kv_and_frees_everything(tiny_engine_factory, n
             seen.append((req.num_computed_tokens, state.num_held))
             if spec.capacity is not None:
                 assert state.num_held <= spec.capacity - 1
-            held = state.pos[state.pos >= 0]
-            assert held.unique().numel() == held.numel()  # each position held once
-            assert int(held.max()) == req.num_computed_tokens - 1  # the newest is kept
+            for row in state.pos.view(-1, state.num_slots):  # per (layer, KV head) rows
+                held = row[row >= 0]
+                assert held.unique().numel() == held.numel() == state.num_held  # once each
+                assert int(held.max()) == req.num_computed_tokens - 1  # the newest is kept
 
     out = run(engine, PROMPT, n_out, SMALL[name], check=check)
     assert len(out.token_ids) == n_out

@@ -150,9 +150,10 @@ def test_tiny_replicated_kv_head_quantized_equals_tp1(fmt, tiny_llama_folder):
 # budgets far below the 46 + 16 tokens of the run, so that every policy drops tokens
 POLICIES = {
     "sinks": {"policy": "sinks", "window": 12, "sinks": 2},
-    "h2o": {"policy": "h2o", "budget": 24, "window": 8, "sinks": 2},
-    "snapkv": {"policy": "snapkv", "budget": 20, "snapkv_window": 4, "snapkv_kernel": 3},
-}
+    "h2o": {"policy": "h2o", "budget": 24, "window": 8, "sinks": 2, "select": "per-sequence"},
+    "snapkv": {"policy": "snapkv", "budget": 20, "snapkv_window": 4, "snapkv_kernel": 3,
+               "select": "per-sequence"},
+}  # per sequence: the selection tensor parallelism runs (per-head falls back to it there)
 
 
 def _evicting_run(engine, prompt: list[int], kv_policy: dict) -> tuple[list[int], int, int]:

@@ -30,6 +30,8 @@ from kvledger.ledger.retention import RetentionSpec, spec_from_options
     ({"policy": "h2o", "budget": 64, "positions": "cache"},
      "kv_positions 'cache' applies to window and sinks, not 'h2o'"),
     ({"policy": "snapkv", "budget": 64, "positions": "cache"}, "applies to window and sinks"),
+    ({"policy": "h2o", "budget": 64, "select": "per-layer"}, "kv_select must be one of"),
+    ({"policy": "sinks", "window": 8, "select": "per-head"}, "takes no kv_select"),
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(InvalidParameterError, match=re.escape(message)):
@@ -105,3 +107,19 @@ def test_options_config_and_params():
     assert SamplingParams(kv_policy="full").kv_policy == RetentionSpec()
     with pytest.raises(InvalidParameterError, match="unknown key"):
         SamplingParams(kv_policy={"policy": "sinks", "windw": 3})
+
+
+def test_token_selection_option():
+    """h2o/snapkv select per head unless told per sequence; the option reaches the spec from
+    the config (--kv-select), a request's object and the command-line helper."""
+    assert RetentionSpec("h2o", budget=64).select == "per-head"
+    assert RetentionSpec("snapkv", budget=64).select == "per-head"
+    assert RetentionSpec("sinks", window=8).select is None
+    config = EngineConfig(kv_policy="snapkv", kv_budget=64, kv_select="per-sequence")
+    assert config.retention == RetentionSpec("snapkv", budget=64, select="per-sequence")
+    params = SamplingParams(kv_policy={"policy": "h2o", "budget": 64, "select": "per-sequence"})
+    assert params.kv_policy.select == "per-sequence"
+    with pytest.raises(InvalidParameterError, match="kv_select needs kv_policy"):
+        spec_from_options(None, None, None, None, "per-head")
+    with pytest.raises(InvalidParameterError, match="kv_select must be one of"):
+        EngineConfig(kv_policy="h2o", kv_budget=64, kv_select="both")

@@ -93,6 +93,19 @@ class KVStore:
         for layer in range(len(self.key_blocks)):
             self.write(layer, dst, *self.gather(layer, src))
 
+    def copy_head_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy K/V of one head at a time: for each i, (layer, KV head) ``rows[i]`` (``layer *
+        kv_heads + head``) at slot ``src[i]`` to slot ``dst[i]`` ([k] int64 each; within a
+        layer all read before any is written; per-head retention compaction)."""
+        heads = self.num_kv_heads
+        for layer in rows.div(heads, rounding_mode="floor").unique().tolist():
+            sel = rows // heads == layer
+            head = rows[sel] % heads
+            src_i, dst_i = src[sel] * heads + head, dst[sel] * heads + head
+            for flat in (self._keys[layer], self._values[layer]):
+                rows_view = flat.view(-1, flat.shape[-1])  # [slots * kv_heads, D]
+                rows_view.index_copy_(0, dst_i, rows_view.index_select(0, src_i))
+
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape S) -> two tensors of shape S + [kv_heads, head_dim].
 

@@ -14,8 +14,13 @@ A policy is stateless; the per-sequence state (positions held, accumulated score
 
 Positions: kept keys keep their original positions (RoPE applied once, when the key was
 computed; kvpress's default), or under window/sinks with ``positions="cache"`` attend as if
-they sat at 0..n-1 in the cache (StreamingLLM; ``state.py: RetainedKV.key_shift``). Token selection (h2o, snapkv) is per
-sequence, one set of kept tokens for all layers and KV heads, by attention summed over them.
+they sat at 0..n-1 in the cache (StreamingLLM; ``state.py: RetainedKV.key_shift``).
+
+``keep`` takes one row of held tokens ([h]) or a batch of rows ([rows, h]) and decides each
+row alone: per-sequence selection passes one row (scores summed over layers and heads),
+per-head selection one row per (layer, KV head) with that head's scores
+(``RetentionSpec.select``, ``per_head.py``). Every row keeps the same number of tokens, since
+sinks, recent window and observation window are positions every row holds.
 """
 
 from __future__ import annotations
@@ -48,9 +53,10 @@ class RetentionPolicy:
 
     def keep(self, pos: torch.Tensor, scores: torch.Tensor, next_pos: int,
              num_prompt_tokens: int, compressed: bool) -> torch.Tensor:
-        """[h] bool: which of the held tokens at positions ``pos`` [h] (with accumulated
-        attention ``scores`` [h]) stay for queries from ``next_pos`` on."""
-        return torch.ones(len(pos), dtype=torch.bool)
+        """[..., h] bool: which of the held tokens at positions ``pos`` [..., h] (with
+        accumulated attention ``scores`` [..., h]) stay for queries from ``next_pos`` on;
+        each row of a batch decided alone."""
+        return torch.ones_like(pos, dtype=torch.bool)
 
     def scored_queries(self, q_pos: torch.Tensor, num_prompt_tokens: int) -> torch.Tensor | None:
         """[n] bool: which queries' attention is accumulated into the scores (None = none)."""
@@ -70,13 +76,15 @@ class WindowPolicy(RetentionPolicy):
         return (pos < self.spec.sinks) | (pos > next_pos - self.spec.window)
 
 
-def _top(scores: torch.Tensor, candidates: torch.Tensor, k: int) -> torch.Tensor:
-    """[h] bool: the ``k`` candidates with the highest score."""
+def _top(scores: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[..., h] bool: in each row, the ``k`` [...] candidates with the highest score."""
+    k = torch.minimum(k, candidates.sum(-1))
     chosen = torch.zeros_like(candidates)
-    k = min(k, int(candidates.sum()))
-    if k > 0:
+    most = int(k.max()) if k.numel() else 0
+    if most > 0:
         masked = scores.float().masked_fill(~candidates, -torch.inf)
-        chosen[masked.topk(k).indices] = True
+        best = masked.topk(most, -1).indices  # [..., most], highest first
+        chosen.scatter_(-1, best, torch.arange(most) < k[..., None])
     return chosen
 
 
@@ -89,10 +97,10 @@ class H2OPolicy(RetentionPolicy):
 
     def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
         spec = self.spec
-        if len(pos) <= spec.budget - 1:
-            return torch.ones(len(pos), dtype=torch.bool)
+        if pos.shape[-1] <= spec.budget - 1:
+            return torch.ones_like(pos, dtype=torch.bool)
         protected = (pos < spec.sinks) | (pos > next_pos - spec.window)
-        heavy = spec.budget - 1 - int(protected.sum())
+        heavy = spec.budget - 1 - protected.sum(-1)
         return protected | _top(scores, ~protected, heavy)
 
     def scored_queries(self, q_pos, num_prompt_tokens):
@@ -107,12 +115,12 @@ class SnapKVPolicy(RetentionPolicy):
 
     def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
         spec = self.spec
-        held = torch.ones(len(pos), dtype=torch.bool)
-        if compressed or next_pos < num_prompt_tokens or len(pos) <= spec.budget:
+        held = torch.ones_like(pos, dtype=torch.bool)
+        if compressed or next_pos < num_prompt_tokens or pos.shape[-1] <= spec.budget:
             return held
         window = pos >= num_prompt_tokens - spec.snapkv_window
         pooled = pool_scores(scores, spec.snapkv_kernel)
-        return window | _top(pooled, ~window, spec.budget - int(window.sum()))
+        return window | _top(pooled, ~window, spec.budget - window.sum(-1))
 
     def scored_queries(self, q_pos, num_prompt_tokens):
         lo = num_prompt_tokens - self.spec.snapkv_window
@@ -120,11 +128,13 @@ class SnapKVPolicy(RetentionPolicy):
 
 
 def pool_scores(scores: torch.Tensor, kernel: int) -> torch.Tensor:
-    """Average of each score with its ``kernel // 2`` neighbours on each side ([h] -> [h];
-    SnapKV's 1-D pooling, padding counted as zeros)."""
-    if kernel <= 1 or len(scores) == 0:
+    """Average of each score with its ``kernel // 2`` neighbours on each side along the last
+    dimension ([..., h] -> [..., h]; SnapKV's 1-D pooling, padding counted as zeros)."""
+    if kernel <= 1 or scores.shape[-1] == 0:
         return scores
-    return F.avg_pool1d(scores[None, None].float(), kernel, stride=1, padding=kernel // 2)[0, 0]
+    rows = scores.reshape(-1, 1, scores.shape[-1]).float()
+    pooled = F.avg_pool1d(rows, kernel, stride=1, padding=kernel // 2)
+    return pooled.view(scores.shape)
 
 
 POLICY_CLASSES = {"full": RetentionPolicy, "window": WindowPolicy, "sinks": WindowPolicy,

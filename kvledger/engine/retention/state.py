@@ -40,12 +40,18 @@ from kvledger.engine.retention.policies import RetentionPolicy
 
 
 class RetainedKV:
-    """Held positions and accumulated attention of one sequence's physical slots.
+    """Held positions and accumulated attention of one sequence's physical slots (one
+    selection for all layers and heads; per (layer, KV head): ``per_head.PerHeadKV``).
 
     Args:
         policy: the sequence's retention policy.
         block_size: tokens per block.
+
+    Attributes:
+        heads: (layers, kv_heads) when each (layer, KV head) selects its own tokens; None here.
     """
+
+    heads: tuple[int, int] | None = None
 
     def __init__(self, policy: RetentionPolicy, block_size: int) -> None:
         self.policy, self.block_size = policy, block_size
