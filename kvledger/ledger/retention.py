@@ -51,7 +51,7 @@ DEFAULT_POSITIONS = "original"
 """Positions of window/sinks when none is named (chosen by measurement: BENCHMARKS.md)."""
 SELECTIONS = ("per-head", "per-sequence")
 DEFAULT_SELECT = "per-head"
-"""h2o/snapkv's default token selection (measured: BENCHMARKS.md, "Per-KV-head selection")."""
+"""h2o/snapkv's default token selection (measured: BENCHMARKS.md, "Per-KV-head vs per-sequence selection")."""
 EVICTION_CHUNK = 64
 """Most tokens of an evicting sequence computed in one step (eviction runs between steps)."""
 
