@@ -120,6 +120,6 @@ def test_token_selection_option():
     params = SamplingParams(kv_policy={"policy": "h2o", "budget": 64, "select": "per-sequence"})
     assert params.kv_policy.select == "per-sequence"
     with pytest.raises(InvalidParameterError, match="kv_select needs kv_policy"):
-        spec_from_options(None, None, None, None, "per-head")
+        spec_from_options(None, None, None, None, select="per-head")
     with pytest.raises(InvalidParameterError, match="kv_select must be one of"):
         EngineConfig(kv_policy="h2o", kv_budget=64, kv_select="both")
