@@ -207,3 +207,31 @@ def test_native_reads_quantized_blocks_not_a_full_precision_copy(monkeypatch):
     empty = torch.empty(0, 3, 64)
     out = _native()(0, q, empty, empty, _decode_meta(tables, lengths), store)
     assert out.shape == q.shape and bool(torch.isfinite(out).all())
+
+
+@pytest.mark.parametrize("label", ["int8", "int4 + 3 outliers", "fp8"])
+def test_a_decode_step_writes_its_token_and_reads_nothing_back(monkeypatch, label):
+    """A whole decode step (write the new token, then attend) over a quantized store: the
+    token goes to its sequence's residual buffer, no dequantizing read of the step's K/V (a
+    decode attends over the store, not over a read-back copy), output = the oracle's over the
+    context that now holds the token."""
+    lengths = [37, 16, 90]  # the new token: mid-block, opening a block, mid-block
+    tables = _tables([n + 1 for n in lengths], seed=5)
+    store = _store(label, 3, 64, tables, lengths)
+    g = torch.Generator().manual_seed(6)
+    new_k, new_v = torch.randn(3, 3, 64, generator=g), torch.randn(3, 3, 64, generator=g)
+    q = torch.randn(3, 9, 64, generator=g)
+    meta = _decode_meta(tables, [n + 1 for n in lengths])
+    meta.slot_mapping = torch.tensor([t[n // BLOCK] * BLOCK + n % BLOCK
+                                      for t, n in zip(tables, lengths)])
+    def refuse(*_):
+        raise AssertionError("the step's K/V were read back from the store")
+
+    monkeypatch.setattr(store, "gather", refuse)
+    monkeypatch.setattr(store, "read_blocks", refuse)
+    out = _native()(0, q, new_k, new_v, meta, store)
+    monkeypatch.undo()
+    k, _ = store.read_blocks(0, torch.tensor([t[n // BLOCK] for t, n in zip(tables, lengths)]))
+    assert torch.equal(k[torch.arange(3), torch.tensor(lengths) % BLOCK], new_k)
+    want = _exact(q, store, tables, [n + 1 for n in lengths])
+    assert float((out.double() - want).abs().max()) <= 1e-5

@@ -42,7 +42,9 @@ class AttentionBackend:
         """
         if meta.slot_mapping is not None:
             store.write(layer, meta.slot_mapping, k, v)
-            if store.lossy:  # attend over what the cache holds, as a later hit will
+            # a prefill without a prefix attends over the step's own k, v: over what the cache
+            # holds, as a later hit will (decodes and prefixed segments read the store itself)
+            if store.lossy and any(seg.slots is None for seg in meta.prefills):
                 k, v = store.gather(layer, meta.slot_mapping)
         parts = []
         for group in meta.decodes:

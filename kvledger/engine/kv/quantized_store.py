@@ -21,10 +21,31 @@ free list are bookkeeping, like block tables, and are not KV bytes.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from kvledger.engine.kv.codecs import BlockCodec
 from kvledger.engine.kv.store import lazy_zeros
+
+
+class _WritePlan(NamedTuple):
+    """Where one step's tokens go (indices into the step's distinct blocks, or row indices)."""
+
+    blocks: int  # distinct blocks the step writes
+    staged_rows: torch.Tensor  # token -> row of the staged blocks [blocks * bs]
+    buffer_rows: torch.Tensor  # token -> row of the residual buffers (when none fills)
+    filled: torch.Tensor  # staged blocks that are full now, and their block ids
+    filled_ids: torch.Tensor
+    kept: torch.Tensor  # staged blocks still partial, and their buffers
+    kept_buffers: torch.Tensor
+    had: torch.Tensor  # staged blocks that had a buffer before the step, and which
+    had_buffers: torch.Tensor
+    opened: torch.Tensor  # buffers taken by this step
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    return torch.nonzero(mask).flatten()
 
 
 class QuantizedKVStore:
@@ -77,7 +98,7 @@ class QuantizedKVStore:
             self.residual_of[block_id] = -1
             self._free_residuals.append(slot)
 
-    def _write_plan(self, slot_mapping: torch.Tensor):
+    def _write_plan(self, slot_mapping: torch.Tensor) -> _WritePlan:
         """Which blocks a step's slots fill and where partial ones go; computed once per step
         (the same ``slot_mapping`` object is passed for every layer)."""
         if self._plan_key is slot_mapping:
@@ -98,30 +119,42 @@ class QuantizedKVStore:
             new[i] = self._free_residuals.pop()
         new[full] = -1
         self.residual_of[uniq] = new
+        filled, kept = _where(full), _where(~full)
+        had = _where(old >= 0)
         self._plan_key = slot_mapping
-        self._plan = (uniq, inverse, offsets, full, old, new)
+        self._plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
+                                filled, uniq[filled], kept, new[kept], had, old[had],
+                                new[_where(old < 0)])
         return self._plan
 
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor) -> None:
         """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping``:
-        blocks they fill are quantized whole, the others kept in their residual buffer."""
-        uniq, inverse, offsets, full, old, new = self._write_plan(slot_mapping)
+        blocks they fill are quantized whole, the others kept in their residual buffer.
+
+        Only ``index_select`` / ``index_copy_`` move rows: PyTorch's advanced indexing
+        (``x[idx]``, ``x[idx] = y``) is far slower on CPU with two threads (measured: ~8 ms
+        against 0.01-0.03 ms for an [8, 16, 3, 64] bf16 tensor, load ~10), and this runs for
+        K and V of every layer at every step."""
+        plan = self._write_plan(slot_mapping)
         for x, parts, codec, residual in (
                 (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (value, self.value_parts[layer], self.value_codec,
                  self.residual_values[layer])):
-            staged = torch.zeros((len(uniq), *residual.shape[1:]), dtype=self.compute_dtype)
-            had = old >= 0
-            if had.any():
-                staged[had] = residual[old[had]]
-            staged[inverse, offsets] = x.to(self.compute_dtype)
-            if full.any():
-                ids = uniq[full]
-                for name, tensor in codec.encode(staged[full]).items():
-                    parts[name].index_copy_(0, ids, tensor)
-            if (~full).any():
-                residual.index_copy_(0, new[~full], staged[~full])
+            x = x.to(self.compute_dtype)
+            if not len(plan.filled):  # each token straight into its block's buffer
+                if len(plan.opened):  # a newly opened buffer starts as zeros
+                    residual.index_fill_(0, plan.opened, 0)
+                residual.view(-1, *residual.shape[2:]).index_copy_(0, plan.buffer_rows, x)
+                continue
+            staged = torch.zeros((plan.blocks, *residual.shape[1:]), dtype=self.compute_dtype)
+            if len(plan.had):
+                staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
+            staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)
+            for name, tensor in codec.encode(staged.index_select(0, plan.filled)).items():
+                parts[name].index_copy_(0, plan.filled_ids, tensor)
+            if len(plan.kept):
+                residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
 
     def read_blocks(self, layer: int, block_ids: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,15 +162,15 @@ class QuantizedKVStore:
         each, in the compute dtype; a partial block comes from its residual buffer."""
         flat = block_ids.reshape(-1)
         slots = self.residual_of[flat]
-        partial = slots >= 0
+        partial = _where(slots >= 0)
         out = []
         for parts, codec, residual in (
                 (self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (self.value_parts[layer], self.value_codec, self.residual_values[layer])):
             x = codec.decode({n: t.index_select(0, flat) for n, t in parts.items()},
                              self.compute_dtype)
-            if partial.any():
-                x[partial] = residual[slots[partial]]
+            if len(partial):
+                x.index_copy_(0, partial, residual.index_select(0, slots[partial]))
             out.append(x.view(*block_ids.shape, *x.shape[1:]))
         return out[0], out[1]
 
@@ -146,5 +179,7 @@ class QuantizedKVStore:
         (each block touched is dequantized once)."""
         blocks, inverse = torch.unique(slots // self.block_size, return_inverse=True)
         keys, values = self.read_blocks(layer, blocks)
-        offsets = slots % self.block_size
-        return keys[inverse, offsets], values[inverse, offsets]
+        rows = (inverse * self.block_size + slots % self.block_size).reshape(-1)
+        tail = keys.shape[2:]
+        return tuple(x.reshape(-1, *tail).index_select(0, rows).view(*slots.shape, *tail)
+                     for x in (keys, values))
