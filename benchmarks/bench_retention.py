@@ -118,7 +118,7 @@ def main() -> None:
                     help="policies (window,sinks,h2o) to run over the whole text as one stream")
     ap.add_argument("--segment", type=int, default=1024, help="stream PPL segment, tokens")
     ap.add_argument("--stream-plot", default=None)
-    ap.add_argument("--positions", default="original",
+    ap.add_argument("--positions", default="original,cache",
                     help="stream runs: kv positions to run (original, cache or both)")
     ap.add_argument("--stream-stride", type=int, default=32, help="stream step, tokens")
     ap.add_argument("--full-json", default=None,

@@ -48,7 +48,7 @@ class EngineConfig:
         kv_positions: positions window / sinks attend at once tokens are dropped: original
             (each kept key where it was computed, kvpress's default) or cache (the held tokens
             at 0..n-1 in slot order, the query at n: StreamingLLM's scheme, llama.cpp's
-            K-shift), None = original.
+            K-shift), None = cache (measured better past the context: BENCHMARKS.md).
         kv_select: how h2o / snapkv choose tokens: per-head (each layer and KV head keeps its
             own, the default) or per-sequence (one choice for all); None = the default.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,

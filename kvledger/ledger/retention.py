@@ -47,7 +47,7 @@ DEFAULT_SINKS = 4
 SNAPKV_WINDOW = 32
 SNAPKV_KERNEL = 7
 POSITIONS = ("original", "cache")
-DEFAULT_POSITIONS = "original"
+DEFAULT_POSITIONS = "cache"
 """Positions of window/sinks when none is named (chosen by measurement: BENCHMARKS.md)."""
 SELECTIONS = ("per-head", "per-sequence")
 DEFAULT_SELECT = "per-head"

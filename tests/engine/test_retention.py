@@ -20,7 +20,7 @@ PROMPT = [(7 * i + 3) % 300 + 3 for i in range(21)]
 # one evicting spec per policy, small enough that the tiny run drops tokens
 SMALL = {
     "window": {"policy": "window", "window": 8},
-    "sinks": {"policy": "sinks", "window": 8, "sinks": 2},
+    "sinks": {"policy": "sinks", "window": 8, "sinks": 2, "positions": "original"},
     "h2o": {"policy": "h2o", "budget": 20, "window": 6, "sinks": 2},
     "snapkv": {"policy": "snapkv", "budget": 12, "snapkv_window": 4, "snapkv_kernel": 3},
 }

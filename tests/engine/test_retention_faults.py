@@ -12,7 +12,7 @@ from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec
 
 SHARED = [(11 * i + 5) % 300 + 3 for i in range(40)]  # a 40-token shared prefix (10 blocks)
-SINKS = {"policy": "sinks", "window": 8, "sinks": 2}
+SINKS = {"policy": "sinks", "window": 8, "sinks": 2, "positions": "original"}
 
 
 def params(n, kv_policy=None, logprobs=None):

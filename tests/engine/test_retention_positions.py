@@ -91,9 +91,10 @@ def test_cache_positions_equal_the_streaming_reference(tiny_llama, tiny_engine_f
     assert (original - ref)[len(PROMPT) - 1:].abs().max() > 10 * 1e-4
 
 
-def test_original_positions_are_the_default_path(tiny_llama, tiny_engine_factory):
-    """Original positions name the engine's earlier behaviour: equal to the mask-only
-    reference (same positions), and different from cache positions once sinks are far."""
+def test_original_positions_equal_the_mask_only_reference(tiny_llama, tiny_engine_factory):
+    """Original positions (the engine's behaviour before cache positions became the default):
+    equal to the mask-only reference (same positions), and unlike cache positions once the
+    sinks are far."""
     _, hf = tiny_llama
     engine = tiny_engine_factory(block_size=4, num_blocks=64)
     spec = RetentionSpec.from_dict({**SINKS, "positions": "original"})

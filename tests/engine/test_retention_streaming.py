@@ -18,7 +18,7 @@ from kvledger.ledger.retention import RetentionSpec
 
 PROMPT = [(13 * i + 7) % 300 + 3 for i in range(200)]  # prefilled in chunks of 64
 NEW = 320  # 200 + 320 = 520 tokens > the tiny model's 512 positions
-SPECS = {"sinks": {"policy": "sinks", "window": 24, "sinks": 4},
+SPECS = {"sinks": {"policy": "sinks", "window": 24, "sinks": 4, "positions": "original"},
          "window": {"policy": "window", "window": 28}}
 
 

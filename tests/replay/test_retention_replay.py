@@ -16,7 +16,8 @@ from kvledger.replay.setup import live_retention
 from kvledger.replay.simulator import RecordedClock, Simulator
 from kvledger.replay.trace import read_trace
 
-SINKS = {"kv_policy": "sinks", "kv_window": 8, "kv_sinks": 4, "num_blocks": 18}
+SINKS = {"kv_policy": "sinks", "kv_window": 8, "kv_sinks": 4, "kv_positions": "original",
+         "num_blocks": 18}  # original: the live run that preempts was picked with them
 H2O = {"kv_policy": "h2o", "kv_budget": 14, "kv_window": 4, "kv_sinks": 2, "num_blocks": 17,
        "kv_select": "per-sequence"}  # the recorded-evictions path; per-head replay: not here
 
@@ -57,7 +58,7 @@ def test_live_retention_run_replays_exactly(live_trace, options):
     _check_exact(trace, engine, _replay(trace, engine))
     # negative control: the same trace replayed under full retention schedules otherwise
     full = _replay(trace, engine, kv_policy=None, kv_window=None, kv_sinks=None, kv_budget=None,
-                   kv_select=None)
+                   kv_select=None, kv_positions=None)
     assert _schedule(full.steps) != _schedule(trace.steps) or any(
         s.request.peak_num_blocks != s.trace.finish["peak_kv_blocks"] for s in full.requests)
 

@@ -26,7 +26,7 @@ def test_window_perplexity_equals_the_mask_only_reference(tiny_llama, tiny_engin
     _, hf = tiny_llama
     ids = _ids(128)
     engine = tiny_engine_factory(num_blocks=16, block_size=4, kv_policy="sinks", kv_window=6,
-                                 kv_sinks=2)
+                                 kv_sinks=2, kv_positions="original")
     result = perplexity(engine, ids, 128)
     assert result.stride == RETENTION_STRIDE and "sinks" in result.kv_policy
     ref = mask_only_logprobs(hf, ids, RetentionSpec("sinks", window=6, sinks=2))
