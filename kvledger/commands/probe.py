@@ -27,7 +27,7 @@ Opt = typer.Option
 def probe(
     buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
     matmul_n: Annotated[
-        int | None, Opt(help="Square matmul side (default: up to 8192 GPU / 2048 CPU, the largest "
+        int | None, Opt(help="Square matmul side (default 8192 GPU; CPU: up to 2048, the largest "
                        "taking under 0.25 s)")
     ] = None,
     repeats: Annotated[int, Opt(help="Timed trials; the best counts")] = 5,

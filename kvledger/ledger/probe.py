@@ -30,18 +30,18 @@ def _best_seconds(fn, sync, repeats: int) -> float:
     return best
 
 
-def _matmul_side(dev, dtype, sync, largest: int, budget_s: float = 0.25) -> int:
-    """The largest power-of-two side <= ``largest`` (from 256) whose square matmul takes
-    under ``budget_s`` seconds, so that the probe stays short where ``dtype`` is slow (bf16 on
-    a CPU without bf16 instructions runs at ~1 GFLOPS: a 2048 matmul would take ~20 s)."""
+def _matmul_side(dtype, largest: int, budget_s: float = 0.25) -> int:
+    """The largest power-of-two side <= ``largest`` (from 256) whose square CPU matmul in
+    ``dtype`` takes under ``budget_s`` seconds, so that the probe stays short where the dtype
+    is slow. Each side is run once untimed first (oneDNN's first call sets up its kernels)."""
     import torch
 
     n = 256
     while n < largest:
-        a = torch.randn(n, n, device=dev).to(dtype)
+        a = torch.randn(n, n).to(dtype)
+        a @ a
         t0 = time.perf_counter()
         a @ a
-        sync()
         if (time.perf_counter() - t0) * 8 > budget_s:  # the next side costs 8x
             break
         n *= 2
@@ -66,8 +66,8 @@ def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5
 
     Args:
         buffer_mib: size of the copied buffer, MiB (bigger than the caches).
-        matmul_n: side of the square matmul (default: the largest power of two up to 8192
-            on a GPU, 2048 on a CPU, whose matmul takes under a quarter of a second).
+        matmul_n: side of the square matmul (default 8192 on a GPU; on a CPU the largest
+            power of two up to 2048 whose matmul takes under a quarter of a second).
         repeats: timed repetitions; the best one counts.
     """
     import torch
@@ -86,7 +86,7 @@ def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     else:
         dtype = _faster_cpu_dtype()
-    n = matmul_n or _matmul_side(dev, dtype, sync, 8192 if cuda else 2048)
+    n = matmul_n or (8192 if cuda else _matmul_side(dtype, 2048))
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     mm_s = _best_seconds(lambda: a @ b, sync, repeats)

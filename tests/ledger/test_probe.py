@@ -21,6 +21,5 @@ def test_matmul_side_is_bounded_by_the_time_budget():
     torch = pytest.importorskip("torch")
     from kvledger.ledger.probe import _matmul_side
 
-    cpu = torch.device("cpu")
-    assert _matmul_side(cpu, torch.float32, lambda: None, 2048, budget_s=0.0) == 256
-    assert _matmul_side(cpu, torch.float32, lambda: None, 512, budget_s=float("inf")) == 512
+    assert _matmul_side(torch.float32, 2048, budget_s=0.0) == 256
+    assert _matmul_side(torch.float32, 512, budget_s=float("inf")) == 512
