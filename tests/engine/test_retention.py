@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from retention_reference import mask_only_logprobs
+from retention_run import run
 
-from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
 
 PROMPT = [(7 * i + 3) % 300 + 3 for i in range(21)]
@@ -32,21 +32,6 @@ LARGE = {
     "h2o": {"policy": "h2o", "budget": 300, "window": 100},
     "snapkv": {"policy": "snapkv", "budget": 100},
 }
-
-
-def run(engine, prompt, max_tokens, kv_policy=None, logprobs=None, check=None):
-    """Greedy generation of one request; ``check(engine)`` after every step."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                            kv_policy=kv_policy, logprobs=logprobs)
-    engine.add_request("r", list(prompt), params)
-    out = None
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            out = o
-        engine.scheduler.check_invariants()
-        if check is not None:
-            check(engine)
-    return out
 
 
 @pytest.mark.parametrize("name", ["window", "sinks"])

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from retention_reference import held_masks, per_head_mask_logprobs
+from retention_run import run
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.store import KVStore
@@ -28,20 +29,6 @@ SMALL = {
     "h2o": {"policy": "h2o", "budget": 14, "window": 4, "sinks": 2},
     "snapkv": {"policy": "snapkv", "budget": 12, "snapkv_window": 4, "snapkv_kernel": 3},
 }
-
-
-def run(engine, prompt, n, kv_policy, check=None, logprobs=None):
-    params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, kv_policy=kv_policy,
-                            logprobs=logprobs)
-    engine.add_request("r", list(prompt), params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            outs[o.request_id] = o
-        engine.scheduler.check_invariants()
-        if check is not None:
-            check(engine)
-    return outs["r"]
 
 
 @pytest.fixture(scope="module")

@@ -8,31 +8,20 @@ fp32, 1e-4."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from retention_reference import cache_position_logprobs, mask_only_logprobs
+from retention_run import run
 
 from kvledger.engine.retention.state import RetainedKV
-from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
 
 PROMPT = [(13 * i + 7) % 300 + 3 for i in range(450)]  # prefilled in chunks of 64
 SINKS = {"policy": "sinks", "window": 24, "sinks": 4}
 
-
-def generate(engine, prompt, max_tokens, kv_policy, check=None):
-    """Greedy generation of one request with logprobs; ``check(engine)`` after every step."""
-    engine.add_request("r", list(prompt), SamplingParams(
-        max_tokens=max_tokens, temperature=0, ignore_eos=True, kv_policy=kv_policy,
-        logprobs=0))
-    out = None
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            out = o
-        engine.scheduler.check_invariants()
-        if check is not None:
-            check(engine)
-    return out
+generate = functools.partial(run, logprobs=0)  # every test here reads the logprobs
 
 
 @pytest.fixture
