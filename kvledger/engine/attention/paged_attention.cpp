@@ -20,9 +20,13 @@
 // Work is split into items (query, kv head, part of the context): with few queries (batch-1
 // decode) a context is cut into parts so every thread has work, each part keeps its own running
 // max, normaliser and weighted sum, and the parts are merged at the end (the split-context
-// "flash decoding" scheme). Rows of K, V and q are handled as vectors of 8 fp32 lanes (GCC
-// vector extensions: AVX where the CPU has it, SSE pairs otherwise) and the softmax's exp is a
-// polynomial on the same vectors.
+// "flash decoding" scheme). The items are cut into contiguous ranges, one per thread of an
+// OpenMP parallel region: the library needs libgomp.so.1, the soname of the runtime PyTorch
+// loads first, so the region runs on torch's own intra-op threads. (Threads of our own would
+// compete for the cores with torch's workers, which spin for a while after each parallel op:
+// measured 1.7x the time per call in the engine's decode step.) Rows of K, V and q are
+// handled as vectors of 8 fp32 lanes (GCC vector extensions: AVX where the CPU has it, SSE
+// pairs otherwise) and the softmax's exp is a polynomial on the same vectors.
 //
 // Built by kvledger.engine.attention.native with g++ -O3 -march=native ; called
 // through ctypes.
@@ -30,7 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
+#include <omp.h>
 #include <vector>
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -615,10 +619,11 @@ void run(const Args& a, int num_threads) {
     if (n <= 1) {
         body(0, items);
     } else {
-        std::vector<std::thread> pool;
-        for (int i = 1; i < n; ++i) pool.emplace_back(body, items * i / n, items * (i + 1) / n);
-        body(0, items / n);
-        for (auto& t : pool) t.join();
+#pragma omp parallel num_threads(n)
+        {
+            const int64_t i = omp_get_thread_num(), t = omp_get_num_threads();
+            body(items * i / t, items * (i + 1) / t);
+        }
     }
     if (a.parts > 1) {
         for (int64_t pair = 0; pair < pairs; ++pair)
