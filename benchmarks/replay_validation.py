@@ -10,7 +10,8 @@
    which prints its predicted p50/p90 TTFT and TPOT next to the server-side figures the
    trace recorded (the engine's own stamps, as ``/metrics`` defines them) and the error.
 
-Run ``kvledger probe --steps`` first (it fits the local step model). Timing figures are only
+Run ``kvledger probe --steps`` first (it fits the local step model), with the serve run's
+``--kv-*`` options when they name a retention policy (one fit per policy). Timing figures are only
 worth recording on a quiet machine (check ``uptime``). Example::
 
     python benchmarks/replay_validation.py --rate 0.4 --requests 24 --out /tmp/val \\

@@ -10,20 +10,31 @@ What it measures, and where it goes:
   anyway; this command re-measures and prints it);
 - with ``--steps``, the step model of ``kvledger replay --device local``: engine steps timed
   over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
-  the config folder (``local_step_model.json``).
+  the config folder (``local_step_model.json``, one fit per retention policy:
+  :mod:`kvledger.replay.local_fits`); the engine's retention options (``--kv-policy``,
+  ``--kv-window``, ``--kv-sinks``, ``--kv-budget``, ``--kv-positions``, ``--kv-select``) run
+  the grid under that policy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
 
+from kvledger.commands.engine_options import engine_options
+from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
+RETENTION_OPTIONS = ("kv_policy", "kv_window", "kv_sinks", "kv_budget", "kv_positions",
+                     "kv_select")
+"""The engine options ``probe --steps`` takes: the default retention policy of its engine."""
 
 
+@engine_options(exclude=tuple(f.name for f in dataclasses.fields(EngineConfig)
+                              if f.name not in RETENTION_OPTIONS))
 def probe(
     buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
     matmul_n: Annotated[
@@ -38,7 +49,9 @@ def probe(
                                     "model of `kvledger replay --device local`")] = False,
     steps_from: Annotated[str | None, Opt(
         help="With --steps: fit on the steps a trace recorded (serve --trace) instead of "
-             "timing a grid")] = None,
+             "timing a grid; the fit is that of the policy the trace's engine ran")] = None,
+    *,
+    engine_config: EngineConfig,
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
     from kvledger.ledger.hardware import save_local_device
@@ -48,6 +61,9 @@ def probe(
                         ("--matmul-n", matmul_n), ("--threads", threads)):
         if value is not None and value <= 0:
             raise InvalidParameterError(f"{name} must be positive, got {value}")
+    if engine_config.retention.evicts and not steps:
+        raise InvalidParameterError("--kv-policy applies to --steps (the step model's fit of "
+                                    "that policy)")
     dev = measure(buffer_mib, matmul_n, repeats)
     path = save_local_device(dev)
     print(
@@ -60,7 +76,7 @@ def probe(
     if steps:
         from kvledger.replay.probe_steps import probe_steps
 
-        for line in probe_steps(dev, model, threads, steps_from):
+        for line in probe_steps(dev, model, threads, steps_from, engine_config):
             print(line)
 
 

@@ -2,7 +2,9 @@
 
 The engine's own Scheduler and KV cache manager run the trace in simulated time
 (:mod:`kvledger.replay.simulator`) with step durations from the ledger's compute and bandwidth
-terms (:mod:`kvledger.replay.step_model`). Writes the ``kvledger bench`` report files into
+terms (:mod:`kvledger.replay.step_model`), scaled on ``--device local`` by the ``probe --steps``
+fit of each setting's retention policy (:mod:`kvledger.replay.local_fits`; without one, the
+full-retention fit and a line saying so). Writes the ``kvledger bench`` report files into
 ``--out`` and prints a summary, or one row per setting with ``--sweep``.
 """
 
@@ -62,6 +64,7 @@ def replay(
     """Replay a trace through the real scheduler in simulated time; predict its latencies."""
     from kvledger.bench.records import BenchResult
     from kvledger.catalogue import load_model_spec
+    from kvledger.ledger.hardware import get_device
     from kvledger.replay import report, setup
     from kvledger.replay.azure import read_azure
     from kvledger.replay.trace import read_trace
@@ -73,7 +76,7 @@ def replay(
     slo_targets = report.SLO.parse(slo)
     swept = setup.parse_sweep(sweep)
     measured = report.load_bench_summary(compare) if compare else None
-    dev, eff = setup.resolve_device(device)
+    dev = get_device(device)
     if max_requests is not None and max_requests < 1:
         raise InvalidParameterError(f"--max-requests must be >= 1, got {max_requests}")
     tr = read_azure(trace, max_requests) if trace.endswith(".csv") else read_trace(trace)
@@ -81,16 +84,23 @@ def replay(
         tr.requests = tr.requests[:max_requests]
     spec = load_model_spec(model)
     config = setup.recorded_config(tr.header) if engine_from_trace else engine_config
-    base = setup.Setting(config, speed)
-    for s in setup.settings(base, swept):  # refuse before printing anything
+    runs = setup.settings(setup.Setting(config, speed), swept)
+    for s in runs:  # refuse before printing anything
         setup.check_replayable(s.config, dev, link_gbs)
+    priced = [setup.efficiency_for(dev, s.config) for s in runs]  # (factors, note) per setting
+    per_setting = len({eff.source for eff, _ in priced}) > 1
     from_trace = measured is None
     measured = measured or report.measured_figures(tr)
     finishes = [r.finish for r in tr.requests if r.finish]
     print(f"replay of {trace} ({len(tr.requests)} requests, {len(tr.refused)} refused live) "
-          f"for {spec.name} on {dev.name}; step model: {eff.source}")
+          f"for {spec.name} on {dev.name}; step model: "
+          + ("per setting, below" if per_setting else priced[0][0].source))
+    for note in dict.fromkeys(note for _, note in priced if note):
+        print(note)
     rows, out_dir = [], Path(out)
-    for s in setup.settings(base, swept):
+    for s, (eff, _) in zip(runs, priced):
+        if per_setting:
+            print(f"step model for {s.label}: {eff.source}")
         run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, step_times, link_gbs)
         summary, records = report.summary(run, s.label, s.config.max_num_seqs, slo_targets)
         meta = {"trace": trace, "model": spec.name, "device": dev.name,

@@ -13,7 +13,10 @@ explains nothing here; its factor is reported as :data:`UNBOUNDED`.
 
 :func:`measure_steps` runs the real engine over a grid of (prompt length, batch) cells, each
 ``batch`` requests of ``prompt`` random tokens and a few output tokens, so the steps cover
-prefill chunks of many sizes, decode batches at several contexts, and mixed steps.
+prefill chunks of many sizes, decode batches at several contexts, and mixed steps. Under an
+evicting policy the grid is :func:`policy_grid`: its long prompts pass the policy's bound, so
+the measured steps evict (prefill chunks and decode alike) and run the policy's code path as
+a long live request does.
 """
 
 from __future__ import annotations
@@ -24,11 +27,31 @@ import time
 
 import numpy as np
 
-from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
+from kvledger.ledger.retention import EVICTION_CHUNK, RetentionSpec
+from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
+from kvledger.replay.trace import Trace
 
 UNBOUNDED = 1e9
 GRID = ((64, 1), (64, 8), (64, 32), (512, 1), (512, 8), (1536, 1), (1536, 4))
-"""(prompt tokens, requests at once) cells of ``probe --steps``."""
+"""(prompt tokens, requests at once) cells of ``probe --steps`` under full retention."""
+OUTPUT_TOKENS = 6
+"""Tokens each request of :data:`GRID` generates."""
+POLICY_OUTPUT_TOKENS = 32
+"""Tokens each request of :func:`policy_grid` generates: two 16-token blocks of decode past
+the bound, so a window / sinks sequence frees a block and an h2o one compacts a block's worth
+of holes during the measured decode steps."""
+
+
+def policy_grid(spec: RetentionSpec) -> tuple[tuple[int, int], ...]:
+    """The (prompt tokens, requests at once) cells of ``probe --steps`` under evicting policy
+    ``spec``: :data:`GRID`'s short cells (64-token prompts at batch 1, 8, 32, under the
+    policy's code path but below its bound) and prompts of ``bound + 4 x EVICTION_CHUNK`` at
+    batch 1 and 4, the bound being the capacity (window / sinks / h2o) or the budget the prompt
+    is compressed to (snapkv): four 64-token prefill chunks past the bound evict, then every
+    decode step does. Its steps grow with the bound (prefill runs in 64-token chunks)."""
+    bound = spec.capacity if spec.capacity is not None else spec.budget
+    long = bound + 4 * EVICTION_CHUNK
+    return (*(cell for cell in GRID if cell[0] == 64), (long, 1), (long, 4))
 
 
 def fit(samples: list[tuple[StepFeatures, float]], model: StepTimeModel,
@@ -68,14 +91,27 @@ def fit(samples: list[tuple[StepFeatures, float]], model: StepTimeModel,
                  "p90_rel_error": float(np.quantile(rel, 0.9))}
 
 
-def samples_from_trace(steps: list[dict]) -> list[tuple[StepFeatures, float]]:
+def samples_from_trace(trace: Trace, spec: RetentionSpec) -> list[tuple[StepFeatures, float]]:
     """(features, seconds) of a recorded trace's steps, the seconds being the step's *period*:
     from its start to the next step's start when the engine went straight on (the next step
     runs a request this one ran), which counts the server's work between steps; else its
-    recorded duration."""
+    recorded duration.
+
+    ``spec`` is the policy fitted (the recording engine's default): each chunk's context is
+    what a sequence under it holds (:func:`~kvledger.replay.step_model.kept_context`, from the
+    request's prompt length); steps that run a request whose ``sampling`` names another policy,
+    or one the trace does not list, are left out.
+    """
+    requests = {r.id: r for r in trace.requests}
+    policy = {rid: RetentionSpec.from_dict(r.sampling["kv_policy"])
+              if r.sampling.get("kv_policy") else spec for rid, r in requests.items()}
     samples = []
+    steps = trace.steps
     for step, nxt in zip(steps, [*steps[1:], None]):
-        f = StepFeatures.of([(start, n) for _, start, n in step["chunks"]])
+        if any(policy.get(rid) != spec for rid, _, _ in step["chunks"]):
+            continue
+        f = StepFeatures.of([(kept_context(spec, start, requests[rid].prompt_tokens), n)
+                             for rid, start, n in step["chunks"]])
         seconds = step["duration_s"]
         if nxt is not None and {c[0] for c in step["chunks"]} & {c[0] for c in nxt["chunks"]}:
             seconds = nxt["start_s"] - step["start_s"]
@@ -84,11 +120,12 @@ def samples_from_trace(steps: list[dict]) -> list[tuple[StepFeatures, float]]:
     return samples
 
 
-def measure_steps(engine, grid=GRID, output_tokens: int = 6,
+def measure_steps(engine, grid=GRID, output_tokens: int = OUTPUT_TOKENS,
                   seed: int = 0) -> list[tuple[StepFeatures, float]]:
     """Run ``engine`` (an LLMEngine) over ``grid``; return every step's (features, seconds).
 
-    Prompts are random token ids (no prefix-cache hits); requests ignore EOS.
+    Prompts are random token ids (no prefix-cache hits); requests ignore EOS and run under
+    the engine's default retention policy.
     """
     from kvledger.engine.sampling_params import SamplingParams
 

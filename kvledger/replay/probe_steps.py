@@ -1,63 +1,105 @@
-"""``kvledger probe --steps``: measure the local engine's steps, fit and save the factors."""
+"""``kvledger probe --steps``: measure the local engine's steps, fit and save the factors.
+
+One fit per retention policy (:mod:`kvledger.replay.local_fits`): the grid runs on an engine
+with the ``--kv-policy`` options given (:data:`~kvledger.replay.fit.GRID` under full retention,
+:func:`~kvledger.replay.fit.policy_grid` under an evicting policy), or ``--steps-from TRACE``
+fits the policy the trace's engine recorded (its header's options).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from kvledger.replay.fit import fit, measure_steps, samples_from_trace
-from kvledger.replay.step_model import DEFAULT_EFFICIENCY, StepTimeModel, save_local_efficiency
+from kvledger.engine.config import EngineConfig
+from kvledger.errors import InvalidParameterError
+from kvledger.replay.fit import (
+    GRID,
+    OUTPUT_TOKENS,
+    POLICY_OUTPUT_TOKENS,
+    fit,
+    measure_steps,
+    policy_grid,
+    samples_from_trace,
+)
+from kvledger.replay.local_fits import fit_key, save_fit
+from kvledger.replay.step_model import DEFAULT_EFFICIENCY, StepTimeModel
 
 
-def probe_steps(device, model: str, threads: int | None,
-                trace: str | None = None) -> list[str]:
-    """Measure the grid on ``model`` (default engine options), or take the steps a ``trace``
-    recorded (their periods, :func:`samples_from_trace`), fit ``device``'s factors and save
-    them as the ``local`` step model; returns the lines to print."""
+def probe_steps(device, model: str, threads: int | None, trace: str | None = None,
+                config: EngineConfig | None = None) -> list[str]:
+    """Measure the grid on ``model`` under ``config``'s retention options (the other engine
+    options at their defaults), or take the steps a ``trace`` recorded (their periods,
+    :func:`~kvledger.replay.fit.samples_from_trace`, under the recording engine's policy); fit
+    ``device``'s factors and save them as the ``local`` step model's fit of that policy;
+    returns the lines to print.
+
+    Raises:
+        InvalidParameterError: retention options given with a trace (its header names the
+            policy), a trace that records no engine options.
+    """
     import time
 
+    config = config or EngineConfig()
     t0 = time.perf_counter()
     if trace is None:
-        spec, kv_format, what, samples = _measure(model, threads)
+        spec, kv_format, what, samples = _measure(
+            dataclasses.replace(config, model=model, num_threads=threads))
+        retention = config.retention
     else:
         from kvledger.catalogue import load_model_spec
         from kvledger.replay.setup import kv_format_of, recorded_config
         from kvledger.replay.trace import read_trace
 
+        if config.retention.evicts:
+            raise InvalidParameterError(
+                "--steps-from fits the policy the trace recorded (its header's engine "
+                "options); drop the --kv-* options")
         tr = read_trace(trace)
+        recorded = recorded_config(tr.header)
+        retention = recorded.retention
         spec = load_model_spec(model)
-        kv_format = kv_format_of(recorded_config(tr.header), device)
-        samples = samples_from_trace(tr.steps)
+        kv_format = kv_format_of(recorded, device)
+        samples = samples_from_trace(tr, retention)
         what = f"steps recorded in {trace}"
     wall = time.perf_counter() - t0
     step_model = StepTimeModel(spec, device, DEFAULT_EFFICIENCY, kv_format)
     when = time.strftime("%Y-%m-%d %H:%M")
+    key = fit_key(retention)
     eff, stats = fit(samples, step_model, f"fitted by kvledger probe --steps on {when} "
-                     f"({len(samples)} {what}, KV {kv_format})")
+                     f"({len(samples)} {what}, KV {kv_format}, retention {key})")
     defaults = [abs(step_model.duration(f) / t - 1) for f, t in samples]
     stats["defaults_median_rel_error"] = float(np.median(defaults))
-    path = save_local_efficiency(eff, stats | {"kv_format": kv_format})
+    path = save_fit(retention, eff, device, stats | {"kv_format": kv_format})
+    use = ("full retention (and policies not calibrated)" if key == "full" else
+           f"--kv-policy {retention.policy} (any sizes)")
     return [
-        f"step probe: {len(samples)} steps in {wall:.1f} s ({what})",
+        f"step probe: {len(samples)} steps in {wall:.1f} s ({what}; {retention.describe()})",
         (f"fitted: MFU {eff.mfu:.3g}, MBU {eff.mbu:.3g}, {eff.step_overhead_s * 1e3:.2f} ms per "
         f"step + {eff.seq_overhead_s * 1e3:.3f} ms per sequence; median |error| "
         f"{100 * stats['median_rel_error']:.1f} % (p90 {100 * stats['p90_rel_error']:.1f} %)"),
         (f"the table devices' defaults (MFU {DEFAULT_EFFICIENCY.mfu}, MBU "
         f"{DEFAULT_EFFICIENCY.mbu}) would be off by a median "
         f"{100 * stats['defaults_median_rel_error']:.0f} % here"),
-        f"saved to {path}; use `kvledger replay TRACE --device local`",
+        (f"saved to {path} as the {key} fit: `kvledger replay TRACE --device local` prices "
+        f"{use} with it"),
     ]
 
 
-def _measure(model: str, threads: int | None):
+def _measure(config: EngineConfig):
     """(spec, KV format, description, samples) of the grid run on a fresh engine."""
-    from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.engine.sampling_params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=model, num_threads=threads))
+    engine = LLMEngine(config)
     engine.add_request("warmup", [1] * 32, SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
-    samples = measure_steps(engine)
+    retention = config.retention
+    if retention.evicts:
+        samples = measure_steps(engine, policy_grid(retention), POLICY_OUTPUT_TOKENS)
+    else:
+        samples = measure_steps(engine, GRID, OUTPUT_TOKENS)
     what = f"steps of {engine.model_name} ({engine.config.dtype}) over (prompt, batch) cells"
     return engine.spec, engine.kv_format, what, samples

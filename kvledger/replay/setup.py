@@ -1,4 +1,8 @@
-"""From ``kvledger replay`` options to one simulated run: model, device, pool, clock, sweep.
+"""From ``kvledger replay`` options to one simulated run: model, device, factors, pool, clock,
+sweep.
+
+The factors: :func:`efficiency_for` (on ``local``, the ``probe --steps`` fit of the setting's
+retention policy).
 
 The pool: ``--num-blocks`` / ``--kv-cache-gib``, or on ``local`` the engine's own rule
 (``kvledger.engine.engine.pool_blocks``: what ``kvledger serve`` here would allocate); on a
@@ -15,18 +19,14 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import pool_blocks
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
-from kvledger.ledger.hardware import Device, GiB, get_device
+from kvledger.ledger.hardware import Device, GiB
 from kvledger.ledger.interconnect import link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_block, kv_format
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
+from kvledger.replay.local_fits import local_efficiency
 from kvledger.replay.simulator import ModelClock, RecordedClock, ReplayRun, Simulator
-from kvledger.replay.step_model import (
-    DEFAULT_EFFICIENCY,
-    Efficiency,
-    StepTimeModel,
-    load_local_efficiency,
-)
+from kvledger.replay.step_model import DEFAULT_EFFICIENCY, Efficiency, StepTimeModel
 from kvledger.replay.trace import Trace
 from kvledger.spec import ModelSpec
 
@@ -161,16 +161,21 @@ def kv_format_of(config: EngineConfig, device: Device) -> str:
     return compute_format_of(config, device)
 
 
-def resolve_device(name: str) -> tuple[Device, Efficiency]:
-    """The device and its efficiency factors (local: the fit of ``probe --steps`` if any).
+def efficiency_for(device: Device, config: EngineConfig) -> tuple[Efficiency, str | None]:
+    """The factors that price a setting's steps on ``device``, and a line to print or None.
+
+    On ``local``: the ``probe --steps`` fit of the setting's retention policy, else the
+    full-retention fit with a line saying the retention cost is not calibrated and how to
+    calibrate it (:func:`kvledger.replay.local_fits.local_efficiency`); the assumed defaults
+    before any fit. A table device: the assumed defaults, whatever the policy. A request whose
+    trace ``sampling`` names its own policy is priced with the setting's fit all the same.
 
     Raises:
-        InvalidParameterError: unknown device, or ``local`` before ``kvledger probe``.
+        ConfigError: a corrupt ``local_step_model.json``.
     """
-    device = get_device(name)
     if device.name == "local":
-        return device, load_local_efficiency() or DEFAULT_EFFICIENCY
-    return device, DEFAULT_EFFICIENCY
+        return local_efficiency(device, config.retention)
+    return DEFAULT_EFFICIENCY, None
 
 
 def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: str | None,

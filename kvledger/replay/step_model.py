@@ -1,17 +1,22 @@
 """How long one engine step takes on a device: the ledger's compute and bandwidth terms.
 
-For a step that computes chunks ``(start_c, n_c)`` (``n_c`` new tokens after ``start_c``
+For a step that computes chunks ``(h_c, n_c)`` (``n_c`` new tokens attending ``h_c`` tokens
 already cached) the features are
 
   tokens  ``T = sum n_c``
-  pairs   ``P = sum (n_c start_c + n_c (n_c + 1) / 2)``: causal (query, key) pairs attended
-  kv_read ``R = sum (start_c + n_c)``: KV tokens each chunk reads (a chunk reads its context
+  pairs   ``P = sum (n_c h_c + n_c (n_c + 1) / 2)``: causal (query, key) pairs attended
+  kv_read ``R = sum (h_c + n_c)``: KV tokens each chunk reads (a chunk reads its context
           once, as a paged kernel does)
   seqs    ``S``: chunks (sequences) in the step
   sampled ``N``: chunks that sample a token (those reaching their request's end; a chunk
           inside a long prompt samples nothing)
 
-and the ledger's terms on a device of peak ``F`` FLOP/s and ``B`` bytes/s, per tensor-parallel
+The context ``h_c`` is the chunk's start position under full retention; under an evicting
+``--kv-policy`` it is the tokens the sequence still holds (:func:`kept_context`: at most the
+policy's capacity - 1 for window / sinks / h2o, the compressed prompt plus the output for
+snapkv), which is what the engine's slot view gathers and attends.
+
+The ledger's terms on a device of peak ``F`` FLOP/s and ``B`` bytes/s, per tensor-parallel
 rank (:mod:`kvledger.ledger.costs`):
 
   compute_s = (2 x active params x T + attention FLOPs per pair x P) / (tp x F)
@@ -37,24 +42,42 @@ Factors for the devices of the table are :data:`DEFAULT_EFFICIENCY`: round figur
 not measurements (the planner's MFU of 0.4 for prefill, 0.7 of peak bandwidth for decode, a few
 milliseconds of framework time per step). ``kvledger probe --steps`` fits the factors of the
 ``local`` device from measured steps (:mod:`kvledger.replay.fit`), which shows how far such
-round figures are from one real engine.
+round figures are from one real engine. The engine's evicting policies reach other factors
+than full retention over the same tokens (their sequences attend a gathered slot view, h2o
+scores every step's attention), so the ``local`` file holds one fit per retention
+configuration (:mod:`kvledger.replay.local_fits`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from kvledger.engine.schedule_output import SchedulerOutput
-from kvledger.errors import ConfigError, InvalidParameterError
+from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
 from kvledger.ledger.hardware import Device
 from kvledger.ledger.interconnect import all_reduce_s, gather_s, link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_token
 from kvledger.ledger.params import count_params, params_read_per_step, spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
-from kvledger.paths import config_dir
+from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
+
+
+def kept_context(spec: RetentionSpec, start: int, num_prompt_tokens: int) -> int:
+    """Tokens before position ``start`` that a sequence under ``spec`` still holds when it
+    computes its tokens from ``start`` on (the ``h`` of the module docstring).
+
+    full: ``start``. window / sinks / h2o: ``min(start, capacity - 1)`` (between steps the
+    engine keeps ``capacity - 1`` tokens, the next query adding itself). snapkv: ``start``
+    while the prompt is prefilled, afterwards the prompt compressed to ``budget`` plus the
+    tokens since (``start - max(0, prompt - budget)``).
+    """
+    if spec.capacity is not None:
+        return min(start, spec.capacity - 1)
+    if spec.policy == "snapkv" and start >= num_prompt_tokens:
+        return start - max(0, num_prompt_tokens - spec.budget)
+    return start
 
 
 @dataclass(frozen=True)
@@ -69,17 +92,21 @@ class StepFeatures:
 
     @classmethod
     def of(cls, chunks: list[tuple[int, int]], sampled: int | None = None) -> StepFeatures:
-        """Features of chunks given as ``(start, num_new_tokens)``; ``sampled`` chunks sample
-        a token (None: all of them)."""
+        """Features of chunks given as ``(context, num_new_tokens)``, the context being the
+        cached tokens the chunk attends (its start under full retention); ``sampled`` chunks
+        sample a token (None: all of them)."""
         return cls(tokens=sum(n for _, n in chunks),
-                   pairs=sum(n * s + n * (n + 1) // 2 for s, n in chunks),
-                   kv_read_tokens=sum(s + n for s, n in chunks), seqs=len(chunks),
+                   pairs=sum(n * h + n * (n + 1) // 2 for h, n in chunks),
+                   kv_read_tokens=sum(h + n for h, n in chunks), seqs=len(chunks),
                    sampled=len(chunks) if sampled is None else sampled)
 
     @classmethod
     def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
-        """Features of a scheduler step."""
-        return cls.of([(c.start, c.num_new_tokens) for c in plan.chunks],
+        """Features of a scheduler step, each chunk's context under its request's retention
+        policy (:func:`kept_context`)."""
+        return cls.of([(kept_context(c.request.retention_spec, c.start,
+                                     c.request.num_prompt_tokens), c.num_new_tokens)
+                       for c in plan.chunks],
                       sum(1 for c in plan.chunks if c.samples))
 
 
@@ -109,37 +136,6 @@ class Efficiency:
 DEFAULT_EFFICIENCY = Efficiency(mfu=PlanOptions().mfu, mbu=0.7, step_overhead_s=0.003,
                                 seq_overhead_s=0.00005,
                                 source="assumed defaults (not measured)")
-
-
-def local_efficiency_path():
-    """Where ``kvledger probe --steps`` saves the fitted factors of the ``local`` device."""
-    return config_dir() / "local_step_model.json"
-
-
-def save_local_efficiency(eff: Efficiency, extra: dict | None = None):
-    """Write the fitted factors (plus ``extra`` figures of the fit); returns the path."""
-    path = local_efficiency_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(eff) | {"fit": extra or {}}, indent=2) + "\n")
-    return path
-
-
-def load_local_efficiency() -> Efficiency | None:
-    """The fitted factors of ``local``, or None before ``kvledger probe --steps``.
-
-    Raises:
-        ConfigError: the file is corrupt.
-    """
-    path = local_efficiency_path()
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        data.pop("fit", None)
-        return Efficiency(**data)
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise ConfigError(f"{path} is corrupt ({exc}); run `kvledger probe --steps` again") \
-            from None
 
 
 class StepTimeModel:

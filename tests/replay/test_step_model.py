@@ -97,13 +97,43 @@ def test_fit_recovers_known_factors():
         fit(samples[:3], model, "test")
 
 
+def _trace(steps, prompts, sampling=None):
+    from kvledger.replay.trace import Trace, TraceRequest
+
+    return Trace({}, [TraceRequest(rid, 0.0, n, sampling=(sampling or {}).get(rid, {}))
+                      for rid, n in prompts.items()], steps=steps)
+
+
 def test_samples_from_trace_use_the_step_period_while_busy():
+    from kvledger.ledger.retention import RetentionSpec
     from kvledger.replay.fit import samples_from_trace
 
     steps = [{"start_s": 1.0, "duration_s": 0.2, "chunks": [["a", 0, 8]]},
              {"start_s": 1.25, "duration_s": 0.1, "chunks": [["a", 8, 1], ["b", 0, 4]]},
              {"start_s": 5.0, "duration_s": 0.3, "chunks": [["c", 0, 2]]}]
-    got = samples_from_trace(steps)
+    got = samples_from_trace(_trace(steps, {"a": 8, "b": 4, "c": 2}), RetentionSpec())
     assert [round(t, 9) for _, t in got] == [0.25, 0.1, 0.3]  # busy: start to start; idle after
     assert got[1][0] == StepFeatures(tokens=5, pairs=9 + 10, kv_read_tokens=13, seqs=2,
                                      sampled=2)
+
+
+def test_samples_from_trace_under_a_policy_count_the_kept_tokens():
+    """sinks 4 + 12 (capacity 16): a decode at position 100 attends the 15 held tokens and
+    itself; a snapkv-compressed prompt of 100 tokens to budget 40 holds 40 + the 5 tokens
+    generated since at position 105; a step running a request that named another policy is
+    not a sample of this one."""
+    from kvledger.ledger.retention import RetentionSpec
+    from kvledger.replay.fit import samples_from_trace
+
+    sinks = RetentionSpec("sinks", window=12, sinks=4)
+    steps = [{"start_s": 0.0, "duration_s": 0.1, "chunks": [["a", 100, 1], ["b", 8, 1]]},
+             {"start_s": 1.0, "duration_s": 0.1, "chunks": [["a", 101, 1], ["own", 50, 1]]}]
+    trace = _trace(steps, {"a": 90, "b": 5, "own": 40},
+                   {"own": {"kv_policy": {"policy": "window", "window": 8}}})
+    (got,) = samples_from_trace(trace, sinks)
+    assert got[0] == StepFeatures(tokens=2, pairs=16 + 9, kv_read_tokens=16 + 9, seqs=2,
+                                  sampled=2)
+    snap = RetentionSpec("snapkv", budget=40)
+    steps = [{"start_s": 0.0, "duration_s": 0.1, "chunks": [["p", 105, 1]]}]
+    (got,) = samples_from_trace(_trace(steps, {"p": 100}), snap)
+    assert got[0].kv_read_tokens == 40 + 5 + 1
