@@ -14,7 +14,7 @@ Capacity: 4K-token requests that fit in a 256 MiB KV budget per format: the engi
 
 Pass key (``--passkey-depths N``, alone with ``--passkey-only``): ``kvledger eval passkey``'s
 trial (a 5-digit key hidden in filler, asked for at the end, greedy answer) at ``--context``
-for N depths evenly spread over [0, 1], per KV format. The depths run deepest first, so each
+for N depths evenly spread over [0, 1], per KV format, bf16 compute (the default mode). The depths run deepest first, so each
 prompt finds the filler before its key in the prefix cache (the answers do not change: cold
 and warm runs give the same tokens).
 
@@ -83,7 +83,9 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
 
 
 def passkey_accuracy(context: int, depths: int) -> list[dict]:
-    """Pass-key trials at ``depths`` evenly spread depths per format of PASSKEY_VARIANTS."""
+    """Pass-key trials at ``depths`` evenly spread depths per format of PASSKEY_VARIANTS, in
+    the default mode (bf16 compute, every format read by the native kernel; with fp32
+    compute a bf16 pool falls back to the PyTorch backend, ~10x slower at 4K)."""
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -92,13 +94,13 @@ def passkey_accuracy(context: int, depths: int) -> list[dict]:
     from kvledger.eval.passkey import passkey
     from kvledger.eval.scoring import eval_config
 
-    spec, weights = load_weights("default", torch.float32)
+    spec, weights = load_weights("default", torch.bfloat16)
     tokenizer = load_tokenizer("default")
     at = sorted((round(i / (depths - 1), 3) if depths > 1 else 0.5 for i in range(depths)),
                 reverse=True)
     rows = []
     for label, over in PASSKEY_VARIANTS:
-        cfg = eval_config(EngineConfig(dtype="fp32", **over), context)
+        cfg = eval_config(EngineConfig(dtype="bf16", **over), context)
         engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
         r = passkey(engine, context, at)
         rows.append({"variant": label, **r.to_json()})
