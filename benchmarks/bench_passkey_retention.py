@@ -7,7 +7,8 @@ table is what a user gets from the CLI. Policies at each budget as in ``bench_re
 hitters; snapkv = the prompt compressed to budget once it is in).
 
 Usage: python benchmarks/bench_passkey_retention.py [--contexts 4096,8192] [--depths 10]
-       [--budgets 512,1024] [--policies full,window,sinks,h2o,snapkv] [--json out.json]
+       [--budgets 512,1024] [--policies full,window,sinks,h2o,snapkv] [--dtype fp32]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ def cli_options(name: str, budget: int | None) -> list[str]:
 
 
 def run_cell(context: int, depths: list[float], name: str, budget: int | None,
-             threads: int) -> dict:
+             threads: int, dtype: str) -> dict:
     """One ``kvledger eval passkey`` run; its JSON object plus the wall time."""
     cmd = [sys.executable, "-m", "kvledger", "eval", "passkey", "--context", str(context),
-           "--depth", ",".join(f"{d:.3f}" for d in depths), "--dtype", "fp32",
+           "--depth", ",".join(f"{d:.3f}" for d in depths), "--dtype", dtype,
            "--num-threads", str(threads), "--json", *cli_options(name, budget)]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, check=False, capture_output=True, text=True)
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="512,1024")
     ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="fp32", help="compute dtype of every cell (fp32, bf16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     depths = [i / (args.depths - 1) for i in range(args.depths)] if args.depths > 1 else [0.5]
@@ -61,7 +63,7 @@ def main() -> None:
     for context in map(int, args.contexts.split(",")):
         for name in args.policies.split(","):
             for budget in [None] if name == "full" else map(int, args.budgets.split(",")):
-                r = run_cell(context, depths, name, budget, args.threads)
+                r = run_cell(context, depths, name, budget, args.threads, args.dtype)
                 marks = " ".join("Y" if t["retrieved"] else "." for t in r["trials"])
                 rows.append({"context": context, "policy": name, "budget": budget, **r})
                 print(f"{context:6d} {name:7s} {budget or '-':>5}: {marks}  "

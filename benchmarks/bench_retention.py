@@ -3,10 +3,12 @@
 Text: pydoc_data.topics (Python's own docs, shipped with CPython) concatenated, tokenized by
 the bundled model's tokenizer, cut into chunks of ``--chunk`` tokens (the model's context,
 8192, by default), each scored from scratch. Teacher forcing through the engine itself: the
-chunk is the prompt, fed in steps (h2o: ``--stride`` tokens, eviction between steps, as in
-generation; full, window, sinks and snapkv: ``--exact-stride``, since their numbers do not
-depend on it: window/sinks masks are per query, tested in tests/engine/test_retention.py), and
-every position's logits are scored.
+chunk is the prompt, fed in steps (h2o, and sinks at ``cache`` positions: ``--stride`` tokens,
+eviction between steps, as in generation; full, window, snapkv and sinks at ``original``
+positions: ``--exact-stride``, since their numbers do not depend on it: window/sinks masks are
+per query, tested in tests/engine/test_retention.py, and a window's cache positions are its
+original ones; sinks' cache positions are assigned per step, engine/retention/state.py), and
+every position's logits are scored. No step crosses snapkv's prompt boundary.
 
 - ``full``, ``window``, ``sinks``, ``h2o`` at each budget (window/sinks: budget = sinks +
   window, 4 sinks for sinks; h2o: 4 sinks + budget/2 recent + heavy hitters): NLL of every
@@ -76,8 +78,7 @@ def score(engine, ids: list[int], spec: RetentionSpec, stride: int,
     req.retention = engine.retention_state(spec)
     kv, nll = engine.scheduler.kv, torch.full((len(ids) - 1,), math.nan)
     try:
-        for start in range(0, len(ids), stride):
-            n = min(stride, len(ids) - start)
+        for start, n in steps(len(ids), stride, prompt_len):
             assert kv.allocate_slots(req, n), "the pool cannot hold the chunk"
             hidden = engine.runner.hidden_states([_Chunk(req, n)])
             req.num_computed_tokens += n
@@ -94,6 +95,20 @@ def score(engine, ids: list[int], spec: RetentionSpec, stride: int,
     return nll
 
 
+def steps(length: int, stride: int, prompt_len: int) -> list[tuple[int, int]]:
+    """(start, tokens) of each step over ``length`` tokens: ``stride`` tokens at a time, none
+    crossing ``prompt_len`` (the prompt is all in, and snapkv compresses it, before any later
+    token is computed)."""
+    return [(start, min(stride, end - start)) for lo, end in ((0, prompt_len), (prompt_len, length))
+            for start in range(lo, end, stride)]
+
+
+def step_dependent(spec: RetentionSpec) -> bool:
+    """Whether the spec's NLL depend on the step size: h2o (eviction between steps) and sinks
+    at cache positions (the sinks turn by the tokens dropped before the step)."""
+    return spec.policy == "h2o" or (spec.policy == "sinks" and spec.positions == "cache")
+
+
 def ppl(nll: torch.Tensor) -> float:
     ok = ~torch.isnan(nll)
     return math.exp(float(nll[ok].mean()))
@@ -103,9 +118,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--chunk", type=int, default=8192)
-    ap.add_argument("--stride", type=int, default=32, help="h2o's step (eviction between)")
+    ap.add_argument("--stride", type=int, default=32,
+                    help="step of h2o and cache-position sinks (eviction between steps)")
     ap.add_argument("--exact-stride", type=int, default=512,
-                    help="step of full/window/sinks/snapkv, whose numbers do not depend on it")
+                    help="step of the runs whose numbers do not depend on it (not h2o, not cache-position sinks)")
     ap.add_argument("--tail", type=int, default=2048)
     ap.add_argument("--budgets", default="256,512,1024")
     ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
@@ -131,8 +147,8 @@ def main() -> None:
     ids = real_text_ids(engine.tokenizer, args.tokens)
     chunks = [ids[i: i + args.chunk] for i in range(0, len(ids) - args.chunk + 1, args.chunk)]
     print(machine_line(args.threads))
-    print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), h2o stride "
-          f"{args.stride}, tail {args.tail}")
+    print(f"{len(chunks)} chunks of {args.chunk} tokens (pydoc_data.topics), stride "
+          f"{args.stride} (h2o, cache-position sinks), else {args.exact_stride}, tail {args.tail}")
     results = []
     order = args.policies.split(",")
     selects = tuple(args.select.split(","))
@@ -140,7 +156,7 @@ def main() -> None:
                   key=lambda r: order.index(r[0]))
     for name, budget, spec in runs:
         t0 = time.perf_counter()
-        stride = args.stride if spec.policy == "h2o" else args.exact_stride
+        stride = args.stride if step_dependent(spec) else args.exact_stride
         prompt_len = args.chunk - args.tail if name == "snapkv" else None
         nlls = []
         for i, c in enumerate(chunks):
