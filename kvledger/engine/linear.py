@@ -40,6 +40,14 @@ def int4_shape_ok(out_features: int, in_features: int) -> bool:
     return out_features % 16 == 0 and in_features % GROUP == 0
 
 
+def int8_shape_ok(in_features: int) -> bool:
+    """Whether torch's CPU int8 weight-only kernel (``_weight_int8pack_mm``) takes inputs of
+    this width: torch 2.13's AVX-512 path reads them in vectors of 16 and crashes the process
+    on other widths (segfault measured with 8, 24, 40, 56 and 72 on an AMD EPYC Zen 4; 16, 32,
+    48 and 64 fine), so only multiples of 16 are given to it."""
+    return in_features % 16 == 0
+
+
 def w8a8_ok(in_features: int) -> bool:
     """Whether the native ``w8a8`` kernel is built here and takes inputs of this width."""
     kernel = w8a8.kernel()
@@ -71,7 +79,8 @@ class Linear:
         q4: optional (q uint8 [out, in], scale [out, in/32], zero [out, in/32]) of the same W,
             needed for ``int4``.
         fmt: the format to keep; ``int4`` without ``q4`` or of a shape the kernel does not
-            take (:func:`int4_shape_ok`), or any quantized format with a non-bf16 weight, falls
+            take (:func:`int4_shape_ok`), ``int8`` of an input width torch's kernel does not
+            take (:func:`int8_shape_ok`), or any quantized format with a non-bf16 weight, falls
             back to ``dense``.
     """
 
@@ -85,6 +94,8 @@ class Linear:
             fmt = "dense"
         if fmt == "w8a8" and not w8a8_ok(weight.shape[1]):
             fmt = "int8"
+        if fmt == "int8" and not int8_shape_ok(weight.shape[1]):
+            fmt = "dense"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None
         self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (not for int4)

@@ -76,3 +76,15 @@ def test_int4_on_a_shape_the_kernel_refuses_stays_dense():
     assert linear.format == "dense"
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
     assert torch.allclose(linear(x.bfloat16()).float(), x @ dense.t(), atol=0.05, rtol=0.02)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "w8a8"])
+def test_int8_on_a_width_the_kernel_refuses_gives_the_product(fmt):
+    # torch 2.13's _weight_int8pack_mm crashed the process on input widths that are not a
+    # multiple of 16 (an AVX-512 CPU; a tiny tensor-parallel shard had 40): the product of
+    # such a layer must still come out right, with or without that kernel
+    w = torch.randn(64, 40, generator=torch.Generator().manual_seed(5))
+    linear = Linear(w.bfloat16(), fmt=fmt)
+    x = torch.randn(17, 40, generator=torch.Generator().manual_seed(6))
+    ref = x @ w.t()
+    assert (linear(x.bfloat16()).float() - ref).abs().max() <= 0.02 * ref.abs().max()

@@ -108,7 +108,10 @@ def test_bundled_tp3_int8_with_outliers_gives_tp1_s_tokens():
     ledger's bytes (32 blocks x 76,800 + 4 residual blocks x 245,760). Logits are not exact:
     the all-reduce sums in another order (~1e-7 in fp32), which moves the odd K/V value across
     a rounding boundary of its int8 code; measured 0.066 at most over the 16 steps (a wrong
-    head or scale moves them by whole units)."""
+    head or scale moves them by whole units). Where TP = 1's two best tokens are closer than
+    that, greedy decoding may take the other one and the runs part: on an AMD EPYC with
+    AVX-512, step 2's margin is 0.016 against a deviation of 0.071. So the logits are compared
+    up to the first token that differs, and a differing token must be such a near-tie."""
     prompt = BUNDLED_PROMPT * 2 + [28, 27]
     runs = {}
     for tp in (1, 3):
@@ -118,9 +121,13 @@ def test_bundled_tp3_int8_with_outliers_gives_tp1_s_tokens():
             assert engine.stats()["kv_pool_bytes_per_rank"] == [32 * 76_800 + 4 * 245_760] * 3
         engine.close()
     (tokens1, logits1), (tokens3, logits3) = runs[1], runs[3]
-    assert tokens3 == tokens1
-    for a, b in zip(logits1, logits3):  # measured 0.066 at most (see the docstring)
+    steps = len(tokens1[0])
+    parted = next((i for i in range(steps) if tokens1[0][i] != tokens3[0][i]), steps)
+    for a, b in zip(logits1[:parted + 1], logits3[:parted + 1]):  # measured 0.071 at most
         torch.testing.assert_close(b, a, atol=0.1, rtol=0)
+    if parted < steps:  # TP = 3 took TP = 1's runner-up: only at a near-tie
+        best = logits1[parted][-1].topk(2).values
+        assert best[0] - best[1] < 0.2
 
 
 @pytest.mark.slow

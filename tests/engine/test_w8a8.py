@@ -111,6 +111,6 @@ def test_linear_keeps_one_int8_copy_and_falls_back_without_the_kernel(monkeypatc
                        linear.packed[ids].float() * linear.scales[ids, None])
     x = torch.randn(3, 64).bfloat16()
     assert torch.equal(linear(x), w8a8.kernel()(x, linear.packed, linear.scales))
-    assert Linear(w[:, :40], fmt="w8a8").format == "int8"  # not whole blocks of 32
+    assert Linear(w[:, :48], fmt="w8a8").format == "int8"  # not whole blocks of 32
     monkeypatch.setattr(w8a8, "kernel", lambda: None)
     assert Linear(w, fmt="w8a8").format == "int8"
