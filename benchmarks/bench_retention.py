@@ -245,32 +245,37 @@ def plot_stream(rows: list[dict], path: str, segment: int, context: int) -> None
 
 
 def plot(results: list[dict], path: str, chunk: int, bucket: int = 256) -> None:
-    """PPL per ``bucket``-position bucket against position, one line per run."""
+    """PPL per ``bucket``-position bucket against position: one panel per budget, one line per
+    run of that budget, ``full`` (no budget) in every panel; one colour per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for r in results:
-        nll = torch.tensor(r["nll_by_position"])
-        xs, ys = [], []
-        for lo in range(0, len(nll), bucket):
-            part = nll[lo: lo + bucket]
-            part = part[~torch.isnan(part)]
-            if len(part):
-                xs.append(lo + bucket / 2)
-                ys.append(math.exp(float(part.mean())))
-        label = (r["policy"] + (f" {r['select']}" if r.get("select") else "")
-                 + (f" {r['budget']}" if r["budget"] else ""))
-        ax.plot(xs, ys, label=label, linestyle="--" if r["policy"] == "snapkv" else "-")
-    ax.set_xlabel(f"position in the {chunk}-token chunk")
-    ax.set_ylabel(f"perplexity ({bucket}-token buckets)")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7, ncol=3)
+    budgets = sorted({r["budget"] for r in results if r["budget"]}) or [None]
+    colours = dict(zip(("full", "window", "sinks", "h2o", "snapkv"), plt.cm.tab10.colors))
+    fig, axes = plt.subplots(len(budgets), 1, figsize=(9, 3.2 * len(budgets)), sharex=True,
+                             sharey=True, squeeze=False)
+    for ax, budget in zip(axes[:, 0], budgets):
+        for r in (r for r in results if r["budget"] in (None, budget)):
+            nll = torch.tensor(r["nll_by_position"])
+            xs, ys = [], []
+            for lo in range(0, len(nll), bucket):
+                part = nll[lo: lo + bucket]
+                part = part[~torch.isnan(part)]
+                if len(part):
+                    xs.append(lo + bucket / 2)
+                    ys.append(math.exp(float(part.mean())))
+            label = r["policy"] + (f" {r['select']}" if r.get("select") else "")
+            ax.plot(xs, ys, label=label, color=colours.get(r["policy"]),
+                    linestyle="--" if r["policy"] == "snapkv" else "-")
+        ax.set_title(f"budget {budget} tokens" if budget else "no budget", fontsize=9)
+        ax.set_ylabel(f"perplexity ({bucket}-token buckets)", fontsize=8)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7, ncol=5)
+    axes[-1, 0].set_xlabel(f"position in the {chunk}-token chunk")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-
 
 if __name__ == "__main__":
     main()
