@@ -21,7 +21,7 @@ import ctypes
 import logging
 
 log = logging.getLogger("kvledger.engine")
-OMP_PAUSE_SOFT = 1  # omp_pause_resource_t, OpenMP 5.0 section 3.2.43
+OMP_PAUSE_SOFT = 1  # omp_pause_soft of omp.h's omp_pause_resource_t (OpenMP 5.0)
 
 
 def release_thread_pool() -> bool:
