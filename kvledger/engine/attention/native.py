@@ -1,6 +1,8 @@
 """Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``),
 the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
-the int8 decode product (``kvledger/engine/int8_gemv.cpp``, :mod:`kvledger.engine.w8a8`).
+the int8 decode product (``kvledger/engine/int8_gemv.cpp``, :mod:`kvledger.engine.w8a8`) and
+the int8 / int4 KV block encoder (``kvledger/engine/kv/int_encode.cpp``,
+:mod:`kvledger.engine.kv.native_encode`).
 
 The sources make one plain shared library (no Python or torch headers), built on first use with
 the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native -fopenmp``
@@ -35,7 +37,8 @@ from kvledger.paths import cache_dir
 log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
-           ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"))
+           ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
+           ("kvledger.engine.kv", "int_encode.cpp"))
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _reason: list[str] = []
 

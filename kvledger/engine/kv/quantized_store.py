@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from kvledger.engine.kv import native_encode
 from kvledger.engine.kv.codecs import BlockCodec
 from kvledger.engine.kv.store import lazy_zeros
 
@@ -57,6 +58,8 @@ class QuantizedKVStore:
         key_codecs: one codec per layer, or one for all; value_codec: one for all layers.
         compute_dtype: dtype of the residual blocks and of what reads return.
         residual_slots: most partial blocks at once (the engine's ``max_num_seqs``).
+        use_native: encode filled int8 / int4 blocks with the native encoder
+            (:mod:`~kvledger.engine.kv.native_encode`, same bytes) when it builds.
     """
 
     quantized = lossy = True
@@ -64,7 +67,7 @@ class QuantizedKVStore:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, kv_format: str, key_codecs: list[BlockCodec] | BlockCodec,
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
-                 residual_slots: int) -> None:
+                 residual_slots: int, use_native: bool = True) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
         self.num_kv_heads = num_kv_heads
         self.compute_dtype = compute_dtype
@@ -80,6 +83,7 @@ class QuantizedKVStore:
         self._free_residuals = list(range(residual_slots))
         self._plan_key: torch.Tensor | None = None
         self._plan = None
+        self._encoder = native_encode.encoder() if use_native else None
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
         return {name: lazy_zeros((self.num_blocks, *shape), dtype)
@@ -151,8 +155,11 @@ class QuantizedKVStore:
             if len(plan.had):
                 staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
             staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)
-            for name, tensor in codec.encode(staged.index_select(0, plan.filled)).items():
-                parts[name].index_copy_(0, plan.filled_ids, tensor)
+            filled = staged.index_select(0, plan.filled)
+            if self._encoder is None or not self._encoder.encode_into(
+                    codec, filled, parts, plan.filled_ids):
+                for name, tensor in codec.encode(filled).items():
+                    parts[name].index_copy_(0, plan.filled_ids, tensor)
             if len(plan.kept):
                 residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
 
