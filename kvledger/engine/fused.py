@@ -25,7 +25,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+from kvledger.engine.attention.native import DTYPE_CODES, library
 
 
 class TorchOps:
@@ -77,42 +77,40 @@ class NativeOps(TorchOps):
 
     def add_rms_norm(self, h, delta, weight, eps):
         """In place: ``h`` itself becomes h + delta (h must be a tensor the caller owns)."""
-        if not (h.dtype in _DTYPES and h.is_contiguous() and weight.dtype == h.dtype
+        if not (h.dtype in DTYPE_CODES and h.is_contiguous() and weight.dtype == h.dtype
                 and (delta is None or (delta.dtype == h.dtype and delta.is_contiguous()))
                 and not self._too_many("add_rms_norm", h)):
             return super().add_rms_norm(h, delta, weight, eps)
         out = torch.empty_like(h)
         rows, dim = h.shape
         self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
-                   out.data_ptr(), rows, dim, eps, _DTYPES[h.dtype])
+                   out.data_ptr(), rows, dim, eps, DTYPE_CODES[h.dtype])
         return h, out
 
     def rope_(self, qk, positions, rope):
         """In place on qk [T, heads, D] whose heads are contiguous within each token's row."""
         tokens, heads, dim = qk.shape
-        if (qk.dtype not in _DTYPES or qk.stride(2) != 1 or qk.stride(1) != dim
+        if (qk.dtype not in DTYPE_CODES or qk.stride(2) != 1 or qk.stride(1) != dim
                 or positions.dtype != torch.int64):
             return super().rope_(qk, positions, rope)
         positions = positions.contiguous()
         rope.cover(positions)
         self._rope(qk.data_ptr(), qk.stride(0), tokens, heads, dim, rope.cos_half.data_ptr(),
-                   rope.sin_half.data_ptr(), positions.data_ptr(), _DTYPES[qk.dtype])
+                   rope.sin_half.data_ptr(), positions.data_ptr(), DTYPE_CODES[qk.dtype])
         return qk
 
     def silu_mul(self, gate_up):
-        if (gate_up.dtype not in _DTYPES or not gate_up.is_contiguous()
+        if (gate_up.dtype not in DTYPE_CODES or not gate_up.is_contiguous()
                 or self._too_many("silu_mul", gate_up)):
             return super().silu_mul(gate_up)
         rows, width = gate_up.shape
         out = gate_up.new_empty(rows, width // 2)
-        self._silu(gate_up.data_ptr(), out.data_ptr(), rows, width // 2, _DTYPES[gate_up.dtype])
+        self._silu(gate_up.data_ptr(), out.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype])
         return out
 
 
 def fused_ops(max_rows: dict[str, dict[torch.dtype, int]] | None = None) -> TorchOps:
     """The native ops (limited to ``max_rows``, see :class:`NativeOps`) when the library builds
     here, else the PyTorch ones."""
-    from kvledger.engine.attention.native import library
-
     lib = library()
     return TorchOps() if lib is None else NativeOps(lib, max_rows)

@@ -39,7 +39,8 @@ FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "
 SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
            ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
            ("kvledger.engine.kv", "int_encode.cpp"))
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+"""The element types every native kernel takes, as the int code its ``dtype`` argument reads."""
 _reason: list[str] = []
 
 
@@ -186,14 +187,14 @@ class PagedKernel:
     def accepts(self, q: torch.Tensor, key_blocks: torch.Tensor) -> bool:
         """Whether the kernel handles this dtype and these sizes."""
         _, block_size, kv_heads, dim = key_blocks.shape
-        return (q.dtype in _DTYPES and key_blocks.dtype == q.dtype and key_blocks.is_contiguous()
+        return (q.dtype in DTYPE_CODES and key_blocks.dtype == q.dtype and key_blocks.is_contiguous()
                 and q.shape[1] // kv_heads <= self.max_group and dim <= self.max_dim
                 and dim % self.dim_multiple == 0
                 and block_size <= self.max_block)
 
     def accepts_quantized(self, q: torch.Tensor, store) -> bool:
         """Whether the kernel reads this QuantizedKVStore for these queries."""
-        return (q.dtype in _DTYPES and store.compute_dtype == q.dtype
+        return (q.dtype in DTYPE_CODES and store.compute_dtype == q.dtype
                 and q.shape[1] // store.num_kv_heads <= self.max_group
                 and q.shape[2] <= self.max_dim and q.shape[2] % self.dim_multiple == 0
                 and store.block_size <= self.max_block)
@@ -226,7 +227,7 @@ class PagedKernel:
             partial = torch.empty(n * heads * parts * (dim + 2), dtype=torch.float32)
         self._fn(q.data_ptr(), k_ptr, v_ptr, out.data_ptr(),
                  tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
-                 block_size, tables.shape[1], 1.0 / dim ** 0.5, _DTYPES[q.dtype], threads,
+                 block_size, tables.shape[1], 1.0 / dim ** 0.5, DTYPE_CODES[q.dtype], threads,
                  parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3))
         return out
 

@@ -16,13 +16,11 @@ then encodes with the codec's PyTorch code.
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
+from kvledger.engine.attention.native import DTYPE_CODES, library
 from kvledger.engine.kv.codecs import MIN_SCALE, IntCodec, OutlierKeys
-
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 class NativeIntEncoder:
@@ -44,14 +42,14 @@ class NativeIntEncoder:
         channels, inner = None, codec
         if isinstance(codec, OutlierKeys):
             channels, inner = codec.channels.contiguous(), codec.inner
-        if (not isinstance(inner, IntCodec) or blocks.dtype not in _DTYPES
+        if (not isinstance(inner, IntCodec) or blocks.dtype not in DTYPE_CODES
                 or not all(t.is_contiguous() for t in parts.values())):
             return False
         blocks, block_ids = blocks.contiguous(), block_ids.contiguous()
         n, bs, heads, dim = blocks.shape
         group = 0 if inner.axis == "per-channel" else inner.group
         no = 0 if channels is None else channels.shape[1]
-        failed = self._fn(blocks.data_ptr(), _DTYPES[blocks.dtype], n, bs, heads, dim,
+        failed = self._fn(blocks.data_ptr(), DTYPE_CODES[blocks.dtype], n, bs, heads, dim,
                           inner.bits, group, MIN_SCALE, block_ids.data_ptr(),
                           parts["codes"].data_ptr(), parts["scale"].data_ptr(),
                           parts["zero"].data_ptr(),
@@ -60,10 +58,8 @@ class NativeIntEncoder:
         return failed == 0
 
 
-@functools.cache
 def encoder() -> NativeIntEncoder | None:
-    """The native encoder, or None when the native library cannot be built."""
-    from kvledger.engine.attention.native import library
-
+    """The native encoder, or None when the native library cannot be built (one per store:
+    :func:`library` itself is built and loaded once)."""
     lib = library()
     return None if lib is None else NativeIntEncoder(lib)
