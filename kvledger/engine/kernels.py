@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvledger.engine.linear import FORMATS, Linear, int4_shape_ok
+from kvledger.engine.linear import FORMATS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.errors import InvalidParameterError
 from kvledger.paths import cache_dir
 from kvledger.spec import ModelSpec
@@ -49,15 +49,8 @@ REFERENCE_REQUEST = (512, 128)
 FUSED_ROWS = (1, 4, 16, 64, 256)
 """Row counts at which the probe times each fused op, native against PyTorch."""
 FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-NOT_Q4_FORMATS = tuple(f for f in FORMATS if f != "int4")
+NOT_Q4_FORMATS = tuple(f for f in FORMATS if f not in Q4_FORMATS)
 """The formats of a weight the GGUF does not store as Q4."""
-OPT_IN_FORMATS = ("w8a8",)
-"""Formats the probe times but does not choose by itself (``KVLEDGER_WEIGHT_FORMAT`` opts in):
-w8a8 rounds the activations to int8 too, and on the bundled model it changed the greedy answer
-to "What is the capital of France?" from Paris to a list of French words (tests/commands/
-test_generate.py), within test_fast_mode's KL bound."""
-
-
 @dataclass
 class ProbeResult:
     """What the probe measured and chose.
@@ -167,8 +160,8 @@ def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
     layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
-              if fmt != "int4" or q4 is not None}
-    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8 needs native
+              if fmt not in Q4_FORMATS or q4 is not None}
+    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8/w4a8: native
 
 
 def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
@@ -359,10 +352,9 @@ def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
 
 
 def candidates(shape_class: str, q4_classes: set[str]) -> tuple[str, ...]:
-    """The formats the probe may choose for ``shape_class`` (``int4`` only for Q4 weights, no
-    :data:`OPT_IN_FORMATS`)."""
-    available = FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
-    return tuple(f for f in available if f not in OPT_IN_FORMATS)
+    """The formats the probe may choose for ``shape_class`` (``int4`` and ``w4a8`` only for Q4
+    weights)."""
+    return FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
 
 
 def choose_gemm_rows(spec: ModelSpec, formats: dict[str, str]) -> dict[str, int | None]:

@@ -9,16 +9,21 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.kernels`):
   as Q4, so it adds no rounding beyond the file's (except the scales' last 3 fp16 bits);
 - ``int8``: symmetric per-row int8, ``w = q * s_row`` with ``s_row = max|w_row| / 127``
   (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``;
-- ``w8a8``: the same codes with fp32 row scales, multiplied by the native int8 x int8 kernel
-  (:mod:`kvledger.engine.w8a8`), which also rounds the activations to int8 per block of 32
-  inputs; without the native library it is ``int8``.
+- ``w8a8``: symmetric int8 per block of 32 inputs with fp32 scales (GGML's Q8_0 layout, so a
+  Q8_0 tensor of the file keeps its codes: :func:`int8_blocks`), multiplied by the native int8 x
+  int8 kernel (:mod:`kvledger.engine.w8a8`), which also rounds the activations to int8 per block
+  of 32 inputs; without the native library it is ``int8``;
+- ``w4a8``: a GGUF Q4_0/Q4_1 matrix in the file's own blocks (4-bit codes, fp32 scale and
+  minimum per 32 weights; :func:`kvledger.engine.q4.q4_blocks`), multiplied by the native kernel
+  with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8 scheme): no weight
+  rounding beyond the file's; without the native library it is ``int4``.
 
 The quantized formats take bf16 activations only; in fp32 (the exact mode) every layer is
 dense. A layer never keeps a second copy of its weight. The weight-only kernels are made for
 the few rows of a decode step; on the hundreds of a prefill chunk a plain fp32 GEMM on the
 weight dequantized for the call is faster on CPUs without native bf16 matmul (measured: 30 ms
-against 60 ms for a [3072, 576] int8 weight at 512 rows on a 2-core AMD EPYC), so a ``dense``
-or ``int8`` layer takes that path from ``gemm_rows`` rows on, a number the kernel probe
+against 60 ms for a [3072, 576] int8 weight at 512 rows on a 2-core AMD EPYC), so a ``dense``,
+``int8``, ``w8a8`` or ``w4a8`` layer takes that path from ``gemm_rows`` rows on, a number the kernel probe
 measures per shape class (:func:`kvledger.engine.kernels.probe`). ``int4`` keeps no codes it
 could dequantize and always runs its kernel.
 """
@@ -29,9 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from kvledger.engine import w8a8
-from kvledger.engine.q4 import GROUP
+from kvledger.engine.q4 import GROUP, q4_blocks, q4_dequantize
 
-FORMATS = ("dense", "int4", "int8", "w8a8")
+FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8")
+Q4_FORMATS = ("int4", "w4a8")
+"""The formats that need a weight the GGUF stores as Q4."""
 
 
 def int4_shape_ok(out_features: int, in_features: int) -> bool:
@@ -54,20 +61,33 @@ def w8a8_ok(in_features: int) -> bool:
     return kernel is not None and kernel.accepts(in_features)
 
 
-def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row symmetric int8 of ``weight`` [out, in]: codes int8 [out, in], scales fp32 [out].
+def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096,
+              block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of ``weight`` [out, in], per row: codes int8 [out, in], scales fp32 [out]
+    (``s = max |w| / 127``); or with ``block`` per block of that many inputs (:func:`int8_blocks`).
 
     Done ``chunk_rows`` rows at a time, so no fp32 copy of a whole large matrix (an embedding)
     is ever held.
     """
+    out, width = weight.shape
+    group = width if block is None else block
     codes = torch.empty(weight.shape, dtype=torch.int8)
-    scale = torch.empty(weight.shape[0], dtype=torch.float32)
-    for first in range(0, weight.shape[0], chunk_rows):
-        w = weight[first:first + chunk_rows].float()
-        s = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        codes[first:first + chunk_rows] = torch.round(w / s[:, None]).clamp_(-127, 127)
+    scale = torch.empty(out, width // group, dtype=torch.float32)
+    for first in range(0, out, chunk_rows):
+        w = weight[first:first + chunk_rows].float().reshape(-1, width // group, group)
+        s = (w.abs().amax(dim=-1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        codes[first:first + chunk_rows] = torch.round(w / s[..., None]).clamp_(-127, 127).reshape(
+            -1, width)
         scale[first:first + chunk_rows] = s
-    return codes, scale
+    return codes, (scale[:, 0] if block is None else scale)
+
+
+def int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of ``weight`` [out, in] per block of 32 inputs (GGML's Q8_0 scheme):
+    codes int8 [out, in], scales fp32 [out, in / 32] with ``s = max |w_block| / 127``. A weight
+    the file stores as Q8_0 gets its own codes back (the round trip through bf16 moves a value by
+    at most 2^-9 of it, under half a code step for codes up to 127)."""
+    return int8_rows(weight, block=GROUP)
 
 
 class Linear:
@@ -77,11 +97,11 @@ class Linear:
         weight: dense [out, in] matrix (the compute dtype).
         bias: optional [out].
         q4: optional (q uint8 [out, in], scale [out, in/32], zero [out, in/32]) of the same W,
-            needed for ``int4``.
+            needed for ``int4`` and ``w4a8``.
         fmt: the format to keep; ``int4`` without ``q4`` or of a shape the kernel does not
             take (:func:`int4_shape_ok`), ``int8`` of an input width torch's kernel does not
             take (:func:`int8_shape_ok`), or any quantized format with a non-bf16 weight, falls
-            back to ``dense``.
+            back to ``dense``; ``w4a8`` without the native kernel (:func:`w8a8_ok`) is ``int4``.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -89,6 +109,8 @@ class Linear:
                  fmt: str = "dense") -> None:
         if fmt not in FORMATS:
             raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+        if fmt == "w4a8" and (q4 is None or not w8a8_ok(weight.shape[1])):
+            fmt = "int4"
         if weight.dtype != torch.bfloat16 or (fmt == "int4" and (
                 q4 is None or not int4_shape_ok(*weight.shape))):
             fmt = "dense"
@@ -101,33 +123,43 @@ class Linear:
         self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (not for int4)
         if fmt == "dense":
             self.weight = weight
-        elif fmt == "int4":
+        elif fmt in Q4_FORMATS:
             self._pack_q4(q4)
+        elif fmt == "w8a8":
+            self.packed, self.scales = int8_blocks(weight)
+            self._native = w8a8.kernel().bind(self.packed, self.scales)
         else:
             self.packed, scale = int8_rows(weight)
-            self.scales = scale if fmt == "w8a8" else scale.to(torch.bfloat16)
-            self._row_scales = scale
-            if fmt == "w8a8":
-                self._w8a8 = w8a8.kernel().bind(self.packed, self.scales)
+            self.scales, self._row_scales = scale.to(torch.bfloat16), scale
 
     @classmethod
     def from_q4(cls, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                shape: tuple[int, int], bias: torch.Tensor | None = None) -> Linear:
-        """An ``int4`` Linear of ``shape`` [out, in] from its Q4 parts alone (no dense W read).
+                shape: tuple[int, int], bias: torch.Tensor | None = None,
+                fmt: str = "int4") -> Linear:
+        """An ``int4`` or ``w4a8`` Linear of ``shape`` [out, in] from its Q4 parts alone (no
+        dense W read); ``w4a8`` without the native kernel is ``int4``.
 
         Raises:
-            ValueError: the kernel does not take the shape (:func:`int4_shape_ok`).
+            ValueError: ``fmt`` not a Q4 format, or no kernel of it takes the shape
+                (:func:`w8a8_ok`, :func:`int4_shape_ok`).
         """
-        if not int4_shape_ok(*shape):
-            raise ValueError(f"the int4 kernel does not take a {list(shape)} weight")
+        if fmt == "w4a8" and not w8a8_ok(shape[1]):
+            fmt = "int4"
+        if fmt not in Q4_FORMATS or (fmt == "int4" and not int4_shape_ok(*shape)):
+            raise ValueError(f"no {fmt} kernel takes a {list(shape)} weight")
         self = cls.__new__(cls)
-        self.format, self.bias, self.out_features = "int4", bias, shape[0]
+        self.format = fmt
+        self.bias, self.out_features = bias, shape[0]
         self.weight, self.gemm_rows = None, None
         self._pack_q4(q4)
         return self
 
     def _pack_q4(self, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         q, scale, zero = q4
+        if self.format == "w4a8":
+            self.packed, self.scales, self._minima = q4_blocks(q, scale, zero)
+            self._native = w8a8.kernel().bind_q4(self.packed, self.scales, self._minima)
+            return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
         self.scales = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
@@ -135,7 +167,7 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes of the stored weight (and its scales)."""
-        parts = [self.weight, self.packed, self.scales]
+        parts = [self.weight, self.packed, self.scales, getattr(self, "_minima", None)]
         return sum(t.nbytes for t in parts if t is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,16 +178,17 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         if self.format == "int4":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
-        elif self.format == "w8a8":
-            y = self._w8a8(x)
+        elif self.format in ("w8a8", "w4a8"):
+            y = self._native(x)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
         return y if self.bias is None else y + self.bias
 
     def fp32_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in] -> [tokens, out] in x's dtype, multiplied in fp32 on the weight
-        dequantized for this call (int8, w8a8: ``(x @ q.T) * s_row`` with the kernel's
-        scales, so both paths use the same weight; w8a8 does not round x here).
+        dequantized for this call (int8: ``(x @ q.T) * s_row``; w8a8, w4a8: the blocks times
+        their scales), with the kernel's scales, so both paths use the same weight (the native
+        formats do not round x here).
 
         Raises:
             ValueError: an ``int4`` layer (its packed codes cannot be read back).
@@ -164,6 +197,10 @@ class Linear:
             raise ValueError("an int4-packed weight has no fp32 path")
         if self.format == "dense":
             y = F.linear(x.float(), self.weight.float())
+        elif self.format == "w4a8":
+            y = F.linear(x.float(), q4_dequantize(self.packed, self.scales, self._minima))
+        elif self.format == "w8a8":
+            y = F.linear(x.float(), self._dequantized_blocks(self.packed, self.scales))
         else:
             y = F.linear(x.float(), self.packed.float()) * self.scales.float()
         y = y if self.bias is None else y + self.bias.float()
@@ -177,6 +214,16 @@ class Linear:
         """
         if self.format == "dense":
             return F.embedding(ids, self.weight)
-        if self.format in ("int8", "w8a8"):
+        if self.format == "int8":
             return (self.packed[ids].to(torch.float32) * self._row_scales[ids, None]).to(dtype)
+        if self.format == "w8a8":
+            return self._dequantized_blocks(self.packed[ids], self.scales[ids]).to(dtype)
+        if self.format == "w4a8":
+            return q4_dequantize(self.packed[ids], self.scales[ids], self._minima[ids]).to(dtype)
         raise ValueError("rows of an int4-packed weight cannot be read back")
+
+    @staticmethod
+    def _dequantized_blocks(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """fp32 [n, in] of w8a8 codes [n, in] with block scales [n, in / 32]."""
+        blocks = codes.view(codes.shape[0], -1, GROUP).float() * scales[..., None]
+        return blocks.reshape(codes.shape)

@@ -22,7 +22,7 @@ from kvledger.engine import kernels
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.fused import fused_ops
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.linear import Linear, int4_shape_ok
+from kvledger.engine.linear import Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.engine.rope import RotaryEmbedding
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import FULL, ModelSpec
@@ -171,7 +171,7 @@ def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, releas
                   bias: torch.Tensor | None = None) -> Linear:
     """One Linear over the row-concatenation of several projections (or of their 4-bit forms).
 
-    Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4``),
+    Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4`` / ``w4a8``),
     so a memory-mapped weight cache never pages in the other one.
     """
     parts = (".q4_codes", ".q4_scale", ".q4_zero")
@@ -179,9 +179,9 @@ def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, releas
     out_f, in_f = sum(t.shape[0] for t in dense), dense[0].shape[1]
     has_q4 = all(s + ".q4_codes" in w for s in stems)
     q4 = [[w.pop(s + part) for s in stems] for part in parts] if has_q4 else None
-    if fmt == "int4" and q4 is not None and dense[0].dtype == torch.bfloat16 \
-            and int4_shape_ok(out_f, in_f):
-        linear = Linear.from_q4(tuple(torch.cat(p) for p in q4), (out_f, in_f), bias)
+    if fmt in Q4_FORMATS and q4 is not None and dense[0].dtype == torch.bfloat16 \
+            and (fmt == "w4a8" or int4_shape_ok(out_f, in_f)):
+        linear = Linear.from_q4(tuple(torch.cat(p) for p in q4), (out_f, in_f), bias, fmt)
     else:
         linear = Linear(torch.cat(dense).contiguous(), bias, None, fmt)
     for source in dense + [t for part in q4 or [] for t in part]:

@@ -13,6 +13,7 @@ The packed form is one of the weight formats of :class:`kvledger.engine.linear.L
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 GROUP = 32
 Q4_TYPES = {"Q4_0": 18, "Q4_1": 20}  # bytes per block of 32 weights
@@ -38,3 +39,29 @@ def q4_parts(data: np.ndarray, type_name: str, rows: int) -> tuple[np.ndarray, .
     qs = blocks[:, -16:]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # [blocks, 32]
     return q.reshape(rows, -1), d.reshape(rows, -1), zero.reshape(rows, -1)
+
+
+def q4_blocks(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Q4 parts of :func:`q4_parts` back in the file's block form, for the ``w4a8`` kernel.
+
+    Args:
+        q: uint8 [out, in] codes in [0, 15]; scale, zero: [out, in / 32] (``w = (q - 8) * scale
+            + zero``).
+    Returns:
+        qs uint8 [out, in / 2] (per block of 32, byte j holds code j in its low nibble and code
+        j + 16 in its high one: ggml's order), e = scale and m = zero - 8 * scale, fp32
+        [out, in / 32] (``w = e * q + m``).
+    """
+    out, width = q.shape
+    blocks = q.reshape(out, width // GROUP, 2, GROUP // 2).to(torch.uint8)
+    qs = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(out, width // 2)
+    e = scale.to(torch.float32).contiguous()
+    return qs.contiguous(), e, (zero.to(torch.float32) - 8 * e).contiguous()
+
+
+def q4_dequantize(qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """fp32 [out, in] weight of the :func:`q4_blocks` form (``w = e * q + m``)."""
+    blocks = qs.view(qs.shape[0], -1, GROUP // 2)
+    codes = torch.cat([blocks & 0x0F, blocks >> 4], dim=-1)  # [out, in / 32, 32]
+    return (codes.float() * e[..., None] + m[..., None]).reshape(qs.shape[0], -1)

@@ -1,14 +1,26 @@
-"""The native int8 x int8 product behind the ``w8a8`` weight format (``int8_gemv.cpp``).
+"""The native products with int8 activations behind the ``w8a8`` and ``w4a8`` weight formats
+(``int8_gemv.cpp``).
 
-``y = kernel(x, codes, scales)`` computes, for x [rows, in] bf16, the per-row int8 weight
-``codes`` [out, in] and its fp32 row ``scales`` [out],
+w8a8:
 
-    y[r, o] = scales[o] * sum_b d[r, b] * sum_{i in b} round(x[r, i] / d[r, b]) * codes[o, i]
+``y = kernel(x, codes, scales)`` computes, for x [rows, in] bf16, the int8 weight ``codes``
+[out, in] and its fp32 ``scales`` [out, in / 32], one per block b of :data:`BLOCK` inputs (GGML's
+Q8_0 layout; :func:`kvledger.engine.linear.int8_blocks`),
 
-with blocks b of :data:`BLOCK` inputs and ``d[r, b] = max_{i in b} |x[r, i]| / 127`` (the
-activation quantization of GGML's Q8_0), in bf16. Rounding x to int8 moves each input by at most
-``d[r, b] / 2``, so ``|y - x @ W.T| <= scales[o] * sum_b d[r, b] / 2 * sum_{i in b} |codes[o, i]|``
-plus the bf16 rounding of y (:func:`rounding_bound`). Output rows are split over
+    y[r, o] = sum_b scales[o, b] * d[r, b] * sum_{i in b} round(x[r, i] / d[r, b]) * codes[o, i]
+
+with ``d[r, b] = max_{i in b} |x[r, i]| / 127`` (the activation quantization of GGML's Q8_0),
+in bf16. Rounding x to int8 moves each input by at most ``d[r, b] / 2``, so
+``|y - x @ W.T| <= sum_b d[r, b] / 2 * sum_{i in b} |W[o, i]|`` plus the bf16 rounding of y
+(:func:`rounding_bound`).
+
+w4a8 (:meth:`W8A8Kernel.bind_q4`): the weight is a GGUF Q4_0 / Q4_1 matrix as the file stores it
+(4-bit codes c with a scale e and a minimum m per block of 32 inputs, ``w = e * c + m``;
+:func:`kvledger.engine.q4.q4_blocks`), times the same int8 activations:
+``y[r, o] = sum_b d[r, b] (e[o, b] sum_{i in b} c[o, i] a[r, i] + m[o, b] sum_{i in b} a[r, i])``
+(llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file.
+
+Output rows are split over
 ``torch.get_num_threads()`` threads (OpenMP, torch's own pool) once the weight holds at least
 :data:`THREAD_BYTES`, else one.
 
@@ -29,7 +41,7 @@ THREAD_BYTES = 1 << 16
 
 
 class W8A8Kernel:
-    """ctypes wrapper of ``kvl_w8a8_mm``.
+    """ctypes wrapper of ``kvl_w8a8_mm`` and ``kvl_w4a8_mm``.
 
     Attributes:
         vector: whether the library was built with its AVX2 path (else plain loops only).
@@ -40,6 +52,9 @@ class W8A8Kernel:
         self._fn = lib.kvl_w8a8_mm
         self._fn.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, i32, i32]
         self._fn.restype = None
+        self._fn4 = lib.kvl_w4a8_mm
+        self._fn4.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32]
+        self._fn4.restype = None
         self.vector = bool(lib.kvl_w8a8_vector())
 
     @staticmethod
@@ -48,18 +63,36 @@ class W8A8Kernel:
         return in_features % BLOCK == 0
 
     def bind(self, codes: torch.Tensor, scales: torch.Tensor) -> W8A8Weight:
-        """The product with one weight, checked once: int8 ``codes`` [out, in] and fp32
-        ``scales`` [out], both contiguous (kept alive by the result).
+        """The product with one weight, checked once: int8 ``codes`` [out, in] and fp32 block
+        ``scales`` [out, in / 32], both contiguous (kept alive by the result).
 
         Raises:
             ValueError: a wrong dtype or layout, or ``in`` not a multiple of :data:`BLOCK`.
         """
         if (codes.dtype != torch.int8 or scales.dtype != torch.float32 or codes.dim() != 2
-                or not self.accepts(codes.shape[1]) or scales.shape != codes.shape[:1]
+                or not self.accepts(codes.shape[1])
+                or tuple(scales.shape) != (codes.shape[0], codes.shape[1] // BLOCK)
                 or not (codes.is_contiguous() and scales.is_contiguous())):
             raise ValueError("w8a8 takes contiguous int8 codes [out, in] with in % 32 == 0 "
-                             "and fp32 scales [out]")
+                             "and fp32 scales [out, in / 32]")
         return W8A8Weight(self._fn, codes, scales)
+
+    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
+        """The w4a8 product with one Q4 weight (:func:`kvledger.engine.q4.q4_blocks`): uint8
+        ``qs`` [out, in / 2] in ggml's block order, fp32 scales ``e`` and minima ``m``
+        [out, in / 32], all contiguous (kept alive by the result).
+
+        Raises:
+            ValueError: a wrong dtype, shape or layout.
+        """
+        out, half = qs.shape if qs.dim() == 2 else (0, 0)
+        blocks = (out, 2 * half // BLOCK)
+        if (qs.dtype != torch.uint8 or qs.dim() != 2 or not self.accepts(2 * half)
+                or any(t.dtype != torch.float32 or tuple(t.shape) != blocks for t in (e, m))
+                or not all(t.is_contiguous() for t in (qs, e, m))):
+            raise ValueError("w4a8 takes contiguous uint8 codes [out, in / 2] with in % 32 == 0 "
+                             "and fp32 scales and minima [out, in / 32]")
+        return W8A8Weight(self._fn4, qs, e, m, in_features=2 * half)
 
     def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                  scalar: bool = False) -> torch.Tensor:
@@ -68,12 +101,15 @@ class W8A8Kernel:
 
 
 class W8A8Weight:
-    """One weight's product (:meth:`W8A8Kernel.bind`): per call only x is checked."""
+    """One weight's product (:meth:`W8A8Kernel.bind`, :meth:`W8A8Kernel.bind_q4`): per call
+    only x is checked."""
 
-    def __init__(self, fn, codes: torch.Tensor, scales: torch.Tensor) -> None:
-        self._fn, self._held = fn, (codes, scales)
-        self.out_features, self.in_features = codes.shape
-        self._codes, self._scales = codes.data_ptr(), scales.data_ptr()
+    def __init__(self, fn, codes: torch.Tensor, *scales: torch.Tensor,
+                 in_features: int | None = None) -> None:
+        self._fn, self._held = fn, (codes, *scales)
+        self.out_features = codes.shape[0]
+        self.in_features = codes.shape[1] if in_features is None else in_features
+        self._weight = [t.data_ptr() for t in self._held]
         self._threaded = codes.numel() >= THREAD_BYTES
 
     def __call__(self, x: torch.Tensor, scalar: bool = False) -> torch.Tensor:
@@ -88,26 +124,27 @@ class W8A8Weight:
         x = x.contiguous()
         rows = x.shape[0]
         y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
-        self._fn(x.data_ptr(), rows, self.in_features, self._codes, self._scales,
+        self._fn(x.data_ptr(), rows, self.in_features, *self._weight,
                  self.out_features, y.data_ptr(),
                  torch.get_num_threads() if self._threaded else 1, int(scalar))
         return y
 
 
-def rounding_bound(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """[rows, out] fp64 bound on ``|kernel(x, codes, scales) - x @ (codes * scales).T|`` in exact
-    arithmetic: each input's int8 rounding (at most ``d / 2`` per block) times the weights it
-    meets (with a 2^-7 relative margin for the fp32 block scales), plus the output's bf16
-    rounding (half an ulp: 2^-8 relative), plus fp32 summation (2^-16 of the sum of |terms|,
-    more than the ~50 fp32 additions of a row can lose)."""
+def rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[rows, out] fp64 bound on ``|product(x) - x @ weight.T|`` in exact arithmetic, for either
+    kernel with ``weight`` [out, in] its weight as stored (w8a8: ``codes * scales[:, None]``;
+    w4a8: the dequantized Q4 blocks): each input's int8 rounding (at most ``d / 2`` per block)
+    times the weights it meets (with a 2^-7 relative margin for the fp32 block scales), plus the
+    output's bf16 rounding (half an ulp: 2^-8 relative), plus fp32 summation (2^-16 of the sum
+    of |terms|, more than the ~50 fp32 additions of a row can lose)."""
     rows, width = x.shape
     xb = x.double().reshape(rows, width // BLOCK, BLOCK)
     half_step = xb.abs().amax(-1) / 127 / 2                                   # [rows, blocks]
-    w = codes.double().abs().reshape(codes.shape[0], width // BLOCK, BLOCK).sum(-1)  # [out, blocks]
-    quant = half_step @ w.t() * scales.double()
-    exact = x.double() @ (codes.double() * scales.double()[:, None]).t()
-    terms = x.double().abs() @ (codes.double().abs() * scales.double()[:, None]).t()
-    quant = quant * (1 + 2 ** -7)
+    w = weight.double()
+    blocks = w.abs().reshape(w.shape[0], width // BLOCK, BLOCK).sum(-1)       # [out, blocks]
+    quant = half_step @ blocks.t() * (1 + 2 ** -7)
+    exact = x.double() @ w.t()
+    terms = x.double().abs() @ w.abs().t()
     return quant + (exact.abs() + quant) * 2 ** -8 + terms * 2 ** -16
 
 

@@ -161,8 +161,9 @@ def test_fp32_gemm_starts_where_it_wins_for_good_and_counts_in_the_format_choice
 
 
 def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
-    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8, w8a8: codes x the
-    kernel's row scales): the result is the exact product rounded once to bf16 (half an ulp)."""
+    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8: codes x the kernel's
+    row scales; w8a8: codes x its block scales; w4a8: the Q4 blocks): the result is the exact
+    product rounded once to bf16 (half an ulp)."""
     import torch
 
     from kvledger.engine.linear import Linear
@@ -171,12 +172,23 @@ def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
     w = (torch.randn(96, 64, generator=gen) * 0.02).bfloat16()
     x = torch.randn(40, 64, generator=gen).bfloat16()
     bias = torch.randn(96, generator=gen).bfloat16()
-    for fmt in ("int8", "w8a8", "dense"):
-        lin = Linear(w, bias, None, fmt)
-        weight = w.float() if fmt == "dense" else lin.packed.float() * lin.scales.float()[:, None]
+    q4 = (torch.randint(0, 16, (96, 64), generator=gen, dtype=torch.uint8),
+          torch.rand(96, 2, generator=gen) * 0.01, torch.rand(96, 2, generator=gen) * 0.01)
+    for fmt in ("int8", "w8a8", "w4a8", "dense"):
+        lin = Linear(w, bias, q4, fmt)
+        assert lin.format == fmt
+        if fmt == "dense":
+            weight = w.float()
+        elif fmt == "int8":
+            weight = lin.packed.float() * lin.scales.float()[:, None]
+        elif fmt == "w8a8":
+            weight = lin.packed.float() * lin.scales.repeat_interleave(32, 1)
+        else:  # the Q4 parts as given: w = (q - 8) * scale + zero
+            weight = (q4[0].float() - 8) * q4[1].repeat_interleave(32, 1) \
+                + q4[2].repeat_interleave(32, 1)
         exact = x.double() @ weight.double().t() + bias.double()
         lin.gemm_rows = 32
         got = lin(x)  # 40 rows >= 32: the fp32 GEMM
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-6).all()), fmt
-        assert torch.equal(lin(x[:8]), Linear(w, bias, None, fmt)(x[:8]))  # 8 rows: own kernel
+        assert torch.equal(lin(x[:8]), Linear(w, bias, q4, fmt)(x[:8]))  # 8 rows: own kernel

@@ -32,7 +32,7 @@ def _q4_matrix(out_f=96, in_f=128):
     return dense, (q, scale, zero)
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8", "dense"])
+@pytest.mark.parametrize("fmt", ["int4", "w4a8", "int8", "dense"])
 @pytest.mark.parametrize("rows", [1, 8, 33])
 def test_each_format_matches_the_fp32_product(fmt, rows):
     dense, q4 = _q4_matrix()

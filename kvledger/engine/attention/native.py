@@ -1,6 +1,7 @@
 """Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``),
 the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
-the int8 decode product (``kvledger/engine/int8_gemv.cpp``, :mod:`kvledger.engine.w8a8`) and
+the decode products with int8 activations (``kvledger/engine/int8_gemv.cpp``,
+:mod:`kvledger.engine.w8a8`) and
 the int8 / int4 KV block encoder (``kvledger/engine/kv/int_encode.cpp``,
 :mod:`kvledger.engine.kv.native_encode`).
 
