@@ -6,9 +6,12 @@ Runs in a SEPARATE virtualenv: kvpress 0.5.5 requires transformers < 5.3 and the
 are the peer's alone. Same text as ``bench_retention.py`` (pydoc_data.topics joined by blank
 lines, the first ``--tokens`` tokens by the GGUF's own tokenizer), same weights (the bundled
 GGUF, fp32), same split: the first ``tokens - tail`` tokens are the prompt, compressed by the
-press during prefill (``compression_ratio = 1 - budget / prompt``); the last ``tail`` tokens
-are then fed with their original positions (as kvpress's pipeline does) and every next token
-after the first is scored, the same targets as ``bench_retention.py``'s snapkv rows.
+press during prefill, to exactly ``budget`` tokens as our policies keep
+(``compression_ratio = 1 - (budget + 0.5) / prompt``: kvpress keeps ``int(prompt * (1 -
+ratio))``, and ``1 - budget / prompt`` rounds down to budget - 1 at 1,536 / 256); the last
+``tail`` tokens are then fed with their original positions (as kvpress's pipeline does) and
+every next token after the first is scored, the same targets as ``bench_retention.py``'s
+snapkv and scope-``prompt`` rows.
 
 Presses: ``StreamingLLMPress`` (4 sinks + recent), ``SnapKVPress`` (window 32, kernel 7, per KV
 head), ``ObservedAttentionPress`` (H2O-like: mean attention each key received in prefill, per
@@ -106,7 +109,7 @@ def main() -> None:
                 str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
                 attn_implementation=attn).eval()
         for budget in ([None] if name == "none" else [int(b) for b in args.budgets.split(",")]):
-            press = make_press(name, 1 - budget / prompt_len if budget else 0.0)
+            press = make_press(name, 1 - (budget + 0.5) / prompt_len if budget else 0.0)
             t0 = time.perf_counter()
             nll, kept = continuation_nll(models[attn], ids, prompt_len, press)
             rows.append({"press": name, "budget": budget, "kv_kept": kept,

@@ -16,6 +16,12 @@ every position's logits are scored. No step crosses snapkv's prompt boundary.
 - ``snapkv``: the first ``chunk - tail`` tokens are the prompt, compressed to the budget when
   prefilled; the last ``tail`` tokens are then scored against the compressed cache (query
   agnostic, as kvpress evaluates). Compared with every policy's PPL on the same tail tokens.
+- ``--scope prompt`` (with or instead of ``always``): window, sinks and h2o in kvpress's
+  shape, like snapkv: the first ``chunk - tail`` tokens are the prompt, compressed once when
+  prefilled (``RetentionSpec.scope``), then the tail is scored keeping every token.
+  ``--h2o-scores sum,mean`` runs h2o with each ranking (``RetentionSpec.h2o_scores``);
+  ``--h2o-sinks 0 --h2o-window 1`` comes closest to kvpress's ObservedAttentionPress (it
+  protects no token; our h2o always keeps its newest one).
 
 Streaming (``--stream sinks,window``): the whole ``--tokens`` text as ONE sequence through each
 listed policy at each budget and each of ``--positions`` (original: kept keys where they were
@@ -47,15 +53,22 @@ from kvledger.engine.request import Request
 from kvledger.ledger.retention import DEFAULT_SELECT, SELECTIONS, RetentionSpec
 
 
-def specs(budgets: list[int], selects: tuple[str, ...] = (DEFAULT_SELECT,)
+def specs(budgets: list[int], selects: tuple[str, ...] = (DEFAULT_SELECT,),
+          scopes: tuple[str, ...] = ("always",), h2o_scores: tuple[str, ...] = ("sum",),
+          h2o_sinks: int = 4, h2o_window: int | None = None
           ) -> list[tuple[str, int | None, RetentionSpec]]:
-    """(policy, budget, spec) runs; h2o and snapkv once per token selection in ``selects``."""
+    """(policy, budget, spec) runs; h2o and snapkv once per token selection in ``selects``,
+    window/sinks/h2o once per scope in ``scopes``, h2o once per ranking in ``h2o_scores``
+    (``h2o_sinks`` sinks and ``h2o_window`` recent tokens, None = budget // 2)."""
     out = [("full", None, RetentionSpec())]
     for b in budgets:
-        out += [("window", b, RetentionSpec("window", window=b)),
-                ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4))]
-        out += [("h2o", b, RetentionSpec("h2o", budget=b, sinks=4, window=b // 2, select=s))
-                for s in selects]
+        for scope in scopes:
+            out += [("window", b, RetentionSpec("window", window=b, scope=scope)),
+                    ("sinks", b, RetentionSpec("sinks", window=b - 4, sinks=4, scope=scope))]
+            out += [("h2o", b, RetentionSpec("h2o", budget=b, sinks=h2o_sinks,
+                                             window=h2o_window or b // 2, select=s,
+                                             scope=scope, h2o_scores=h))
+                    for s in selects for h in h2o_scores]
         out += [("snapkv", b, RetentionSpec("snapkv", budget=b, select=s)) for s in selects]
     return out
 
@@ -106,6 +119,8 @@ def steps(length: int, stride: int, prompt_len: int) -> list[tuple[int, int]]:
 def step_dependent(spec: RetentionSpec) -> bool:
     """Whether the spec's NLL depend on the step size: h2o (eviction between steps) and sinks
     at cache positions (the sinks turn by the tokens dropped before the step)."""
+    if spec.compresses_prompt:
+        return False  # the prompt is prefilled in full whatever the step; then nothing drops
     return spec.policy == "h2o" or (spec.policy == "sinks" and spec.positions == "cache")
 
 
@@ -127,6 +142,12 @@ def main() -> None:
     ap.add_argument("--policies", default="full,window,sinks,h2o,snapkv")
     ap.add_argument("--select", default=DEFAULT_SELECT,
                     help=f"h2o/snapkv token selections to run, comma-separated ({', '.join(SELECTIONS)})")
+    ap.add_argument("--scope", default="always",
+                    help="window/sinks/h2o scopes to run, comma-separated (always, prompt)")
+    ap.add_argument("--h2o-scores", default="sum",
+                    help="h2o rankings to run, comma-separated (sum, mean)")
+    ap.add_argument("--h2o-sinks", type=int, default=4)
+    ap.add_argument("--h2o-window", type=int, default=None, help="h2o recent tokens (budget // 2)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--json", default=None)
@@ -152,27 +173,29 @@ def main() -> None:
     results = []
     order = args.policies.split(",")
     selects = tuple(args.select.split(","))
-    runs = sorted((r for r in specs(budgets, selects) if r[0] in wanted),
+    scopes, h2o_scores = tuple(args.scope.split(",")), tuple(args.h2o_scores.split(","))
+    runs = sorted((r for r in specs(budgets, selects, scopes, h2o_scores, args.h2o_sinks,
+                                    args.h2o_window) if r[0] in wanted),
                   key=lambda r: order.index(r[0]))
     for name, budget, spec in runs:
         t0 = time.perf_counter()
         stride = args.stride if step_dependent(spec) else args.exact_stride
-        prompt_len = args.chunk - args.tail if name == "snapkv" else None
+        prompt_len = args.chunk - args.tail if spec.compresses_prompt else None
         nlls = []
         for i, c in enumerate(chunks):
             nlls.append(score(engine, c, spec, stride, prompt_len))
-            print(f"  {name} {spec.select or ''} {budget or '-'} chunk {i}: {time.perf_counter() - t0:.0f} s",
-                  flush=True)
+            print(f"  {spec.describe()} chunk {i}: {time.perf_counter() - t0:.0f} s", flush=True)
         nlls = torch.stack(nlls)
         row = {"policy": name, "budget": budget, "spec": spec.describe(),
-               "ppl": None if name == "snapkv" else ppl(nlls),
+               "ppl": None if spec.compresses_prompt else ppl(nlls),
                "ppl_tail": ppl(nlls[:, -(args.tail - 1):]),
                "nll_by_position": torch.nanmean(nlls, 0).tolist(),
                "nll_per_chunk": nlls.tolist(),
                "seconds": round(time.perf_counter() - t0, 1)}
-        row["select"] = spec.select
+        row.update(select=spec.select, scope=spec.scope, h2o_scores=spec.h2o_scores)
         results.append(row)
-        print(f"{name:7s} {spec.select or '':12s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
+        label = f"{name} {spec.scope or ''} {spec.h2o_scores or ''}"
+        print(f"{label:18s} {spec.select or '':12s} budget {budget or '-':>5}: PPL {row['ppl'] or float('nan'):8.3f}  "
               f"last {args.tail}: {row['ppl_tail']:8.3f}  ({row['seconds']} s)", flush=True)
         save(args, results)
     if args.plot:

@@ -87,6 +87,7 @@ def plan(
     kv_window: Annotated[int | None, Opt(help=field_help()["kv_window"])] = None,
     kv_sinks: Annotated[int | None, Opt(help=field_help()["kv_sinks"])] = None,
     kv_budget: Annotated[int | None, Opt(help=field_help()["kv_budget"])] = None,
+    kv_scope: Annotated[str | None, Opt(help=field_help()["kv_scope"])] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -125,7 +126,7 @@ def plan(
         shared_prefix=shared_prefix,
         turn_tokens=turn_tokens,
         mfu=mfu,
-        retention=spec_from_options(kv_policy, kv_window, kv_sinks, kv_budget),
+        retention=spec_from_options(kv_policy, kv_window, kv_sinks, kv_budget, scope=kv_scope),
     )
     result = make_plan(spec, dev, options)
     for message in result.warnings:

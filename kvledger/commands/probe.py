@@ -12,7 +12,7 @@ What it measures, and where it goes:
   over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
   the config folder (``local_step_model.json``, one fit per retention policy:
   :mod:`kvledger.replay.local_fits`); the engine's retention options (``--kv-policy``,
-  ``--kv-window``, ``--kv-sinks``, ``--kv-budget``, ``--kv-positions``, ``--kv-select``) run
+  ``--kv-window``, ``--kv-sinks``, ``--kv-budget``, ``--kv-positions``, ``--kv-select``, ``--kv-scope``) run
   the grid under that policy.
 """
 
@@ -29,7 +29,7 @@ from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
 RETENTION_OPTIONS = ("kv_policy", "kv_window", "kv_sinks", "kv_budget", "kv_positions",
-                     "kv_select")
+                     "kv_select", "kv_scope")
 """The engine options ``probe --steps`` takes: the default retention policy of its engine."""
 
 

@@ -51,6 +51,9 @@ class EngineConfig:
             K-shift), None = cache (measured better past the context: BENCHMARKS.md).
         kv_select: how h2o / snapkv choose tokens: per-head (each layer and KV head keeps its
             own, the default) or per-sequence (one choice for all); None = the default.
+        kv_scope: when window / sinks / h2o drop tokens: always (every step, the KV stays
+            bounded; the default) or prompt (once, when the prompt is prefilled, then every
+            later token is kept: kvpress's shape, like snapkv); None = always.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
             or the opt-in quantized fp8, int8, int4.
         kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
@@ -92,6 +95,7 @@ class EngineConfig:
     kv_budget: int | None = None
     kv_positions: str | None = None
     kv_select: str | None = None
+    kv_scope: str | None = None
     kv_cache_dtype: str = "auto"
     kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
@@ -130,4 +134,4 @@ class EngineConfig:
     def retention(self) -> RetentionSpec:
         """The default retention policy of the kv_* options (``ledger/retention.py``)."""
         return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget,
-                                 self.kv_positions, self.kv_select)
+                                 self.kv_positions, self.kv_select, self.kv_scope)

@@ -60,7 +60,7 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     base = None
     if base_kv is not None:
         full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None,
-                "kv_positions": None, "kv_select": None}
+                "kv_positions": None, "kv_select": None, "kv_scope": None}
         base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv, **full), spec=spec,
                          weights=weights, tokenizer=tokenizer)
     return engine, base
@@ -74,16 +74,25 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int,
     (the logits at position p predict token p + 1). ``inspect(request)``, if given, runs once
     the whole chunk is in the cache, before its blocks are freed (calibration reads the K/V).
 
+    Under a policy that compresses the prompt only (snapkv, ``--kv-scope prompt``) the
+    request's prompt is ``tokens[:first]``, compressed once it is in (no step crosses it), and
+    the rest is fed as its continuation: kvpress's shape. Otherwise the whole chunk is the
+    prompt.
+
     Raises:
         KVBudgetError: the pool cannot hold the chunk (another request holds blocks).
     """
-    req = Request("kvledger-eval", list(tokens), SamplingParams(max_tokens=1))
+    spec = engine.config.retention
+    prompt = first if spec.compresses_prompt and 0 < first < len(tokens) else len(tokens)
+    req = Request("kvledger-eval", list(tokens[:prompt]), SamplingParams(max_tokens=1))
+    req.output_token_ids = list(tokens[prompt:])
     # the engine's --kv-policy: eviction runs between steps, as in generation
-    req.retention = engine.retention_state(engine.config.retention)
+    req.retention = engine.retention_state(spec)
     kv, end = engine.scheduler.kv, len(tokens) - 1
+    steps = [(start, min(stride, hi - start)) for lo, hi in ((0, prompt), (prompt, len(tokens)))
+             for start in range(lo, hi, stride)]
     try:
-        for start in range(0, len(tokens), stride):
-            n = min(stride, len(tokens) - start)
+        for start, n in steps:
             if not kv.allocate_slots(req, n):
                 raise KVBudgetError(f"the KV pool cannot hold a {len(tokens)}-token chunk")
             hidden = engine.runner.hidden_states([_Chunk(req, n)])

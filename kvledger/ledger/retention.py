@@ -31,6 +31,13 @@ to the sinks grows without bound; ``cache`` attends as if the held tokens sat at
 ``0..n-1`` in slot order and the query at ``n`` (StreamingLLM's scheme), so no distance ever
 exceeds the capacity. How the engine does it: ``engine/retention/state.py``.
 
+Scope (``scope``, window/sinks/h2o): ``always`` applies the policy at every step, so the
+sequence's KV stays bounded; ``prompt`` applies it once, when the prompt has been prefilled
+(with full attention), and then keeps every later token, as kvpress's presses do and as snapkv
+always does: the prompt keeps ``sinks + window`` tokens (window/sinks) or ``budget`` (h2o:
+sinks, the prompt's last ``window`` tokens and the heavy hitters by the attention of every
+prompt query), and the KV grows with the output. snapkv always compresses the prompt only.
+
 Pure integers, no torch; the engine's policy classes (``kvledger/engine/retention``) and the
 admission rule (``ledger/admission.py``) read their sizes and bounds from here.
 """
@@ -49,6 +56,14 @@ SNAPKV_KERNEL = 7
 POSITIONS = ("original", "cache")
 DEFAULT_POSITIONS = "cache"
 """Positions of window/sinks when none is named (chosen by measurement: BENCHMARKS.md)."""
+SCOPES = ("always", "prompt")
+DEFAULT_SCOPE = "always"
+"""Scope of window/sinks/h2o when none is named: the budget holds at every step."""
+SCOPED = ("window", "sinks", "h2o")
+"""Policies that take a scope (snapkv compresses the prompt only; full drops nothing)."""
+H2O_SCORES = ("sum", "mean")
+"""h2o's key scores: ``sum`` of the attention received (H2O's accumulation, the default) or
+``mean`` per query that saw the key (kvpress's ObservedAttentionPress)."""
 SELECTIONS = ("per-head", "per-sequence")
 DEFAULT_SELECT = "per-head"
 """h2o/snapkv's default token selection (measured: BENCHMARKS.md, "Per-KV-head vs per-sequence selection")."""
@@ -81,12 +96,20 @@ class RetentionSpec:
             (the query heads of a GQA group pooled: kvpress's and SnapKV's shape);
             ``per-sequence`` keeps one set of tokens for all layers and heads, by scores
             summed over them. Both keep the same number of tokens.
+        h2o_scores: how h2o ranks keys (None for the other policies): ``sum`` (default) of the
+            attention each received, or ``mean``: that sum divided by the number of scored
+            queries that saw the key (kvpress's ObservedAttentionPress).
+        scope: when window/sinks/h2o drop tokens (None for full and snapkv): ``always``
+            (default, every step: the KV stays bounded) or ``prompt`` (once, when the prompt
+            is prefilled, then every later token is kept: kvpress's shape).
 
     Raises:
         InvalidParameterError: unknown policy, window <= 0, negative sinks, a size the policy
             does not take, a missing size, an h2o budget below sinks + window + 1 (the sinks
             and window would fill the cache), a snapkv budget not above its window, unknown
-            positions, ``cache`` positions for a policy other than window/sinks.
+            positions, ``cache`` positions for a policy other than window/sinks, an unknown
+            scope, a scope for full or snapkv, ``cache`` positions with scope ``prompt``, an
+            unknown ``h2o_scores`` or one for a policy other than h2o.
     """
 
     policy: str = "full"
@@ -97,6 +120,8 @@ class RetentionSpec:
     snapkv_kernel: int = SNAPKV_KERNEL
     positions: str | None = None
     select: str | None = None
+    scope: str | None = None
+    h2o_scores: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -119,6 +144,7 @@ class RetentionSpec:
             raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_window")
         if self.policy in ("h2o", "snapkv") and self.budget is None:
             raise InvalidParameterError(f"kv_policy {self.policy!r} needs kv_budget")
+        self._resolve_scope()
         self._resolve_positions()
         default_sinks = DEFAULT_SINKS if self.policy in ("sinks", "h2o") else 0
         object.__setattr__(self, "sinks", default_sinks if self.sinks is None else self.sinks)
@@ -132,6 +158,7 @@ class RetentionSpec:
             raise InvalidParameterError(
                 f"kv_policy {self.policy!r} takes no kv_select (only h2o and snapkv select "
                 f"tokens by attention)")
+        self._resolve_h2o_scores()
         if self.policy == "h2o":
             if self.window is None:
                 object.__setattr__(self, "window", max(1, self.budget // 2))
@@ -148,12 +175,39 @@ class RetentionSpec:
                     f"snapkv kv_budget {self.budget} must be above its observation window of "
                     f"{self.snapkv_window} tokens")
 
+    def _resolve_h2o_scores(self) -> None:
+        if self.policy != "h2o":
+            if self.h2o_scores is not None:
+                raise InvalidParameterError(f"kv_policy {self.policy!r} takes no h2o_scores")
+            return
+        if self.h2o_scores not in (None, *H2O_SCORES):
+            raise InvalidParameterError(f"h2o_scores must be one of {', '.join(H2O_SCORES)}, "
+                                        f"got {self.h2o_scores!r}")
+        object.__setattr__(self, "h2o_scores", self.h2o_scores or "sum")
+
+    def _resolve_scope(self) -> None:
+        if self.scope is not None and self.scope not in SCOPES:
+            raise InvalidParameterError(
+                f"kv_scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
+        if self.policy in SCOPED:
+            object.__setattr__(self, "scope", self.scope or DEFAULT_SCOPE)
+        elif self.scope is not None:
+            what = ("compresses the prompt only" if self.policy == "snapkv"
+                    else "drops no token")
+            raise InvalidParameterError(
+                f"kv_scope applies to {', '.join(SCOPED)}, not {self.policy!r} (it {what})")
+        if self.scope == "prompt" and self.positions == "cache":
+            raise InvalidParameterError(
+                "kv_positions 'cache' needs kv_scope 'always' (a prompt compressed once keeps "
+                "original positions)")
+
     def _resolve_positions(self) -> None:
         if self.positions is not None and self.positions not in POSITIONS:
             raise InvalidParameterError(
                 f"kv_positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}")
         if self.policy in ("window", "sinks"):
-            object.__setattr__(self, "positions", self.positions or DEFAULT_POSITIONS)
+            default = "original" if self.scope == "prompt" else DEFAULT_POSITIONS
+            object.__setattr__(self, "positions", self.positions or default)
         elif self.positions == "cache":
             raise InvalidParameterError(
                 f"kv_positions 'cache' applies to window and sinks, not {self.policy!r} "
@@ -190,9 +244,25 @@ class RetentionSpec:
         return self.policy != "full"
 
     @property
+    def compresses_prompt(self) -> bool:
+        """True when the policy drops tokens once, after the prompt, and then keeps every
+        token: snapkv, and window/sinks/h2o in scope ``prompt``."""
+        return self.policy == "snapkv" or self.scope == "prompt"
+
+    @property
+    def prompt_keep(self) -> int | None:
+        """Prompt tokens kept when the prompt is compressed (all when it is shorter): budget
+        (snapkv, h2o) or sinks + window (window, sinks); None when no prompt is compressed."""
+        if not self.compresses_prompt:
+            return None
+        return self.budget if self.policy in ("h2o", "snapkv") else self.sinks + self.window
+
+    @property
     def capacity(self) -> int | None:
-        """Most keys one query attends (itself included); None when unbounded (full, and
-        snapkv, which decodes keeping everything)."""
+        """Most keys one query attends (itself included); None when unbounded (full, and the
+        policies that compress the prompt only and decode keeping everything)."""
+        if self.compresses_prompt:
+            return None
         if self.policy in ("window", "sinks"):
             return self.sinks + self.window
         if self.policy == "h2o":
@@ -204,21 +274,29 @@ class RetentionSpec:
         """First position whose attention may differ from full's; None for full.
 
         Tokens before it have exactly full's K/V (window/sinks: sinks + window; h2o: budget;
-        snapkv: nothing before the prompt is compressed, so 0 is never claimed here: see
-        :meth:`shareable_tokens`).
+        a compressed prompt: its kept count, since a prompt no longer than that loses nothing;
+        the prompt itself is prefilled in full: see :meth:`shareable_tokens`).
         """
         if self.policy == "full":
             return None
-        if self.policy == "snapkv":
-            return self.budget
+        if self.compresses_prompt:
+            return self.prompt_keep
         return self.capacity
 
     def shareable_tokens(self, num_prompt_tokens: int) -> int | None:
         """Leading tokens whose K/V equal full's and may be hashed / hit in the prefix cache
-        (None = all). snapkv prefills the whole prompt with full attention."""
-        if self.policy == "snapkv":
+        (None = all). A policy that compresses the prompt prefills it with full attention."""
+        if self.compresses_prompt:
             return num_prompt_tokens
         return self.first_affected
+
+    def cache_hit_tokens(self, num_prompt_tokens: int) -> int | None:
+        """Leading prompt tokens a request may take from the prefix cache (None = all): its
+        shareable tokens, but none for h2o in scope ``prompt``, whose heavy hitters are
+        scored by the attention of every prompt query (a hit token's query is never run)."""
+        if self.policy == "h2o" and self.scope == "prompt":
+            return 0
+        return self.shareable_tokens(num_prompt_tokens)
 
     def max_kv_tokens(self, num_prompt_tokens: int, total_tokens: int,
                       chunk_tokens: int = EVICTION_CHUNK) -> int:
@@ -226,15 +304,15 @@ class RetentionSpec:
 
         Full: ``total - 1`` (the last sampled token is never fed back). Window/sinks/h2o:
         ``capacity - 1`` kept between steps plus one chunk of ``chunk_tokens`` being computed.
-        snapkv: the whole prompt until it is compressed, then ``budget`` plus the output.
-        Never more than full's figure.
+        A compressed prompt (snapkv, scope ``prompt``): the whole prompt until it is
+        compressed, then :attr:`prompt_keep` plus the output. Never more than full's figure.
         """
         full = max(total_tokens - 1, 0)
         if self.capacity is not None:
             return min(full, self.capacity - 1 + chunk_tokens)
-        if self.policy == "snapkv":
+        if self.compresses_prompt:
             output = total_tokens - num_prompt_tokens
-            return min(full, max(num_prompt_tokens, min(self.budget, num_prompt_tokens)
+            return min(full, max(num_prompt_tokens, min(self.prompt_keep, num_prompt_tokens)
                                  + output - 1))
         return full
 
@@ -246,11 +324,12 @@ class RetentionSpec:
         policies (h2o, snapkv) compact what they keep once a block's worth of holes has
         gathered, so besides ``ceil(max_kv_tokens / block_size)`` a sequence may hold: one
         block split between the sinks and the dropped tokens, one partly dropped at the start
-        of the window, and (h2o, snapkv) one block's worth of holes not yet compacted.
+        of the window, and (h2o, snapkv) one block's worth of holes not yet compacted (the
+        same for a prompt compressed in scope ``prompt``).
         """
         full = math.ceil(max(total_tokens - 1, 0) / block_size)
         tokens = self.max_kv_tokens(num_prompt_tokens, total_tokens, chunk_tokens)
-        if not self.evicts or tokens == max(total_tokens - 1, 0) and self.policy != "snapkv":
+        if not self.evicts or tokens == max(total_tokens - 1, 0) and not self.compresses_prompt:
             return full
         extra = 2 if self.policy in ("window", "sinks") else 3
         return min(full, math.ceil(tokens / block_size) + extra)
@@ -260,29 +339,32 @@ class RetentionSpec:
         if self.policy == "full":
             return "full (every token kept)"
         at = f" at {self.positions} positions"
+        once = ", prompt only, then every token" if self.scope == "prompt" else ""
         if self.policy == "window":
-            return f"window ({self.window} recent){at}"
+            return f"window ({self.window} recent{once}){at}"
         if self.policy == "sinks":
-            return f"sinks ({self.sinks} sinks + {self.window} recent){at}"
+            return f"sinks ({self.sinks} sinks + {self.window} recent{once}){at}"
         if self.policy == "h2o":
             return (f"h2o (budget {self.budget}: {self.sinks} sinks + {self.window} recent + "
-                    f"{self.budget - self.sinks - self.window} heavy hitters, {self.select})")
+                    f"{self.budget - self.sinks - self.window} heavy hitters, {self.select}"
+                    f"{', mean scores' if self.h2o_scores == 'mean' else ''}{once})")
         return (f"snapkv (prompt compressed to {self.budget}, observation window "
                 f"{self.snapkv_window}, pooling {self.snapkv_kernel}, {self.select})")
 
 
 def spec_from_options(policy: str | None, window: int | None, sinks: int | None,
                       budget: int | None, positions: str | None = None,
-                      select: str | None = None) -> RetentionSpec:
+                      select: str | None = None, scope: str | None = None) -> RetentionSpec:
     """The spec of the command-line options ``--kv-policy/--kv-window/--kv-sinks/--kv-budget/
-    --kv-positions/--kv-select`` (policy None = full; sizes given without a policy are an
-    error)."""
+    --kv-positions/--kv-select/--kv-scope`` (policy None = full; sizes given without a policy
+    are an error)."""
     if policy is None:
         given = [n for n, v in (("window", window), ("sinks", sinks), ("budget", budget),
-                                ("positions", positions), ("select", select)) if v is not None]
+                                ("positions", positions), ("select", select),
+                                ("scope", scope)) if v is not None]
         if given:
             raise InvalidParameterError(
                 f"kv_{given[0]} needs kv_policy (window, sinks, h2o or snapkv)")
         return RetentionSpec()
     return RetentionSpec(policy, window=window, sinks=sinks, budget=budget, positions=positions,
-                         select=select)
+                         select=select, scope=scope)

@@ -49,7 +49,7 @@ def policy_grid(spec: RetentionSpec) -> tuple[tuple[int, int], ...]:
     batch 1 and 4, the bound being the capacity (window / sinks / h2o) or the budget the prompt
     is compressed to (snapkv): four 64-token prefill chunks past the bound evict, then every
     decode step does. Its steps grow with the bound (prefill runs in 64-token chunks)."""
-    bound = spec.capacity if spec.capacity is not None else spec.budget
+    bound = spec.capacity if spec.capacity is not None else spec.prompt_keep
     long = bound + 4 * EVICTION_CHUNK
     return (*(cell for cell in GRID if cell[0] == 64), (long, 1), (long, 4))
 

@@ -22,7 +22,8 @@ File ``local_step_model.json`` in the config folder (``$KVLEDGER_CONFIG_DIR``)::
   sizes: ``full``; ``window/<positions>`` and ``sinks/<positions>`` (``original`` or
   ``cache``: cache positions turn the sink keys as they are gathered); ``h2o/<select>`` and
   ``snapkv/<select>`` (``per-head`` keeps and scores a row per layer and KV head,
-  ``per-sequence`` one row). The sizes (window, sinks, budget) are left out because the step
+  ``per-sequence`` one row); a ``/prompt`` suffix for scope ``prompt`` (the prompt compressed
+  once, then no eviction and no scoring). The sizes (window, sinks, budget) are left out because the step
   features already count the tokens a policy keeps (``step_model.kept_context``): a fit
   measured at one window prices another window by its own kept tokens, the factors being the
   cost per FLOP and per byte of the policy's code path (gather through the slot view,
@@ -59,10 +60,11 @@ def local_step_model_path() -> Path:
 
 def fit_key(spec: RetentionSpec) -> str:
     """The file's key for policy ``spec`` (see the module docstring), e.g. ``sinks/cache``."""
+    scope = "/prompt" if spec.scope == "prompt" else ""
     if spec.policy in ("window", "sinks"):
-        return f"{spec.policy}/{spec.positions}"
+        return f"{spec.policy}/{spec.positions}{scope}"
     if spec.policy in ("h2o", "snapkv"):
-        return f"{spec.policy}/{spec.select}"
+        return f"{spec.policy}/{spec.select}{scope}"
     return FULL
 
 
@@ -80,6 +82,8 @@ def probe_command(spec: RetentionSpec) -> str:
         flags.append(f"--kv-positions {spec.positions}")
     if spec.select not in (None, DEFAULT_SELECT):
         flags.append(f"--kv-select {spec.select}")
+    if spec.scope == "prompt":
+        flags.append("--kv-scope prompt")
     return "kvledger probe --steps --no-kernels " + " ".join(flags)
 
 

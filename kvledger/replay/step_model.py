@@ -71,12 +71,13 @@ def kept_context(spec: RetentionSpec, start: int, num_prompt_tokens: int) -> int
     full: ``start``. window / sinks / h2o: ``min(start, capacity - 1)`` (between steps the
     engine keeps ``capacity - 1`` tokens, the next query adding itself). snapkv: ``start``
     while the prompt is prefilled, afterwards the prompt compressed to ``budget`` plus the
-    tokens since (``start - max(0, prompt - budget)``).
+    tokens since (``start - max(0, prompt - budget)``); the same for window / sinks / h2o in
+    scope ``prompt`` with their ``prompt_keep``.
     """
     if spec.capacity is not None:
         return min(start, spec.capacity - 1)
-    if spec.policy == "snapkv" and start >= num_prompt_tokens:
-        return start - max(0, num_prompt_tokens - spec.budget)
+    if spec.compresses_prompt and start >= num_prompt_tokens:
+        return start - max(0, num_prompt_tokens - spec.prompt_keep)
     return start
 
 

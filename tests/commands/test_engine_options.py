@@ -37,6 +37,7 @@ NON_DEFAULT = {
     "kv_budget": (64, ["--kv-budget", "64"]),
     "kv_positions": ("original", ["--kv-positions", "original"]),
     "kv_select": ("per-sequence", ["--kv-select", "per-sequence"]),
+    "kv_scope": ("prompt", ["--kv-scope", "prompt"]),
     "kv_cache_dtype": ("int4", ["--kv-cache-dtype", "int4"]),
     "kv_group_size": (16, ["--kv-group-size", "16"]),
     "kv_key_quant": ("per-token", ["--kv-key-quant", "per-token"]),

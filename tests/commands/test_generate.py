@@ -111,6 +111,13 @@ def test_a_prompt_and_a_prompts_file_together_are_refused(tmp_path):
     (["--kv-positions", "cache"], "kv_positions needs kv_policy"),
     (["--kv-policy", "sinks", "--kv-window", "8", "--kv-positions", "shift"],
      "kv_positions must be one of original, cache"),
+    (["--kv-policy", "snapkv", "--kv-budget", "64", "--kv-scope", "prompt"],
+     "kv_scope applies to window, sinks, h2o, not 'snapkv'"),
+    (["--kv-policy", "sinks", "--kv-window", "8", "--kv-scope", "once"],
+     "kv_scope must be one of always, prompt"),
+    (["--kv-scope", "prompt"], "kv_scope needs kv_policy"),
+    (["--kv-policy", "sinks", "--kv-window", "8", "--kv-scope", "prompt", "--kv-positions",
+      "cache"], "kv_positions 'cache' needs kv_scope 'always'"),
 ])
 def test_bad_kv_positions_are_refused(args, words):
     result = _invoke("hi", *args)

@@ -21,6 +21,22 @@ def mask_only_logprobs(hf_model, tokens, spec: RetentionSpec) -> torch.Tensor:
     return torch.log_softmax(logits.float(), -1)
 
 
+def prompt_mask_logprobs(hf_model, tokens, num_prompt_tokens: int,
+                         kept: torch.Tensor) -> torch.Tensor:
+    """log_softmax [L, vocab] of transformers over ``tokens``, every key kept, for a prompt
+    compressed once (scope ``prompt``): the prompt's queries see every earlier key (it is
+    prefilled in full); a later query sees the kept prompt keys (``kept`` [P] bool) and every
+    token after the prompt up to itself."""
+    n, p = len(tokens), num_prompt_tokens
+    q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    seen = torch.cat([kept, torch.ones(n - p, dtype=torch.bool)])[None, :]
+    allowed = (k <= q) & ((q < p) | seen)
+    mask = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([tokens]), attention_mask=mask[None, None]).logits[0]
+    return torch.log_softmax(logits.float(), -1)
+
+
 def cache_position_logprobs(hf_model, tokens, spec: RetentionSpec,
                             chunks: list[tuple[int, int]]) -> torch.Tensor:
     """log_softmax [L, vocab] of transformers under window/sinks with positions in the cache

@@ -32,6 +32,15 @@ from kvledger.ledger.retention import RetentionSpec, spec_from_options
     ({"policy": "snapkv", "budget": 64, "positions": "cache"}, "applies to window and sinks"),
     ({"policy": "h2o", "budget": 64, "select": "per-layer"}, "kv_select must be one of"),
     ({"policy": "sinks", "window": 8, "select": "per-head"}, "takes no kv_select"),
+    ({"policy": "sinks", "window": 8, "scope": "once"}, "kv_scope must be one of always, prompt"),
+    ({"policy": "snapkv", "budget": 64, "scope": "prompt"},
+     "kv_scope applies to window, sinks, h2o, not 'snapkv' (it compresses the prompt only)"),
+    ({"policy": "full", "scope": "always"}, "not 'full' (it drops no token)"),
+    ({"policy": "sinks", "window": 8, "scope": "prompt", "positions": "cache"},
+     "kv_positions 'cache' needs kv_scope 'always'"),
+    ({"policy": "h2o", "budget": 8, "window": 8, "scope": "prompt"}, "no room for heavy hitters"),
+    ({"policy": "h2o", "budget": 64, "h2o_scores": "max"}, "h2o_scores must be one of sum, mean"),
+    ({"policy": "snapkv", "budget": 64, "h2o_scores": "mean"}, "'snapkv' takes no h2o_scores"),
 ])
 def test_bad_specs_are_refused(kwargs, message):
     with pytest.raises(InvalidParameterError, match=re.escape(message)):
@@ -123,3 +132,42 @@ def test_token_selection_option():
         spec_from_options(None, None, None, None, select="per-head")
     with pytest.raises(InvalidParameterError, match="kv_select must be one of"):
         EngineConfig(kv_policy="h2o", kv_budget=64, kv_select="both")
+
+
+def test_prompt_scope_sizes_bounds_and_plumbing():
+    """Scope ``prompt``: window/sinks/h2o default to ``always``; in ``prompt`` the KV is not
+    bounded during decode (no capacity, like snapkv), the prompt keeps sinks + window
+    (window/sinks) or budget (h2o) and the output adds to it; prompt blocks are shareable
+    (prefilled in full) but h2o takes no prefix-cache hit (it scores every prompt query).
+    Figures by hand."""
+    assert RetentionSpec("sinks", window=8).scope == "always"
+    assert RetentionSpec("h2o", budget=64).scope == "always"
+    assert RetentionSpec("snapkv", budget=64).scope is None and RetentionSpec().scope is None
+    sinks = RetentionSpec("sinks", window=252, scope="prompt")
+    assert sinks.positions == "original"  # kvpress's positions; nothing moves after the prompt
+    assert sinks.capacity is None and sinks.compresses_prompt and sinks.prompt_keep == 256
+    # 1536 prompt + 512 output: the prompt held until compressed, then 256 + 511 - 1
+    assert sinks.max_kv_tokens(1536, 2048) == 1536
+    assert sinks.max_kv_tokens(600, 2600) == 256 + 2000 - 1
+    assert sinks.max_kv_blocks(600, 2600, 16) == -(-2255 // 16) + 2
+    assert sinks.max_kv_tokens(100, 150) == 149  # a prompt within the budget loses nothing
+    always = RetentionSpec("sinks", window=252)
+    assert always.max_kv_tokens(600, 2600) == 255 + 64 < sinks.max_kv_tokens(600, 2600)
+    h2o = RetentionSpec("h2o", budget=256, scope="prompt")
+    assert (h2o.sinks, h2o.window, h2o.prompt_keep, h2o.capacity) == (4, 128, 256, None)
+    assert h2o.max_kv_tokens(600, 2600) == 256 + 2000 - 1
+    assert (sinks.first_affected, h2o.first_affected) == (256, 256)
+    assert sinks.shareable_tokens(600) == h2o.shareable_tokens(600) == 600
+    assert sinks.cache_hit_tokens(600) == 600 and h2o.cache_hit_tokens(600) == 0
+    assert always.cache_hit_tokens(600) == always.shareable_tokens(600) == 256
+    assert sinks.describe() == ("sinks (4 sinks + 252 recent, prompt only, then every token) "
+                                "at original positions")
+    assert RetentionSpec.from_dict(h2o.as_dict()) == h2o
+    assert EngineConfig(kv_policy="h2o", kv_budget=256, kv_scope="prompt").retention == h2o
+    assert SamplingParams(kv_policy={"policy": "sinks", "window": 252, "scope": "prompt"}
+                          ).kv_policy == sinks
+    assert (h2o.h2o_scores, sinks.h2o_scores) == ("sum", None)
+    mean = RetentionSpec("h2o", budget=256, scope="prompt", h2o_scores="mean")
+    assert "mean scores" in mean.describe() and mean.max_kv_tokens(600, 2600) == 2255
+    with pytest.raises(InvalidParameterError, match="kv_scope needs kv_policy"):
+        spec_from_options(None, None, None, None, scope="prompt")

@@ -23,7 +23,9 @@ SINKS = {"kv_policy": "sinks", "kv_window": 8, "kv_sinks": 4}
 SINKS_FLAGS = ("--kv-policy", "sinks", "--kv-window", "8", "--kv-sinks", "4")
 POLICIES = {"window": {"kv_policy": "window", "kv_window": 12}, "sinks": SINKS,
             "h2o": {"kv_policy": "h2o", "kv_budget": 20},
-            "snapkv": {"kv_policy": "snapkv", "kv_budget": 40}}
+            "snapkv": {"kv_policy": "snapkv", "kv_budget": 40},
+            "sinks-prompt": {"kv_policy": "sinks", "kv_window": 20, "kv_scope": "prompt"},
+            "h2o-prompt": {"kv_policy": "h2o", "kv_budget": 20, "kv_scope": "prompt"}}
 GRID_ENGINE = {"num_blocks": 1200, "max_num_seqs": 32, "max_num_batched_tokens": 2048}
 DEVICE = Device("local", 16.0, 20.0, 0.5, "test")
 
@@ -65,7 +67,7 @@ def test_policy_grid_evicts_and_features_count_what_the_engine_holds(tiny_engine
                for _, start, _, prompt, held, _ in seen)
     decodes = [s for s in seen if s[2] == 1 and s[1] >= s[3]]
     assert any(held < start for _, start, _, _, held, _ in decodes), "no decode past eviction"
-    if spec.policy != "snapkv":
+    if not spec.compresses_prompt:
         prefill = [s for s in seen if s[1] < s[3]]
         assert any(held < start for _, start, _, _, held, _ in prefill), "prefill never evicted"
         lag = {}  # slots - position falls during one request's decode: slots given back
@@ -86,9 +88,12 @@ def test_fit_key_and_the_calibrating_command():
     assert local_fits.fit_key(RetentionSpec("h2o", budget=512)) != local_fits.fit_key(
         RetentionSpec("h2o", budget=512, select="per-sequence"))
     assert local_fits.fit_key(RetentionSpec()) == "full"
+    assert local_fits.fit_key(RetentionSpec("h2o", budget=512, scope="prompt")) \
+        == "h2o/per-head/prompt"
     for spec in (a, RetentionSpec("sinks", window=256, positions="original"),
                  RetentionSpec("h2o", budget=512, select="per-sequence"),
-                 RetentionSpec("snapkv", budget=300), RetentionSpec("window", window=64)):
+                 RetentionSpec("snapkv", budget=300), RetentionSpec("window", window=64),
+                 RetentionSpec("sinks", window=64, scope="prompt")):
         words = shlex.split(local_fits.probe_command(spec))
         assert words[:4] == ["kvledger", "probe", "--steps", "--no-kernels"]
         flags = dict(zip(words[4::2], words[5::2]))
@@ -96,7 +101,7 @@ def test_fit_key_and_the_calibrating_command():
                  for k in ("window", "sinks", "budget")}
         parsed = spec_from_options(flags["--kv-policy"], sizes["window"], sizes["sinks"],
                                    sizes["budget"], flags.get("--kv-positions"),
-                                   flags.get("--kv-select"))
+                                   flags.get("--kv-select"), flags.get("--kv-scope"))
         assert parsed == spec
 
 

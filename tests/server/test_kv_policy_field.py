@@ -19,6 +19,10 @@ def test_a_policy_object_reaches_the_engine(make_client):
     body = {**BODY, "kv_policy": {"policy": "sinks", "window": 64, "sinks": 2}}
     assert client.post("/v1/completions", json=body).status_code == 200
     assert seen == [RetentionSpec("sinks", window=64, sinks=2)]
+    body = {**BODY, "kv_policy": {"policy": "h2o", "budget": 64, "scope": "prompt"}}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert seen[-1] == RetentionSpec("h2o", budget=64, scope="prompt")
+    assert seen[-1].scope == "prompt" and seen[0].scope == "always"
 
 
 @pytest.mark.parametrize("kv_policy, words", [
@@ -29,6 +33,10 @@ def test_a_policy_object_reaches_the_engine(make_client):
     ({"policy": "h2o", "budget": 8, "window": 8}, "no room for heavy hitters"),
     ({"policy": "sinks", "window": 8, "positions": "rotated"}, "kv_positions must be one of"),
     ({"policy": "h2o", "budget": 64, "positions": "cache"}, "applies to window and sinks"),
+    ({"policy": "sinks", "window": 8, "scope": "decode"}, "kv_scope must be one of"),
+    ({"policy": "snapkv", "budget": 64, "scope": "prompt"}, "kv_scope applies to"),
+    ({"policy": "full", "scope": "always"}, "kv_scope applies to"),
+    ({"policy": "h2o", "budget": 64, "h2o_scores": "max"}, "h2o_scores must be one of"),
     ("sinks", "kv_policy"),
 ])
 def test_bad_policy_objects_are_400_and_others_are_served(make_client, kv_policy, words):

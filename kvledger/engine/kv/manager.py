@@ -14,7 +14,8 @@ the computed tokens under full retention) plus the new ones. Under an evicting p
 ``retain`` runs after each step: the policy drops tokens, blocks with no kept token go back to
 the pool, token-level policies compact (``engine/retention/state.py``). Prefix-cache hits and
 hashing stop at the policy's shareable tokens (``RetentionSpec.shareable_tokens``: before them
-a sequence's K/V equal full retention's) and at the first dropped or moved token, so a block
+a sequence's K/V equal full retention's; hits also at ``cache_hit_tokens``, none for a policy
+that scores every prompt query) and at the first dropped or moved token, so a block
 in the cache always holds what full retention computes, and a policy never writes into a
 block another sequence holds or the cache keeps.
 """
@@ -58,7 +59,11 @@ class KVCacheManager:
         """
         assert not req.block_table, "prefix lookup is for requests holding no blocks"
         hits = self.prefix.find_longest_cache_hit(req)
-        return hits[: self._shareable_blocks(req)]
+        limit = self._shareable_blocks(req)
+        if req.retention is not None:
+            allowed = req.retention_spec.cache_hit_tokens(req.num_prompt_tokens)
+            limit = limit if allowed is None else min(limit, allowed // self.block_size)
+        return hits[:limit]
 
     def _shareable_blocks(self, req: Request) -> int:
         """Leading blocks of ``req`` that may be hit or hashed (full blocks only)."""

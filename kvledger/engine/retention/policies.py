@@ -21,6 +21,10 @@ row alone: per-sequence selection passes one row (scores summed over layers and 
 per-head selection one row per (layer, KV head) with that head's scores
 (``RetentionSpec.select``, ``per_head.py``). Every row keeps the same number of tokens, since
 sinks, recent window and observation window are positions every row holds.
+
+Scope ``prompt`` (``RetentionSpec.scope``; :class:`PromptWindowPolicy`,
+:class:`PromptH2OPolicy`): the prompt is prefilled with full attention, its tokens are chosen
+once when it is all in (as snapkv does), and every later token is kept and seen.
 """
 
 from __future__ import annotations
@@ -88,6 +92,17 @@ def _top(scores: torch.Tensor, candidates: torch.Tensor, k: torch.Tensor) -> tor
     return chosen
 
 
+def h2o_ranking(spec: RetentionSpec, scores: torch.Tensor, pos: torch.Tensor,
+                queries_end: int) -> torch.Tensor:
+    """[..., h] what h2o ranks held keys by: their accumulated attention ``scores`` (``sum``),
+    or under ``h2o_scores="mean"`` that divided by the scored queries that saw each key, the
+    positions ``pos .. queries_end - 1`` (a held key was seen by every later scored query;
+    kvpress's ObservedAttentionPress divides by the same count)."""
+    if spec.h2o_scores != "mean":
+        return scores
+    return scores.float() / (queries_end - pos).clamp(min=1)
+
+
 class H2OPolicy(RetentionPolicy):
     """``h2o``: at most B - 1 held between steps: S sinks, the W - 1 most recent and the
     B - S - W held tokens with the highest accumulated attention (heavy hitters)."""
@@ -101,7 +116,7 @@ class H2OPolicy(RetentionPolicy):
             return torch.ones_like(pos, dtype=torch.bool)
         protected = (pos < spec.sinks) | (pos > next_pos - spec.window)
         heavy = spec.budget - 1 - protected.sum(-1)
-        return protected | _top(scores, ~protected, heavy)
+        return protected | _top(h2o_ranking(spec, scores, pos, next_pos), ~protected, heavy)
 
     def scored_queries(self, q_pos, num_prompt_tokens):
         return torch.ones(len(q_pos), dtype=torch.bool)
@@ -137,10 +152,43 @@ def pool_scores(scores: torch.Tensor, kernel: int) -> torch.Tensor:
     return pooled.view(scores.shape)
 
 
+class PromptWindowPolicy(RetentionPolicy):
+    """``window``/``sinks`` in scope ``prompt``: when the prompt (P tokens) is prefilled, keep
+    its first S and last W tokens (kvpress's StreamingLLMPress keeps ``n_sink`` + the most
+    recent); every later token is kept. Every query sees every held key."""
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        if next_pos < num_prompt_tokens:
+            return torch.ones_like(pos, dtype=torch.bool)
+        return (pos < self.spec.sinks) | (pos >= num_prompt_tokens - self.spec.window)
+
+
+class PromptH2OPolicy(RetentionPolicy):
+    """``h2o`` in scope ``prompt``: when the prompt is prefilled, keep B of its tokens: S
+    sinks, its last W and the B - S - W others with the highest attention summed over every
+    prompt query (kvpress's ObservedAttentionPress scores by prefill attention too; see
+    BENCHMARKS.md for how its scores differ); every later token is kept, and not scored."""
+
+    compacts = True
+
+    def keep(self, pos, scores, next_pos, num_prompt_tokens, compressed):
+        spec = self.spec
+        if compressed or next_pos < num_prompt_tokens or pos.shape[-1] <= spec.budget:
+            return torch.ones_like(pos, dtype=torch.bool)
+        protected = (pos < spec.sinks) | (pos >= num_prompt_tokens - spec.window)
+        ranking = h2o_ranking(spec, scores, pos, num_prompt_tokens)
+        return protected | _top(ranking, ~protected, spec.budget - protected.sum(-1))
+
+    def scored_queries(self, q_pos, num_prompt_tokens):
+        return q_pos < num_prompt_tokens
+
+
 POLICY_CLASSES = {"full": RetentionPolicy, "window": WindowPolicy, "sinks": WindowPolicy,
                   "h2o": H2OPolicy, "snapkv": SnapKVPolicy}
 
 
 def make_policy(spec: RetentionSpec) -> RetentionPolicy:
-    """The policy object of ``spec``."""
+    """The policy object of ``spec`` (scope ``prompt``: its prompt-only class)."""
+    if spec.scope == "prompt":
+        return (PromptH2OPolicy if spec.policy == "h2o" else PromptWindowPolicy)(spec)
     return POLICY_CLASSES[spec.policy](spec)

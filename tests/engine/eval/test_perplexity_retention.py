@@ -1,7 +1,8 @@
 """``kvledger eval perplexity --kv-policy``: quality under a KV budget is one command.
 
 Oracle: transformers on the same tiny weights with the mask-only reference (every key kept,
-dropped keys masked per query, same positions), scored by the same protocol (second half).
+dropped keys masked per query, same positions), scored by the same protocol (second half);
+for scope ``prompt`` the first half is the prompt, its dropped keys hidden from the second.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import random
 
 import pytest
 import torch
-from retention_reference import mask_only_logprobs
+from retention_reference import mask_only_logprobs, prompt_mask_logprobs
 
 from kvledger.eval.perplexity import RETENTION_STRIDE, perplexity
 from kvledger.ledger.retention import RetentionSpec
@@ -51,3 +52,24 @@ def test_h2o_kl_divergence_is_against_full_retention(tiny_engine_factory):
     r = perplexity(engine, _ids(200), 96, base=base)
     assert r.kld_mean > 0 and r.ppl_base == pytest.approx(
         perplexity(tiny_engine_factory(num_blocks=40), _ids(200), 96).ppl, rel=1e-5)
+
+
+def test_prompt_scope_compresses_the_first_half_then_scores_the_second(tiny_llama,
+                                                                      tiny_engine_factory):
+    """``--kv-scope prompt``: the chunk's first half is the prompt, compressed once to its
+    first 2 + last 6 tokens, and the second half is scored keeping every token of its own
+    (kvpress's shape): equal to the mask reference (1e-4), unlike full."""
+    _, hf = tiny_llama
+    ids = _ids(128)
+    engine = tiny_engine_factory(num_blocks=40, block_size=4, kv_policy="sinks", kv_window=6,
+                                 kv_sinks=2, kv_scope="prompt")
+    result = perplexity(engine, ids, 128)
+    kept = torch.zeros(64, dtype=torch.bool)
+    kept[:2] = kept[58:] = True
+    ref = prompt_mask_logprobs(hf, ids, 64, kept)
+    nll = -ref[64:127].gather(1, torch.tensor(ids[65:128])[:, None]).mean()
+    assert result.ppl == pytest.approx(math.exp(float(nll)), rel=1e-4)
+    assert "prompt only" in result.kv_policy
+    full = perplexity(tiny_engine_factory(num_blocks=40, block_size=4), ids, 128)
+    assert abs(result.ppl - full.ppl) > 1e-3 * full.ppl
+    assert engine.stats()["kv_blocks_free"] == 40
