@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -241,21 +242,6 @@ void tile_avx2(const int8_t* w, const float* s, int in, int o, const Quantized& 
             y[static_cast<int64_t>(r0 + r) * out + o + t] = f32_to_bf16(hsum(acc[t][r]));
 }
 
-template <int T>
-void rows_avx2_tile(const int8_t* w, const float* s, int in, int o, const Quantized& a, int rows,
-                    uint16_t* y, int out) {
-    int r = 0;
-    for (; r + 2 <= rows; r += 2) tile_avx2<T, 2>(w, s, in, o, a, r, y, out);
-    if (r < rows) tile_avx2<T, 1>(w, s, in, o, a, r, y, out);
-}
-
-void rows_avx2(const int8_t* w, const float* s, int in, int o0, int o1, const Quantized& a,
-               int rows, uint16_t* y, int out) {
-    int o = o0;
-    for (; o + TILE <= o1; o += TILE) rows_avx2_tile<TILE>(w, s, in, o, a, rows, y, out);
-    for (; o < o1; ++o) rows_avx2_tile<1>(w, s, in, o, a, rows, y, out);
-}
-
 // 16 bytes of a Q4 block -> its 32 codes in input order (low nibbles, then high nibbles).
 inline __m256i unpack_q4(const uint8_t* p) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -300,29 +286,30 @@ void q4_tile_avx2(const Q4Weight& w, int in, int o, const Quantized& a, int r0, 
         }
 }
 
-template <int T>
-void q4_rows_avx2_tile(const Q4Weight& w, int in, int o, const Quantized& a, int rows,
-                       uint16_t* y, int out) {
-    int r = 0;
-    for (; r + 2 <= rows; r += 2) q4_tile_avx2<T, 2>(w, in, o, a, r, y, out);
-    if (r < rows) q4_tile_avx2<T, 1>(w, in, o, a, r, y, out);
-}
+template <int N>
+using Int = std::integral_constant<int, N>;
 
-// From 4 activation rows on, tiles of 2 weight rows by 4 activation rows (the unpacked codes
-// serve 4 rows; 8 accumulators fit the 16 vector registers), else 4 by 2.
-void q4_rows_avx2(const Q4Weight& w, int in, int o0, int o1, const Quantized& a, int rows,
-                  uint16_t* y, int out) {
+// tile(Int<T>, Int<R>, o, r) over weight rows [o0, o1) x activation rows [0, rows): tiles of
+// TILE x 2 weight x activation rows (or, with `wide` and from 4 activation rows on, 2 x 4: a
+// weight block then serves 4 rows, in 8 accumulators), then the remainders. A row's arithmetic
+// does not depend on its tile.
+template <class Tile>
+void tiles(int o0, int o1, int rows, bool wide, Tile tile) {
     int o = o0;
-    if (rows >= 4) {
+    if (wide && rows >= 4)
         for (; o + 2 <= o1; o += 2) {
             int r = 0;
-            for (; r + 4 <= rows; r += 4) q4_tile_avx2<2, 4>(w, in, o, a, r, y, out);
-            for (; r + 2 <= rows; r += 2) q4_tile_avx2<2, 2>(w, in, o, a, r, y, out);
-            if (r < rows) q4_tile_avx2<2, 1>(w, in, o, a, r, y, out);
+            for (; r + 4 <= rows; r += 4) tile(Int<2>{}, Int<4>{}, o, r);
+            for (; r + 2 <= rows; r += 2) tile(Int<2>{}, Int<2>{}, o, r);
+            if (r < rows) tile(Int<2>{}, Int<1>{}, o, r);
         }
-    }
-    for (; o + TILE <= o1; o += TILE) q4_rows_avx2_tile<TILE>(w, in, o, a, rows, y, out);
-    for (; o < o1; ++o) q4_rows_avx2_tile<1>(w, in, o, a, rows, y, out);
+    auto all_rows = [&](auto t, int at) {
+        int r = 0;
+        for (; r + 2 <= rows; r += 2) tile(t, Int<2>{}, at, r);
+        if (r < rows) tile(t, Int<1>{}, at, r);
+    };
+    for (; o + TILE <= o1; o += TILE) all_rows(Int<TILE>{}, o);
+    for (; o < o1; ++o) all_rows(Int<1>{}, o);
 }
 
 #endif
@@ -388,7 +375,10 @@ void kvl_w8a8_mm(const uint16_t* x, int rows, int in, const int8_t* w, const flo
     const Quantized& a = quantize(x, rows, in, vector);
     split_rows(out, threads, [&](int o0, int o1) {
 #if defined(__AVX2__)
-        if (vector) return rows_avx2(w, s, in, o0, o1, a, rows, y, out);
+        if (vector)
+            return tiles(o0, o1, rows, false, [&](auto t, auto r, int o, int r0) {
+                tile_avx2<decltype(t)::value, decltype(r)::value>(w, s, in, o, a, r0, y, out);
+            });
 #endif
         rows_scalar(w, s, in, o0, o1, a, rows, y, out);
     });
@@ -403,7 +393,10 @@ void kvl_w4a8_mm(const uint16_t* x, int rows, int in, const uint8_t* qs, const f
     const Q4Weight w{qs, e, m};
     split_rows(out, threads, [&](int o0, int o1) {
 #if defined(__AVX2__)
-        if (vector) return q4_rows_avx2(w, in, o0, o1, a, rows, y, out);
+        if (vector)
+            return tiles(o0, o1, rows, true, [&](auto t, auto r, int o, int r0) {
+                q4_tile_avx2<decltype(t)::value, decltype(r)::value>(w, in, o, a, r0, y, out);
+            });
 #endif
         q4_rows_scalar(w, in, o0, o1, a, rows, y, out);
     });
