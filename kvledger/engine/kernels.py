@@ -16,8 +16,8 @@ Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per 
 (CPU model and flags, torch version, threads, the shapes, the native kernel's source), so a
 new CPU, torch, model or kernel re-probes, and the same key always gives the same choice. A
 corrupt file is ignored with a warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
-``class=format,...``) and ``KVLEDGER_ATTENTION`` override the probe; ``int4`` applies only to
-weights the GGUF stores as Q4 (others stay dense).
+``class=format,...``) and ``KVLEDGER_ATTENTION`` override the probe; ``int4`` and ``w4a8`` apply only to
+weights the GGUF stores as Q4 (others stay dense; ``w4a8`` without the native library is ``int4``).
 """
 
 from __future__ import annotations
