@@ -133,3 +133,16 @@ def held_masks(states: list[tuple[int, torch.Tensor]], n: int, layers: int,
                 allowed[row, q, held] = True
             allowed[:, q, start: q + 1] = True
     return allowed.view(layers, kv_heads, n, n)
+
+
+def eager_attentions(hf_model, tokens) -> tuple[torch.Tensor, ...]:
+    """transformers' own attention probabilities of ``tokens`` (eager attention, one [1,
+    heads, n, n] tensor per layer), the model's attention implementation restored after."""
+    config = hf_model.config
+    before = config._attn_implementation
+    config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            return hf_model(torch.tensor([list(tokens)]), output_attentions=True).attentions
+    finally:
+        config._attn_implementation = before

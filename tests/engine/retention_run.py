@@ -21,3 +21,12 @@ def run(engine, prompt, max_tokens, kv_policy=None, check=None, *, logprobs=None
         if check is not None:
             check(engine)
     return outs["r"]
+
+
+def recorder(states: list):
+    """A ``check`` for :func:`run` appending (computed tokens, held positions) of every running
+    request after each step."""
+    def check(engine):
+        for req in engine.scheduler.running:
+            states.append((req.num_computed_tokens, req.retention.pos.clone()))
+    return check

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from retention_reference import held_masks, per_head_mask_logprobs
-from retention_run import run
+from retention_reference import eager_attentions, held_masks, per_head_mask_logprobs
+from retention_run import recorder, run
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.store import KVStore
@@ -31,13 +31,6 @@ SMALL = {
 }
 
 
-def _recorder(states):
-    def check(e):
-        for req in e.scheduler.running:
-            states.append((req.num_computed_tokens, req.retention.pos.clone()))
-    return check
-
-
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_per_head_logits_equal_the_per_head_mask_only_reference(sharp_llama,
                                                                 sharp_engine_factory, name):
@@ -47,7 +40,7 @@ def test_per_head_logits_equal_the_per_head_mask_only_reference(sharp_llama,
     _, hf = sharp_llama
     engine = sharp_engine_factory(block_size=4, num_blocks=64, max_num_batched_tokens=9)
     states = [(0, torch.zeros(LAYERS * KV_HEADS, 0, dtype=torch.int64))]
-    out = run(engine, PROMPT, 30, SMALL[name], _recorder(states), logprobs=2)
+    out = run(engine, PROMPT, 30, SMALL[name], recorder(states), logprobs=2)
     tokens = PROMPT + out.token_ids
     allowed = held_masks(states, len(tokens) - 1, LAYERS, KV_HEADS)
     ref = per_head_mask_logprobs(hf, tokens[:-1], allowed)
@@ -74,14 +67,7 @@ def test_snapkv_keeps_the_top_of_transformers_pooled_attention(tiny_llama, tiny_
     same summed over every layer and head."""
     _, hf = tiny_llama
     spec = RetentionSpec.from_dict({**SMALL["snapkv"], "select": select})
-    config = hf.config
-    before = config._attn_implementation
-    config._attn_implementation = "eager"
-    try:
-        with torch.no_grad():
-            attn = hf(torch.tensor([PROMPT]), output_attentions=True).attentions
-    finally:
-        config._attn_implementation = before
+    attn = eager_attentions(hf, PROMPT)
     w, n = spec.snapkv_window, len(PROMPT)
     votes = torch.stack([a[0, :, n - w:, :].sum(1) for a in attn])  # [layers, heads, n]
     votes = votes.view(LAYERS, KV_HEADS, -1, n).sum(2).reshape(-1, n)  # [rows, n]
@@ -90,7 +76,7 @@ def test_snapkv_keeps_the_top_of_transformers_pooled_attention(tiny_llama, tiny_
     pooled = F.avg_pool1d(votes[:, None], spec.snapkv_kernel, 1, spec.snapkv_kernel // 2)[:, 0]
     states = []
     run(tiny_engine_factory(block_size=4, num_blocks=64), PROMPT, 3,
-        {**SMALL["snapkv"], "select": select}, _recorder(states))
+        {**SMALL["snapkv"], "select": select}, recorder(states))
     pos = states[-1][1]
     pos = pos.view(1, -1) if pos.dim() == 1 else pos
     for r in range(len(pooled)):

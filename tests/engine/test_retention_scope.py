@@ -13,12 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 from retention_reference import (
+    eager_attentions,
     held_masks,
     mask_only_logprobs,
     per_head_mask_logprobs,
     prompt_mask_logprobs,
 )
-from retention_run import run
+from retention_run import recorder, run
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
@@ -71,25 +72,11 @@ def _prefill_votes(hf, select: str) -> torch.Tensor:
     """[rows, P] attention each prompt key received from every prompt query (transformers,
     eager), the query heads of a KV head summed (per head: row = layer * kv_heads + head);
     per sequence summed over everything ([1, P])."""
-    config = hf.config
-    before = config._attn_implementation
-    config._attn_implementation = "eager"
-    try:
-        with torch.no_grad():
-            attn = hf(torch.tensor([PROMPT]), output_attentions=True).attentions
-    finally:
-        config._attn_implementation = before
-    n, kv_heads = len(PROMPT), config.num_key_value_heads
+    attn = eager_attentions(hf, PROMPT)
+    n, kv_heads = len(PROMPT), hf.config.num_key_value_heads
     votes = torch.stack([a[0].sum(1) for a in attn])  # [layers, heads, n]
     votes = votes.view(len(attn), kv_heads, -1, n).sum(2).reshape(-1, n)
     return votes.sum(0, keepdim=True) if select == "per-sequence" else votes
-
-
-def _recorder(states):
-    def check(e):
-        for req in e.scheduler.running:
-            states.append((req.num_computed_tokens, req.retention.pos.clone()))
-    return check
 
 
 @pytest.mark.parametrize("select, scores", [("per-head", "sum"), ("per-sequence", "sum"),
@@ -112,7 +99,7 @@ def test_prompt_scope_h2o_keeps_the_top_of_transformers_prefill_attention(sharp_
         votes = votes / torch.arange(n, 0, -1)
     states = [(0, torch.zeros(6 if select == "per-head" else 1, 0, dtype=torch.int64))]
     engine = sharp_engine_factory(block_size=4, num_blocks=64, max_num_batched_tokens=9)
-    out = run(engine, PROMPT, 20, policy, _recorder(states), logprobs=2)
+    out = run(engine, PROMPT, 20, policy, recorder(states), logprobs=2)
     pos = next(p for start, p in states if start > n)
     pos = pos.view(1, -1) if pos.dim() == 1 else pos
     protected = set(range(s)) | set(range(n - w, n))
