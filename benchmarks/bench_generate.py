@@ -1,11 +1,13 @@
 """Batch-1 TTFT and TPOT, ours vs Hugging Face transformers, plus the no-cache/cache ratio.
 
 Issue 2's benchmark: a 512-token real-text prompt and 128 new tokens (greedy, EOS ignored), the
-same weights (the bundled GGUF), dtype and threads for both; then our no-KV-cache TPOT over our
+same weights (the bundled GGUF), dtype and threads for both (``--prompt 512,2048,4096``: one row
+per prompt length, for issue 10's TTFT at 512 / 2048 / 4096); then our no-KV-cache TPOT over our
 cached TPOT at 256, 512 and 1024 tokens of context (seed §1.3: the O(S^2) argument measured);
 then the model load time from the weight cache.
 
 Usage: python benchmarks/bench_generate.py [--dtype fp32|bf16] [--threads 2] [--repeat 3]
+       [--prompt 512[,2048,...]] [--new 128]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--prompt", default="512", help="prompt lengths, comma-separated")
     ap.add_argument("--new", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -55,15 +57,16 @@ def main() -> None:
     t = time.perf_counter()
     llm = LLM("default", dtype=args.dtype, enable_prefix_caching=False)
     load_s = time.perf_counter() - t
-    ids = real_text_ids(llm.tokenizer, args.prompt)
-    ttft, tpot = ours_ttft_tpot(llm, ids, args.new, args.repeat)
     hf, _ = load_hf_peer(args.dtype)
-    hf_ttft, hf_tpot = hf_ttft_tpot(hf, ids, args.new, args.repeat)
-    print(f"prompt {args.prompt}, {args.new} new tokens, batch 1")
-    print(f"  kvledger      TTFT {ttft * 1e3:7.1f} ms   TPOT {tpot * 1e3:6.1f} ms")
-    print(f"  transformers  TTFT {hf_ttft * 1e3:7.1f} ms   TPOT {hf_tpot * 1e3:6.1f} ms")
-    print(f"  ratio ours/HF TTFT {ttft / hf_ttft:.2f}x      TPOT {tpot / hf_tpot:.2f}x "
-          "(target TPOT <= 0.5x)")
+    for prompt in map(int, args.prompt.split(",")):
+        ids = real_text_ids(llm.tokenizer, prompt)
+        ttft, tpot = ours_ttft_tpot(llm, ids, args.new, args.repeat)
+        hf_ttft, hf_tpot = hf_ttft_tpot(hf, ids, args.new, args.repeat)
+        print(f"prompt {prompt}, {args.new} new tokens, batch 1")
+        print(f"  kvledger      TTFT {ttft * 1e3:7.1f} ms   TPOT {tpot * 1e3:6.1f} ms")
+        print(f"  transformers  TTFT {hf_ttft * 1e3:7.1f} ms   TPOT {hf_tpot * 1e3:6.1f} ms")
+        print(f"  ratio ours/HF TTFT {ttft / hf_ttft:.2f}x      TPOT {tpot / hf_tpot:.2f}x "
+              "(target TPOT <= 0.5x)")
 
     print("no-KV-cache TPOT / cached TPOT (ours, 8 new tokens):")
     nocache = LLM("default", dtype=args.dtype, use_kv_cache=False, enable_prefix_caching=False)

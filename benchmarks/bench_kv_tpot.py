@@ -10,7 +10,8 @@ prompts in the prefix cache (prefill is not what is measured). Prefill is not ti
 every engine step after all requests have their first token is a pure decode step of
 ``--batch`` sequences, timed on its own; TPOT = the median of those step times (every request
 gets one token per step). ``--repeats`` runs per format, interleaved across formats, and each
-format keeps the median of its runs' medians.
+format keeps the median of its runs' medians. Next to it, the floor: the step's weight bytes and
+the batch's KV bytes at the mid-decode context, read at the bandwidth ``kvledger probe`` measured.
 
 A timing figure: run it on a quiet machine (``uptime`` load < 1.5), unniced, and say the load.
 
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_line, real_text_ids
+from common import machine_line, real_text_ids, tpot_floor_ms
 
 
 def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
@@ -92,7 +93,11 @@ def main() -> None:
                      "runs_ms": [round(t * 1e3, 2) for t in runs[fmt]],
                      f"vs_{formats[0]}": round(tpot / base, 3),
                      "kv_bytes_per_token": engine.bytes_per_token})
+        kv_read = args.batch * (args.context + args.new // 2) * engine.bytes_per_token
+        floor = tpot_floor_ms(engine.model.decode_weight_bytes, kv_read)
+        rows[-1]["floor_ms"] = None if floor is None else round(floor, 2)
         print(f"{fmt:5s} TPOT {tpot * 1e3:8.2f} ms  ({tpot / base:.3f}x {formats[0]})  "
+              f"floor {floor or float('nan'):.2f} ms  "
               f"runs {rows[-1]['runs_ms']}  backend {rows[-1]['attention']}  "
               f"{engine.kv_layout.describe()}", flush=True)
     if args.json:

@@ -7,7 +7,9 @@
    (completions, 32 requests of 250-token real-text prompts, 128 new tokens, concurrency 16;
    prompts cut with the same GGUF tokenizer, so both get the same prompts): output tok/s.
 3. Peak RSS of ``kvledger generate`` (16 new tokens, ``/usr/bin/time -v``) next to the KV pool's
-   reserved bytes and the bytes its blocks in use hold (an unwritten pool page costs no RAM).
+   reserved bytes and the bytes its blocks in use hold (an unwritten pool page costs no RAM), and
+   of ``llama-bench`` decoding 16 tokens; the HTTP part reports each server's peak RSS after
+   its run (``VmHWM``, read before it is stopped).
 
 llama.cpp comes from ``$KVLEDGER_LLAMA_CPP_DIR`` (``peer_llamacpp.py``); without it its rows
 are skipped with a message. Usage:
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import peer_llamacpp as peer
 import torch
-from common import machine_line, real_text_ids
+from common import machine_line, peak_rss_bytes, real_text_ids, tpot_floor_ms
 
 from kvledger import LLM, SamplingParams
 from kvledger.paths import bundled_model_path
@@ -39,10 +41,8 @@ def ours_batch1(threads: int, contexts: tuple[int, ...], new: int) -> dict:
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     llm.generate([real_text_ids(llm.tokenizer, 64)], params)  # warm-up
     model = llm.engine.model
-    held = [model.lm_head] + ([] if model.embed is model.lm_head else [model.embed])
-    held += [layer[k] for layer in model.layers for k in ("qkv", "o", "gate_up", "down")]
     result = {"formats": model.weight_formats, "attention": model.attention.name,
-              "weight_bytes": sum(lin.nbytes for lin in held),
+              "weight_bytes": model.decode_weight_bytes,
               "kv_bytes_per_token": llm.engine.bytes_per_token}
     for ctx in contexts:
         out = llm.generate([real_text_ids(llm.tokenizer, ctx)], params)[0]
@@ -69,8 +69,11 @@ def batch1(args) -> None:
     print(f"  kvledger (attention {ours['attention']}, weights {ours['formats']}: "
           f"{ours['weight_bytes'] / 1e6:.1f} MB; KV {ours['kv_bytes_per_token']:,} B/token)")
     for ctx in contexts:
+        floor = tpot_floor_ms(ours["weight_bytes"], ctx * ours["kv_bytes_per_token"])
+        ratio = "" if floor is None else \
+            f"   floor {floor:5.1f} ms -> {ours[ctx]['tpot_ms'] / floor:.1f}x (target <= 3x)"
         print(f"    context {ctx:5d}: TTFT {ours[ctx]['ttft_ms']:8.1f} ms   "
-              f"TPOT {ours[ctx]['tpot_ms']:6.1f} ms")
+              f"TPOT {ours[ctx]['tpot_ms']:6.1f} ms{ratio}")
     theirs = llama_batch1(args.threads, (512, 4096), args.new)
     if theirs:
         print("  llama.cpp (llama-bench, same GGUF)")
@@ -103,30 +106,51 @@ def http(args, out: Path) -> None:
         try:
             peer.wait_healthy(f"http://127.0.0.1:{port}", proc)
             ours = _bench_url(f"http://127.0.0.1:{port}", out / "ours", out / "ours.txt")
+            ours_rss = peak_rss_bytes(proc.pid)
         finally:
             peer.stop(proc)
-    print(f"  kvledger serve           {ours or float('nan'):6.1f} output tok/s")
+    print(f"  kvledger serve           {ours or float('nan'):6.1f} output tok/s; "
+          f"peak RSS {_gb(ours_rss)}")
     if peer.binary("llama-server") is None:
         print(" ", peer.skip_reason("llama-server"))
         return
     with peer.Server(bundled_model_path(), port + 1, args.threads, log=out / "llama.log") as srv:
         theirs = _bench_url(srv.url, out / "llamacpp", out / "llamacpp.txt")
-    print(f"  llama-server -np 16      {theirs or float('nan'):6.1f} output tok/s")
+        theirs_rss = peak_rss_bytes(srv.proc.pid)
+    print(f"  llama-server -np 16      {theirs or float('nan'):6.1f} output tok/s; "
+          f"peak RSS {_gb(theirs_rss)} (-c 32768: its KV for 32,768 tokens allocated)")
     if ours and theirs:
         print(f"  ratio ours / llama.cpp   {ours / theirs:6.2f}x (target >= 1.5x)")
 
 
-def peak_rss(args) -> None:
-    """Peak RSS of `kvledger generate`, its KV pool reserved and written (from --json)."""
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "kvledger.cli", "generate",
-           "The KV cache stores", "--max-tokens", "16", "--json", "--threads", str(args.threads)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _gb(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 1e9:.3f} GB"
+
+
+def _time_v(cmd: list[str]) -> tuple[subprocess.CompletedProcess, int | None]:
+    """Run ``cmd`` under ``/usr/bin/time -v``; the process and its peak RSS in bytes."""
+    done = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True,
+                          check=False)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    if done.returncode != 0 or rss is None:
+    return done, int(rss.group(1)) * 1024 if done.returncode == 0 and rss else None
+
+
+def peak_rss(args) -> None:
+    """Peak RSS of `kvledger generate`, its KV pool reserved and written (from --json), and of
+    `llama-bench` decoding the same number of tokens."""
+    exe = peer.binary("llama-bench")
+    if exe is not None:
+        _, rss_b = _time_v([str(exe), "-m", str(bundled_model_path()), "-t", str(args.threads),
+                            "-p", "0", "-n", "16", "-r", "1"])
+        print(f"  llama-bench tg16: peak RSS {_gb(rss_b)}")
+    cmd = [sys.executable, "-m", "kvledger.cli", "generate",
+           "The KV cache stores", "--max-tokens", "16", "--json", "--threads", str(args.threads)]
+    done, rss_b = _time_v(cmd)
+    if rss_b is None:
         print(f"  peak RSS: could not run {' '.join(cmd[:3])} ({done.stderr.strip()[-200:]})")
         return
     doc = json.loads(done.stdout.strip().splitlines()[-1])
-    rss_b, written = int(rss.group(1)) * 1024, doc["metrics"]["kv_bytes_held"]
+    written = doc["metrics"]["kv_bytes_held"]
     print(f"  kvledger generate, 16 tokens: peak RSS {rss_b / 1e9:.3f} GB; KV pool reserved "
           f"{doc['kv_pool_bytes'] / 1e9:.3f} GB, of which written {written / 1e9:.4f} GB (pages "
           f"are mapped on first write); RSS minus written KV {(rss_b - written) / 1e9:.3f} GB "

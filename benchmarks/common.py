@@ -13,6 +13,7 @@ import platform
 import statistics
 import time
 from datetime import date
+from pathlib import Path
 
 import torch
 
@@ -47,6 +48,34 @@ def load_hf_peer(dtype: str):
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=DTYPES[dtype]).eval()
     return model, tok
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """Peak resident set size of a live process, bytes (``VmHWM`` of ``/proc/PID/status``, the
+    figure ``/usr/bin/time -v`` reports at exit); None when it cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def tpot_floor_ms(weight_bytes: int, kv_bytes: int) -> float | None:
+    """The decode step's floor, ms: ``weight_bytes + kv_bytes`` read at the memory bandwidth
+    ``kvledger probe`` measured (the ledger's :func:`kvledger.ledger.costs.tpot_floor_s`); None
+    before a probe."""
+    from kvledger.errors import KVLedgerError
+    from kvledger.ledger.costs import tpot_floor_s
+    from kvledger.ledger.hardware import get_device
+
+    try:
+        bandwidth = get_device("local").bandwidth_bytes_per_s
+    except KVLedgerError:
+        return None
+    return tpot_floor_s(weight_bytes, kv_bytes, bandwidth) * 1e3
 
 
 def median_time(fn, repeat: int) -> float:

@@ -115,6 +115,13 @@ class LlamaModel:
         return self.lm_head(hidden).float()
 
     @property
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads in full, whatever its batch: every layer's
+        Linears and the LM head (the embedding table is gathered by row, not read whole)."""
+        linears = [layer[k] for layer in self.layers for k in ("qkv", "o", "gate_up", "down")]
+        return sum(lin.nbytes for lin in linears) + self.lm_head.nbytes
+
+    @property
     def weight_formats(self) -> dict[str, str]:
         """Format actually held per shape class (a request the weights cannot meet is dense)."""
         layer = self.layers[0]

@@ -103,3 +103,20 @@ def test_tiny_llama_bf16_paged_logits_track_fp32_oracle(tiny_llama):
         ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
     spread = float(ref.max() - ref.min())
     assert float((logits[0] - ref).abs().max()) <= 0.05 * spread
+
+
+def test_decode_weight_bytes_count_the_files_matrices(bundled_path):
+    """Dense fp32: 4 bytes per element of every matrix the GGUF stores for the layers' linears
+    and the (tied) output head, counted by the gguf library from the file's tensor shapes."""
+    import gguf
+
+    matrices = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    reader = gguf.GGUFReader(str(bundled_path))
+    names = {t.name: int(t.n_elements) for t in reader.tensors}
+    head = names.get("output.weight", names["token_embd.weight"])
+    elements = sum(n for name, n in names.items() if name.split(".")[-2] in matrices) + head
+    spec, weights = load_weights(bundled_path, torch.float32)
+    model = LlamaModel(spec, weights, torch.float32, formats={c: "dense" for c in
+                                                              ("qkv", "o", "gate_up", "down",
+                                                               "lm_head")})
+    assert model.decode_weight_bytes == 4 * elements
