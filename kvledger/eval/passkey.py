@@ -87,18 +87,31 @@ def passkey(engine, context: int, depths: list[float], trials: int = 1,
     Raises:
         InvalidParameterError: bad depth, context or trial count.
     """
+    params = SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0.0)
+    result = PasskeyResult(engine.kv_format, context)
+    for depth, key, ids in passkey_prompts(engine.tokenizer, context, depths, trials, seed):
+        answer = _generate(engine, ids, params)
+        result.trials.append(PasskeyTrial(depth, key, answer, key in answer))
+    return result
+
+
+def passkey_prompts(tokenizer, context: int, depths: list[float], trials: int = 1,
+                    seed: int = 0) -> list[tuple[float, str, list[int]]]:
+    """The (depth, key, prompt ids) of every trial :func:`passkey` runs, in its order:
+    ``trials`` random 5-digit keys per depth, drawn from ``random.Random(seed)``.
+
+    Raises:
+        InvalidParameterError: bad depth, context or trial count.
+    """
     if trials < 1:
         raise InvalidParameterError(f"--trials must be >= 1, got {trials}")
     rng = random.Random(seed)
-    params = SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0.0)
-    result = PasskeyResult(engine.kv_format, context)
+    out = []
     for depth in depths:
         for _ in range(trials):
             key = str(rng.randrange(10000, 100000))
-            ids = passkey_prompt(engine.tokenizer, context, depth, key)
-            answer = _generate(engine, ids, params)
-            result.trials.append(PasskeyTrial(depth, key, answer, key in answer))
-    return result
+            out.append((depth, key, passkey_prompt(tokenizer, context, depth, key)))
+    return out
 
 
 def _generate(engine, ids: list[int], params: SamplingParams) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
+from types import SimpleNamespace
+
 import pytest
 
-from kvledger.eval.passkey import ANSWER_TOKENS, NEEDLE, passkey_prompt
+from kvledger.eval.passkey import ANSWER_TOKENS, NEEDLE, passkey, passkey_prompt, passkey_prompts
 
 
 @pytest.fixture(scope="module")
@@ -21,6 +24,41 @@ def test_prompt_has_the_length_and_the_key_at_its_depth(tokenizer, depth):
     needle = tokenizer.encode(NEEDLE.format(key="48213"), add_special_tokens=False)
     at = next(i for i in range(len(ids)) if ids[i:i + len(needle)] == needle)
     assert at / len(ids) == pytest.approx(depth, abs=0.1)
+
+
+class _RecordingEngine:
+    """An engine stub that records each prompt and answers with its last 3 ids' text."""
+
+    kv_format = "bf16"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.prompts, self.pending = tokenizer, [], None
+
+    def add_request(self, request_id, ids, params) -> None:
+        self.prompts.append(ids)
+        self.pending = self.tokenizer.decode(ids[-3:])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.pending is not None
+
+    def step(self):
+        text, self.pending = self.pending, None
+        return [SimpleNamespace(finished=True, error=None, text=text)]
+
+
+def test_prompts_are_the_ones_passkey_runs(tokenizer):
+    """``passkey_prompts`` (what benchmarks hand to a peer) lists exactly the prompts and keys
+    ``passkey`` runs: keys drawn from Python's ``random.Random(seed)`` in depth order."""
+    rng = random.Random(7)
+    keys = [str(rng.randrange(10000, 100000)) for _ in range(4)]
+    listed = passkey_prompts(tokenizer, 600, [0.0, 1.0], trials=2, seed=7)
+    assert [(d, k) for d, k, _ in listed] == list(zip([0.0, 0.0, 1.0, 1.0], keys))
+    assert [ids for _, _, ids in listed] == [passkey_prompt(tokenizer, 600, d, k)
+                                             for d, k in zip([0.0, 0.0, 1.0, 1.0], keys)]
+    engine = _RecordingEngine(tokenizer)
+    result = passkey(engine, 600, [0.0, 1.0], trials=2, seed=7)
+    assert engine.prompts == [ids for _, _, ids in listed]
+    assert [t.key for t in result.trials] == keys
 
 
 @pytest.mark.slow
