@@ -46,6 +46,10 @@ namespace {
 
 constexpr int BLOCK = 32;
 constexpr int TILE = 4;  // weight rows per tile: each activation block is loaded once per tile
+// A tile prefetches the weight rows (and scales) of the tile this many tiles ahead, a slice per
+// block, so the bytes a decode step streams from memory arrive while earlier rows are computed
+// (one row of a GEMV is too short for the hardware prefetcher to run ahead of it).
+constexpr int PREFETCH_TILES = 2;
 
 inline float bf16_to_f32(uint16_t v) {
     const uint32_t u = static_cast<uint32_t>(v) << 16;
@@ -206,6 +210,14 @@ void quantize_row_avx2(const uint16_t* x, int n, int8_t* q, uint8_t* mag, float*
     }
 }
 
+// Hint that the n bytes at p (n <= 128) will be read soon; a prefetch past an array's end is
+// ignored by the CPU, never a fault.
+inline void prefetch(const void* p, int n) {
+    const char* c = static_cast<const char*>(p);
+    _mm_prefetch(c, _MM_HINT_T0);
+    if (n > 64) _mm_prefetch(c + 64, _MM_HINT_T0);
+}
+
 // acc[t][r] += s[o + t, b] d[r, b] (block b of weight row t) . (block b of activation row r),
 // T weight rows by R activation rows at a time.
 template <int T, int R>
@@ -217,7 +229,10 @@ void tile_avx2(const int8_t* w, const float* s, int in, int o, const Quantized& 
     for (int t = 0; t < T; ++t)
         for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
     const int8_t* wr = w + static_cast<int64_t>(o) * in;
+    const int64_t ahead = static_cast<int64_t>(PREFETCH_TILES) * T;
     for (int b = 0; b < nb; ++b) {
+        prefetch(wr + ahead * in + static_cast<int64_t>(b) * T * BLOCK, T * BLOCK);
+        prefetch(s + (o + ahead) * nb + b * T, T * 4);
         __m256i wv[T];
         float e[T];
         for (int t = 0; t < T; ++t) {
@@ -258,7 +273,12 @@ void q4_tile_avx2(const Q4Weight& w, int in, int o, const Quantized& a, int r0, 
     __m256 acc[T][R];
     for (int t = 0; t < T; ++t)
         for (int r = 0; r < R; ++r) acc[t][r] = _mm256_setzero_ps();
+    const int64_t ahead = static_cast<int64_t>(PREFETCH_TILES) * T;
     for (int b = 0; b < nb; ++b) {
+        prefetch(w.qs + (o + ahead) * in / 2 + static_cast<int64_t>(b) * T * BLOCK / 2,
+                 T * BLOCK / 2);
+        prefetch(w.e + (o + ahead) * nb + b * T, T * 4);
+        prefetch(w.m + (o + ahead) * nb + b * T, T * 4);
         __m256i wv[T];
         float e[T];
         for (int t = 0; t < T; ++t) {

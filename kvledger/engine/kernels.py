@@ -3,7 +3,8 @@
 Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
 :data:`kvledger.engine.linear.FORMATS` for one decode row (bf16 activations; random weights of
-the real shape), the fastest attention backend for one decode query over 512 positions (once
+the real shape, each call on a weight evicted from the caches, as in a decode step, which
+streams every layer's weights from memory), the fastest attention backend for one decode query over 512 positions (once
 over a bf16 pool and once over an int8 pool: the quantized formats' choice, since a backend
 fastest on plain blocks may not be once it dequantizes), and up to how many rows the native
 fused element-wise ops (:mod:`kvledger.engine.fused`, one thread) beat PyTorch's (vectorised,
@@ -28,6 +29,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -44,6 +46,9 @@ GEMM_ROWS = (16, 64, 256)
 """Row counts at which the probe times each layer format's own kernel against the fp32 GEMM
 (:meth:`kvledger.engine.linear.Linear.fp32_gemm`): prefill chunks and large decode batches."""
 GEMM_REPEATS = 3
+EVICT_BYTES_MIN = 64 << 20
+"""Least bytes read between two timed decode rows to push the weight out of the caches (the
+probe reads twice the last-level cache when the OS reports its size, and at least this)."""
 REFERENCE_REQUEST = (512, 128)
 """(prompt tokens, new tokens) of the request whose matmul time picks each class's format."""
 FUSED_ROWS = (1, 4, 16, 64, 256)
@@ -57,7 +62,8 @@ class ProbeResult:
 
     Attributes:
         cpu: CPU model and flags; torch_version; threads: torch intra-op threads.
-        matmul_us: class -> format -> best time of one decode row, µs.
+        matmul_us: class -> format -> best time of one decode row, weight evicted from the
+            caches first, µs.
         gemm_us: class -> format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs,
             "fp32": µs}`` (no ``fp32`` for int4); no ``lm_head`` (it sees one row per sequence).
         attention_us: backend -> best time of one decode query over 512 positions, µs.
@@ -138,13 +144,16 @@ def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
             "lm_head": (spec.vocab_size, h)}
 
 
-def _best_us(candidates: dict, repeats: int = REPEATS) -> dict[str, float]:
-    """Best time of each ``name -> fn`` over interleaved rounds, µs."""
+def _best_us(candidates: dict, repeats: int = REPEATS, before=None) -> dict[str, float]:
+    """Best time of each ``name -> fn`` over interleaved rounds, µs; ``before()``, if given,
+    runs untimed before every timed call."""
     best = dict.fromkeys(candidates, float("inf"))
     for fn in candidates.values():
         fn()
     for _ in range(repeats):
         for name, fn in candidates.items():
+            if before is not None:
+                before()
             t = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - t)
@@ -164,9 +173,33 @@ def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
     return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8/w4a8: native
 
 
-def _time_formats(out_f: int, in_f: int) -> dict[str, float]:
+def last_level_cache_bytes() -> int | None:
+    """Size of CPU 0's largest-level cache in bytes, from Linux sysfs (None elsewhere)."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes[level] = int(text.rstrip("KMG")) * unit
+    return sizes[max(sizes)] if sizes else None
+
+
+def _evictor():
+    """A call that reads :data:`EVICT_BYTES_MIN` or twice the last-level cache, whichever is
+    more, so the next matmul finds its weight in memory, not in a cache."""
+    nbytes = max(EVICT_BYTES_MIN, 2 * (last_level_cache_bytes() or 0))
+    buffer = torch.ones(nbytes // 4)
+    return lambda: buffer.sum()
+
+
+def _time_formats(out_f: int, in_f: int, evict) -> dict[str, float]:
     x = torch.randn(1, in_f).bfloat16()
-    return _best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f).items()})
+    return _best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f).items()},
+                    before=evict)
 
 
 def _time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
@@ -256,7 +289,7 @@ def _key(spec: ModelSpec, cpu: str) -> str:
 
     text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
                        spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
-                       source_digest(), FUSED_ROWS, GEMM_ROWS])
+                       source_digest(), FUSED_ROWS, GEMM_ROWS, EVICT_BYTES_MIN])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -299,9 +332,10 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
             return _MEMO[memo]
         except TypeError as exc:
             log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
-    sizes = shapes(spec)
+    sizes, evict = shapes(spec), _evictor()
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
-                         {c: _time_formats(*sizes[c]) for c in CLASSES}, _time_attention(spec),
+                         {c: _time_formats(*sizes[c], evict) for c in CLASSES},
+                         _time_attention(spec),
                          _time_fused(spec),
                          {c: _time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"},
                          _time_attention(spec, quantized=True))
