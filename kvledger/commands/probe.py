@@ -83,7 +83,7 @@ def probe(
 def _kernel_probe(model: str, threads: int | None) -> None:
     import torch
 
-    from kvledger.engine import kernels
+    from kvledger.engine import kernels, probe_timing
     from kvledger.spec import load_spec
 
     if threads:
@@ -94,7 +94,7 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     simd = [f for f in flags.split() if f.startswith(("avx", "amx", "fma", "f16c"))]
     print(f"CPU: {cpu_model}; flags: {' '.join(simd) or '(none of avx/amx/fma)'}")
     print(f"torch {result.torch_version}, {result.threads} threads; kernel probe for "
-          f"{spec.source} (µs per decode row, best of {kernels.REPEATS} interleaved rounds):")
+          f"{spec.source} (µs per decode row, best of {probe_timing.REPEATS} interleaved rounds):")
     q4 = set(kernels.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
     for cls in kernels.CLASSES:
         times = result.matmul_us[cls]
@@ -108,7 +108,7 @@ def _kernel_probe(model: str, threads: int | None) -> None:
             print(f"    {fmt:6s} rows: own kernel/fp32 GEMM µs  {cells}   -> fp32 GEMM from "
                   f"{result.gemm_rows(cls, fmt)} rows")
     cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
-    print(f"  attention (1 query, {kernels.ATTENTION_CONTEXT} positions): {cells}   -> "
+    print(f"  attention (1 query, {probe_timing.ATTENTION_CONTEXT} positions): {cells}   -> "
           f"{result.attention}")
     limits = result.fused_max_rows()
     for key, by_rows in result.fused_us.items():

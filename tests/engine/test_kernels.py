@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kvledger.engine import kernels
+from kvledger.engine import kernels, probe_timing
 from kvledger.errors import InvalidParameterError
 
 
@@ -43,7 +43,7 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
     def fail(*_):
         raise AssertionError("measured again despite a cached entry")
 
-    monkeypatch.setattr(kernels, "_time_formats", fail)
+    monkeypatch.setattr(probe_timing, "time_formats", fail)
     again = kernels.probe(tiny_spec)
     assert again == first
     assert kernels.choose_formats(tiny_spec, {"qkv"}) == kernels.choose_formats(tiny_spec, {"qkv"})

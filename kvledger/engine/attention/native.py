@@ -1,7 +1,8 @@
-"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``),
+"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``
+and the ``paged_*.h`` it includes),
 the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
-the decode products with int8 activations (``kvledger/engine/int8_gemv.cpp``,
-:mod:`kvledger.engine.w8a8`) and
+the decode products with int8 activations (``kvledger/engine/int8_gemv.cpp`` and the headers it
+includes, :mod:`kvledger.engine.w8a8`) and
 the int8 / int4 KV block encoder (``kvledger/engine/kv/int_encode.cpp``,
 :mod:`kvledger.engine.kv.native_encode`).
 
@@ -38,8 +39,16 @@ from kvledger.paths import cache_dir
 log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
+           ("kvledger.engine.attention", "paged_vec.h"),
+           ("kvledger.engine.attention", "paged_softmax.h"),
+           ("kvledger.engine.attention", "paged_quantized.h"),
            ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
+           ("kvledger.engine", "int8_activations.h"), ("kvledger.engine", "gemv_tiles.h"),
+           ("kvledger.engine", "w8a8_gemv.h"), ("kvledger.engine", "w4a8_gemv.h"),
            ("kvledger.engine.kv", "int_encode.cpp"))
+"""(package, file) of every source the library is built from: the ``.cpp`` files are compiled,
+the ``.h`` files they include are written beside them (one folder, so the names are unique),
+and all of them are hashed into the build and probe keys."""
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 """The element types every native kernel takes, as the int code its ``dtype`` argument reads."""
 _reason: list[str] = []
@@ -92,7 +101,8 @@ def _build(cxx: str, sources: list[tuple[str, bytes]]) -> Path:
             paths.append(Path(tmp) / name)
             paths[-1].write_bytes(src)
         out = Path(tmp) / "kernel.so"
-        done = subprocess.run([cxx, *FLAGS, *map(str, paths), "-o", str(out)],
+        units = [str(p) for p in paths if p.suffix == ".cpp"]
+        done = subprocess.run([cxx, *FLAGS, *units, "-o", str(out)],
                               capture_output=True, text=True, timeout=300, check=False)
         if done.returncode != 0:
             raise NativeUnavailable(f"{cxx} failed: {done.stderr.strip()[-400:]}")
