@@ -156,6 +156,21 @@ def test_native_kernel_builds_here():
     assert load_native() is not None
 
 
+def test_every_included_header_is_a_listed_source():
+    """The build writes only ``native.SOURCES`` into its folder, side by side, and hashes them
+    into its key: every file a source includes with quotes must be listed, under one name."""
+    import re
+    from importlib import resources
+
+    from kvledger.engine.attention import native
+
+    names = [name for _, name in native.SOURCES]
+    assert len(set(names)) == len(names)
+    for package, name in native.SOURCES:
+        text = resources.files(package).joinpath(name).read_text()
+        assert set(re.findall(r'^#include "([^"]+)"', text, re.MULTILINE)) <= set(names), name
+
+
 def test_native_falls_back_to_torch_when_disabled(monkeypatch):
     from kvledger.engine.attention import native
 
