@@ -30,6 +30,8 @@ could dequantize and always runs its kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -61,13 +63,16 @@ def w8a8_ok(in_features: int) -> bool:
     return kernel is not None and kernel.accepts(in_features)
 
 
-def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096,
-              block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def int8_rows(weight: torch.Tensor, chunk_rows: int = 1024, block: int | None = None,
+              release: Callable[[torch.Tensor], None] | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 of ``weight`` [out, in], per row: codes int8 [out, in], scales fp32 [out]
     (``s = max |w| / 127``); or with ``block`` per block of that many inputs (:func:`int8_blocks`).
 
     Done ``chunk_rows`` rows at a time, so no fp32 copy of a whole large matrix (an embedding)
-    is ever held.
+    is ever held; ``release``, if given, is called with each chunk of ``weight`` (a view) once
+    it is read, so a memory-mapped source (:class:`~kvledger.engine.loader.MappedWeights`) gives
+    its pages back as it goes rather than being resident in full beside the codes.
     """
     out, width = weight.shape
     group = width if block is None else block
@@ -79,15 +84,19 @@ def int8_rows(weight: torch.Tensor, chunk_rows: int = 4096,
         codes[first:first + chunk_rows] = torch.round(w / s[..., None]).clamp_(-127, 127).reshape(
             -1, width)
         scale[first:first + chunk_rows] = s
+        if release is not None:
+            release(weight[first:first + chunk_rows])
     return codes, (scale[:, 0] if block is None else scale)
 
 
-def int8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def int8_blocks(weight: torch.Tensor, release: Callable[[torch.Tensor], None] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int8 of ``weight`` [out, in] per block of 32 inputs (GGML's Q8_0 scheme):
     codes int8 [out, in], scales fp32 [out, in / 32] with ``s = max |w_block| / 127``. A weight
     the file stores as Q8_0 gets its own codes back (the round trip through bf16 moves a value by
-    at most 2^-9 of it, under half a code step for codes up to 127)."""
-    return int8_rows(weight, block=GROUP)
+    at most 2^-9 of it, under half a code step for codes up to 127). ``release``: as in
+    :func:`int8_rows`."""
+    return int8_rows(weight, block=GROUP, release=release)
 
 
 class Linear:
@@ -102,11 +111,14 @@ class Linear:
             take (:func:`int4_shape_ok`), ``int8`` of an input width torch's kernel does not
             take (:func:`int8_shape_ok`), or any quantized format with a non-bf16 weight, falls
             back to ``dense``; ``w4a8`` without the native kernel (:func:`w8a8_ok`) is ``int4``.
+        release: for ``int8`` / ``w8a8``, called with each chunk of ``weight`` once quantized
+            (:func:`int8_rows`); the caller must not need those rows of ``weight`` again.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                 fmt: str = "dense") -> None:
+                 fmt: str = "dense",
+                 release: Callable[[torch.Tensor], None] | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
         if fmt == "w4a8" and (q4 is None or not w8a8_ok(weight.shape[1])):
@@ -126,10 +138,10 @@ class Linear:
         elif fmt in Q4_FORMATS:
             self._pack_q4(q4)
         elif fmt == "w8a8":
-            self.packed, self.scales = int8_blocks(weight)
+            self.packed, self.scales = int8_blocks(weight, release)
             self._native = w8a8.kernel().bind(self.packed, self.scales)
         else:
-            self.packed, scale = int8_rows(weight)
+            self.packed, scale = int8_rows(weight, release=release)
             self.scales, self._row_scales = scale.to(torch.bfloat16), scale
 
     @classmethod

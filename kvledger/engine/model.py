@@ -67,7 +67,7 @@ class LlamaModel:
         embed = w.pop("model.embed_tokens.weight")
         head = w.pop("lm_head.weight", None)
         self.lm_head = Linear(embed if head is None else head,
-                              fmt=self.formats.get("lm_head", "dense"))
+                              fmt=self.formats.get("lm_head", "dense"), release=release)
         tied_rows = head is None and self.lm_head.format != "int4"
         self.embed = self.lm_head if tied_rows else Linear(embed)
         for source in (embed, head):

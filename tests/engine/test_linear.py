@@ -52,6 +52,24 @@ def test_int8_rows_round_within_half_a_step():
     assert ((codes.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
 
 
+@pytest.mark.parametrize("block", [None, 32])
+def test_int8_rows_release_each_chunk_once_after_reading_it(block):
+    """Each released chunk is poisoned (as pages handed back would be re-read, or lost): the
+    codes must not change, and the released rows must tile the matrix exactly once."""
+    w = torch.randn(70, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    want = int8_rows(w.clone(), chunk_rows=16, block=block)
+    seen = torch.zeros(70, dtype=torch.int64)
+
+    def release(chunk):
+        first = (chunk.data_ptr() - w.data_ptr()) // (w.stride(0) * w.element_size())
+        seen[first:first + chunk.shape[0]] += 1
+        chunk.fill_(float("nan"))
+
+    got = int8_rows(w, chunk_rows=16, block=block, release=release)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert seen.tolist() == [1] * 70
+
+
 def test_int8_rows_lookup_is_the_dequantized_row():
     w = torch.randn(50, 32, generator=torch.Generator().manual_seed(3)).bfloat16()
     linear = Linear(w, fmt="int8")
