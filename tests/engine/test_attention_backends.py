@@ -128,6 +128,55 @@ def test_native_split_context_matches_reference(monkeypatch, threads, heads, kv_
     assert float((got - want).abs().max()) <= 1e-4
 
 
+def _bf16_pair(kv_heads, dim, num_blocks=64):
+    """A bf16 pool and an fp32 pool holding the same values: the fp32 reference sees exactly
+    what the bf16 kernel reads, so only the kernel's fp32 sums and the output's rounding differ."""
+    narrow = _store(kv_heads, dim, torch.bfloat16, num_blocks=num_blocks)
+    wide = KVStore(1, num_blocks, BLOCK, kv_heads, dim, torch.float32)
+    wide.key_blocks[0].copy_(narrow.key_blocks[0].float())
+    wide.value_blocks[0].copy_(narrow.value_blocks[0].float())
+    return narrow, wide
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dim", [64, 128])  # four and eight pairs per row
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (8, 1)])  # GQA ratios 1, 3, 8
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_native_bf16_pair_order_matches_fp32_reference(monkeypatch, threads, dim, heads,
+                                                       kv_heads, case):
+    """bf16 rows read as even / odd lanes (paged_plain.h), on one thread and with the context
+    cut into parts whose items take every KV head (split reduction), against the reference
+    in fp32 over the same values: within the output's bf16 rounding (2^-8 relative)."""
+    from kvledger.engine.attention.native import PagedKernel
+
+    monkeypatch.setattr(PagedKernel, "THREAD_WORK", 0)
+    lengths = CASES[case]
+    narrow, wide = _bf16_pair(kv_heads, dim)
+    tables = _random_tables(lengths, 64, seed=len(case) + dim)
+    q = torch.randn(len(lengths), heads, dim, generator=torch.Generator().manual_seed(7))
+    q = q.bfloat16()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _run("paged-native", q, _decode_meta(tables, lengths), narrow).float()
+    finally:
+        torch.set_num_threads(previous)
+    want = _run("reference", q.float(), _decode_meta(tables, lengths), wide)
+    assert float(((got - want).abs() / (want.abs() + 1e-2)).max()) <= 2 ** -7
+
+
+@pytest.mark.parametrize("prefix,new", [(16, 9), (33, 15), (1, 1), (47, 50)])
+def test_native_bf16_prefill_after_prefix_matches_fp32_reference(prefix, new):
+    narrow, wide = _bf16_pair(3, 64, num_blocks=40)
+    table = [12, 3, 25, 8, 0, 19, 6]
+    seg = lambda: PrefillSegment(0, new, _slots(table, prefix + new),
+                                 _prefix_causal_mask(prefix, new))
+    q = torch.randn(new, 9, 64, generator=torch.Generator().manual_seed(prefix)).bfloat16()
+    want = _run("reference", q.float(), AttentionMetadata(None, prefills=[seg()]), wide)
+    got = _run("paged-native", q, AttentionMetadata(None, prefills=[seg()]), narrow).float()
+    assert float(((got - want).abs() / (want.abs() + 1e-2)).max()) <= 2 ** -7
+
+
 @pytest.mark.parametrize("dim", [128, 40, 36])  # unrolled 128; generic multiple of 8; fallback
 def test_paged_head_dims_match_reference(dim):
     """Other head sizes: 128 has its own unrolled code, 40 the generic loop, and 36 (not a

@@ -41,6 +41,7 @@ FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "
 SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
            ("kvledger.engine.attention", "paged_vec.h"),
            ("kvledger.engine.attention", "paged_softmax.h"),
+           ("kvledger.engine.attention", "paged_plain.h"),
            ("kvledger.engine.attention", "paged_quantized.h"),
            ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
            ("kvledger.engine", "int8_activations.h"), ("kvledger.engine", "gemv_tiles.h"),

@@ -31,9 +31,13 @@
 // Built by kvledger.engine.attention.native with g++ -O3 -march=native ; called
 // through ctypes.
 //
+// Plain blocks with head_dim a multiple of 16 (the common sizes 64 and 128) take the pair-order
+// loop of paged_plain.h; when a context is cut into parts, each such item takes every KV head
+// of its part, so a block's K and V rows are read whole and in one run.
+//
 // The pieces: paged_vec.h (fp32 vectors, the size limits), paged_softmax.h (the online softmax
-// and plain blocks), paged_quantized.h (quantized blocks); this file splits the work and holds
-// the C entry points.
+// and plain blocks of other head sizes), paged_plain.h (plain blocks in pair order),
+// paged_quantized.h (quantized blocks); this file splits the work and holds the C entry points.
 
 #include <cmath>
 #include <cstdint>
@@ -41,6 +45,7 @@
 #include <omp.h>
 #include <vector>
 
+#include "paged_plain.h"
 #include "paged_quantized.h"
 #include "paged_softmax.h"
 #include "paged_vec.h"
@@ -57,6 +62,77 @@ struct Args {
     const int64_t* residual_of;          // [blocks]: residual slot of a partial block, or -1
 };
 
+// The item's result: the output rows when the context is one part, else its part's running
+// max, normaliser and weighted sums (merged by merge_parts).
+template <typename T>
+void finish_item(const Args& a, const State& st, int qi, int kh, int part, int nv) {
+    const int D = a.head_dim, G = a.heads / a.kv_heads;
+    if (a.parts == 1) {
+        T* out = static_cast<T*>(a.out);
+        for (int g = 0; g < G; ++g) {
+            const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
+            const float inv = 1.f / st.l[g];
+            for (int j = 0; j < nv; ++j)
+                for (int i = 0; i < kLanes; ++i)
+                    store(out, base + j * kLanes + i, st.acc[g][j][i] * inv);
+        }
+        return;
+    }
+    float* dst = a.partial + ((static_cast<int64_t>(qi) * a.kv_heads + kh) * a.parts + part)
+                                 * G * (D + 2);
+    for (int g = 0; g < G; ++g, dst += D + 2) {
+        dst[0] = st.m[g];
+        dst[1] = st.l[g];
+        std::memcpy(dst + 2, st.acc[g], sizeof(float) * D);
+    }
+}
+
+// Pairs per row of the pair-order loop (paged_plain.h) for plain blocks of DV vectors per
+// row, 0 where it does not apply (quantized blocks, a head size not a multiple of 16).
+constexpr int pairs_of(int kind, int dv) { return kind == 0 && dv % 2 == 0 ? dv / 2 : 0; }
+
+// Items (query qi, KV heads kh0 .. kh0 + nh, part) over plain blocks in pair order: every block
+// of the part is read for all nh heads before the next (with nh = kv_heads its K and V rows are
+// read whole, one contiguous run per block), the block after it prefetched into L2.
+template <typename T, int NP>
+void attend_plain(const Args& a, int qi, int kh0, int nh, int part) {
+    thread_local std::vector<State> states;  // one per head; kept, it is ~100 KB each
+    if (static_cast<int>(states.size()) < nh) states.resize(nh);
+    const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
+    const int L = a.context_lens[qi];
+    const int blocks = (L + bs - 1) / bs;
+    const int b_begin = static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts);
+    const int b_end = static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts);
+    const int32_t* table = a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
+    const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
+    const T* k = static_cast<const T*>(a.k) + kh0 * D;
+    const T* v = static_cast<const T*>(a.v) + kh0 * D;
+    for (int h = 0; h < nh; ++h) {
+        const T* qrows = static_cast<const T*>(a.q) + (static_cast<int64_t>(qi) * a.heads + (kh0 + h) * G) * D;
+        load_queries<T, NP>(states[h], qrows, D, G, a.scale);
+        for (int g = 0; g < G; ++g) {
+            states[h].m[g] = -INFINITY;
+            states[h].l[g] = 0.f;
+        }
+    }
+    const int row_bytes = nh * D * static_cast<int>(sizeof(T));
+    for (int b = b_begin; b < b_end; ++b) {
+        const int start = b * bs;
+        const int n = L - start < bs ? L - start : bs;
+        if (b + 1 < b_end) {
+            const int64_t next = static_cast<int64_t>(table[b + 1]) * bs * token_stride;
+            prefetch_rows(k + next, v + next, token_stride, bs, row_bytes);
+        }
+        const int64_t base = static_cast<int64_t>(table[b]) * bs * token_stride;
+        for (int h = 0; h < nh; ++h)
+            attend_pairs<T, NP>(states[h], k + base + h * D, v + base + h * D, token_stride, n, G);
+    }
+    for (int h = 0; h < nh; ++h) {
+        natural_order<T, NP>(states[h], G);
+        finish_item<T>(a, states[h], qi, kh0 + h, part, 2 * NP);
+    }
+}
+
 // One (query, kv head, part) item; DV = head_dim / kLanes when fixed at compile time, 0 when not.
 // KIND: 0 for plain blocks a.k / a.v, else the codec kind of a.ks and a.vs.
 template <typename T, int DV, int KIND>
@@ -69,7 +145,12 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     const int b_begin = static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts);
     const int b_end = static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts);
     const int32_t* table = a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
+    const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
     State st;
+    if constexpr (pairs_of(KIND, DV) > 0) {
+        attend_plain<T, pairs_of(KIND, DV)>(a, qi, kh, 1, part);
+        return;
+    }
     for (int g = 0; g < G; ++g) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         for (int j = 0; j < nv; ++j) {
@@ -85,7 +166,6 @@ void attend_part(const Args& a, int qi, int kh, int part) {
         st.m[g] = -INFINITY;
         st.l[g] = 0.f;
     }
-    const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
     QBlock kb, vb;
     std::vector<float> kroom, vroom;
     if (KIND) {
@@ -110,24 +190,7 @@ void attend_part(const Args& a, int qi, int kh, int part) {
                                     a.kv_heads, n, G, nv);
         }
     }
-    if (a.parts == 1) {
-        T* out = static_cast<T*>(a.out);
-        for (int g = 0; g < G; ++g) {
-            const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
-            const float inv = 1.f / st.l[g];
-            for (int j = 0; j < nv; ++j)
-                for (int i = 0; i < kLanes; ++i)
-                    store(out, base + j * kLanes + i, st.acc[g][j][i] * inv);
-        }
-        return;
-    }
-    float* dst = a.partial + ((static_cast<int64_t>(qi) * a.kv_heads + kh) * a.parts + part)
-                                 * G * (D + 2);
-    for (int g = 0; g < G; ++g, dst += D + 2) {
-        dst[0] = st.m[g];
-        dst[1] = st.l[g];
-        std::memcpy(dst + 2, st.acc[g], sizeof(float) * D);
-    }
+    finish_item<T>(a, st, qi, kh, part, nv);
 }
 
 // Combine the parts of (qi, kh): rescale each part's sums to the common maximum.
@@ -162,12 +225,20 @@ template <typename T, int DV>
 void run(const Args& a, int num_threads) {
     const int kind = a.ks ? a.ks->kind : 0;  // K and V share it (the caller checks)
     const int64_t pairs = static_cast<int64_t>(a.num_queries) * a.kv_heads;
-    const int64_t items = pairs * a.parts;
+    // a context cut into parts (few queries): each plain item takes every KV head of its part
+    constexpr int NP = pairs_of(0, DV);
+    const bool whole_rows = NP > 0 && kind == 0 && a.parts > 1;
+    const int64_t items = (whole_rows ? a.num_queries : pairs) * a.parts;
     auto body = [&](int64_t begin, int64_t end) {
         for (int64_t w = begin; w < end; ++w) {
             const int64_t pair = w / a.parts;
+            const int part = static_cast<int>(w % a.parts);
+            if (whole_rows) {
+                attend_plain<T, NP>(a, static_cast<int>(pair), 0, a.kv_heads, part);
+                continue;
+            }
             const int qi = static_cast<int>(pair / a.kv_heads);
-            const int kh = static_cast<int>(pair % a.kv_heads), part = static_cast<int>(w % a.parts);
+            const int kh = static_cast<int>(pair % a.kv_heads);
             if (kind == kInt8) attend_part<T, DV, kInt8>(a, qi, kh, part);
             else if (kind == kInt4) attend_part<T, DV, kInt4>(a, qi, kh, part);
             else if (kind == kFp8) attend_part<T, DV, kFp8>(a, qi, kh, part);
