@@ -105,8 +105,10 @@ def _kernel_probe(model: str, threads: int | None) -> None:
         for fmt, by_rows in result.gemm_us.get(cls, {}).items():
             cells = "  ".join(f"{rows}: " + "/".join(f"{us:.0f}" for us in t.values())
                               for rows, t in by_rows.items())
-            print(f"    {fmt:6s} rows: own kernel/fp32 GEMM µs  {cells}   -> fp32 GEMM from "
-                  f"{result.gemm_rows(cls, fmt)} rows")
+            names = "/".join(next(iter(by_rows.values()), {"own": 0}))
+            choice = result.gemm_choice(cls, fmt)
+            pick = "own kernel" if choice is None else f"{choice[1]} GEMM from {choice[0]} rows"
+            print(f"    {fmt:6s} rows: {names} µs  {cells}   -> {pick}")
     cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
     print(f"  attention (1 query, {probe_timing.ATTENTION_CONTEXT} positions): {cells}   -> "
           f"{result.attention}")
@@ -117,4 +119,4 @@ def _kernel_probe(model: str, threads: int | None) -> None:
         print(f"  {key:17s} rows: native/torch µs  {cells}   -> native up to "
               f"{limits[op][kernels.FUSED_DTYPES[dtype]]} rows")
     print(f"saved to {kernels._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
-          "KVLEDGER_ATTENTION")
+          "KVLEDGER_GEMM / KVLEDGER_ATTENTION")

@@ -8,7 +8,10 @@ streams every layer's weights from memory), the fastest attention backend for on
 over a bf16 pool and once over an int8 pool: the quantized formats' choice, since a backend
 fastest on plain blocks may not be once it dequantizes), and up to how many rows the native
 fused element-wise ops (:mod:`kvledger.engine.fused`, one thread) beat PyTorch's (vectorised,
-all threads) — a decode step has a few rows, a prefill hundreds.
+all threads) — a decode step has a few rows, a prefill hundreds. For the many rows of a
+prefill, it also times each format's own kernel against the GEMM paths on the weight
+dequantized per call (``fp32``, ``bf16``: :meth:`kvledger.engine.linear.Linear.gemm`) and
+picks the path and the row count it starts at (:meth:`ProbeResult.gemm_choice`).
 The timing (interleaved rounds, best of several, in microseconds) is
 :mod:`kvledger.engine.probe_timing`; this module turns it into choices and caches it.
 
@@ -16,7 +19,8 @@ Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per 
 (CPU model and flags, torch version, threads, the shapes, the native kernel's source), so a
 new CPU, torch, model or kernel re-probes, and the same key always gives the same choice. A
 corrupt file is ignored with a warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
-``class=format,...``) and ``KVLEDGER_ATTENTION`` override the probe; ``int4`` and ``w4a8`` apply only to
+``class=format,...``), ``KVLEDGER_GEMM`` (the many-row path, :func:`forced_gemm`) and
+``KVLEDGER_ATTENTION`` override the probe; ``int4`` and ``w4a8`` apply only to
 weights the GGUF stores as Q4 (others stay dense; ``w4a8`` without the native library is ``int4``).
 """
 
@@ -31,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kvledger.engine import probe_timing
-from kvledger.engine.linear import FORMATS, Q4_FORMATS
+from kvledger.engine.linear import FORMATS, GEMM_PATHS, Q4_FORMATS
 from kvledger.engine.probe_timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
 from kvledger.errors import InvalidParameterError
 from kvledger.paths import cache_dir
@@ -39,6 +43,8 @@ from kvledger.spec import ModelSpec
 
 log = logging.getLogger("kvledger.engine")
 CLASSES = ("qkv", "o", "gate_up", "down", "lm_head")
+GEMM_CLASSES = CLASSES[:4]
+"""The classes with a many-row GEMM path (the LM head sees one row per sampled sequence)."""
 REFERENCE_REQUEST = (512, 128)
 """(prompt tokens, new tokens) of the request whose matmul time picks each class's format."""
 NOT_Q4_FORMATS = tuple(f for f in FORMATS if f not in Q4_FORMATS)
@@ -52,7 +58,8 @@ class ProbeResult:
         matmul_us: class -> format -> best time of one decode row, weight evicted from the
             caches first, µs.
         gemm_us: class -> format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs,
-            "fp32": µs}`` (no ``fp32`` for int4); no ``lm_head`` (it sees one row per sequence).
+            path: µs, ...}`` for the GEMM paths (``fp32``, ``bf16``) other than the format's
+            own kernel (none for int4); no ``lm_head`` (it sees one row per sequence).
         attention_us: backend -> best time of one decode query over 512 positions, µs.
         fused_us: ``"op:dtype"`` (e.g. ``"silu_mul:bf16"``) -> rows (as text) ->
             ``{"native": µs, "torch": µs}``; empty when the native library is unavailable.
@@ -84,18 +91,26 @@ class ProbeResult:
         times = self.matmul_us[shape_class]
         return min((f for f in available if f in times), key=cost)
 
-    def gemm_rows(self, shape_class: str, fmt: str) -> int | None:
-        """Rows from which ``fmt``'s layers of ``shape_class`` take the fp32 GEMM: the
-        smallest of :data:`GEMM_ROWS` from which it was faster at every measured count
-        (None: never)."""
+    def gemm_choice(self, shape_class: str, fmt: str) -> tuple[int, str] | None:
+        """(rows, path): from how many rows ``fmt``'s layers of ``shape_class`` take which
+        GEMM path (:data:`kvledger.engine.linear.GEMM_PATHS`); None: always the own kernel.
+        The path is the fastest at the largest of :data:`GEMM_ROWS`; it starts at the smallest
+        count from which it beat the own kernel at every larger measured count."""
         by_rows = self.gemm_us.get(shape_class, {}).get(fmt, {})
+        counts = sorted(by_rows, key=int, reverse=True)
+        if not counts:
+            return None
+        top = by_rows[counts[0]]
+        path = min(top, key=top.__getitem__)
+        if path == "own":
+            return None
         start = None
-        for rows in sorted(by_rows, key=int, reverse=True):
+        for rows in counts:
             times = by_rows[rows]
-            if "fp32" not in times or times["fp32"] >= times["own"]:
+            if path not in times or times[path] >= times["own"]:
                 break
             start = int(rows)
-        return start
+        return start, path
 
     @property
     def attention(self) -> str:
@@ -188,7 +203,7 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
                          {c: probe_timing.time_formats(*sizes[c], evict) for c in CLASSES},
                          probe_timing.time_attention(spec),
                          probe_timing.time_fused(spec),
-                         {c: probe_timing.time_gemm(*sizes[c]) for c in CLASSES if c != "lm_head"},
+                         {c: probe_timing.time_gemm(*sizes[c]) for c in GEMM_CLASSES},
                          probe_timing.time_attention(spec, quantized=True))
     entries[key] = asdict(result)
     _MEMO[memo] = result
@@ -242,10 +257,41 @@ def candidates(shape_class: str, q4_classes: set[str]) -> tuple[str, ...]:
     return FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
 
 
-def choose_gemm_rows(spec: ModelSpec, formats: dict[str, str]) -> dict[str, int | None]:
-    """Class -> rows from which its layers (in ``formats``) take the fp32 GEMM (probe)."""
-    result = probe(spec)
-    return {cls: result.gemm_rows(cls, fmt) for cls, fmt in formats.items()}
+def forced_gemm() -> dict[str, tuple[int, str] | None]:
+    """GEMM paths forced by ``$KVLEDGER_GEMM`` (empty when unset): ``PATH[:ROWS]`` for every
+    class, or ``class=PATH[:ROWS],...``; PATH is ``own`` (never a GEMM path) or one of
+    :data:`kvledger.engine.linear.GEMM_PATHS`, taken from ROWS rows on (default 64).
+
+    Raises:
+        InvalidParameterError: an unknown class or path, or ROWS not a positive integer.
+    """
+    text = os.environ.get("KVLEDGER_GEMM", "").strip()
+    if not text:
+        return {}
+    if "=" not in text:
+        text = ",".join(f"{c}={text}" for c in GEMM_CLASSES)
+    forced: dict[str, tuple[int, str] | None] = {}
+    for item in text.split(","):
+        cls, _, choice = item.partition("=")
+        path, _, rows = choice.strip().partition(":")
+        cls, path, rows = cls.strip(), path.strip(), rows.strip() or "64"
+        if cls not in GEMM_CLASSES or path not in ("own", *GEMM_PATHS) or not rows.isdigit() \
+                or int(rows) < 1:
+            raise InvalidParameterError(
+                f"KVLEDGER_GEMM: {item!r} is not class=PATH[:ROWS] with class in "
+                f"{', '.join(GEMM_CLASSES)}, PATH in own, {', '.join(GEMM_PATHS)} and ROWS >= 1")
+        forced[cls] = None if path == "own" else (int(rows), path)
+    return forced
+
+
+def choose_gemm(spec: ModelSpec, formats: dict[str, str]) -> dict[str, tuple[int, str] | None]:
+    """Class -> (rows, path) from which its layers (in ``formats``) take a GEMM path
+    (:meth:`ProbeResult.gemm_choice`), or None; ``$KVLEDGER_GEMM`` overrides
+    (:func:`forced_gemm`)."""
+    forced = forced_gemm()
+    result = None if set(formats) <= set(forced) else probe(spec)
+    return {cls: forced[cls] if cls in forced else result.gemm_choice(cls, fmt)
+            for cls, fmt in formats.items()}
 
 
 def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:

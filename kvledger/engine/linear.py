@@ -20,12 +20,13 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.kernels`):
 
 The quantized formats take bf16 activations only; in fp32 (the exact mode) every layer is
 dense. A layer never keeps a second copy of its weight. The weight-only kernels are made for
-the few rows of a decode step; on the hundreds of a prefill chunk a plain fp32 GEMM on the
-weight dequantized for the call is faster on CPUs without native bf16 matmul (measured: 30 ms
-against 60 ms for a [3072, 576] int8 weight at 512 rows on a 2-core AMD EPYC), so a ``dense``,
-``int8``, ``w8a8`` or ``w4a8`` layer takes that path from ``gemm_rows`` rows on, a number the kernel probe
-measures per shape class (:func:`kvledger.engine.kernels.probe`). ``int4`` keeps no codes it
-could dequantize and always runs its kernel.
+the few rows of a decode step; on the hundreds of a prefill chunk a plain GEMM on the weight
+dequantized for the call is faster (:meth:`Linear.gemm`, one of :data:`GEMM_PATHS`): ``fp32``
+on CPUs without native bf16 matmul (measured: 30 ms against 60 ms for a [3072, 576] int8 weight
+at 512 rows on a 2-core AMD EPYC Zen 1), ``bf16`` (oneDNN) where the CPU multiplies bf16
+natively (AVX512-BF16, AMX). A layer takes its ``gemm_path`` from ``gemm_rows`` rows on, both
+chosen per shape class by the kernel probe (:func:`kvledger.engine.kernels.probe`). ``int4``
+keeps no codes it could dequantize and always runs its kernel.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from kvledger.engine.q4 import GROUP, q4_blocks, q4_dequantize
 FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8")
 Q4_FORMATS = ("int4", "w4a8")
 """The formats that need a weight the GGUF stores as Q4."""
+GEMM_PATHS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The many-row paths of :meth:`Linear.gemm`: the dtype the product is computed in."""
 
 
 def int4_shape_ok(out_features: int, in_features: int) -> bool:
@@ -132,7 +135,8 @@ class Linear:
             fmt = "dense"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None
-        self.gemm_rows: int | None = None  # from this many rows on: fp32 GEMM (not for int4)
+        self.gemm_rows: int | None = None  # from this many rows on: gemm_path (not for int4)
+        self.gemm_path = "fp32"
         if fmt == "dense":
             self.weight = weight
         elif fmt in Q4_FORMATS:
@@ -162,7 +166,7 @@ class Linear:
         self = cls.__new__(cls)
         self.format = fmt
         self.bias, self.out_features = bias, shape[0]
-        self.weight, self.gemm_rows = None, None
+        self.weight, self.gemm_rows, self.gemm_path = None, None, "fp32"
         self._pack_q4(q4)
         return self
 
@@ -185,7 +189,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in] -> [tokens, out]."""
         if self.gemm_rows is not None and x.shape[0] >= self.gemm_rows:
-            return self.fp32_gemm(x)
+            return self.gemm(x, self.gemm_path)
         if self.format == "dense":
             return F.linear(x, self.weight, self.bias)
         if self.format == "int4":
@@ -196,27 +200,40 @@ class Linear:
             y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
         return y if self.bias is None else y + self.bias
 
-    def fp32_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """[tokens, in] -> [tokens, out] in x's dtype, multiplied in fp32 on the weight
-        dequantized for this call (int8: ``(x @ q.T) * s_row``; w8a8, w4a8: the blocks times
-        their scales), with the kernel's scales, so both paths use the same weight (the native
-        formats do not round x here).
+    def gemm(self, x: torch.Tensor, path: str) -> torch.Tensor:
+        """[tokens, in] -> [tokens, out] in x's dtype, multiplied in ``path``'s dtype
+        (:data:`GEMM_PATHS`) on :meth:`dense_weight` (so every path uses the layer's own
+        weight; the native formats do not round x here).
+
+        Raises:
+            ValueError: an ``int4`` layer (its packed codes cannot be read back).
+        """
+        dtype = GEMM_PATHS[path]
+        bias = None if self.bias is None else self.bias.to(dtype)
+        return F.linear(x.to(dtype), self.dense_weight(dtype), bias).to(x.dtype)
+
+    def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """W [out, in] in ``dtype``, dequantized for this call (int8: codes x the kernel's row
+        scales; w8a8: codes x block scales; w4a8: the Q4 blocks; each weight computed in fp32
+        and rounded once to ``dtype``; in bf16 by the native kernel where it is built).
 
         Raises:
             ValueError: an ``int4`` layer (its packed codes cannot be read back).
         """
         if self.format == "int4":
-            raise ValueError("an int4-packed weight has no fp32 path")
+            raise ValueError("an int4-packed weight cannot be read back")
         if self.format == "dense":
-            y = F.linear(x.float(), self.weight.float())
-        elif self.format == "w4a8":
-            y = F.linear(x.float(), q4_dequantize(self.packed, self.scales, self._minima))
-        elif self.format == "w8a8":
-            y = F.linear(x.float(), self._dequantized_blocks(self.packed, self.scales))
-        else:
-            y = F.linear(x.float(), self.packed.float()) * self.scales.float()
-        y = y if self.bias is None else y + self.bias.float()
-        return y.to(x.dtype)
+            return self.weight.to(dtype)
+        native = w8a8.kernel() if dtype == torch.bfloat16 else None
+        if self.format == "w4a8":
+            if native is not None:
+                return native.dense_q4(self.packed, self.scales, self._minima)
+            return q4_dequantize(self.packed, self.scales, self._minima).to(dtype)
+        if self.format == "w8a8":
+            if native is not None:
+                return native.dense_q8(self.packed, self.scales)
+            return self._dequantized_blocks(self.packed, self.scales).to(dtype)
+        return (self.packed.float() * self.scales.float()[:, None]).to(dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` [T] of W as [T, in] in ``dtype`` (an embedding lookup of a tied head).

@@ -55,12 +55,12 @@ class LlamaModel:
             attention = make_backend(attention or kernels.choose_attention(spec))
         self.attention = attention
         self.ops = fused_ops(kernels.fused_limits(spec))
-        gemm_rows = {}
+        gemm = {}
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
             formats = kernels.choose_formats(spec, _q4_classes(weights))
-            gemm_rows = kernels.choose_gemm_rows(spec, formats)
+            gemm = kernels.choose_gemm(spec, formats)
         self.formats = dict(formats)
         release = getattr(weights, "release", None) or (lambda tensor: None)
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
@@ -78,8 +78,10 @@ class LlamaModel:
         self.layers = []
         for i in range(spec.num_layers):
             self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
-            for cls in ("qkv", "o", "gate_up", "down"):
-                self.layers[-1][cls].gemm_rows = gemm_rows.get(cls)
+            for cls in kernels.GEMM_CLASSES:
+                if gemm.get(cls) is not None:
+                    lin = self.layers[-1][cls]
+                    lin.gemm_rows, lin.gemm_path = gemm[cls]
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim

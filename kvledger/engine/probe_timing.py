@@ -3,9 +3,10 @@
 Each timing runs on random inputs of the model's real shapes: one decode row per format of a
 matmul shape class (bf16 activations, each call on a weight evicted from the caches, as in a
 decode step, which streams every layer's weights from memory), each format's own kernel against
-the fp32 GEMM at :data:`GEMM_ROWS` rows, one decode query over :data:`ATTENTION_CONTEXT`
-positions per attention backend (over a bf16 or an int8 pool), and the native fused
-element-wise ops (:mod:`kvledger.engine.fused`) against PyTorch's at :data:`FUSED_ROWS` rows.
+the many-row GEMM paths (fp32, bf16) at :data:`GEMM_ROWS` rows, one decode query over
+:data:`ATTENTION_CONTEXT` positions per attention backend (over a bf16 or an int8 pool), and
+the native fused element-wise ops (:mod:`kvledger.engine.fused`) against PyTorch's at
+:data:`FUSED_ROWS` rows.
 Candidates are timed in interleaved rounds (each round calls every candidate once, after a
 warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
 disturbed moment then slows all candidates alike instead of one of them.
@@ -18,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from kvledger.engine.linear import FORMATS, Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.engine.linear import FORMATS, GEMM_PATHS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.spec import ModelSpec
 
 REPEATS = 20
 ATTENTION_CONTEXT = 512
 GEMM_ROWS = (16, 64, 256)
-"""Row counts at which the probe times each layer format's own kernel against the fp32 GEMM
-(:meth:`kvledger.engine.linear.Linear.fp32_gemm`): prefill chunks and large decode batches."""
+"""Row counts at which the probe times each layer format's own kernel against the GEMM paths
+(:meth:`kvledger.engine.linear.Linear.gemm`): prefill chunks and large decode batches."""
 GEMM_REPEATS = 3
 EVICT_BYTES_MIN = 64 << 20
 """Least bytes read between two timed decode rows to push the weight out of the caches (the
@@ -96,15 +97,18 @@ def time_formats(out_f: int, in_f: int, evict) -> dict[str, float]:
 
 
 def time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
-    """Format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs, "fp32": µs}`` through an
-    [out_f, in_f] weight (no ``fp32`` for int4)."""
+    """Format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs, path: µs, ...}`` through
+    an [out_f, in_f] weight, for each of :data:`kvledger.engine.linear.GEMM_PATHS` that is not
+    the format's own kernel (none for int4; no ``bf16`` for dense, whose own kernel it is)."""
     result: dict[str, dict[str, dict[str, float]]] = {}
     for fmt, lin in _layers(out_f, in_f).items():
+        paths = [] if fmt == "int4" else [p for p in GEMM_PATHS if not (
+            fmt == "dense" and GEMM_PATHS[p] == lin.weight.dtype)]
         for rows in GEMM_ROWS:
             x = torch.randn(rows, in_f).bfloat16()
             calls = {"own": lambda lin=lin, x=x: lin(x)}
-            if fmt != "int4":
-                calls["fp32"] = lambda lin=lin, x=x: lin.fp32_gemm(x)
+            for path in paths:
+                calls[path] = lambda lin=lin, x=x, path=path: lin.gemm(x, path)
             result.setdefault(fmt, {})[str(rows)] = best_us(calls, GEMM_REPEATS)
     return result
 

@@ -1,5 +1,6 @@
 """The native products with int8 activations behind the ``w8a8`` and ``w4a8`` weight formats
-(``int8_gemv.cpp``).
+(``int8_gemv.cpp``), and their weights written out in bf16 for a prefill's GEMM
+(:meth:`W8A8Kernel.dense_q4`, :meth:`W8A8Kernel.dense_q8`; ``dequant_bf16.cpp``).
 
 w8a8:
 
@@ -55,6 +56,12 @@ class W8A8Kernel:
         self._fn4 = lib.kvl_w4a8_mm
         self._fn4.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32]
         self._fn4.restype = None
+        self._dense4 = lib.kvl_q4_dequant_bf16
+        self._dense4.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32]
+        self._dense4.restype = None
+        self._dense8 = lib.kvl_q8_dequant_bf16
+        self._dense8.argtypes = [ptr, ptr, i32, i32, ptr, i32]
+        self._dense8.restype = None
         self.vector = bool(lib.kvl_w8a8_vector())
 
     @staticmethod
@@ -93,6 +100,22 @@ class W8A8Kernel:
             raise ValueError("w4a8 takes contiguous uint8 codes [out, in / 2] with in % 32 == 0 "
                              "and fp32 scales and minima [out, in / 32]")
         return W8A8Weight(self._fn4, qs, e, m, in_features=2 * half)
+
+    def dense_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """bf16 [out, in] of a weight bound by :meth:`bind_q4` (same tensors): ``e * code + m``
+        in fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(qs.shape[0], 2 * qs.shape[1], dtype=torch.bfloat16)
+        self._dense4(qs.data_ptr(), e.data_ptr(), m.data_ptr(), w.shape[0], w.shape[1],
+                     w.data_ptr(), torch.get_num_threads())
+        return w
+
+    def dense_q8(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """bf16 [out, in] of a weight bound by :meth:`bind` (same tensors): ``code * s`` in
+        fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(codes.shape, dtype=torch.bfloat16)
+        self._dense8(codes.data_ptr(), scales.data_ptr(), w.shape[0], w.shape[1],
+                     w.data_ptr(), torch.get_num_threads())
+        return w
 
     def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                  scalar: bool = False) -> torch.Tensor:

@@ -24,6 +24,7 @@ def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLEDGER_CACHE", str(tmp_path))
     monkeypatch.delenv("KVLEDGER_WEIGHT_FORMAT", raising=False)
     monkeypatch.delenv("KVLEDGER_ATTENTION", raising=False)
+    monkeypatch.delenv("KVLEDGER_GEMM", raising=False)
 
 
 def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, monkeypatch):
@@ -36,7 +37,8 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
                                    for d in kernels.FUSED_DTYPES}
     assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernels.FUSED_ROWS}
     assert set(first.gemm_us) == set(kernels.CLASSES) - {"lm_head"}
-    assert set(first.gemm_us["qkv"]["int8"]["16"]) == {"own", "fp32"}
+    assert set(first.gemm_us["qkv"]["int8"]["16"]) == {"own", "fp32", "bf16"}
+    assert set(first.gemm_us["qkv"]["dense"]["16"]) == {"own", "fp32"}  # bf16: its own kernel
     assert set(first.quantized_attention_us) == set(first.attention_us)  # same candidates
     assert all(t > 0 for t in first.quantized_attention_us.values())
 
@@ -142,28 +144,63 @@ def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
     assert calls == [3]
 
 
-def _gemm(own, fp32=None):
-    return {"own": own} if fp32 is None else {"own": own, "fp32": fp32}
+def _gemm(own, fp32=None, bf16=None):
+    paths = {"fp32": fp32, "bf16": bf16}
+    return {"own": own, **{p: t for p, t in paths.items() if t is not None}}
 
 
-def test_fp32_gemm_starts_where_it_wins_for_good_and_counts_in_the_format_choice():
+def test_gemm_path_starts_where_it_wins_for_good_and_counts_in_the_format_choice():
     result = kernels.ProbeResult(
         "cpu", "t", 2, {"gate_up": {"dense": 30.0, "int4": 9.0, "int8": 10.0}}, {}, {},
         {"gate_up": {"int8": {"16": _gemm(50, 60), "64": _gemm(200, 150), "256": _gemm(800, 400)},
                      "dense": {"16": _gemm(90, 60), "64": _gemm(300, 310), "256": _gemm(900, 400)},
                      "int4": {"16": _gemm(45), "64": _gemm(190), "256": _gemm(800)}}})
-    assert result.gemm_rows("gate_up", "int8") == 64
-    assert result.gemm_rows("gate_up", "dense") == 256  # a loss at 64 ends the run from the top
-    assert result.gemm_rows("gate_up", "int4") is None
+    assert result.gemm_choice("gate_up", "int8") == (64, "fp32")
+    assert result.gemm_choice("gate_up", "dense") == (256, "fp32")  # a loss at 64 ends the run
+    assert result.gemm_choice("gate_up", "int4") is None
     # 128 decode rows + 2 chunks of 256: int8 10*128 + 2*400 = 2080 < int4 9*128 + 2*800 = 2752
     assert kernels.REFERENCE_REQUEST == (512, 128)
     assert result.weight_format("gate_up") == "int8"
 
 
-def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
-    """Above gemm_rows a layer multiplies in fp32 on its own weight (int8: codes x the kernel's
-    row scales; w8a8: codes x its block scales; w4a8: the Q4 blocks): the result is the exact
-    product rounded once to bf16 (half an ulp)."""
+def test_gemm_path_is_the_fastest_at_the_most_rows():
+    """bf16 wins at 256 and 64 rows, fp32 only at 16: bf16 from 64 rows; own fastest at the
+    top: no path at all, whatever wins below."""
+    result = kernels.ProbeResult(
+        "cpu", "t", 2, {"o": {"w4a8": 1.0, "int8": 2.0}}, {}, {},
+        {"o": {"w4a8": {"16": _gemm(50, 40, 60), "64": _gemm(200, 150, 100),
+                        "256": _gemm(800, 400, 300)},
+               "int8": {"16": _gemm(50, 40, 30), "64": _gemm(200, 150, 100),
+                        "256": _gemm(300, 400, 350)}}})
+    assert result.gemm_choice("o", "w4a8") == (64, "bf16")
+    assert result.gemm_choice("o", "int8") is None
+    # the format choice counts the fastest path of a 256-row chunk: w4a8 128 + 2 * 300
+    assert result.weight_format("o") == "w4a8"
+
+
+def test_forced_gemm_overrides_the_probe(tiny_spec, monkeypatch):
+    monkeypatch.setenv("KVLEDGER_GEMM", "bf16")
+    assert kernels.forced_gemm() == {c: (64, "bf16") for c in kernels.GEMM_CLASSES}
+    monkeypatch.setenv("KVLEDGER_GEMM", "gate_up=fp32:256, down=own")
+    assert kernels.forced_gemm() == {"gate_up": (256, "fp32"), "down": None}
+    monkeypatch.setenv("KVLEDGER_GEMM", "qkv=bf16,o=bf16:16,gate_up=own,down=fp32")
+    chosen = kernels.choose_gemm(tiny_spec, {"qkv": "int8", "o": "w8a8", "gate_up": "dense",
+                                             "down": "w4a8"})
+    assert chosen == {"qkv": (64, "bf16"), "o": (16, "bf16"), "gate_up": None,
+                      "down": (64, "fp32")}
+    for bad in ("lm_head=bf16", "fp16", "bf16:0", "bf16:x", "qkv=bf16;o=fp32"):
+        monkeypatch.setenv("KVLEDGER_GEMM", bad)
+        with pytest.raises(InvalidParameterError, match="KVLEDGER_GEMM"):
+            kernels.forced_gemm()
+
+
+@pytest.mark.parametrize("path", ["fp32", "bf16"])
+def test_gemm_path_is_the_layers_own_weight(path):
+    """Above gemm_rows a layer multiplies on its own weight (int8: codes x the kernel's row
+    scales; w8a8: codes x its block scales; w4a8: the Q4 blocks). fp32: the exact product
+    rounded once to bf16 (half an ulp, 2^-8 relative). bf16: each weight also rounded once to
+    bf16 (2^-8 of it) before an fp32-accumulated product, so the error adds 2^-8 of
+    sum |x| |w| (and the fp32 sum's, far smaller)."""
     import torch
 
     from kvledger.engine.linear import Linear
@@ -175,6 +212,8 @@ def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
     q4 = (torch.randint(0, 16, (96, 64), generator=gen, dtype=torch.uint8),
           torch.rand(96, 2, generator=gen) * 0.01, torch.rand(96, 2, generator=gen) * 0.01)
     for fmt in ("int8", "w8a8", "w4a8", "dense"):
+        if fmt == "dense" and path == "bf16":
+            continue  # the dense bf16 layer's own kernel
         lin = Linear(w, bias, q4, fmt)
         assert lin.format == fmt
         if fmt == "dense":
@@ -187,8 +226,15 @@ def test_fp32_gemm_path_is_the_layers_own_weight_rounded_once():
             weight = (q4[0].float() - 8) * q4[1].repeat_interleave(32, 1) \
                 + q4[2].repeat_interleave(32, 1)
         exact = x.double() @ weight.double().t() + bias.double()
-        lin.gemm_rows = 32
-        got = lin(x)  # 40 rows >= 32: the fp32 GEMM
+        terms = x.double().abs() @ weight.double().abs().t()
+        rounding = 2 ** -8 * terms if path == "bf16" else 0
+        lin.gemm_rows, lin.gemm_path = 32, path
+        got = lin(x)  # 40 rows >= 32: the GEMM path
         assert got.dtype == torch.bfloat16
-        assert bool(((got.double() - exact).abs() <= 2 ** -8 * exact.abs() + 1e-6).all()), fmt
+        assert bool(((got.double() - exact).abs()
+                     <= 2 ** -8 * exact.abs() + rounding + 1e-6).all()), fmt
         assert torch.equal(lin(x[:8]), Linear(w, bias, q4, fmt)(x[:8]))  # 8 rows: own kernel
+        if fmt != "dense":
+            dense = lin.dense_weight(torch.bfloat16).double()  # each weight rounded once
+            assert bool(((dense - weight.double()).abs()
+                         <= 2 ** -8 * weight.double().abs() + 1e-9).all()), fmt

@@ -210,7 +210,7 @@ def test_linear_w4a8_keeps_the_blocks_once_and_falls_back_to_int4(monkeypatch, g
     assert (linear.rows(ids, torch.float32).double() - dense[ids]).abs().max() < 1e-6
     x = torch.randn(70, 1536, generator=torch.Generator().manual_seed(8)).bfloat16()
     exact = x.double() @ dense[:64].t()
-    gemm = linear.fp32_gemm(x).double()  # prefill path: the same weight, x not rounded
+    gemm = linear.gemm(x, "fp32").double()  # prefill path: the same weight, x not rounded
     assert ((gemm - exact).abs() <= exact.abs() * 2 ** -8 + 1e-3).all()
     assert Linear.from_q4(q4, (64, 1536), None, "w4a8").format == "w4a8"
     monkeypatch.setattr(w8a8, "kernel", lambda: None)
@@ -235,3 +235,21 @@ def test_int8_blocks_give_back_the_files_q8_0_codes(bundled_path):
     assert torch.equal(codes, file_codes)
     file_scales = torch.from_numpy(blocks[:, :2].copy().view(np.float16).astype(np.float32))
     assert torch.allclose(scales.reshape(-1), file_scales.reshape(-1), rtol=2 ** -8)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_weight_of_the_gguf_blocks_is_each_weight_rounded_once(monkeypatch, gguf_q4, native):
+    """The bf16 GEMM path's weight (``dequant_bf16.cpp``, or PyTorch without it) against the
+    gguf library's dequantization of the same blocks: within half a bf16 ulp (2^-8 of it, and
+    1e-7 for the minimum the file's fp16 parts give in fp32); a w8a8 weight's against its own
+    codes x scales the same way."""
+    (q, scale, zero), dense = gguf_q4
+    w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8")
+    w8 = Linear(dense[:64].bfloat16(), None, None, "w8a8")
+    codes = w8.packed.double() * w8.scales.double().repeat_interleave(32, 1)
+    if not native:
+        monkeypatch.setattr(w8a8, "kernel", lambda: None)
+    for linear, expected in ((w4, dense[:64].double()), (w8, codes)):
+        got = linear.dense_weight(torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+        assert ((got.double() - expected).abs() <= expected.abs() * 2 ** -8 + 1e-7).all()

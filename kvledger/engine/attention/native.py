@@ -2,7 +2,8 @@
 and the ``paged_*.h`` it includes),
 the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
 the decode products with int8 activations (``kvledger/engine/int8_gemv.cpp`` and the headers it
-includes, :mod:`kvledger.engine.w8a8`) and
+includes, :mod:`kvledger.engine.w8a8`), the bf16 dequantization of their weights for a
+prefill's GEMM (``kvledger/engine/dequant_bf16.cpp``, also :mod:`kvledger.engine.w8a8`) and
 the int8 / int4 KV block encoder (``kvledger/engine/kv/int_encode.cpp``,
 :mod:`kvledger.engine.kv.native_encode`).
 
@@ -46,6 +47,7 @@ SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
            ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
            ("kvledger.engine", "int8_activations.h"), ("kvledger.engine", "gemv_tiles.h"),
            ("kvledger.engine", "w8a8_gemv.h"), ("kvledger.engine", "w4a8_gemv.h"),
+           ("kvledger.engine", "dequant_bf16.cpp"),
            ("kvledger.engine.kv", "int_encode.cpp"))
 """(package, file) of every source the library is built from: the ``.cpp`` files are compiled,
 the ``.h`` files they include are written beside them (one folder, so the names are unique),

@@ -1,0 +1,70 @@
+// A weight of the "w4a8" or "w8a8" format (kvledger/engine/linear.py) written out as a dense
+// bf16 matrix, for the bf16 GEMM that a prefill chunk's many rows take (oneDNN through
+// F.linear): the int8 kernels of int8_gemv.cpp are made for the few rows of a decode step.
+//
+// Each weight is computed in fp32 exactly as the fp32 path does (w4a8: e * code + m; w8a8:
+// code * s) and rounded once to bf16, to nearest even (the rounding of torch's
+// Tensor.to(torch.bfloat16); the weights are finite, so NaN needs no case). Output rows are
+// split over `threads` threads with an OpenMP loop (libgomp, torch's own pool: see
+// gemv_tiles.h).
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int BLOCK = 32;  // weights per scale (GGML's Q4_0 / Q4_1 / Q8_0 blocks)
+
+inline uint16_t bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+template <class Row>
+void each_row(int out, int threads, Row row) {
+    if (threads < 1) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int o = 0; o < out; ++o) row(o);
+}
+
+}  // namespace
+
+extern "C" {
+
+// qs: [out, in / 2] uint8, per block of 32 byte j holding code j (low nibble) and code j + 16
+// (high nibble), ggml's order; e, m: [out, in / 32] fp32; w: [out, in] bf16 (raw bits).
+// in must be a multiple of 32.
+void kvl_q4_dequant_bf16(const uint8_t* qs, const float* e, const float* m, int out, int in,
+                         uint16_t* w, int threads) {
+    const int blocks = in / BLOCK;
+    each_row(out, threads, [&](int o) {
+        for (int b = 0; b < blocks; ++b) {
+            const uint8_t* q = qs + (static_cast<int64_t>(o) * blocks + b) * (BLOCK / 2);
+            const float scale = e[static_cast<int64_t>(o) * blocks + b];
+            const float low = m[static_cast<int64_t>(o) * blocks + b];
+            uint16_t* dst = w + static_cast<int64_t>(o) * in + b * BLOCK;
+            for (int j = 0; j < BLOCK / 2; ++j) {
+                dst[j] = bf16_bits(scale * static_cast<float>(q[j] & 0x0F) + low);
+                dst[j + BLOCK / 2] = bf16_bits(scale * static_cast<float>(q[j] >> 4) + low);
+            }
+        }
+    });
+}
+
+// codes: [out, in] int8; s: [out, in / 32] fp32; w: [out, in] bf16 (raw bits). in must be a
+// multiple of 32.
+void kvl_q8_dequant_bf16(const int8_t* codes, const float* s, int out, int in, uint16_t* w,
+                         int threads) {
+    const int blocks = in / BLOCK;
+    each_row(out, threads, [&](int o) {
+        for (int b = 0; b < blocks; ++b) {
+            const int64_t first = static_cast<int64_t>(o) * in + b * BLOCK;
+            const float scale = s[static_cast<int64_t>(o) * blocks + b];
+            for (int j = 0; j < BLOCK; ++j)
+                w[first + j] = bf16_bits(static_cast<float>(codes[first + j]) * scale);
+        }
+    });
+}
+
+}  // extern "C"
