@@ -116,7 +116,8 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     for key, by_rows in result.fused_us.items():
         op, _, dtype = key.partition(":")
         cells = "  ".join(f"{rows}: {t['native']:.0f}/{t['torch']:.0f}" for rows, t in by_rows.items())
-        print(f"  {key:17s} rows: native/torch µs  {cells}   -> native up to "
-              f"{limits[op][kernels.FUSED_DTYPES[dtype]]} rows")
+        limit = limits.get(op, {}).get(kernels.FUSED_DTYPES[dtype])
+        pick = "native at any rows" if limit is None else f"native up to {limit} rows"
+        print(f"  {key:17s} rows: native/torch µs  {cells}   -> {pick}")
     print(f"saved to {kernels._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
           "KVLEDGER_GEMM / KVLEDGER_ATTENTION")

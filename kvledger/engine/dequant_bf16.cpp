@@ -44,10 +44,12 @@ void kvl_q4_dequant_bf16(const uint8_t* qs, const float* e, const float* m, int 
             const float scale = e[static_cast<int64_t>(o) * blocks + b];
             const float low = m[static_cast<int64_t>(o) * blocks + b];
             uint16_t* dst = w + static_cast<int64_t>(o) * in + b * BLOCK;
-            for (int j = 0; j < BLOCK / 2; ++j) {
+#pragma omp simd
+            for (int j = 0; j < BLOCK / 2; ++j)
                 dst[j] = bf16_bits(scale * static_cast<float>(q[j] & 0x0F) + low);
+#pragma omp simd
+            for (int j = 0; j < BLOCK / 2; ++j)
                 dst[j + BLOCK / 2] = bf16_bits(scale * static_cast<float>(q[j] >> 4) + low);
-            }
         }
     });
 }
@@ -59,10 +61,11 @@ void kvl_q8_dequant_bf16(const int8_t* codes, const float* s, int out, int in, u
     const int blocks = in / BLOCK;
     each_row(out, threads, [&](int o) {
         for (int b = 0; b < blocks; ++b) {
-            const int64_t first = static_cast<int64_t>(o) * in + b * BLOCK;
+            const int8_t* q = codes + static_cast<int64_t>(o) * in + b * BLOCK;
+            uint16_t* dst = w + static_cast<int64_t>(o) * in + b * BLOCK;
             const float scale = s[static_cast<int64_t>(o) * blocks + b];
-            for (int j = 0; j < BLOCK; ++j)
-                w[first + j] = bf16_bits(static_cast<float>(codes[first + j]) * scale);
+#pragma omp simd
+            for (int j = 0; j < BLOCK; ++j) dst[j] = bf16_bits(static_cast<float>(q[j]) * scale);
         }
     });
 }

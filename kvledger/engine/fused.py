@@ -12,10 +12,10 @@ op costs microseconds of dispatch whatever its size, so these three replace 3-10
 Arithmetic is fp32 for fp32 and bf16 tensors (one rounding per bf16 result). :func:`fused_ops`
 returns the native ops, or the PyTorch ones when the native library cannot be built
 (:mod:`kvledger.engine.attention.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
-to rounding. The native ops run on one thread without SIMD exp: they win on the few rows of a
-decode step and lose on a prefill's hundreds, so each takes at most the rows the kernel probe
-measured it faster at (:meth:`kvledger.engine.kernels.ProbeResult.fused_max_rows`); more rows
-go to PyTorch.
+to rounding. The native ops vectorise and split a prefill's many rows over torch's threads
+(``fused_ops.cpp``); each takes at most the rows the kernel probe measured it faster at
+(:meth:`kvledger.engine.kernels.ProbeResult.fused_max_rows`; no limit where it won at every
+measured count), more rows go to PyTorch.
 """
 
 from __future__ import annotations

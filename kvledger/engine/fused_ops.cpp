@@ -10,7 +10,14 @@
 //
 // Elements are fp32 or bf16 (raw uint16 bits, rounded to nearest even once per result); the
 // arithmetic is fp32. Built into the same library as paged_attention.cpp.
+//
+// The norm and SiLU loops are written to vectorise (`omp simd`; exp by exp_f32 below, since the
+// C library's expf has no vector form without -ffast-math), and rows are split over torch's
+// OpenMP threads once a call holds PARALLEL_MIN elements (libgomp, the pool torch itself uses:
+// see gemv_tiles.h), so the many rows of a prefill chunk run at the machine's speed while a
+// decode step's few rows stay on the calling thread.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,21 +39,52 @@ inline void put(uint16_t* p, int64_t i, float f) {
     p[i] = static_cast<uint16_t>(u >> 16);
 }
 
+constexpr int64_t PARALLEL_MIN = 1 << 15;  // elements of a call from which rows are threaded
+
+// e^x in fp32 to ~2 ulp, in branch-free arithmetic that vectorises: x = n ln2 + r with
+// |r| <= ln2 / 2, e^r by Cephes' expf polynomial (S. L. Moshier, Cephes Math Library, expf.c),
+// times 2^n built in the exponent bits; x clamped to [-87.3, 88.7] (results stay normal
+// floats: silu needs only their size there).
+inline float exp_f32(float x) {
+    x = std::max(-87.3f, std::min(x, 88.7f));
+    // n = round(x log2 e): adding and subtracting 1.5 * 2^23 rounds to an integer (|x log2 e|
+    // < 2^22), and unlike floor() it vectorises without -fno-trapping-math
+    const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
 template <typename T>
 void add_rms_norm(T* h, const T* delta, const T* w, T* out, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(rows) * dim >= PARALLEL_MIN)
     for (int r = 0; r < rows; ++r) {
         T* x = h + static_cast<int64_t>(r) * dim;
+        const T* d = delta ? delta + static_cast<int64_t>(r) * dim : nullptr;
         float sq = 0.f;
-        for (int i = 0; i < dim; ++i) {
-            float v = to_f32(x, i);
-            if (delta) {
-                put(x, i, v + to_f32(delta + static_cast<int64_t>(r) * dim, i));
-                v = to_f32(x, i);  // the residual stream keeps the stored (rounded) value
+        if (d) {
+#pragma omp simd reduction(+ : sq)
+            for (int i = 0; i < dim; ++i) {
+                put(x, i, to_f32(x, i) + to_f32(d, i));
+                const float v = to_f32(x, i);  // the residual stream keeps the stored value
+                sq += v * v;
             }
-            sq += v * v;
+        } else {
+#pragma omp simd reduction(+ : sq)
+            for (int i = 0; i < dim; ++i) sq += to_f32(x, i) * to_f32(x, i);
         }
         const float inv = 1.f / std::sqrt(sq / dim + eps);
         T* y = out + static_cast<int64_t>(r) * dim;
+#pragma omp simd
         for (int i = 0; i < dim; ++i) put(y, i, to_f32(x, i) * inv * to_f32(w, i));
     }
 }
@@ -71,12 +109,14 @@ void rope(T* x, int64_t row_stride, int tokens, int heads, int dim, const float*
 
 template <typename T>
 void silu_mul(const T* gate_up, T* out, int rows, int f) {
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(rows) * f >= PARALLEL_MIN)
     for (int r = 0; r < rows; ++r) {
         const T* g = gate_up + static_cast<int64_t>(r) * 2 * f;
         T* y = out + static_cast<int64_t>(r) * f;
+#pragma omp simd
         for (int i = 0; i < f; ++i) {
             const float a = to_f32(g, i);
-            put(y, i, a / (1.f + std::exp(-a)) * to_f32(g, f + i));
+            put(y, i, a / (1.f + exp_f32(-a)) * to_f32(g, f + i));
         }
     }
 }

@@ -119,16 +119,19 @@ class ProbeResult:
 
     def fused_max_rows(self) -> dict[str, dict[torch.dtype, int]]:
         """op -> dtype -> the most rows the native op takes: the largest of :data:`FUSED_ROWS`
-        up to which native was faster at every measured count (0: never native)."""
+        up to which native was faster at every measured count (0: never native); a dtype that
+        native won at every count, the largest included, is left out (no limit: its rows are
+        threaded, so more rows only widen its lead)."""
         limits: dict[str, dict[torch.dtype, int]] = {}
         for key, by_rows in self.fused_us.items():
             op, _, dtype = key.partition(":")
-            best = 0
-            for rows in sorted(by_rows, key=int):
+            best, counts = 0, sorted(by_rows, key=int)
+            for rows in counts:
                 if by_rows[rows]["native"] >= by_rows[rows]["torch"]:
                     break
                 best = int(rows)
-            limits.setdefault(op, {})[FUSED_DTYPES[dtype]] = best
+            if not counts or best != int(counts[-1]):
+                limits.setdefault(op, {})[FUSED_DTYPES[dtype]] = best
         return limits
 
     @property

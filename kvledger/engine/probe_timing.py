@@ -31,7 +31,7 @@ GEMM_REPEATS = 3
 EVICT_BYTES_MIN = 64 << 20
 """Least bytes read between two timed decode rows to push the weight out of the caches (the
 probe reads twice the last-level cache when the OS reports its size, and at least this)."""
-FUSED_ROWS = (1, 4, 16, 64, 256)
+FUSED_ROWS = (1, 4, 16, 64, 256, 1024)
 """Row counts at which the probe times each fused op, native against PyTorch."""
 FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -33,10 +33,11 @@ def _rand(*shape, dtype, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+@pytest.mark.parametrize("rows", [5, 300])  # 300: rows split over threads (PARALLEL_MIN)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_delta", [False, True])
-def test_add_rms_norm_matches_torch(native, dtype, with_delta):
-    h, delta, w = _rand(5, 576, dtype=dtype), _rand(5, 576, dtype=dtype, seed=1), \
+def test_add_rms_norm_matches_torch(native, dtype, with_delta, rows):
+    h, delta, w = _rand(rows, 576, dtype=dtype), _rand(rows, 576, dtype=dtype, seed=1), \
         _rand(576, dtype=dtype, seed=2)
     want_h, want = TorchOps().add_rms_norm(h.clone(), delta if with_delta else None, w, 1e-5)
     got_h, got = native.add_rms_norm(h.clone(), delta if with_delta else None, w, 1e-5)
@@ -57,9 +58,10 @@ def test_rope_matches_torch_on_a_strided_view(native, dtype):
     assert torch.equal(qkv[:, 12 * 64:], _rand(4, 15 * 64, dtype=dtype)[:, 12 * 64:])  # V kept
 
 
+@pytest.mark.parametrize("rows", [3, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul_matches_torch(native, dtype):
-    gate_up = _rand(3, 2 * 1536, dtype=dtype) * 4
+def test_silu_mul_matches_torch(native, dtype, rows):
+    gate_up = _rand(rows, 2 * 1536, dtype=dtype) * 4  # up to |x| ~ 20: exp's whole range used
     want, got = TorchOps().silu_mul(gate_up), native.silu_mul(gate_up)
     assert _close(got, want, dtype)
 
@@ -73,3 +75,11 @@ def test_without_the_library_the_torch_ops_are_used(monkeypatch):
         assert fused_ops().name == "torch"
     finally:
         builder.library.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_at_the_ends_of_exp(native, dtype):
+    """Gates far past exp's fp32 range (clamped inside the kernel): silu(x) ~ x or ~ 0."""
+    gate = torch.tensor([[-200.0, -90.0, -30.0, 0.0, 30.0, 90.0, 200.0, 1e-3] * 4])
+    gate_up = torch.cat([gate, torch.ones_like(gate)], dim=1).to(dtype)
+    assert _close(native.silu_mul(gate_up), TorchOps().silu_mul(gate_up), dtype)

@@ -114,17 +114,18 @@ def test_bad_forced_format_is_a_clear_error(monkeypatch):
         kernels.forced_formats()
 
 
-def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win():
+def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
     t = lambda native, torch_: {"native": native, "torch": torch_}
     result = kernels.ProbeResult("cpu", "t", 2, {}, {}, {
         "silu_mul:bf16": {"1": t(10, 20), "4": t(30, 20), "16": t(40, 80)},  # a loss at 4 ends it
         "silu_mul:fp32": {"1": t(30, 20)},
-        "add_rms_norm:bf16": {"1": t(1, 2), "4": t(3, 4), "16": t(5, 6)}})
+        "add_rms_norm:bf16": {"1": t(1, 2), "4": t(3, 4), "16": t(5, 6)},
+        "add_rms_norm:fp32": {"1": t(1, 2), "4": t(3, 4), "16": t(7, 6)}})
     import torch
 
     limits = result.fused_max_rows()
     assert limits["silu_mul"] == {torch.bfloat16: 1, torch.float32: 0}
-    assert limits["add_rms_norm"][torch.bfloat16] == 16
+    assert limits["add_rms_norm"] == {torch.float32: 4}  # bf16 won at every count: no limit
 
 
 def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
