@@ -25,6 +25,9 @@ from kvledger.engine.kv.store import KVStore
 from kvledger.engine.model import LlamaModel
 from kvledger.engine.retention.observe import AttentionObserver
 
+MAX_PADDING = 1.25
+"""Longest context over the shortest (+1) that one decode group pads to."""
+
 
 class ModelRunner:
     """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode)."""
@@ -78,7 +81,7 @@ class ModelRunner:
             last_of[id(c)] = len(ids) - 1
 
         decodes.sort(key=lambda c: c.request.num_computed_tokens)
-        for group in _length_groups(decodes):
+        for group in length_groups(decodes, lambda c: c.request.num_computed_tokens):
             contexts = [self._context_slots(c.request, c.request.num_computed_tokens + 1) for c in group]
             meta.decodes.append(_decode_group(len(ids), contexts))
             for c, ctx in zip(group, contexts):
@@ -164,15 +167,18 @@ class ModelRunner:
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
 
 
-def _length_groups(decodes: list, max_padding: float = 1.25) -> list[list]:
-    """Split decodes sorted by context length so no group pads past ``max_padding`` x."""
+def length_groups(items: list, length, max_padding: float = MAX_PADDING) -> list[list]:
+    """Split ``items`` sorted by ``length(item)`` (tokens already computed: a decode's context
+    before its new token) into the decode groups the runner attends together, one attention
+    call per layer each: a group takes the next item while its length is at most
+    ``max_padding`` x (the group's first length + 1), so no group pads past that ratio.
+    Also what the replay's step model counts (``replay/step_model.py``)."""
     groups: list[list] = []
-    for c in decodes:
-        if groups and c.request.num_computed_tokens <= max_padding * (
-                groups[-1][0].request.num_computed_tokens + 1):
-            groups[-1].append(c)
+    for item in items:
+        if groups and length(item) <= max_padding * (length(groups[-1][0]) + 1):
+            groups[-1].append(item)
         else:
-            groups.append([c])
+            groups.append([item])
     return groups
 
 

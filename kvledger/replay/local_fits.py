@@ -10,7 +10,8 @@ cost is not calibrated.
 File ``local_step_model.json`` in the config folder (``$KVLEDGER_CONFIG_DIR``)::
 
     {"fits": {
-      "full": {"mfu": 24.7, "mbu": 0.237, "step_overhead_s": 0.0, "seq_overhead_s": 0.00187,
+      "full": {"mfu": 0.34, "mbu": 0.27, "step_overhead_s": 0.006, "seq_overhead_s": 0.0002,
+               "decode_group_s": 0.004, "paged_mfu": 0.05, "weights_mbu": 1.0,
                "source": "fitted by kvledger probe --steps on ...",
                "peaks": {"tflops": 0.001, "bandwidth_gbs": 16.6},
                "fit": {"samples": 47, "median_rel_error": 0.047, "p90_rel_error": 0.103,
@@ -31,10 +32,13 @@ File ``local_step_model.json`` in the config folder (``$KVLEDGER_CONFIG_DIR``)::
   fit was measured at.
 - ``peaks``: the local device's peaks (``kvledger probe`` measures them in the same run) the
   factors are fractions of. Every ``kvledger probe`` re-measures them, so a fit read under other
-  peaks is rescaled to keep its effective FLOP/s and bytes/s (``mfu x peak``): probing one
+  peaks is rescaled to keep its effective FLOP/s and bytes/s (``mfu x peak``, the same for
+  ``paged_mfu``, ``mbu`` and ``weights_mbu``): probing one
   policy does not shift the fits of the others.
 - A file of one fit (the Efficiency fields and ``fit`` at the top level, written before
-  per-policy fits) is read as the ``full`` fit, without peaks (not rescaled).
+  per-policy fits) is read as the ``full`` fit, without peaks (not rescaled). A fit saved before
+  ``decode_group_s``, ``paged_mfu`` and ``weights_mbu`` lacks them: their defaults price its
+  steps as it was fitted (no group cost, every FLOP at ``mfu``, every byte at ``mbu``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,13 @@ from kvledger.paths import config_dir
 from kvledger.replay.step_model import DEFAULT_EFFICIENCY, Efficiency
 
 FULL = "full"
-EFFICIENCY_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency))
+REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency)
+                        if f.default is dataclasses.MISSING)
+OPTIONAL_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency)
+                        if f.name not in REQUIRED_FIELDS)
+"""Fields a fit saved before them lacks (their defaults price as that fit did)."""
+FLOPS_FACTORS = ("mfu", "paged_mfu")
+BANDWIDTH_FACTORS = ("mbu", "weights_mbu")
 
 
 def local_step_model_path() -> Path:
@@ -136,14 +146,17 @@ def load_fits(device: Device) -> dict[str, Efficiency]:
     out = {}
     for key, entry in _read().items():
         try:
-            eff = Efficiency(**{k: entry[k] for k in EFFICIENCY_FIELDS})
+            eff = Efficiency(**{k: entry[k] for k in REQUIRED_FIELDS},
+                             **{k: entry[k] for k in OPTIONAL_FIELDS if k in entry})
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"{local_step_model_path()}: fit {key!r} is incomplete ({exc}); "
                               "run `kvledger probe --steps` again") from None
         peaks = entry.get("peaks")
         if peaks:
-            eff = dataclasses.replace(eff, mfu=eff.mfu * peaks["tflops"] / device.tflops,
-                                      mbu=eff.mbu * peaks["bandwidth_gbs"] / device.bandwidth_gbs)
+            scale = dict.fromkeys(FLOPS_FACTORS, peaks["tflops"] / device.tflops) | \
+                dict.fromkeys(BANDWIDTH_FACTORS, peaks["bandwidth_gbs"] / device.bandwidth_gbs)
+            eff = dataclasses.replace(eff, **{k: getattr(eff, k) * x for k, x in scale.items()
+                                              if getattr(eff, k) is not None})
         out[key] = eff
     return out
 

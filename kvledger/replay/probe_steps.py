@@ -16,8 +16,10 @@ from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
 from kvledger.replay.fit import (
     GRID,
+    MIXED,
     OUTPUT_TOKENS,
     POLICY_OUTPUT_TOKENS,
+    PREFIXED,
     fit,
     measure_steps,
     policy_grid,
@@ -72,12 +74,15 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
     defaults = [abs(step_model.duration(f) / t - 1) for f, t in samples]
     stats["defaults_median_rel_error"] = float(np.median(defaults))
     path = save_fit(retention, eff, device, stats | {"kv_format": kv_format})
+    paged = "not measured" if eff.paged_mfu is None else f"{eff.paged_mfu:.3g}"
     use = ("full retention (and policies not calibrated)" if key == "full" else
            f"--kv-policy {retention.policy} (any sizes)")
     return [
         f"step probe: {len(samples)} steps in {wall:.1f} s ({what}; {retention.describe()})",
-        (f"fitted: MFU {eff.mfu:.3g}, MBU {eff.mbu:.3g}, {eff.step_overhead_s * 1e3:.2f} ms per "
-        f"step + {eff.seq_overhead_s * 1e3:.3f} ms per sequence; median |error| "
+        (f"fitted: MFU {eff.mfu:.3g} (paged pairs {paged}), KV MBU {eff.mbu:.3g} (weights at "
+        f"{eff.weights_factor:.3g} of the bandwidth), {eff.step_overhead_s * 1e3:.2f} ms per "
+        f"step + {eff.seq_overhead_s * 1e3:.3f} ms per sequence + "
+        f"{eff.decode_group_s * 1e3:.3f} ms per decode group; median |error| "
         f"{100 * stats['median_rel_error']:.1f} % (p90 {100 * stats['p90_rel_error']:.1f} %)"),
         (f"the table devices' defaults (MFU {DEFAULT_EFFICIENCY.mfu}, MBU "
         f"{DEFAULT_EFFICIENCY.mbu}) would be off by a median "
@@ -100,6 +105,7 @@ def _measure(config: EngineConfig):
     if retention.evicts:
         samples = measure_steps(engine, policy_grid(retention), POLICY_OUTPUT_TOKENS)
     else:
-        samples = measure_steps(engine, GRID, OUTPUT_TOKENS)
-    what = f"steps of {engine.model_name} ({engine.config.dtype}) over (prompt, batch) cells"
+        samples = measure_steps(engine, GRID, OUTPUT_TOKENS, mixed=MIXED, prefixed=PREFIXED)
+    what = (f"steps of {engine.model_name} ({engine.config.dtype}) over (prompt, batch) cells"
+            + ("" if retention.evicts else ", mixed-length batches and prefix hits"))
     return engine.spec, engine.kv_format, what, samples

@@ -10,6 +10,15 @@ already cached) the features are
   seqs    ``S``: chunks (sequences) in the step
   sampled ``N``: chunks that sample a token (those reaching their request's end; a chunk
           inside a long prompt samples nothing)
+  decode_groups ``G``: attention calls per layer of the step's decodes (chunks of one token
+          after cached ones): the engine attends decodes of near lengths together
+          (``engine.runner.length_groups``: a group spans at most 1.25 x its first context),
+          one call each; a decode under an evicting policy is a call of its own
+  paged_pairs ``P_p``: the pairs of ``P`` in prefill chunks (more than one new token) that
+          start after cached tokens (a prefix-cache hit, a chunked prompt's later chunks):
+          the engine attends those through the paged kernel, query by query, not through the
+          dense causal attention of a chunk from position 0 (full retention only; an
+          evicting policy's chunks attend a gathered copy, densely)
 
 The context ``h_c`` is the chunk's start position under full retention; under an evicting
 ``--kv-policy`` it is the tokens the sequence still holds (:func:`kept_context`: at most the
@@ -30,19 +39,27 @@ rank (:mod:`kvledger.ledger.costs`):
           bandwidth only, no latency); this is the engine's tensor parallelism
           (``kvledger/engine/parallel/rank_model.py``)
 
-  duration  = step_overhead_s + seq_overhead_s x S + compute_s / mfu + memory_s / mbu
+  duration  = step_overhead_s + seq_overhead_s x S + decode_group_s x G
+              + dense_s / mfu + paged_s / paged_mfu + weights_s / weights_mbu + kv_s / mbu
               + collective_s
 
-The two terms are added, not overlapped (max): an engine that does not overlap its weight
-reads with its matmuls (a CPU engine, small batches) pays both. ``mfu`` and ``mbu`` are the
-efficiency factors, the fraction of peak FLOP/s and bandwidth a step reaches; the overheads are
-the framework's fixed cost per step and per sequence (scheduling, sampling, launches).
+where ``compute_s = dense_s + paged_s`` splits the FLOPs into those of the matmuls and dense
+attention and those of the paged pairs ``P_p``, and ``memory_s = weights_s + kv_s`` into the
+weight bytes and the KV bytes. The terms are added, not overlapped (max): an engine that does
+not overlap its weight reads with its matmuls (a CPU engine, small batches) pays both. ``mfu``,
+``paged_mfu``, ``weights_mbu`` and ``mbu`` are the efficiency factors, the fraction of peak
+FLOP/s and bandwidth each part reaches (``paged_mfu`` None: ``mfu``; ``weights_mbu`` None:
+``mbu``, as for the devices of the table); the overheads are the framework's fixed cost per
+step, per sequence and per decode attention call (scheduling, sampling, launches: ~30 layers
+of kernel calls per group).
 
 Factors for the devices of the table are :data:`DEFAULT_EFFICIENCY`: round figures we assume,
 not measurements (the planner's MFU of 0.4 for prefill, 0.7 of peak bandwidth for decode, a few
 milliseconds of framework time per step). ``kvledger probe --steps`` fits the factors of the
 ``local`` device from measured steps (:mod:`kvledger.replay.fit`), which shows how far such
-round figures are from one real engine. The engine's evicting policies reach other factors
+round figures are from one real engine (the fit prices the weight reads at the measured
+bandwidth, ``weights_mbu`` 1, since a dense model reads the same weights every step and their
+share cannot be told from the fixed cost). The engine's evicting policies reach other factors
 than full retention over the same tokens (their sequences attend a gathered slot view, h2o
 scores every step's attention), so the ``local`` file holds one fit per retention
 configuration (:mod:`kvledger.replay.local_fits`).
@@ -52,6 +69,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.engine.runner import length_groups
 from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
@@ -81,6 +99,11 @@ def kept_context(spec: RetentionSpec, start: int, num_prompt_tokens: int) -> int
     return start
 
 
+def _pairs(h: int, n: int) -> int:
+    """Causal (query, key) pairs of ``n`` new tokens after ``h`` cached ones."""
+    return n * h + n * (n + 1) // 2
+
+
 @dataclass(frozen=True)
 class StepFeatures:
     """What one step computes and reads (see the module docstring)."""
@@ -90,25 +113,44 @@ class StepFeatures:
     kv_read_tokens: int
     seqs: int
     sampled: int
+    decode_groups: int = 0
+    paged_pairs: int = 0
 
     @classmethod
-    def of(cls, chunks: list[tuple[int, int]], sampled: int | None = None) -> StepFeatures:
+    def of(cls, chunks: list[tuple[int, int]], sampled: int | None = None,
+           evicting: bool = False) -> StepFeatures:
         """Features of chunks given as ``(context, num_new_tokens)``, the context being the
         cached tokens the chunk attends (its start under full retention); ``sampled`` chunks
-        sample a token (None: all of them)."""
-        return cls(tokens=sum(n for _, n in chunks),
-                   pairs=sum(n * h + n * (n + 1) // 2 for h, n in chunks),
-                   kv_read_tokens=sum(h + n for h, n in chunks), seqs=len(chunks),
-                   sampled=len(chunks) if sampled is None else sampled)
+        sample a token (None: all of them); ``evicting``: the chunks' requests run an evicting
+        policy (each decode its own attention call, no paged pairs)."""
+        plain, kept = ([], chunks) if evicting else (chunks, [])
+        return cls._of(plain, kept, len(chunks) if sampled is None else sampled)
 
     @classmethod
     def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
         """Features of a scheduler step, each chunk's context under its request's retention
         policy (:func:`kept_context`)."""
-        return cls.of([(kept_context(c.request.retention_spec, c.start,
-                                     c.request.num_prompt_tokens), c.num_new_tokens)
-                       for c in plan.chunks],
-                      sum(1 for c in plan.chunks if c.samples))
+        plain, kept = [], []
+        for c in plan.chunks:
+            spec = c.request.retention_spec
+            h = kept_context(spec, c.start, c.request.num_prompt_tokens)
+            (kept if spec.evicts else plain).append((h, c.num_new_tokens))
+        return cls._of(plain, kept, sum(1 for c in plan.chunks if c.samples))
+
+    @classmethod
+    def _of(cls, plain: list[tuple[int, int]], kept: list[tuple[int, int]],
+            sampled: int) -> StepFeatures:
+        """Features of chunks ``(context, new tokens)`` of requests under full retention
+        (``plain``) and under evicting policies (``kept``)."""
+        chunks = [*plain, *kept]
+        decodes = sorted(h for h, n in plain if n == 1 and h > 0)
+        return cls(tokens=sum(n for _, n in chunks),
+                   pairs=sum(_pairs(h, n) for h, n in chunks),
+                   kv_read_tokens=sum(h + n for h, n in chunks), seqs=len(chunks),
+                   sampled=sampled,
+                   decode_groups=len(length_groups(decodes, int))
+                   + sum(1 for h, n in kept if n == 1 and h > 0),
+                   paged_pairs=sum(_pairs(h, n) for h, n in plain if h > 0 and n > 1))
 
 
 @dataclass(frozen=True)
@@ -116,11 +158,14 @@ class Efficiency:
     """Efficiency factors of a device (see the module docstring).
 
     Attributes:
-        mfu: fraction of peak FLOP/s a step reaches, > 0.
-        mbu: fraction of peak memory bandwidth a step reaches, > 0.
+        mfu: fraction of peak FLOP/s the matmuls and dense attention reach, > 0.
+        mbu: fraction of peak memory bandwidth the KV reads and writes reach, > 0.
         step_overhead_s: fixed seconds per step.
         seq_overhead_s: seconds per sequence in the step.
         source: where the figures come from ("assumed defaults", or a fit's description).
+        decode_group_s: seconds per decode attention call (group) of a step, >= 0.
+        paged_mfu: fraction of peak FLOP/s of the paged pairs (None: ``mfu``), > 0.
+        weights_mbu: fraction of peak bandwidth of the weight reads (None: ``mbu``), > 0.
     """
 
     mfu: float
@@ -128,10 +173,26 @@ class Efficiency:
     step_overhead_s: float
     seq_overhead_s: float
     source: str
+    decode_group_s: float = 0.0
+    paged_mfu: float | None = None
+    weights_mbu: float | None = None
 
     def __post_init__(self) -> None:
-        if self.mfu <= 0 or self.mbu <= 0 or self.step_overhead_s < 0 or self.seq_overhead_s < 0:
+        if (self.mfu <= 0 or self.mbu <= 0 or self.step_overhead_s < 0
+                or self.seq_overhead_s < 0 or self.decode_group_s < 0
+                or (self.paged_mfu is not None and self.paged_mfu <= 0)
+                or (self.weights_mbu is not None and self.weights_mbu <= 0)):
             raise InvalidParameterError(f"efficiency factors out of range: {self}")
+
+    @property
+    def paged_factor(self) -> float:
+        """The fraction of peak FLOP/s the paged pairs are priced at."""
+        return self.mfu if self.paged_mfu is None else self.paged_mfu
+
+    @property
+    def weights_factor(self) -> float:
+        """The fraction of peak bandwidth the weight reads are priced at."""
+        return self.mbu if self.weights_mbu is None else self.weights_mbu
 
 
 DEFAULT_EFFICIENCY = Efficiency(mfu=PlanOptions().mfu, mbu=0.7, step_overhead_s=0.003,
@@ -174,16 +235,24 @@ class StepTimeModel:
         self.kv_bytes_per_token = kv_bytes_per_token(spec, kv_format, group_size=kv_group_size,
                                                      tp=tp)
 
-    def terms(self, f: StepFeatures) -> tuple[float, float]:
-        """(compute seconds at peak, memory seconds at peak) of a step."""
-        flops = self.flops_per_token * f.tokens + self.flops_per_pair * f.pairs
+    def parts(self, f: StepFeatures) -> tuple[float, float, float, float]:
+        """(dense compute, paged compute, weight reads, KV reads and writes) of a step, in
+        seconds at the device's peaks (see the module docstring)."""
+        peak_flops = self.tp * self.device.flops_per_s
+        paged = self.flops_per_pair * f.paged_pairs
+        flops = self.flops_per_token * f.tokens + self.flops_per_pair * f.pairs - paged
         weights = self.weight_bytes
         if self.spec.num_experts:  # an MoE step reads only the experts its tokens touch
             weights = params_read_per_step(self.spec, max(f.tokens, 1)) * \
                 self.bytes_per_param / self.tp
         kv = self.kv_bytes_per_token * (f.kv_read_tokens + f.tokens)
-        return (flops / (self.tp * self.device.flops_per_s),
-                (weights + kv) / self.device.bandwidth_bytes_per_s)
+        bandwidth = self.device.bandwidth_bytes_per_s
+        return flops / peak_flops, paged / peak_flops, weights / bandwidth, kv / bandwidth
+
+    def terms(self, f: StepFeatures) -> tuple[float, float]:
+        """(compute seconds at peak, memory seconds at peak) of a step: the ledger's terms."""
+        dense, paged, weights, kv = self.parts(f)
+        return dense + paged, weights + kv
 
     def collective_s(self, f: StepFeatures) -> float:
         """Seconds of the step's tensor-parallel all-reduces and logits gather (0 at tp 1)."""
@@ -196,7 +265,8 @@ class StepTimeModel:
 
     def duration(self, f: StepFeatures) -> float:
         """Seconds of a step with features ``f``."""
-        compute, memory = self.terms(f)
+        dense, paged, weights, kv = self.parts(f)
         e = self.eff
-        return (e.step_overhead_s + e.seq_overhead_s * f.seqs + compute / e.mfu
-                + memory / e.mbu + self.collective_s(f))
+        return (e.step_overhead_s + e.seq_overhead_s * f.seqs + e.decode_group_s * f.decode_groups
+                + dense / e.mfu + paged / e.paged_factor + weights / e.weights_factor
+                + kv / e.mbu + self.collective_s(f))

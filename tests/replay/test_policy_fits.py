@@ -16,7 +16,13 @@ from kvledger.errors import ConfigError
 from kvledger.ledger.hardware import Device, save_local_device
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 from kvledger.replay import local_fits
-from kvledger.replay.fit import POLICY_OUTPUT_TOKENS, fit, measure_steps, policy_grid
+from kvledger.replay.fit import (
+    FIT_WEIGHTS_MBU,
+    POLICY_OUTPUT_TOKENS,
+    fit,
+    measure_steps,
+    policy_grid,
+)
 from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
 
 SINKS = {"kv_policy": "sinks", "kv_window": 8, "kv_sinks": 4}
@@ -122,15 +128,18 @@ def _synthetic_fit(truth: Efficiency, spec: RetentionSpec, seed: int):
 
 
 def _same(got: Efficiency, truth: Efficiency) -> None:
-    for name in ("mfu", "mbu", "step_overhead_s", "seq_overhead_s"):
+    for name in ("mfu", "mbu", "step_overhead_s", "seq_overhead_s", "decode_group_s",
+                 "paged_mfu", "weights_mbu"):
         assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
 
 
 def test_fits_saved_per_policy_and_chosen_by_the_setting(config_dir):
     full_truth = Efficiency(mfu=0.3, mbu=0.6, step_overhead_s=0.004, seq_overhead_s=0.0002,
-                            source="")
+                            source="", decode_group_s=0.003, paged_mfu=0.05,
+                            weights_mbu=FIT_WEIGHTS_MBU)
     sinks_truth = Efficiency(mfu=0.1, mbu=0.25, step_overhead_s=0.006, seq_overhead_s=0.002,
-                             source="")
+                             source="", decode_group_s=0.001, paged_mfu=0.2,
+                             weights_mbu=FIT_WEIGHTS_MBU)
     sinks = RetentionSpec("sinks", window=256)
     for truth, spec, seed in ((full_truth, RetentionSpec(), 0), (sinks_truth, sinks, 1)):
         eff, stats = _synthetic_fit(truth, spec, seed)
@@ -164,7 +173,7 @@ def test_a_fit_keeps_its_step_times_when_a_later_probe_measures_other_peaks(conf
     from kvledger.catalogue import load_model_spec
 
     truth = Efficiency(mfu=0.3, mbu=0.6, step_overhead_s=0.004, seq_overhead_s=0.0002,
-                       source="t")
+                       source="t", decode_group_s=0.002, paged_mfu=0.05, weights_mbu=0.9)
     local_fits.save_fit(RetentionSpec(), truth, DEVICE, {})
     later = Device("local", 16.0, 31.0, 0.8, "re-measured")
     eff, _ = local_fits.local_efficiency(later, RetentionSpec())
