@@ -87,6 +87,17 @@ void finish_item(const Args& a, const State& st, int qi, int kh, int part, int n
     }
 }
 
+// The blocks [begin, end) of query qi's context that part `part` of a.parts covers, its
+// context length and its block table row.
+struct PartSpan { int L, begin, end; const int32_t* table; };
+
+inline PartSpan part_span(const Args& a, int qi, int part) {
+    const int L = a.context_lens[qi], blocks = (L + a.block_size - 1) / a.block_size;
+    return {L, static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts),
+            static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts),
+            a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks};
+}
+
 // Pairs per row of the pair-order loop (paged_plain.h) for plain blocks of DV vectors per
 // row, 0 where it does not apply (quantized blocks, a head size not a multiple of 16).
 constexpr int pairs_of(int kind, int dv) { return kind == 0 && dv % 2 == 0 ? dv / 2 : 0; }
@@ -99,11 +110,9 @@ void attend_plain(const Args& a, int qi, int kh0, int nh, int part) {
     thread_local std::vector<State> states;  // one per head; kept, it is ~100 KB each
     if (static_cast<int>(states.size()) < nh) states.resize(nh);
     const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
-    const int L = a.context_lens[qi];
-    const int blocks = (L + bs - 1) / bs;
-    const int b_begin = static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts);
-    const int b_end = static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts);
-    const int32_t* table = a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
+    const PartSpan span = part_span(a, qi, part);
+    const int L = span.L, b_begin = span.begin, b_end = span.end;
+    const int32_t* table = span.table;
     const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
     const T* k = static_cast<const T*>(a.k) + kh0 * D;
     const T* v = static_cast<const T*>(a.v) + kh0 * D;
@@ -137,20 +146,18 @@ void attend_plain(const Args& a, int qi, int kh0, int nh, int part) {
 // KIND: 0 for plain blocks a.k / a.v, else the codec kind of a.ks and a.vs.
 template <typename T, int DV, int KIND>
 void attend_part(const Args& a, int qi, int kh, int part) {
-    const T* q = static_cast<const T*>(a.q);
-    const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
-    const int nv = DV ? DV : D / kLanes;
-    const int L = a.context_lens[qi];
-    const int blocks = (L + bs - 1) / bs;
-    const int b_begin = static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts);
-    const int b_end = static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts);
-    const int32_t* table = a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks;
-    const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
-    State st;
     if constexpr (pairs_of(KIND, DV) > 0) {
         attend_plain<T, pairs_of(KIND, DV)>(a, qi, kh, 1, part);
         return;
     }
+    const T* q = static_cast<const T*>(a.q);
+    const int D = a.head_dim, G = a.heads / a.kv_heads, bs = a.block_size;
+    const int nv = DV ? DV : D / kLanes;
+    const PartSpan span = part_span(a, qi, part);
+    const int L = span.L, b_begin = span.begin, b_end = span.end;
+    const int32_t* table = span.table;
+    const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
+    State st;
     for (int g = 0; g < G; ++g) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         for (int j = 0; j < nv; ++j) {
