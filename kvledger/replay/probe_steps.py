@@ -20,6 +20,7 @@ from kvledger.replay.fit import (
     OUTPUT_TOKENS,
     POLICY_OUTPUT_TOKENS,
     PREFIXED,
+    UNBOUNDED,
     fit,
     measure_steps,
     policy_grid,
@@ -74,12 +75,13 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
     defaults = [abs(step_model.duration(f) / t - 1) for f, t in samples]
     stats["defaults_median_rel_error"] = float(np.median(defaults))
     path = save_fit(retention, eff, device, stats | {"kv_format": kv_format})
-    paged = "not measured" if eff.paged_mfu is None else f"{eff.paged_mfu:.3g}"
+    paged = "not measured" if eff.paged_mfu is None else _factor(eff.paged_mfu)
     use = ("full retention (and policies not calibrated)" if key == "full" else
            f"--kv-policy {retention.policy} (any sizes)")
     return [
         f"step probe: {len(samples)} steps in {wall:.1f} s ({what}; {retention.describe()})",
-        (f"fitted: MFU {eff.mfu:.3g} (paged pairs {paged}), KV MBU {eff.mbu:.3g} (weights at "
+        (f"fitted: MFU {_factor(eff.mfu)} (paged pairs {paged}), KV MBU {_factor(eff.mbu)} "
+        f"(weights at "
         f"{eff.weights_factor:.3g} of the bandwidth), {eff.step_overhead_s * 1e3:.2f} ms per "
         f"step + {eff.seq_overhead_s * 1e3:.3f} ms per sequence + "
         f"{eff.decode_group_s * 1e3:.3f} ms per decode group; median |error| "
@@ -90,6 +92,11 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
         (f"saved to {path} as the {key} fit: `kvledger replay TRACE --device local` prices "
         f"{use} with it"),
     ]
+
+
+def _factor(value: float) -> str:
+    """An efficiency factor as printed; :data:`UNBOUNDED` says its term was fitted to zero."""
+    return "unbounded (term fitted to 0)" if value >= UNBOUNDED else f"{value:.3g}"
 
 
 def _measure(config: EngineConfig):
