@@ -64,6 +64,14 @@ def probe(
     if engine_config.retention.evicts and not steps:
         raise InvalidParameterError("--kv-policy applies to --steps (the step model's fit of "
                                     "that policy)")
+    if steps_from is not None:
+        if not steps:
+            raise InvalidParameterError("--steps-from applies to --steps (fit the step model "
+                                        "on that trace's steps)")
+        from kvledger.replay.setup import recorded_config
+        from kvledger.replay.trace import read_trace
+
+        recorded_config(read_trace(steps_from).header)  # refuse before measuring anything
     dev = measure(buffer_mib, matmul_n, repeats)
     path = save_local_device(dev)
     print(

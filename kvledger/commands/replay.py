@@ -90,7 +90,13 @@ def replay(
     priced = [setup.efficiency_for(dev, s.config) for s in runs]  # (factors, note) per setting
     per_setting = len({eff.source for eff, _ in priced}) > 1
     from_trace = measured is None
-    measured = measured or report.measured_figures(tr)
+    if from_trace:
+        measured = report.measured_figures(tr)
+        if measured and not _reruns_recording(tr, spec, dev, config, speed, swept):
+            measured = None
+            print("not compared with the trace's own measurements: this replay changes what "
+                  "was recorded (compare with --device local --engine-from-trace, the same "
+                  "model, no --speed or --sweep; or --compare a bench results.json)")
     finishes = [r.finish for r in tr.requests if r.finish]
     print(f"replay of {trace} ({len(tr.requests)} requests, {len(tr.refused)} refused live) "
           f"for {spec.name} on {dev.name}; step model: "
@@ -115,6 +121,20 @@ def replay(
         rows.append((s, report.predicted_figures(run, tr) if from_trace else summary, summary,
                      folder))
     _print(rows, measured, slo_targets is not None)
+
+
+def _reruns_recording(tr, spec, device, config, speed: float, swept) -> bool:
+    """Whether this replay re-runs what the trace recorded, so that the trace's own finish
+    lines are the measurement to compare with: ``--device local``, the recording model and
+    engine options (``--engine-from-trace``), speed 1, no sweep."""
+    from kvledger.replay.setup import recorded_config
+
+    if swept or speed != 1 or device.name != "local" or tr.header.get("model") != spec.name:
+        return False
+    try:
+        return recorded_config(tr.header) == config
+    except InvalidParameterError:  # no engine options recorded (a bench trace)
+        return False
 
 
 def _print(rows, measured, with_slo: bool) -> None:
@@ -144,8 +164,9 @@ def _print(rows, measured, with_slo: bool) -> None:
     console.print(grid)
     for s, _, m, folder in rows:
         if m["refused_context"]:
-            console.print(f"{s.label}: {m['refused_context']} requests exceed the model's "
-                          "context (refused, counted above)")
+            n = m["refused_context"]
+            console.print(f"{s.label}: {n} request{'s' if n > 1 else ''} exceed"
+                          f"{'' if n > 1 else 's'} the model's context (refused, counted above)")
         console.print(f"wrote {folder}/results.json, results.csv, report.html")
     if measured:
         console.print("predicted vs measured (relative error; preemptions: difference):")

@@ -103,7 +103,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, spec: ModelSpec | None = None,
                  weights: dict | None = None, tokenizer=None) -> None:
         if config.dtype not in DTYPES:
-            raise InvalidParameterError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype}")
+            raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
+                                        f"got {config.dtype!r}")
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         dtype = DTYPES[config.dtype]

@@ -305,8 +305,13 @@ def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:
 def choose_attention(spec: ModelSpec, quantized: bool = False) -> str:
     """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend (over quantized KV
     when ``quantized``: fp8, int8, int4)."""
+    from kvledger.engine.attention import BACKENDS
+
     forced = os.environ.get("KVLEDGER_ATTENTION")
     if forced:
+        if forced not in BACKENDS:
+            raise InvalidParameterError(f"KVLEDGER_ATTENTION must be one of "
+                                        f"{', '.join(BACKENDS)}, got {forced!r}")
         return forced
     result = probe(spec)
     return result.quantized_attention if quantized else result.attention

@@ -135,7 +135,7 @@ class Linear:
             fmt = "dense"
         self.format, self.bias, self.out_features = fmt, bias, weight.shape[0]
         self.weight = self.packed = self.scales = None
-        self.gemm_rows: int | None = None  # from this many rows on: gemm_path (not for int4)
+        self.gemm_rows: int | None = None  # from this many rows on: gemm_path (use_gemm)
         self.gemm_path = "fp32"
         if fmt == "dense":
             self.weight = weight
@@ -179,6 +179,20 @@ class Linear:
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
         self.scales = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+
+    def use_gemm(self, rows: int, path: str) -> None:
+        """Multiply batches of ``rows`` rows or more by :meth:`gemm` on ``path``
+        (:data:`GEMM_PATHS`). An ``int4`` layer keeps its own kernel at every row count: its
+        packed codes cannot be read back (a ``w4a8`` choice of the probe lands here as ``int4``
+        when the native kernel is off, ``KVLEDGER_NATIVE=0`` or no compiler).
+
+        Raises:
+            ValueError: ``path`` not in :data:`GEMM_PATHS`.
+        """
+        if path not in GEMM_PATHS:
+            raise ValueError(f"GEMM path must be one of {tuple(GEMM_PATHS)}, got {path!r}")
+        if self.format != "int4":
+            self.gemm_rows, self.gemm_path = rows, path
 
     @property
     def nbytes(self) -> int:

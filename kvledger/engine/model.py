@@ -80,8 +80,7 @@ class LlamaModel:
             self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
             for cls in kernels.GEMM_CLASSES:
                 if gemm.get(cls) is not None:
-                    lin = self.layers[-1][cls]
-                    lin.gemm_rows, lin.gemm_path = gemm[cls]
+                    self.layers[-1][cls].use_gemm(*gemm[cls])
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim

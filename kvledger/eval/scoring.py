@@ -49,7 +49,8 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
     from kvledger.engine.loader import load_tokenizer, load_weights
 
     if config.dtype not in DTYPES:
-        raise InvalidParameterError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype}")
+        raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
+                                        f"got {config.dtype!r}")
     spec, weights = load_weights(config.model, DTYPES[config.dtype])
     if context > spec.max_position_embeddings:
         raise ContextLengthError(f"--context {context} exceeds the model's context of "

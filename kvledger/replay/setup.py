@@ -113,7 +113,9 @@ def recorded_config(header: dict) -> EngineConfig:
     """
     recorded = header.get("engine")
     if not recorded:
-        raise InvalidParameterError("the trace header records no engine options")
+        raise InvalidParameterError("the trace header records no engine options (`kvledger "
+                                    "serve --trace` records them; a `kvledger bench` trace "
+                                    "does not)")
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     config = EngineConfig(**{k: v for k, v in recorded.items() if k in fields})
     if header.get("num_blocks"):

@@ -107,8 +107,11 @@ def _require(obj: dict, key: str, kind, where: str):
     value = obj.get(key)
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if not ok:
-        raise TraceError(f"{where}: field {key!r} must be {getattr(kind, '__name__', kind)}, "
-                         f"got {value!r}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        named = " or ".join("a number" if k is float else k.__name__ for k in kinds
+                            if not (k is int and float in kinds))
+        problem = "missing" if value is None else f"got {value!r}"
+        raise TraceError(f"{where}: field {key!r} must be {named} ({problem})")
     return value
 
 

@@ -220,14 +220,16 @@ def test_every_included_header_is_a_listed_source():
         assert set(re.findall(r'^#include "([^"]+)"', text, re.MULTILINE)) <= set(names), name
 
 
-def test_native_falls_back_to_torch_when_disabled(monkeypatch):
+def test_native_falls_back_to_torch_when_disabled(monkeypatch, caplog):
     from kvledger.engine.attention import native
 
     monkeypatch.setenv("KVLEDGER_NATIVE", "0")
     native.library.cache_clear()
     native.load.cache_clear()
     try:
-        assert make_backend("paged-native").name == "paged-torch"
+        with caplog.at_level("WARNING", logger="kvledger"):
+            assert make_backend("paged-native").name == "paged-torch"
+        assert "KVLEDGER_NATIVE=0" in caplog.text  # the fallback is said, as the README says
     finally:
         native.library.cache_clear()
         native.load.cache_clear()

@@ -108,10 +108,13 @@ def test_environment_forces_formats_and_backend(tiny_spec, monkeypatch):
     assert kernels.choose_attention(tiny_spec) == "reference"
 
 
-def test_bad_forced_format_is_a_clear_error(monkeypatch):
+def test_bad_forced_format_is_a_clear_error(monkeypatch, tiny_spec):
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=fp4")
     with pytest.raises(InvalidParameterError, match="KVLEDGER_WEIGHT_FORMAT"):
         kernels.forced_formats()
+    monkeypatch.setenv("KVLEDGER_ATTENTION", "flash")
+    with pytest.raises(InvalidParameterError, match="KVLEDGER_ATTENTION must be one of"):
+        kernels.choose_attention(tiny_spec)
 
 
 def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
@@ -229,7 +232,7 @@ def test_gemm_path_is_the_layers_own_weight(path):
         exact = x.double() @ weight.double().t() + bias.double()
         terms = x.double().abs() @ weight.double().abs().t()
         rounding = 2 ** -8 * terms if path == "bf16" else 0
-        lin.gemm_rows, lin.gemm_path = 32, path
+        lin.use_gemm(32, path)
         got = lin(x)  # 40 rows >= 32: the GEMM path
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - exact).abs()
@@ -239,3 +242,35 @@ def test_gemm_path_is_the_layers_own_weight(path):
             dense = lin.dense_weight(torch.bfloat16).double()  # each weight rounded once
             assert bool(((dense - weight.double()).abs()
                          <= 2 ** -8 * weight.double().abs() + 1e-9).all()), fmt
+
+
+def test_q4_layer_without_the_native_kernel_keeps_int4_at_every_row_count(monkeypatch):
+    """The probe's choice for w4a8 (its GEMM from some rows on) given to a layer built with the
+    native library off: the layer is int4, whose packed codes cannot be read back for a GEMM,
+    so every row count runs torch's int4 kernel (a prefill used to raise here)."""
+    import torch
+
+    from kvledger.engine import w8a8
+    from kvledger.engine.attention import native as builder
+    from kvledger.engine.linear import GROUP, Linear
+
+    gen = torch.Generator().manual_seed(1)
+    q4 = (torch.randint(0, 16, (64, 64), generator=gen, dtype=torch.uint8),
+          torch.rand(64, 2, generator=gen) * 0.01, torch.rand(64, 2, generator=gen) * 0.01)
+    x = torch.randn(40, 64, generator=gen).bfloat16()
+    monkeypatch.setenv("KVLEDGER_NATIVE", "0")
+    builder.library.cache_clear()
+    w8a8.kernel.cache_clear()
+    try:
+        lin = Linear.from_q4(q4, (64, 64), fmt="w4a8")
+        assert lin.format == "int4"
+        lin.use_gemm(16, "bf16")
+        got = lin(x)  # 40 rows, past the GEMM start the probe gave w4a8
+    finally:
+        builder.library.cache_clear()
+        w8a8.kernel.cache_clear()
+    want = torch.ops.aten._weight_int4pack_mm_for_cpu(x, lin.packed, GROUP, lin.scales)
+    assert torch.equal(got, want)
+    weight = (q4[0].float() - 8) * q4[1].repeat_interleave(32, 1) + q4[2].repeat_interleave(32, 1)
+    exact = x.double() @ weight.double().t()  # the Q4 parts as given (gguf's Q4_1 formula)
+    assert bool(((got.double() - exact).abs() <= 0.02 * exact.abs().max()).all())

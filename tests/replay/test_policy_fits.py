@@ -270,3 +270,21 @@ def test_probe_steps_from_a_policy_trace_fits_that_policy(tiny_engine, live_trac
     assert code == 2 and "drop the --kv-* options" in out
     code, out = _cli("probe", "--no-kernels", "--kv-policy", "window", "--kv-window", "8")
     assert code == 2 and "--kv-policy applies to --steps" in out
+    code, out = _cli("probe", "--no-kernels", "--steps-from", trace)
+    assert code == 2 and "--steps-from applies to --steps" in out
+
+
+def test_the_traces_own_measurements_are_compared_only_on_a_rerun(live_trace, config_dir,
+                                                                 tmp_path):
+    """The finish lines measure the recorded setting: a replay of that setting (device local,
+    the engine options from the trace) prints the error against them, a what-if does not."""
+    trace, engine = live_trace()
+    base = ["replay", str(trace), "--device", "local", "--model", str(engine.config.model),
+            "--out", str(tmp_path / "out")]
+    for extra, compared in (([], False), (["--engine-from-trace"], True),
+                            (["--engine-from-trace", "--speed", "2"], False),
+                            (["--engine-from-trace", "--sweep", "max-num-seqs=2,4"], False)):
+        r = CliRunner().invoke(app, base + extra)
+        assert r.exit_code == 0, r.output
+        assert ("predicted vs measured" in r.output) == compared, extra
+        assert ("not compared with the trace's own measurements" in r.output) != compared

@@ -45,7 +45,7 @@ def test_replay_writes_the_bench_report_and_counts_overlong_prompts(trace_file, 
     code, text = _run(trace_file, "--model", MODEL, "--device", "H100-SXM", "--out", out,
                       "--slo", "ttft:200,tpot:30")
     assert code == 0, text
-    assert "1 requests exceed the model's context" in text
+    assert "1 request exceeds the model's context" in text
     body = json.loads((out / "results.json").read_text())
     s = body["summaries"][0]
     assert s["requests"] == 41 and s["failures"] == 1 and s["refused_context"] == 1

@@ -119,6 +119,7 @@ def library() -> ctypes.CDLL | None:
     """The native library, built if needed; None (with one logged warning) when it cannot be."""
     if os.environ.get("KVLEDGER_NATIVE", "1") == "0":
         _reason.append("disabled by KVLEDGER_NATIVE=0")
+        log.warning("native kernels off (KVLEDGER_NATIVE=0); using PyTorch ops instead")
         return None
     cxx = _compiler()
     try:
