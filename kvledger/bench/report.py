@@ -56,15 +56,16 @@ def _fmt(value, scale: float = 1.0, digits: int = 3) -> str:
     return "-" if value is None else f"{value * scale:.{digits}f}"
 
 
-COMPACT = ("level", "ok/n", "prompt", "TTFT p50", "TTFT p90", "TPOT p50 ms", "ITL p50 ms",
+COMPACT = ("level", "ok/n", "prompt", "TTFT p50 s", "TTFT p90 s", "TPOT p50 ms", "ITL p50 ms",
            "out tok/s", "KV peak %", "preempt")
 
 
 def table(summaries: list[dict], compact: bool = False) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the summary table: all columns (HTML) or :data:`COMPACT` ones
     (console)."""
-    headers = ["level", "ok/n", "prompt", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50 ms",
-               "TPOT p90 ms", "ITL p50 ms", "ITL p99 ms", "E2E p50", "slot wait p50",
+    headers = ["level", "ok/n", "prompt", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s",
+               "TPOT p50 ms", "TPOT p90 ms", "ITL p50 ms", "ITL p99 ms", "E2E p50 s",
+               "slot wait p50 s",
                "out tok/s", "total tok/s", "KV peak %", "preempt"]
     rows = []
     for s in summaries:

@@ -145,8 +145,8 @@ def _print(rows, measured, with_slo: bool) -> None:
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     grid = Table(title="kvledger replay (predicted, server-side)")
-    cols = ["setting", "done/n", "refused", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50 ms",
-            "TPOT p90 ms", "queue p50", "out tok/s", "preempt", "KV peak %"]
+    cols = ["setting", "done/n", "refused", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s",
+            "TPOT p50 ms", "TPOT p90 ms", "queue p50 s", "out tok/s", "preempt", "KV peak %"]
     cols += ["SLO met", "goodput req/s"] if with_slo else []
     for c in cols:
         grid.add_column(c)
