@@ -73,7 +73,7 @@ def serve(
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
     /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
-    _check_options(host, port, max_queue, kv_alert_bytes)
+    _check_options(host, port, max_queue, kv_alert_bytes, trace)
     from kvledger.server.limits import ServerLimits
     from kvledger.sessions.options import read_api_keys, session_options
     from kvledger.sessions.store import SessionStore
@@ -133,11 +133,20 @@ def _traced(engine, config: EngineConfig, path: str, private: bool):
 
 
 def _check_options(host: str, port: int, max_queue: int | None,
-                   kv_alert_bytes: int | None) -> None:
-    """One-line errors (exit 2) for options uvicorn would only fail on with a traceback."""
+                   kv_alert_bytes: int | None, trace: str | None = None) -> None:
+    """One-line errors (exit 2) for options uvicorn would only fail on with a traceback, and
+    for a ``--trace`` folder that does not exist or cannot be written (before the model loads)."""
+    import os
     import socket
+    from pathlib import Path
 
     from kvledger.errors import InvalidParameterError
+
+    if trace is not None:
+        folder = Path(trace).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise InvalidParameterError(f"--trace: cannot write {trace}: no writable folder "
+                                        f"{str(folder)!r}")
 
     if not 0 < port < 65536:
         raise InvalidParameterError(f"--port must be in 1..65535, got {port}")

@@ -29,3 +29,18 @@ def test_server_requests_land_in_the_trace(tiny_engine, app_client, tmp_path):
     assert len(trace.refused) == 1 and "context" in trace.refused[0]["error"]
     computed = sum(n for s in trace.steps for rid, _, n in s["chunks"] if rid == req.id)
     assert computed == 6 + 4  # the prompt, then each sampled token but the last is fed back
+
+
+def test_an_unwritable_trace_path_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from kvledger.cli import app
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("kvledger.engine.engine.LLMEngine", no_load)
+    missing = tmp_path / "no-such-folder" / "t.jsonl"
+    r = CliRunner().invoke(app, ["serve", "--port", "8765", "--trace", str(missing)])
+    assert r.exit_code == 2, r.output
+    assert "--trace: cannot write" in r.output and "no-such-folder" in r.output
