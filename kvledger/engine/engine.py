@@ -41,6 +41,19 @@ from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The activation (compute) dtype called ``name`` (:data:`DTYPES`).
+
+    Raises:
+        InvalidParameterError: an unknown name.
+    """
+    if name not in DTYPES:
+        raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
+                                    f"got {name!r}")
+    return DTYPES[name]
+
 DEFAULT_POOL_CAP_BYTES = 1 << 30
 log = logging.getLogger("kvledger.engine")
 
@@ -102,12 +115,9 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, spec: ModelSpec | None = None,
                  weights: dict | None = None, tokenizer=None) -> None:
-        if config.dtype not in DTYPES:
-            raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
-                                        f"got {config.dtype!r}")
+        dtype = compute_dtype(config.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        dtype = DTYPES[config.dtype]
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel

@@ -19,7 +19,7 @@ import torch
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
+from kvledger.errors import ContextLengthError, KVBudgetError
 
 
 @dataclass
@@ -45,13 +45,10 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
         ContextLengthError: ``context`` exceeds the model's context.
         plus what :class:`LLMEngine` raises for bad options or a missing model.
     """
-    from kvledger.engine.engine import DTYPES, LLMEngine
+    from kvledger.engine.engine import LLMEngine, compute_dtype
     from kvledger.engine.loader import load_tokenizer, load_weights
 
-    if config.dtype not in DTYPES:
-        raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
-                                        f"got {config.dtype!r}")
-    spec, weights = load_weights(config.model, DTYPES[config.dtype])
+    spec, weights = load_weights(config.model, compute_dtype(config.dtype))
     if context > spec.max_position_embeddings:
         raise ContextLengthError(f"--context {context} exceeds the model's context of "
                                  f"{spec.max_position_embeddings} tokens")

@@ -81,9 +81,9 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
     return [
         f"step probe: {len(samples)} steps in {wall:.1f} s ({what}; {retention.describe()})",
         (f"fitted: MFU {_factor(eff.mfu)} (paged pairs {paged}), KV MBU {_factor(eff.mbu)} "
-        f"(weights at "
-        f"{eff.weights_factor:.3g} of the bandwidth), {eff.step_overhead_s * 1e3:.2f} ms per "
-        f"step + {eff.seq_overhead_s * 1e3:.3f} ms per sequence + "
+        f"(weights at {eff.weights_factor:.3g} of the bandwidth), "
+        f"{eff.step_overhead_s * 1e3:.2f} ms per step + "
+        f"{eff.seq_overhead_s * 1e3:.3f} ms per sequence + "
         f"{eff.decode_group_s * 1e3:.3f} ms per decode group; median |error| "
         f"{100 * stats['median_rel_error']:.1f} % (p90 {100 * stats['p90_rel_error']:.1f} %)"),
         (f"the table devices' defaults (MFU {DEFAULT_EFFICIENCY.mfu}, MBU "

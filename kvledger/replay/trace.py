@@ -107,9 +107,8 @@ def _require(obj: dict, key: str, kind, where: str):
     value = obj.get(key)
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if not ok:
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        named = " or ".join("a number" if k is float else k.__name__ for k in kinds
-                            if not (k is int and float in kinds))
+        named = "a number" if kind == (int, float) else " or ".join(
+            k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
         problem = "missing" if value is None else f"got {value!r}"
         raise TraceError(f"{where}: field {key!r} must be {named} ({problem})")
     return value

@@ -191,6 +191,14 @@ def test_bad_engine_options_are_refused(option):
         EngineConfig(**option)
 
 
+def test_an_unknown_compute_dtype_is_refused_by_name():
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+
+    with pytest.raises(InvalidParameterError, match="dtype must be one of bf16, fp32, got 'fp16'"):
+        LLMEngine(EngineConfig(dtype="fp16"))  # refused before the model is read
+
+
 def test_omitted_max_tokens_means_up_to_the_quota_or_pool(tiny_engine_factory):
     quota = tiny_engine_factory(max_kv_tokens_per_request=64)
     quota.add_request("q", [5] * 40, SamplingParams(max_tokens=None, temperature=0.0,
