@@ -44,7 +44,8 @@ def probe(
     repeats: Annotated[int, Opt(help="Timed trials; the best counts")] = 5,
     model: Annotated[str, Opt(help="Model whose matmul shapes the kernel probe times")] = "default",
     kernels: Annotated[bool, Opt(help="Also run the kernel probe (--no-kernels skips it)")] = True,
-    threads: Annotated[int | None, Opt(help="torch threads for the kernel probe")] = None,
+    threads: Annotated[int | None, Opt(help="torch threads for the kernel probe (default: "
+                                            "as the engine, the CPUs usable here)")] = None,
     steps: Annotated[bool, Opt(help="Also time engine steps over a grid and fit the step "
                                     "model of `kvledger replay --device local`")] = False,
     steps_from: Annotated[str | None, Opt(
@@ -92,10 +93,10 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     import torch
 
     from kvledger.engine import kernels, probe_timing
+    from kvledger.engine.cpu_quota import choose_threads
     from kvledger.spec import load_spec
 
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(choose_threads(threads)[0])  # the count an engine would run
     spec = load_spec(model)
     result = kernels.probe(spec, refresh=True)
     cpu_model, _, flags = result.cpu.partition(" | ")

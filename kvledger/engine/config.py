@@ -37,7 +37,8 @@ class EngineConfig:
             no quota.
         use_kv_cache: keep the K and V of past tokens; without it every step recomputes the
             whole sequence (seed §1.3, for measuring).
-        num_threads: torch intra-op threads (None = torch's default).
+        num_threads: torch intra-op threads; None = the CPUs this process may use: the
+            affinity mask capped by the cgroup CPU quota, rounded down (``cpu_quota.py``).
         attention: attention backend (reference, paged-torch or paged-native); None = the
             $KVLEDGER_ATTENTION environment variable or the kernel probe's choice.
         kv_policy: KV retention policy of every request that names none: full, window, sinks,

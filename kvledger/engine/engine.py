@@ -18,6 +18,7 @@ import time
 import torch
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.cpu_quota import choose_threads
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kernels import choose_attention
 from kvledger.engine.kv.calibration import outlier_index
@@ -116,8 +117,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, spec: ModelSpec | None = None,
                  weights: dict | None = None, tokenizer=None) -> None:
         dtype = compute_dtype(config.dtype)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        threads, source = choose_threads(config.num_threads, config.tensor_parallel_size)
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, source)
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel

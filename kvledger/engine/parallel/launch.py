@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.cpu_quota import cpu_budget
 from kvledger.engine.parallel.group import (
     RENDEZVOUS_TIMEOUT_S,
     RankGroup,
@@ -50,19 +51,6 @@ EXIT_GRACE_S = 10.0
 log = logging.getLogger("kvledger.engine")
 
 
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def threads_per_rank(config: EngineConfig) -> int:
-    """``num_threads``, else the cores split evenly over the ranks (at least 1)."""
-    return config.num_threads or max(1, available_cores() // config.tensor_parallel_size)
-
-
 class TensorParallel:
     """Rank 0's handle on the group: the rank model, the setup of the workers, shutdown.
 
@@ -76,7 +64,6 @@ class TensorParallel:
         if workers:
             group.explain = self.explain
         self._closed = False
-        self._threads = torch.get_num_threads()
         atexit.register(self.close)
 
     @classmethod
@@ -95,9 +82,9 @@ class TensorParallel:
         if dist.is_initialized():
             raise InvalidParameterError(
                 "one tensor-parallel engine per process: close() the other one first")
-        cores = available_cores()
+        cores = cpu_budget().cpus
         if tp > cores:
-            log.warning("--tensor-parallel-size %d is more than the %d CPU cores here: the "
+            log.warning("--tensor-parallel-size %d is more than the %d CPUs usable here: the "
                         "ranks share cores, so every step is slower than with fewer ranks",
                         tp, cores)
         timeout = timedelta(seconds=max(config.tp_timeout_s, RENDEZVOUS_TIMEOUT_S))
@@ -121,9 +108,7 @@ class TensorParallel:
                                       f"{exited or describe_failure(exc)}") from None
         log.info("tensor parallel: %d ranks over gloo (worker pids %s)", tp,
                  ", ".join(str(w.pid) for w in workers))
-        handle = cls(RankGroup(0, tp, config.tp_timeout_s), workers)
-        torch.set_num_threads(threads_per_rank(config))
-        return handle
+        return cls(RankGroup(0, tp, config.tp_timeout_s), workers)
 
     @classmethod
     def _join_torchrun(cls, tp: int, timeout: timedelta, timeout_s: float) -> TensorParallel:
@@ -155,7 +140,7 @@ class TensorParallel:
         setup = {"config": dataclasses.asdict(config), "dtype": model.dtype,
                  "attention": model.attention.name,
                  "formats": model.formats, "num_blocks": num_blocks,
-                 "threads": threads_per_rank(config)}
+                 "threads": torch.get_num_threads()}  # LLMEngine set rank 0's share
         self.group.broadcast(setup)
         sizes = self.group.gather_objects(store.nbytes if store is not None else 0)
         if any(isinstance(s, str) for s in sizes):  # a worker's one-line error
@@ -192,7 +177,6 @@ class TensorParallel:
                 pass
         _stop(self.workers, EXIT_GRACE_S)
         self.group.destroy()
-        torch.set_num_threads(self._threads)
 
 
 def _free_port() -> int:
