@@ -68,12 +68,21 @@ def serve(
     trace_private: Annotated[bool, typer.Option(
         help="With --trace: record prompt lengths and block hashes instead of token ids.")]
     = False,
+    profile_dir: Annotated[str | None, typer.Option(
+        help="Folder where POST /start_profile and /stop_profile write torch profiler traces "
+             "(vLLM's profiler endpoints; off without it).")] = None,
+    metrics_compat: Annotated[str | None, typer.Option(
+        help="'vllm': /metrics also exposes every metric that has a vLLM counterpart under "
+             "vLLM's name and labels (docs/vllm-compat.md).")] = None,
     *,
     engine_config: EngineConfig,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
-    /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
+    /v1/models), /tokenize, /detokenize, /health, /version, Prometheus /metrics, vLLM's
+    /reset_prefix_cache, /start_profile and /stop_profile, and the live dashboard
+    (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes, trace)
+    vllm = _vllm_options(profile_dir, metrics_compat)
     from kvledger.server.limits import ServerLimits
     from kvledger.sessions.options import read_api_keys, session_options
     from kvledger.sessions.store import SessionStore
@@ -102,7 +111,7 @@ def serve(
         engine = _traced(engine, engine_config, trace, trace_private)
     app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
-                     served_model_name=served_model_name, sessions=sessions)
+                     served_model_name=served_model_name, sessions=sessions, vllm=vllm)
     log = logging.getLogger("kvledger.server")
     log.info("serving %s (max_model_len %d) on http://%s:%d (dashboard: /dashboard)",
              app.state.server.model_name, engine.max_model_len, host, port)
@@ -130,6 +139,28 @@ def _traced(engine, config: EngineConfig, path: str, private: bool):
 
         raise InvalidParameterError(f"--trace: cannot write {path}: {exc.strerror}") from None
     return TracingEngine(engine, writer)
+
+
+def _vllm_options(profile_dir: str | None, metrics_compat: str | None):
+    """The vLLM options, checked before the model loads: a profile folder is created if
+    missing and must be writable; ``--metrics-compat`` takes ``vllm`` only."""
+    import os
+    from pathlib import Path
+
+    from kvledger.errors import InvalidParameterError
+    from kvledger.server.vllm_compat import VllmCompat
+
+    if metrics_compat not in (None, "vllm"):
+        raise InvalidParameterError(f"--metrics-compat takes 'vllm', got {metrics_compat!r}")
+    if profile_dir is not None:
+        try:
+            Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidParameterError(f"--profile-dir: cannot create {profile_dir}: "
+                                        f"{exc.strerror}") from None
+        if not os.access(profile_dir, os.W_OK):
+            raise InvalidParameterError(f"--profile-dir: cannot write in {profile_dir}")
+    return VllmCompat(profile_dir, metrics_compat)
 
 
 def _check_options(host: str, port: int, max_queue: int | None,

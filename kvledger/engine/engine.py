@@ -263,6 +263,11 @@ class LLMEngine:
         """Drop a request in any state; its KV blocks are free when this returns."""
         self.scheduler.abort(request_id)
 
+    def reset_prefix_cache(self) -> int:
+        """Drop every evictable block from the prefix cache; no block in use is touched.
+        Returns the blocks dropped (``BlockPool.evict_free_cached``)."""
+        return self.scheduler.kv.pool.evict_free_cached()
+
     def has_unfinished_requests(self) -> bool:
         """True while any request is waiting or running (``Scheduler.has_unfinished_requests``)."""
         return self.scheduler.has_unfinished_requests()

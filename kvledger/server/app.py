@@ -29,6 +29,7 @@ from kvledger.server.metrics import ServerMetrics
 from kvledger.server.observer import RequestObserver
 from kvledger.server.responses_api import install_responses_api
 from kvledger.server.routes import router
+from kvledger.server.vllm_compat import VllmCompat, install_vllm_compat
 
 
 @dataclass
@@ -60,7 +61,8 @@ class ServerState:
 def create_app(engine: Any, *, api_key: str | list[str] | None = None,
                max_queue: int | None = None, kv_alert_bytes: int | None = None,
                limits: ServerLimits | None = None, served_model_name: str | None = None,
-               log_interval_s: float = 10.0, sessions: Any = None) -> FastAPI:
+               log_interval_s: float = 10.0, sessions: Any = None,
+               vllm: VllmCompat | None = None) -> FastAPI:
     """Build the server around a loaded engine (an ``LLMEngine`` or an object with its API).
 
     Args:
@@ -75,10 +77,12 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
             model file's stem), as vLLM's ``--served-model-name``.
         sessions: :class:`kvledger.sessions.service.SessionOptions` of the Responses API
             (None: an in-memory state store, the default memory policy).
+        vllm: vLLM compatibility options (``--profile-dir``, ``--metrics-compat``); the
+            control endpoints of :mod:`.vllm_compat` are always served.
     """
-    limits = limits or ServerLimits()
+    limits, vllm = limits or ServerLimits(), vllm or VllmCompat()
     model_name = served_model_name or engine.model_name
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, vllm_names=vllm.metrics == "vllm")
     metrics.set_cache_config(engine.cache_config)
     observer = RequestObserver(metrics, kv_alert_bytes, log_interval_s)
     state = ServerState(
@@ -98,6 +102,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     app.state.server = state
     app.include_router(router)
     app.include_router(dashboard_router)
+    install_vllm_compat(app, vllm.profile_dir)
     install_responses_api(app, engine, sessions, keyed=bool(api_key))
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,

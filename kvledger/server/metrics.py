@@ -14,7 +14,8 @@ leaked),
 counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-admissions after a
 preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``.
 
-Every metric carries the label ``model_name``, as vLLM's do. Each server owns its own registry,
+Every metric carries the label ``model_name``, as vLLM's do; with ``--metrics-compat vllm`` the
+ones with a vLLM counterpart are also exposed under vLLM's names (:mod:`.vllm_metrics`). Each server owns its own registry,
 so several apps can live in one process (tests); ``*_created``
 series are disabled process-wide, as vLLM does. prometheus-client is thread-safe: the engine
 thread records, the HTTP thread renders.
@@ -30,6 +31,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+
+from kvledger.server.vllm_metrics import vllm_registry
 
 PREFIX = "kvledger:"
 
@@ -67,8 +70,10 @@ STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
 class ServerMetrics:
     """All metrics of one server; ``render()`` gives the text exposition format."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry()
+        # --metrics-compat vllm: the metrics with a vLLM counterpart under vLLM's names too
+        self._vllm = vllm_registry(self.registry, PREFIX) if vllm_names else None
         self._model = model_name
         self._last_cumulative: dict[str, float] = {}
         self.gauges = {name: self._make(Gauge, name, doc) for name, doc in (
@@ -142,5 +147,6 @@ class ServerMetrics:
         self.request_success.labels(model_name=self._model, finished_reason=finish_reason).inc()
 
     def render(self) -> bytes:
-        """Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        """Prometheus text exposition of every metric (and of their vLLM names, if on)."""
+        text = generate_latest(self.registry)
+        return text if self._vllm is None else text + generate_latest(self._vllm)

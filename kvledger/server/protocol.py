@@ -335,3 +335,10 @@ class TokenizeRequest(_Body):
         if self.messages is not None:
             return [m.as_template_dict() for m in self.messages]
         return self.prompt
+
+
+class DetokenizeRequest(_Body):
+    """``POST /detokenize`` (vLLM's): token ids of the served model."""
+
+    model: Text | None = None
+    tokens: TokenIds

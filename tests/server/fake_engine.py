@@ -54,6 +54,7 @@ class FakeEngine:
         self.requests: dict[str, _Req] = {}
         self.aborted: list[str] = []
         self.owner: threading.Thread | None = None
+        self.resets = 0  # reset_prefix_cache() calls
 
     def _check_thread(self) -> None:
         self.owner = self.owner or threading.current_thread()
@@ -61,6 +62,8 @@ class FakeEngine:
 
     def tokenize(self, prompt) -> list[int]:
         self._check_thread()
+        if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
+            return list(prompt)
         if isinstance(prompt, list):
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
         return [ord(c) for c in prompt]
@@ -85,6 +88,11 @@ class FakeEngine:
         self._check_thread()
         self.aborted.append(request_id)
         self.requests.pop(request_id, None)
+
+    def reset_prefix_cache(self) -> int:
+        self._check_thread()
+        self.resets += 1
+        return 3  # the blocks it would have dropped
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

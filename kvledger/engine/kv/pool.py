@@ -166,6 +166,15 @@ class BlockPool:
         block_id = self._by_hash.get(block_hash)
         return None if block_id is None else self.blocks[block_id]
 
+    def evict_free_cached(self) -> int:
+        """Drop every evictable block from the prefix cache (vLLM's ``reset_prefix_cache``);
+        blocks in use keep their entries and refcounts. Returns the blocks dropped."""
+        evictable = [i for i in self._free if self.blocks[i].block_hash is not None]
+        for block_id in evictable:
+            self._evict(self.blocks[block_id])
+            self._free.move_to_end(block_id, last=False)  # empty now: reused first
+        return len(evictable)
+
     def _evict(self, block: Block) -> None:
         del self._by_hash[block.block_hash]
         block.block_hash = None

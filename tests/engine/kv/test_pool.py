@@ -57,6 +57,21 @@ def test_touch_revives_cached_block_and_shares_in_use_block():
     pool.check_invariants()
 
 
+def test_evict_free_cached_drops_only_evictable_blocks():
+    pool = BlockPool(5)
+    a, b, c = pool.allocate(3)  # free list now [3, 4]
+    for i, block in enumerate((a, b, c)):
+        pool.cache_block(block, h(i), (f"k{i}",))
+    pool.free([b, a])  # a and b evictable (tail: [3, 4, b, a]); c stays in use, cached
+    assert pool.evict_free_cached() == 2
+    assert pool.lookup(h(0)) is None and pool.lookup(h(1)) is None
+    assert pool.lookup(h(2)).block_id == c and pool.blocks[c].ref_cnt == 1  # untouched
+    assert (pool.num_free, pool.num_evictable, pool.num_in_use) == (4, 0, 1)
+    assert pool.allocate(4) == [a, b, 3, 4]  # emptied blocks moved to the front
+    assert pool.evict_free_cached() == 0
+    pool.check_invariants()
+
+
 def test_double_free_is_caught():
     pool = BlockPool(2)
     (a,) = pool.allocate(1)

@@ -1,0 +1,144 @@
+"""vLLM's control endpoints, for the tools written against a vLLM server (aiperf, lm-eval).
+
+- ``POST /reset_prefix_cache``: drops every evictable prefix-cache block; blocks in use keep
+  their entries (so it always succeeds, unlike vLLM's, which refuses while blocks are held).
+  Answer: ``{"success": true, "evicted_blocks": N}``.
+- ``POST /start_profile``, ``POST /stop_profile``: a ``torch.profiler`` trace of the engine
+  thread, written at stop as a Chrome trace (``kvledger-<time in ns>.pt.trace.json``) under
+  ``--profile-dir``; without that option both are 404 naming it (vLLM has no such route then),
+  a second start or a stop without a start is 409.
+- ``POST /detokenize`` (``{"tokens": [...]}`` -> ``{"prompt": text}``), ``GET /version``.
+
+With API keys set, every route here needs a valid key (:mod:`.auth`). Sources: vLLM's
+``entrypoints/openai/api_server.py`` (routes and bodies), aiperf's ``--reset-kv-cache`` and
+``--server-profiler``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, Request
+
+from kvledger import __version__
+from kvledger.errors import InvalidParameterError, KVLedgerError
+from kvledger.server.protocol import DetokenizeRequest
+
+log = logging.getLogger("kvledger.server")
+router = APIRouter()
+
+
+class ProfilerOffError(KVLedgerError):
+    """``/start_profile`` or ``/stop_profile`` on a server started without ``--profile-dir``."""
+
+    http_status = 404
+    code = "profiler_disabled"
+
+
+class ProfilerStateError(KVLedgerError):
+    """A start while a profile runs, or a stop while none does (HTTP 409)."""
+
+    http_status = 409
+    code = "profiler_state"
+
+
+@dataclass(frozen=True)
+class VllmCompat:
+    """``kvledger serve``'s vLLM options: ``profile_dir`` (``--profile-dir``: where
+    ``/stop_profile`` writes traces; None: the profiler routes are off) and ``metrics``
+    (``--metrics-compat``: ``vllm`` adds vLLM's metric names; None: ours only)."""
+
+    profile_dir: str | None = None
+    metrics: str | None = None
+
+
+@dataclass
+class Profiler:
+    """The torch profiler of the engine thread; ``folder`` None: profiling is off."""
+
+    folder: Path | None
+    running: object = None  # the torch.profiler.profile while one records
+
+    def start(self) -> None:
+        """Start recording in the calling thread (the engine thread)."""
+        import torch.profiler
+
+        self.running = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                              record_shapes=True)
+        self.running.start()
+
+    def stop(self):
+        """Stop recording in the calling thread; the stopped profile, to export."""
+        profile, self.running = self.running, None
+        profile.stop()
+        return profile
+
+
+def install_vllm_compat(app: FastAPI, profile_dir: str | None) -> None:
+    """Add the routes above to ``app``; ``profile_dir`` turns the profiler routes on."""
+    app.state.profiler = Profiler(None if profile_dir is None else Path(profile_dir))
+    app.include_router(router)
+
+
+def _profiler(request: Request) -> Profiler:
+    profiler = request.app.state.profiler
+    if profiler.folder is None:
+        raise ProfilerOffError("the profiler is off: start the server with --profile-dir DIR "
+                               "to record torch profiler traces there")
+    return profiler
+
+
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(request: Request) -> dict:
+    """Drop every evictable prefix-cache block (blocks in use keep theirs)."""
+    evicted = await request.app.state.server.loop.call(lambda e: e.reset_prefix_cache())
+    log.info("prefix cache reset: %d evictable blocks dropped", evicted)
+    return {"success": True, "evicted_blocks": evicted}
+
+
+@router.post("/start_profile")
+async def start_profile(request: Request) -> dict:
+    """Start a torch profiler trace of the engine thread (needs ``--profile-dir``)."""
+    profiler = _profiler(request)
+    if profiler.running is not None:
+        raise ProfilerStateError("a profile is already running: POST /stop_profile first")
+    await request.app.state.server.loop.call(lambda _: profiler.start())
+    log.info("profiler started")
+    return {"profiling": True}
+
+
+@router.post("/stop_profile")
+async def stop_profile(request: Request) -> dict:
+    """Stop the trace and write it under ``--profile-dir``; the answer names the file."""
+    profiler = _profiler(request)
+    if profiler.running is None:
+        raise ProfilerStateError("no profile is running: POST /start_profile first")
+    profile = await request.app.state.server.loop.call(lambda _: profiler.stop())
+    path = profiler.folder / f"kvledger-{time.time_ns()}.pt.trace.json"
+    await asyncio.to_thread(profile.export_chrome_trace, str(path))
+    log.info("profiler trace written to %s", path)
+    return {"profiling": False, "trace": str(path)}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+    """The text of token ids (ids outside the vocabulary: 400)."""
+    state = request.app.state.server
+    state.check_model(body.model)
+
+    def decode(engine) -> str:
+        if engine.tokenizer is None:
+            raise InvalidParameterError("this model has no tokenizer")
+        return engine.tokenizer.decode(engine.tokenize(body.tokens))  # tokenize checks the ids
+
+    return {"prompt": await state.loop.call(decode)}
+
+
+@router.get("/version")
+async def version() -> dict:
+    """The server's version."""
+    return {"version": __version__}
