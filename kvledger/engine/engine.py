@@ -26,6 +26,7 @@ from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
+from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
 from kvledger.engine.retention.per_head import retained_state
@@ -186,8 +187,10 @@ class LLMEngine:
                 "bytes_per_block": str(self.bytes_per_block),
                 "enable_prefix_caching": str(self.config.enable_prefix_caching)}
 
-    def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
-        """Token ids of a text prompt, chat messages (chat template applied) or ids.
+    def tokenize(self, prompt: str | list[dict] | list[int],
+                 add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text prompt (with the tokenizer's special tokens unless
+        ``add_special_tokens`` is False), chat messages (chat template applied) or ids.
 
         Raises:
             ContextLengthError: the text is so long that even at the vocabulary's longest
@@ -198,7 +201,7 @@ class LLMEngine:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {chars} characters, so at least {chars // self._token_chars} tokens")
-        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size)
+        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size, add_special_tokens)
 
     def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
@@ -283,7 +286,7 @@ class LLMEngine:
             m = chunk.request.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
         sampling = [c.request for c in plan.chunks if c.samples]
-        logits = self.runner.execute(plan.chunks)
+        logits = take_prompt_logprobs(plan.chunks, self.runner.execute(plan.chunks))
         tokens, logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.advance(plan)
         now = time.perf_counter()

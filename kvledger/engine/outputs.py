@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 
 @dataclass
 class TokenLogprob:
-    """Logprob of the chosen token and the top-k alternatives at one position."""
+    """Logprob of the chosen token and the top-k alternatives at one position; ``rank``: the
+    token's rank in the distribution (1 = most likely), given for prompt tokens."""
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int | None = None
 
 
 @dataclass
@@ -52,7 +54,9 @@ class RequestOutput:
 
     ``finish_reason`` is ``"stop"`` (EOS or a stop string/token), ``"length"`` (max_tokens or
     the context limit), ``"abort"``, ``"error"`` (the scheduler refused it; ``error`` says why)
-    or ``None`` while running.
+    or ``None`` while running. ``prompt_logprobs`` (when asked: ``SamplingParams.
+    prompt_logprobs``) has one entry per prompt token, the first None
+    (:mod:`kvledger.engine.prompt_logprobs`); it is complete from the first output on.
     """
 
     request_id: str
@@ -64,6 +68,7 @@ class RequestOutput:
     finished: bool = False
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: str | None = None
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from kvledger.errors import InvalidParameterError
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: int) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: int,
+                  add_special_tokens: bool = True) -> list[int]:
     """Token ids for a prompt.
 
-    A ``str`` is tokenized as is (the tokenizer decides about BOS); a list of ``{"role",
+    A ``str`` is tokenized as is (the tokenizer decides about BOS, unless
+    ``add_special_tokens`` is False); a list of ``{"role",
     "content"}`` dicts goes through the chat template with the generation prompt appended; a list
     of ints is used as given.
 
@@ -25,7 +27,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
     if tokenizer is None:
         raise InvalidParameterError("this model has no tokenizer: give token ids")
     if isinstance(prompt, str):
-        ids = _encode(tokenizer, prompt, add_special_tokens=True)
+        ids = _encode(tokenizer, prompt, add_special_tokens=add_special_tokens)
     elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
         try:
             text = tokenizer.apply_chat_template(prompt, tokenize=False,

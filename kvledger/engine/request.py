@@ -107,6 +107,7 @@ class Request:
         self.output = RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_token_ids,
             logprobs=[] if self.params.logprobs is not None else None,
+            prompt_logprobs=[None] if self.params.prompt_logprobs is not None else None,
             metrics=RequestMetrics(arrival_time=time.perf_counter(),
                                    num_prompt_tokens=len(self.prompt_token_ids)))
 

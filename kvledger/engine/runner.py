@@ -3,7 +3,8 @@
 For each scheduled chunk (a request and how many of its tokens to compute) it builds the flat
 step batch: input ids, positions, slot mapping (slot = block_table[pos // block_size] *
 block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
-segment per chunk). Logits are computed only at the last position of chunks that sample.
+segment per chunk). Logits are computed only at the last position of chunks that sample, and
+at every position of a chunk whose request wants prompt logprobs (``prompt_logprobs.py``).
 
 A request under an evicting retention policy (``request.retention``) holds only some of its
 tokens, anywhere in its blocks: its chunk is one gathered segment over the held slots, with a
@@ -23,6 +24,7 @@ import torch
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.model import LlamaModel
+from kvledger.engine.prompt_logprobs import logit_rows
 from kvledger.engine.retention.observe import AttentionObserver
 
 MAX_PADDING = 1.25
@@ -37,7 +39,8 @@ class ModelRunner:
         self._offsets = torch.arange(block_size)
 
     def execute(self, chunks: Seq) -> torch.Tensor:
-        """Logits [num_sampling_chunks, vocab] (fp32), in the order of ``chunks`` that sample.
+        """Logits [rows, vocab] (fp32): each chunk's ``logit_rows`` last rows, in the order of
+        ``chunks`` (one row per chunk that samples, unless prompt logprobs are wanted).
 
         ``chunks``: objects with ``request`` (a Request: num_computed_tokens, block_table,
         tokens) and ``num_new_tokens``; a chunk samples when it reaches the end of its request.
@@ -54,7 +57,7 @@ class ModelRunner:
     def batch(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata,
                                           torch.Tensor]:
         """The step's flat inputs: token ids [T], positions [T], the attention metadata and
-        the rows [num_sampling_chunks] whose logits are wanted (what a tensor-parallel step
+        the rows whose logits are wanted (:func:`logit_rows`; what a tensor-parallel step
         broadcasts to the other ranks)."""
         if self.store is None:
             return self._no_cache_batch(chunks)
@@ -111,7 +114,7 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             last_of[id(c)] = len(ids) - 1
         meta.slot_mapping = torch.cat(slot_chunks)
-        return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+        return _as_tensor(ids), _as_tensor(pos), meta, _wanted_rows(chunks, last_of)
 
     def _no_cache_batch(self, chunks: Seq):
         ids, pos, last_of = [], [], {}
@@ -122,7 +125,7 @@ class ModelRunner:
             ids.extend(c.request.token_ids_range(0, end))
             pos.extend(range(end))
             last_of[id(c)] = len(ids) - 1
-        return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
+        return _as_tensor(ids), _as_tensor(pos), meta, _wanted_rows(chunks, last_of)
 
     def _retained_decode(self, c, offset: int) -> tuple[DecodeGroup, int] | None:
         """A decode group of one token under an evicting policy whose query sees every held
@@ -197,9 +200,12 @@ def _prefix_causal_mask(start: int, n: int) -> torch.Tensor:
     return torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
 
 
-def _sampling_rows(chunks: Seq, last_of: dict) -> torch.Tensor:
-    rows = [last_of[id(c)] for c in chunks
-            if c.request.num_computed_tokens + c.num_new_tokens == c.request.num_tokens]
+def _wanted_rows(chunks: Seq, last_of: dict) -> torch.Tensor:
+    """Rows whose logits the step returns: each chunk's last ``logit_rows(chunk)`` rows."""
+    rows = []
+    for c in chunks:
+        last = last_of[id(c)]
+        rows.extend(range(last - logit_rows(c) + 1, last + 1))
     return torch.tensor(rows, dtype=torch.int64)
 
 

@@ -67,6 +67,8 @@ class SamplingParams:
             unless ``ignore_eos``).
         logprobs: number of top alternatives to return per token (None = no logprobs);
             the chosen token's logprob is always included when this is set.
+        prompt_logprobs: the same for every prompt token (vLLM's; None = none); such a
+            request reads no prefix-cache hit (``engine/prompt_logprobs.py``).
         ignore_eos: keep generating past EOS (benchmarks use this for fixed output lengths).
         kv_policy: this request's KV retention policy: a ``RetentionSpec``, an object
             ``{"policy": "sinks", "window": 1024, ...}`` or a policy name; None = the engine's
@@ -89,6 +91,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     ignore_eos: bool = False
     kv_policy: RetentionSpec | dict | str | None = None
 
@@ -126,10 +129,11 @@ class SamplingParams:
                                       or not -(2**63) <= self.seed < 2**63):
             raise InvalidParameterError(f"seed must be a 64-bit integer, got {self.seed!r}")
         self._check_stop()
-        if self.logprobs is not None and (not _is_int(self.logprobs)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise InvalidParameterError(
-                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+                raise InvalidParameterError(
+                    f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidParameterError(f"ignore_eos must be true or false, got "
                                         f"{self.ignore_eos!r}")

@@ -220,7 +220,8 @@ class _SamplingBody(_Body):
             bias[int(key)] = value
         return bias
 
-    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling(self, max_tokens: int | None, logprobs: int | None,
+                  prompt_logprobs: int | None = None) -> SamplingParams:
         temperature = 1.0 if self.temperature is None else self.temperature
         top_p = 1.0 if self.top_p is None else self.top_p
         greedy = temperature < GREEDY_BELOW or top_p < TOP_P_GREEDY_BELOW
@@ -237,6 +238,7 @@ class _SamplingBody(_Body):
             seed=self.seed,
             stop=self.stop_strings(),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             ignore_eos=self.ignore_eos,
             kv_policy=self.kv_policy,
         )
@@ -266,14 +268,40 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 class CompletionRequest(_SamplingBody):
     """``POST /v1/completions``: a text prompt, token ids, or a list of either (one choice
-    per prompt)."""
+    per prompt).
+
+    ``echo`` puts the prompt before the completion, in the text and, with ``logprobs``, in the
+    logprobs (the first prompt token's logprob is null); ``max_tokens: 0`` with ``echo``
+    returns the prompt alone (the engine still runs one step, whose token is dropped, as in
+    vLLM). ``prompt_logprobs`` (vLLM's) adds each prompt token's logprob and top alternatives
+    as ``choices[i].prompt_logprobs``; ``echo`` with ``logprobs`` N computes them with N.
+    Neither is streamed (400).
+    """
 
     prompt: (NonEmptyText | TokenIds
              | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS)]
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
-    max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens: Annotated[int, Field(ge=0)] | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    echo: Literal[False] = False
+    echo: bool = False
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    @model_validator(mode="after")
+    def _echo_rules(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("'max_tokens' must be >= 1 unless 'echo' is true (then 0 returns "
+                             "the prompt alone)")
+        if self.stream and self.echo:
+            raise ValueError("'echo' with 'stream' is not supported: send stream false")
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("'prompt_logprobs' with 'stream' is not supported: send stream "
+                             "false")
+        return self
+
+    @property
+    def prompt_only(self) -> bool:
+        """True for ``echo`` with ``max_tokens: 0``: the answer is the prompt alone."""
+        return self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice: a text, or a list of token ids."""
@@ -284,7 +312,11 @@ class CompletionRequest(_SamplingBody):
 
     def sampling_params(self) -> SamplingParams:
         """SamplingParams of this request (raises InvalidParameterError on bad values)."""
-        return self._sampling(self.max_tokens, self.logprobs)
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is None and self.echo:
+            prompt_logprobs = self.logprobs
+        return self._sampling(1 if self.prompt_only else self.max_tokens, self.logprobs,
+                              prompt_logprobs)
 
 
 class ChatCompletionRequest(_SamplingBody):
@@ -323,6 +355,7 @@ class TokenizeRequest(_Body):
     model: Text | None = None
     prompt: NonEmptyText | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_special_tokens: bool = True  # vLLM's: a text prompt gets the tokenizer's BOS etc.
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> TokenizeRequest:

@@ -46,13 +46,21 @@ def usage(outs: RequestOutput | list[RequestOutput]) -> dict:
     }
 
 
-def merge_choices(bodies: list[dict], finals: list[RequestOutput]) -> dict:
+def merge_choices(bodies: list[dict]) -> dict:
     """One response of several choices: the first body's envelope, every choice in index
-    order, the summed usage."""
+    order, the bodies' usage summed."""
     merged = dict(bodies[0])
     merged["choices"] = sorted((b["choices"][0] for b in bodies), key=lambda c: c["index"])
-    merged["usage"] = usage(finals)
+    merged["usage"] = _sum_usage([b["usage"] for b in bodies])
     return merged
+
+
+def _sum_usage(usages: list[dict]) -> dict:
+    total = {key: sum(u[key] for u in usages)
+             for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    total["prompt_tokens_details"] = {"cached_tokens": sum(
+        u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
+    return total
 
 
 def _clamp(logprob: float) -> float:
@@ -91,24 +99,34 @@ class _Formatter:
 
 
 class CompletionFormatter(_Formatter):
-    """``/v1/completions`` bodies and chunks (object ``text_completion``)."""
+    """``/v1/completions`` bodies and chunks (object ``text_completion``).
+
+    ``echo``: the prompt's text and (with logprobs) its tokens come first, the first token's
+    logprob and top alternatives null (vLLM's shape); ``prompt_only`` (``max_tokens: 0``):
+    the prompt alone, no completion token counted; ``prompt_logprobs``: the choice carries
+    vLLM's ``prompt_logprobs`` (per prompt token, null first, else ``{token id: {logprob,
+    rank, decoded_token}}`` for the token and its top alternatives). Echo is not streamed.
+    """
 
     object_name = chunk_object = "text_completion"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, echo: bool = False, prompt_only: bool = False,
+                 prompt_logprobs: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.echo, self.prompt_only, self.prompt_logprobs = echo, prompt_only, prompt_logprobs
         self._text_offset = 0
 
-    def _logprobs(self, lps: list[TokenLogprob]) -> dict:
-        tokens = [self._token_text(lp.token_id) for lp in lps]
+    def _logprobs(self, lps: list[TokenLogprob | None], token_ids: list[int]) -> dict:
+        tokens = [self._token_text(t) for t in token_ids]
         offsets = []
         for token in tokens:
             offsets.append(self._text_offset)
             self._text_offset += len(token)
         return {
             "tokens": tokens,
-            "token_logprobs": [_clamp(lp.logprob) for lp in lps],
-            "top_logprobs": [{self._token_text(t): _clamp(v) for t, v in lp.top} for lp in lps],
+            "token_logprobs": [None if lp is None else _clamp(lp.logprob) for lp in lps],
+            "top_logprobs": [None if lp is None else
+                             {self._token_text(t): _clamp(v) for t, v in lp.top} for lp in lps],
             "text_offset": offsets,
         }
 
@@ -118,16 +136,39 @@ class CompletionFormatter(_Formatter):
         if not (out.new_text or lps or out.finished):
             return []
         choice = {"index": self.index, "text": out.new_text,
-                  "logprobs": self._logprobs(lps) if self.logprobs else None,
+                  "logprobs": self._logprobs(lps, [lp.token_id for lp in lps])
+                  if self.logprobs else None,
                   "finish_reason": out.finish_reason if out.finished else None}
         return self._with_usage([self._envelope([choice])], out)
 
     def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
         """The whole non-streamed body."""
-        choice = {"index": self.index, "text": out.text,
-                  "logprobs": self._logprobs(lps) if self.logprobs else None,
+        text, lps = ("", []) if self.prompt_only else (out.text, list(lps))
+        token_ids = [lp.token_id for lp in lps]
+        if self.echo:
+            text = self.tokenizer.decode(out.prompt_token_ids) + text
+            token_ids = out.prompt_token_ids + token_ids
+            lps = (out.prompt_logprobs or [None] * len(out.prompt_token_ids)) + lps
+        choice = {"index": self.index, "text": text,
+                  "logprobs": self._logprobs(lps, token_ids) if self.logprobs else None,
                   "finish_reason": out.finish_reason}
-        return {**self._envelope([choice]), "usage": usage(out)}
+        if self.prompt_logprobs:
+            choice["prompt_logprobs"] = [None if lp is None else self._vllm_entry(lp)
+                                         for lp in out.prompt_logprobs]
+        body = {**self._envelope([choice]), "usage": usage(out)}
+        if self.prompt_only:
+            body["usage"].update(completion_tokens=0,
+                                 total_tokens=body["usage"]["prompt_tokens"])
+        return body
+
+    def _vllm_entry(self, lp: TokenLogprob) -> dict:
+        """vLLM's prompt-logprob dict: the token first, then its top alternatives."""
+        entry = {str(lp.token_id): {"logprob": _clamp(lp.logprob), "rank": lp.rank,
+                                    "decoded_token": self._token_text(lp.token_id)}}
+        for rank, (token, value) in enumerate(lp.top, start=1):
+            entry.setdefault(str(token), {"logprob": _clamp(value), "rank": rank,
+                                          "decoded_token": self._token_text(token)})
+        return entry
 
 
 class ChatFormatter(_Formatter):

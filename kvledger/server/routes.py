@@ -12,6 +12,7 @@ aborting the requests if the client leaves or ``request_timeout_s`` passes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -106,15 +107,20 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     _warn_unknown(body, request)
     state.check_model(body.model)
     engine_input = body.engine_input()
-    tokens = await state.loop.call(lambda engine: engine.tokenize(engine_input))
+    special = body.add_special_tokens
+    tokens = await state.loop.call(
+        lambda engine: engine.tokenize(engine_input, add_special_tokens=special))
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
-    """OpenAI text completion (one choice per prompt), streamed or not."""
-    return await _generate(request, body, CompletionFormatter, "cmpl",
-                           logprobs=body.logprobs is not None)
+    """OpenAI text completion (one choice per prompt), streamed or not; ``echo`` and
+    ``prompt_logprobs`` as vLLM serves them."""
+    formatter = functools.partial(CompletionFormatter, echo=body.echo,
+                                  prompt_only=body.prompt_only,
+                                  prompt_logprobs=body.prompt_logprobs is not None)
+    return await _generate(request, body, formatter, "cmpl", logprobs=body.logprobs is not None)
 
 
 @router.post("/v1/chat/completions")
@@ -221,4 +227,4 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     bodies = [formatters[rid].response(*finals[rid]) for rid in request_ids]
     if len(bodies) == 1:
         return bodies[0]
-    return merge_choices(bodies, [finals[rid][0] for rid in request_ids])
+    return merge_choices(bodies)

@@ -7,7 +7,9 @@
   thread, written at stop as a Chrome trace (``kvledger-<time in ns>.pt.trace.json``) under
   ``--profile-dir``; without that option both are 404 naming it (vLLM has no such route then),
   a second start or a stop without a start is 409.
-- ``POST /detokenize`` (``{"tokens": [...]}`` -> ``{"prompt": text}``), ``GET /version``.
+- ``POST /detokenize`` (``{"tokens": [...]}`` -> ``{"prompt": text}``), ``GET
+  /tokenizer_info`` (special tokens and chat template: with ``/tokenize`` and
+  ``/detokenize``, lm-eval's remote tokenizer), ``GET /version``.
 
 With API keys set, every route here needs a valid key (:mod:`.auth`). Sources: vLLM's
 ``entrypoints/openai/api_server.py`` (routes and bodies), aiperf's ``--reset-kv-cache`` and
@@ -136,6 +138,20 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
         return engine.tokenizer.decode(engine.tokenize(body.tokens))  # tokenize checks the ids
 
     return {"prompt": await state.loop.call(decode)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict:
+    """The tokenizer's special tokens and chat template (what lm-eval's remote tokenizer
+    reads, with ``/tokenize`` and ``/detokenize``)."""
+    state = request.app.state.server
+    tokenizer = state.tokenizer
+    if tokenizer is None:
+        raise InvalidParameterError("this model has no tokenizer")
+    info = {name: getattr(tokenizer, name, None)
+            for name in ("eos_token", "bos_token", "pad_token", "chat_template")}
+    return {"tokenizer_class": type(tokenizer).__name__, **info,
+            "model_max_length": state.max_model_len}
 
 
 @router.get("/version")

@@ -60,7 +60,7 @@ class FakeEngine:
         self.owner = self.owner or threading.current_thread()
         assert self.owner is threading.current_thread(), "engine used from two threads"
 
-    def tokenize(self, prompt) -> list[int]:
+    def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
         self._check_thread()
         if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
             return list(prompt)
@@ -133,8 +133,19 @@ class FakeEngine:
             request_id=request_id, prompt_token_ids=req.prompt_ids, token_ids=list(req.out),
             text="".join(map(chr, req.out)), new_token_ids=[token], new_text=chr(token),
             finished=reason is not None, finish_reason=reason, logprobs=lps,
-            metrics=req.metrics,
+            prompt_logprobs=self._prompt_logprobs(req), metrics=req.metrics,
         )
+
+    @staticmethod
+    def _prompt_logprobs(req: _Req) -> list | None:
+        """Prompt token i: logprob -i / 10, rank i, top ``prompt_logprobs`` alternatives
+        ``"?"`` at -0.05 then ``"!"`` at -0.07."""
+        k = req.params.prompt_logprobs
+        if k is None:
+            return None
+        top = [(ord("?"), -0.05), (ord("!"), -0.07)][:k]
+        return [None] + [TokenLogprob(t, -i / 10, top, i)
+                         for i, t in enumerate(req.prompt_ids[1:], start=1)]
 
     def stats(self) -> dict:
         used = sum(len(r.prompt_ids) + len(r.out) for r in self.requests.values())

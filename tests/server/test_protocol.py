@@ -65,7 +65,11 @@ def test_invalid_chat_bodies_are_refused(bad):
 
 
 @pytest.mark.parametrize("bad", [{"prompt": ""}, {"prompt": []}, {"prompt": [-1]},
-                                 {"prompt": "x", "logprobs": 21}, {"prompt": "x", "echo": True}])
+                                 {"prompt": "x", "logprobs": 21},
+                                 {"prompt": "x", "prompt_logprobs": 21},
+                                 {"prompt": "x", "max_tokens": 0},
+                                 {"prompt": "x", "echo": True, "stream": True},
+                                 {"prompt": "x", "prompt_logprobs": 1, "stream": True}])
 def test_invalid_completion_bodies_are_refused(bad):
     with pytest.raises(ValidationError):
         CompletionRequest.model_validate(bad)

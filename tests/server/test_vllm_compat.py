@@ -77,6 +77,8 @@ def test_detokenize_and_version(make_client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
     assert client.post("/detokenize", json={"tokens": [72], "model": "x"}).status_code == 404
     assert client.get("/version").json() == {"version": kvledger.__version__}
+    info = client.get("/tokenizer_info").json()
+    assert info["tokenizer_class"] == "FakeTokenizer" and info["model_max_length"] == 256
 
 
 def test_metrics_under_vllm_names_only_when_asked(make_client):
@@ -156,3 +158,5 @@ def test_live_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(live
     assert r.status_code == 200 and r.json()["prompt"].endswith("Hello world")
     r = httpx.post(url + "/detokenize", headers=headers, json={"tokens": [49152]})  # vocab 49152
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+    info = httpx.get(url + "/tokenizer_info", headers=headers).json()
+    assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]

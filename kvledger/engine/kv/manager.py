@@ -58,6 +58,8 @@ class KVCacheManager:
         The hit covers ``len(result) * block_size`` tokens.
         """
         assert not req.block_table, "prefix lookup is for requests holding no blocks"
+        if req.params.prompt_logprobs is not None:
+            return []  # every prompt position's logits are wanted (engine/prompt_logprobs.py)
         hits = self.prefix.find_longest_cache_hit(req)
         limit = self._shareable_blocks(req)
         if req.retention is not None:

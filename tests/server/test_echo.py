@@ -1,0 +1,104 @@
+"""``/v1/completions`` with ``echo``, ``max_tokens: 0`` and ``prompt_logprobs``, in vLLM's
+shape (``entrypoints/openai/serving_completion.py``: the prompt first, its first token's
+logprob null), and the bad combinations refused with a 400 that names them.
+
+The fake engine's tokens are characters and its prompt logprobs are fixed (token i: -i / 10);
+the live test compares the bundled model's values with transformers on the same GGUF (fp32).
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from fake_engine import TEXT
+
+
+def _post(client, **body):
+    return client.post("/v1/completions", json=body)
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(make_client):
+    r = _post(make_client(), prompt="Hey", max_tokens=3, echo=True, logprobs=2)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == "Hey" + TEXT[:3]
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["H", "e", "y", *TEXT[:3]]
+    assert lp["token_logprobs"][:3] == [None, -0.1, -0.2]
+    assert lp["top_logprobs"][0] is None and lp["top_logprobs"][1] == {"?": -0.05, "!": -0.07}
+    assert lp["text_offset"] == [0, 1, 2, 3, 4, 5]
+    assert "prompt_logprobs" not in choice  # only when asked by name
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_max_tokens_0_with_echo_returns_the_prompt_alone(make_client):
+    r = _post(make_client(), prompt="Hey", max_tokens=0, echo=True, logprobs=1)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["text"] == "Hey"
+    assert body["choices"][0]["logprobs"]["tokens"] == ["H", "e", "y"]
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["total_tokens"] == 3
+
+
+def test_prompt_logprobs_field_in_vllms_shape(make_client):
+    r = _post(make_client(), prompt="Hi!", max_tokens=1, prompt_logprobs=1)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == TEXT[:1] and choice["logprobs"] is None
+    assert choice["prompt_logprobs"] == [
+        None,
+        {str(ord("i")): {"logprob": -0.1, "rank": 1, "decoded_token": "i"},
+         str(ord("?")): {"logprob": -0.05, "rank": 1, "decoded_token": "?"}},
+        {str(ord("!")): {"logprob": -0.2, "rank": 2, "decoded_token": "!"},
+         str(ord("?")): {"logprob": -0.05, "rank": 1, "decoded_token": "?"}},
+    ]
+
+
+def test_a_batch_of_token_id_prompts_echoes_each_one(make_client):
+    # lm-eval's local-completions: token ids, echo, logprobs 1, max_tokens 1, several prompts
+    prompts = [[ord(c) for c in "ab"], [ord(c) for c in "xyz"]]
+    r = _post(make_client(), prompt=prompts, max_tokens=1, echo=True, logprobs=1,
+              temperature=0)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    texts = [c["text"] for c in sorted(body["choices"], key=lambda c: c["index"])]
+    assert texts == ["ab" + TEXT[0], "xyz" + TEXT[0]]
+    assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ({"echo": True, "stream": True}, "'echo' with 'stream'"),
+    ({"prompt_logprobs": 1, "stream": True}, "'prompt_logprobs' with 'stream'"),
+    ({"max_tokens": 0}, "'max_tokens' must be >= 1 unless 'echo' is true"),
+    ({"echo": True, "logprobs": 21}, "'logprobs' must be <= 20"),
+    ({"prompt_logprobs": 21}, "'prompt_logprobs' must be <= 20"),
+    ({"echo": True, "n": 2}, "'n' must be <= 1"),
+])
+def test_bad_combinations_are_400s_naming_them(make_client, body, named):
+    r = _post(make_client(), prompt="Hey", **body)
+    assert r.status_code == 400 and named in r.json()["error"]["message"], r.text
+
+
+@pytest.mark.slow
+def test_live_echo_logprobs_match_transformers(live_server):
+    """The server's fp32 prompt logprobs equal transformers' log-softmax on the same GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    from kvledger.paths import bundled_model_path
+
+    url, headers = live_server.url, live_server.headers
+    text = "Question: What is the capital of France?\nAnswer: Paris"
+    ids = httpx.post(url + "/tokenize", headers=headers, json={"prompt": text}).json()["tokens"]
+    r = httpx.post(url + "/v1/completions", headers=headers, timeout=60, json={
+        "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+    path = bundled_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    want = [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
+    assert got[0] is None and len(got) == len(ids)
+    assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
