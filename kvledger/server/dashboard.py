@@ -115,7 +115,7 @@ async def catalogue() -> JSONResponse:
     """Model ids (with KV figures), device names and KV formats the plan form offers."""
     from kvledger.catalogue import catalogue_rows
     from kvledger.ledger.hardware import DEVICES
-    from kvledger.ledger.kv import KV_FORMATS
+    from kvledger.ledger.kv_format import KV_FORMATS
 
     rows = await asyncio.to_thread(catalogue_rows)
     return JSONResponse({"models": rows, "devices": list(DEVICES), "kv_formats": KV_FORMATS},
