@@ -107,11 +107,3 @@ def dropped_ranges(positions: list[int]) -> list[list[int]]:
 def positions_of(ranges: list[list[int]]) -> set[int]:
     """``[[lo, hi), ...]`` -> the set of positions."""
     return {p for lo, hi in ranges for p in range(lo, hi)}
-
-
-def dropped_positions(state: RetainedKV, num_computed: int) -> set[int]:
-    """Positions below ``num_computed`` whose K/V ``state`` no longer holds."""
-    held = state.pos[state.pos >= 0]
-    gone = torch.ones(num_computed, dtype=torch.bool)
-    gone[held[held < num_computed]] = False
-    return set(gone.nonzero().flatten().tolist())

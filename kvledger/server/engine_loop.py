@@ -103,11 +103,6 @@ class EngineLoop:
         """Why the engine cannot compute any more (``engine.failure``), else None."""
         return getattr(self._engine, "failure", None)
 
-    @property
-    def num_live(self) -> int:
-        """Requests added and neither finished nor aborted yet (read from any thread)."""
-        return len(self._streams)
-
     def start(self) -> None:
         """Start the engine thread, after freeing the calling thread's OpenMP workers (the
         engine thread computes from now on; see :mod:`kvledger.engine.omp`)."""
