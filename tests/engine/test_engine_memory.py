@@ -32,6 +32,7 @@ def test_lazy_zeros_shape_and_dtype():
 
 
 def test_release_keeps_values_of_mapped_and_of_ordinary_tensors():
+    load_weights("default", torch.bfloat16)  # a fresh machine's first load writes the cache
     _, weights = load_weights("default", torch.bfloat16)  # cached: memory-mapped
     assert isinstance(weights, MappedWeights)
     name = "model.layers.3.mlp.down_proj.weight"
