@@ -17,12 +17,11 @@ import time
 
 import torch
 
+from kvledger.device.cpu.kernel_probe import choose_attention
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.kernels import choose_attention
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
@@ -38,6 +37,7 @@ from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetE
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.model.llama import LlamaModel
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -132,7 +132,7 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
         if spec is None:
-            from kvledger.engine.loader import load_tokenizer, load_weights
+            from kvledger.model.weights.loader import load_tokenizer, load_weights
 
             spec, weights = load_weights(config.model, dtype)
             tokenizer = load_tokenizer(config.model)

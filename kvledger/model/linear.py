@@ -1,20 +1,20 @@
 """Linear layers whose weight is held in exactly one format, chosen per shape class.
 
-Formats (names used by the kernel probe, :mod:`kvledger.engine.kernels`):
+Formats (names used by the kernel probe, :mod:`kvledger.device.cpu.kernel_probe`):
 
 - ``dense``: the [out, in] matrix in the compute dtype (``F.linear``; oneDNN / MKL);
 - ``int4``: a GGUF Q4_0/Q4_1 matrix kept packed for PyTorch's CPU int4 weight-only kernel
   (``aten._weight_int4pack_mm_for_cpu``, group size 32) with bf16 scales and zeros
-  ``w = (q - 8) * scale + zero`` (:mod:`kvledger.engine.q4`); only for weights the GGUF stores
+  ``w = (q - 8) * scale + zero`` (:mod:`kvledger.model.q4`); only for weights the GGUF stores
   as Q4, so it adds no rounding beyond the file's (except the scales' last 3 fp16 bits);
 - ``int8``: symmetric per-row int8, ``w = q * s_row`` with ``s_row = max|w_row| / 127``
   (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``;
 - ``w8a8``: symmetric int8 per block of 32 inputs with fp32 scales (GGML's Q8_0 layout, so a
   Q8_0 tensor of the file keeps its codes: :func:`int8_blocks`), multiplied by the native int8 x
-  int8 kernel (:mod:`kvledger.engine.w8a8`), which also rounds the activations to int8 per block
+  int8 kernel (:mod:`kvledger.device.cpu.w8a8`), which also rounds the activations to int8 per block
   of 32 inputs; without the native library it is ``int8``;
 - ``w4a8``: a GGUF Q4_0/Q4_1 matrix in the file's own blocks (4-bit codes, fp32 scale and
-  minimum per 32 weights; :func:`kvledger.engine.q4.q4_blocks`), multiplied by the native kernel
+  minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), multiplied by the native kernel
   with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8 scheme): no weight
   rounding beyond the file's; without the native library it is ``int4``.
 
@@ -25,8 +25,8 @@ dequantized for the call is faster (:meth:`Linear.gemm`, one of :data:`GEMM_PATH
 on CPUs without native bf16 matmul (measured: 30 ms against 60 ms for a [3072, 576] int8 weight
 at 512 rows on a 2-core AMD EPYC Zen 1), ``bf16`` (oneDNN) where the CPU multiplies bf16
 natively (AVX512-BF16, AMX). A layer takes its ``gemm_path`` from ``gemm_rows`` rows on, both
-chosen per shape class by the kernel probe (:func:`kvledger.engine.kernels.probe`). ``int4``
-keeps no codes it could dequantize and always runs its kernel.
+chosen per shape class by the kernel probe (:func:`kvledger.device.cpu.kernel_probe.probe`).
+``int4`` keeps no codes it could dequantize and always runs its kernel.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvledger.engine import w8a8
-from kvledger.engine.q4 import GROUP, q4_blocks, q4_dequantize
+from kvledger.device.cpu import w8a8
+from kvledger.model.q4 import GROUP, q4_blocks, q4_dequantize
 
 FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8")
 Q4_FORMATS = ("int4", "w4a8")
@@ -74,8 +74,9 @@ def int8_rows(weight: torch.Tensor, chunk_rows: int = 1024, block: int | None = 
 
     Done ``chunk_rows`` rows at a time, so no fp32 copy of a whole large matrix (an embedding)
     is ever held; ``release``, if given, is called with each chunk of ``weight`` (a view) once
-    it is read, so a memory-mapped source (:class:`~kvledger.engine.loader.MappedWeights`) gives
-    its pages back as it goes rather than being resident in full beside the codes.
+    it is read, so a memory-mapped source
+    (:class:`~kvledger.model.weights.loader.MappedWeights`) gives its pages back as it goes
+    rather than being resident in full beside the codes.
     """
     out, width = weight.shape
     group = width if block is None else block

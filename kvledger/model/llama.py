@@ -7,9 +7,9 @@ residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or un
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
 layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate_up``,
 ``down``, ``lm_head``) is held in the weight format the kernel probe chose
-(:mod:`kvledger.engine.kernels`, :mod:`kvledger.engine.linear`); a tied embedding shares the
+(:mod:`kvledger.device.cpu.kernel_probe`, :mod:`kvledger.model.linear`); a tied embedding shares the
 LM head's copy. In fp32 every weight is dense, and logits match Hugging Face to ~1e-5.
-The element-wise ops between the matmuls are fused (:mod:`kvledger.engine.fused`: residual add +
+The element-wise ops between the matmuls are fused (:mod:`kvledger.device.cpu.fused`: residual add +
 RMSNorm, RoPE on Q and K in place, SiLU x up). Q is never cached: only the K/V of new tokens go
 to the store (seed §2.1).
 """
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine import kernels
+from kvledger.device.cpu import kernel_probe
+from kvledger.device.cpu.fused import fused_ops
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
-from kvledger.engine.fused import fused_ops
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.linear import Q4_FORMATS, Linear, int4_shape_ok
-from kvledger.engine.rope import RotaryEmbedding
 from kvledger.errors import UnsupportedModelError
+from kvledger.model.linear import Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.model.rope import RotaryEmbedding
 from kvledger.spec import FULL, ModelSpec
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -52,15 +52,15 @@ class LlamaModel:
         check_supported(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
-            attention = make_backend(attention or kernels.choose_attention(spec))
+            attention = make_backend(attention or kernel_probe.choose_attention(spec))
         self.attention = attention
-        self.ops = fused_ops(kernels.fused_limits(spec))
+        self.ops = fused_ops(kernel_probe.fused_limits(spec))
         gemm = {}
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
-            formats = kernels.choose_formats(spec, _q4_classes(weights))
-            gemm = kernels.choose_gemm(spec, formats)
+            formats = kernel_probe.choose_formats(spec, _q4_classes(weights))
+            gemm = kernel_probe.choose_gemm(spec, formats)
         self.formats = dict(formats)
         release = getattr(weights, "release", None) or (lambda tensor: None)
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
@@ -78,7 +78,7 @@ class LlamaModel:
         self.layers = []
         for i in range(spec.num_layers):
             self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
-            for cls in kernels.GEMM_CLASSES:
+            for cls in kernel_probe.GEMM_CLASSES:
                 if gemm.get(cls) is not None:
                     self.layers[-1][cls].use_gemm(*gemm[cls])
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
@@ -158,7 +158,7 @@ def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
 def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
                 release) -> dict:
     """One layer's norms and fused Linears; its tensors are removed from ``w`` as they are
-    used and their pages released (``release``, see :class:`kvledger.engine.loader.
+    used and their pages released (``release``, see :class:`kvledger.model.weights.loader.
     MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = [attn + f"{p}_proj" for p in "qkv"]

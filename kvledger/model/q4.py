@@ -7,7 +7,7 @@ j + 16 the high nibble). Both are ``w = (q - 8) * scale + zero`` with ``scale = 
 ``zero = 0`` or ``m + 8 d``, the form PyTorch's CPU int4 weight-only kernel
 (``aten._weight_int4pack_mm_for_cpu``, group size 32) computes with.
 
-The packed form is one of the weight formats of :class:`kvledger.engine.linear.Linear`.
+The packed form is one of the weight formats of :class:`kvledger.model.linear.Linear`.
 """
 
 from __future__ import annotations

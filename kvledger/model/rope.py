@@ -61,7 +61,7 @@ class RotaryEmbedding:
         self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(self.dtype)
         # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin
         self.sin = torch.cat((-freqs, freqs), dim=-1).sin().to(self.dtype)
-        # fp32 [positions, head_dim / 2] for the native op (kvledger.engine.fused)
+        # fp32 [positions, head_dim / 2] for the native op (kvledger.device.cpu.fused)
         self.cos_half, self.sin_half = freqs.cos().contiguous(), freqs.sin().contiguous()
 
     def cover(self, positions: torch.Tensor) -> None:

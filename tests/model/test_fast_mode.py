@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment
-from kvledger.engine.loader import load_tokenizer, load_weights
-from kvledger.engine.model import LlamaModel
+from kvledger.model.llama import LlamaModel
+from kvledger.model.weights.loader import load_tokenizer, load_weights
 
 LAYERS = ("qkv", "o", "gate_up", "down")
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvledger.engine.linear import Linear, int8_rows
-from kvledger.engine.q4 import q4_parts
+from kvledger.model.linear import Linear, int8_rows
+from kvledger.model.q4 import q4_parts
 
 
 def test_q4_blocks_decode_like_the_gguf_library(bundled_path):

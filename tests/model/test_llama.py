@@ -12,11 +12,11 @@ import torch
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.loader import load_weights
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling_params import SamplingParams
+from kvledger.model.llama import LlamaModel
+from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-3
 DECODE_STEPS = 16
@@ -80,7 +80,7 @@ def test_bundled_gguf_logits_match_transformers(hf_oracle, bundled_path):
     spec, weights = load_weights(bundled_path, torch.float32)
     runner = _paged_runner(spec, weights)
     text = "The key-value cache stores the keys and values of every earlier token so that"
-    from kvledger.engine.loader import load_tokenizer
+    from kvledger.model.weights.loader import load_tokenizer
 
     prompt = load_tokenizer(bundled_path).encode(text)
     diffs = _compare_with_oracle(runner, hf_oracle, prompt, list(range(10, 20)), [len(prompt)])

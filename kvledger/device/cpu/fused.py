@@ -11,10 +11,10 @@ op costs microseconds of dispatch whatever its size, so these three replace 3-10
 
 Arithmetic is fp32 for fp32 and bf16 tensors (one rounding per bf16 result). :func:`fused_ops`
 returns the native ops, or the PyTorch ones when the native library cannot be built
-(:mod:`kvledger.engine.attention.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
+(:mod:`kvledger.device.cpu.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
 to rounding. The native ops vectorise and split a prefill's many rows over torch's threads
 (``fused_ops.cpp``); each takes at most the rows the kernel probe measured it faster at
-(:meth:`kvledger.engine.kernels.ProbeResult.fused_max_rows`; no limit where it won at every
+(:meth:`kvledger.device.cpu.kernel_probe.ProbeResult.fused_max_rows`; no limit where it won at every
 measured count), more rows go to PyTorch.
 """
 
@@ -25,7 +25,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from kvledger.engine.attention.native import DTYPE_CODES, library
+from kvledger.device.cpu.native import DTYPE_CODES, library
 
 
 class TorchOps:

@@ -2,18 +2,18 @@
 
 Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
-:data:`kvledger.engine.linear.FORMATS` for one decode row (bf16 activations; random weights of
+:data:`kvledger.model.linear.FORMATS` for one decode row (bf16 activations; random weights of
 the real shape, each call on a weight evicted from the caches, as in a decode step, which
 streams every layer's weights from memory), the fastest attention backend for one decode query over 512 positions (once
 over a bf16 pool and once over an int8 pool: the quantized formats' choice, since a backend
 fastest on plain blocks may not be once it dequantizes), and up to how many rows the native
-fused element-wise ops (:mod:`kvledger.engine.fused`, one thread) beat PyTorch's (vectorised,
+fused element-wise ops (:mod:`kvledger.device.cpu.fused`, one thread) beat PyTorch's (vectorised,
 all threads) — a decode step has a few rows, a prefill hundreds. For the many rows of a
 prefill, it also times each format's own kernel against the GEMM paths on the weight
-dequantized per call (``fp32``, ``bf16``: :meth:`kvledger.engine.linear.Linear.gemm`) and
+dequantized per call (``fp32``, ``bf16``: :meth:`kvledger.model.linear.Linear.gemm`) and
 picks the path and the row count it starts at (:meth:`ProbeResult.gemm_choice`).
 The timing (interleaved rounds, best of several, in microseconds) is
-:mod:`kvledger.engine.probe_timing`; this module turns it into choices and caches it.
+:mod:`kvledger.device.cpu.probe_timing`; this module turns it into choices and caches it.
 
 Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per key = sha256 of
 (CPU model and flags, torch version, threads, the shapes, the native kernel's source), so a
@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvledger.engine import probe_timing
-from kvledger.engine.linear import FORMATS, GEMM_PATHS, Q4_FORMATS
-from kvledger.engine.probe_timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
+from kvledger.device.cpu import probe_timing
+from kvledger.device.cpu.probe_timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
 from kvledger.errors import InvalidParameterError
+from kvledger.model.linear import FORMATS, GEMM_PATHS, Q4_FORMATS
 from kvledger.paths import cache_dir
 from kvledger.spec import ModelSpec
 
@@ -93,7 +93,7 @@ class ProbeResult:
 
     def gemm_choice(self, shape_class: str, fmt: str) -> tuple[int, str] | None:
         """(rows, path): from how many rows ``fmt``'s layers of ``shape_class`` take which
-        GEMM path (:data:`kvledger.engine.linear.GEMM_PATHS`); None: always the own kernel.
+        GEMM path (:data:`kvledger.model.linear.GEMM_PATHS`); None: always the own kernel.
         The path is the fastest at the largest of :data:`GEMM_ROWS`; it starts at the smallest
         count from which it beat the own kernel at every larger measured count."""
         by_rows = self.gemm_us.get(shape_class, {}).get(fmt, {})
@@ -154,7 +154,7 @@ def _cache_file():
 
 
 def _key(spec: ModelSpec, cpu: str) -> str:
-    from kvledger.engine.attention.native import source_digest
+    from kvledger.device.cpu.native import source_digest
 
     text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
                        spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
@@ -187,7 +187,7 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
     Args:
         refresh: measure again even when a cached entry exists.
     """
-    from kvledger.engine.attention.native import cpu_identity
+    from kvledger.device.cpu.native import cpu_identity
 
     cpu = cpu_identity()
     key = _key(spec, cpu)
@@ -263,7 +263,7 @@ def candidates(shape_class: str, q4_classes: set[str]) -> tuple[str, ...]:
 def forced_gemm() -> dict[str, tuple[int, str] | None]:
     """GEMM paths forced by ``$KVLEDGER_GEMM`` (empty when unset): ``PATH[:ROWS]`` for every
     class, or ``class=PATH[:ROWS],...``; PATH is ``own`` (never a GEMM path) or one of
-    :data:`kvledger.engine.linear.GEMM_PATHS`, taken from ROWS rows on (default 64).
+    :data:`kvledger.model.linear.GEMM_PATHS`, taken from ROWS rows on (default 64).
 
     Raises:
         InvalidParameterError: an unknown class or path, or ROWS not a positive integer.

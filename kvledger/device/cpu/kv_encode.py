@@ -5,7 +5,7 @@ A decode step in which a sequence's last block fills quantizes that block for K 
 layer; through :meth:`IntCodec.encode <kvledger.engine.kv.codecs.IntCodec.encode>` that is ~20
 PyTorch ops plus one ``index_copy_`` per field each time, on small tensors where each op costs
 its dispatch. The native encoder does the same arithmetic (bytes equal, tested in
-``tests/engine/test_native_encode.py``) and writes codes, scales, zero points and outlier
+``tests/device/cpu/test_kv_encode.py``) and writes codes, scales, zero points and outlier
 channels at the blocks' ids directly.
 
 :func:`encoder` returns None when the native library cannot be built (``KVLEDGER_NATIVE=0``,
@@ -19,7 +19,7 @@ import ctypes
 
 import torch
 
-from kvledger.engine.attention.native import DTYPE_CODES, library
+from kvledger.device.cpu.native import DTYPE_CODES, library
 from kvledger.engine.kv.codecs import MIN_SCALE, IntCodec, OutlierKeys
 
 

@@ -1,11 +1,10 @@
-"""Build and load the native kernels through ctypes: paged attention (``paged_attention.cpp``
-and the ``paged_*.h`` it includes),
-the fused element-wise ops (``kvledger/engine/fused_ops.cpp``, :mod:`kvledger.engine.fused`) and
-the decode products with int8 activations (``kvledger/engine/int8_gemv.cpp`` and the headers it
-includes, :mod:`kvledger.engine.w8a8`), the bf16 dequantization of their weights for a
-prefill's GEMM (``kvledger/engine/dequant_bf16.cpp``, also :mod:`kvledger.engine.w8a8`) and
-the int8 / int4 KV block encoder (``kvledger/engine/kv/int_encode.cpp``,
-:mod:`kvledger.engine.kv.native_encode`).
+"""Build and load the native kernels through ctypes, all from ``csrc/``: paged attention
+(``paged_attention.cpp`` and the ``paged_*.h`` it includes), the fused element-wise ops
+(``fused_ops.cpp``, :mod:`kvledger.device.cpu.fused`), the decode products with int8
+activations (``int8_gemv.cpp`` and the headers it includes, :mod:`kvledger.device.cpu.w8a8`),
+the bf16 dequantization of their weights for a prefill's GEMM (``dequant_bf16.cpp``, also
+:mod:`kvledger.device.cpu.w8a8`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
+:mod:`kvledger.device.cpu.kv_encode`).
 
 The sources make one plain shared library (no Python or torch headers), built on first use with
 the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native -fopenmp``
@@ -39,19 +38,12 @@ from kvledger.paths import cache_dir
 
 log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
-SOURCES = (("kvledger.engine.attention", "paged_attention.cpp"),
-           ("kvledger.engine.attention", "paged_vec.h"),
-           ("kvledger.engine.attention", "paged_softmax.h"),
-           ("kvledger.engine.attention", "paged_plain.h"),
-           ("kvledger.engine.attention", "paged_quantized.h"),
-           ("kvledger.engine", "fused_ops.cpp"), ("kvledger.engine", "int8_gemv.cpp"),
-           ("kvledger.engine", "int8_activations.h"), ("kvledger.engine", "gemv_tiles.h"),
-           ("kvledger.engine", "w8a8_gemv.h"), ("kvledger.engine", "w4a8_gemv.h"),
-           ("kvledger.engine", "dequant_bf16.cpp"),
-           ("kvledger.engine.kv", "int_encode.cpp"))
-"""(package, file) of every source the library is built from: the ``.cpp`` files are compiled,
-the ``.h`` files they include are written beside them (one folder, so the names are unique),
-and all of them are hashed into the build and probe keys."""
+SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain.h",
+           "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
+           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp")
+"""Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files
+are compiled, the ``.h`` files they include are written beside them (one folder, so the names
+are unique), and all of them are hashed, in this order, into the build and probe keys."""
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 """The element types every native kernel takes, as the int code its ``dtype`` argument reads."""
 _reason: list[str] = []
@@ -75,8 +67,8 @@ def cpu_identity() -> str:
 
 
 def _sources() -> list[tuple[str, bytes]]:
-    return [(name, resources.files(package).joinpath(name).read_bytes())
-            for package, name in SOURCES]
+    folder = resources.files(__package__).joinpath("csrc")
+    return [(name, folder.joinpath(name).read_bytes()) for name in SOURCES]
 
 
 def source_digest() -> str:

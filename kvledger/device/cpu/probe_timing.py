@@ -1,11 +1,12 @@
-"""The kernel probe's timing (:mod:`kvledger.engine.kernels` chooses from what this measures).
+"""The kernel probe's timing (:mod:`kvledger.device.cpu.kernel_probe` chooses from what this
+measures).
 
 Each timing runs on random inputs of the model's real shapes: one decode row per format of a
 matmul shape class (bf16 activations, each call on a weight evicted from the caches, as in a
 decode step, which streams every layer's weights from memory), each format's own kernel against
 the many-row GEMM paths (fp32, bf16) at :data:`GEMM_ROWS` rows, one decode query over
 :data:`ATTENTION_CONTEXT` positions per attention backend (over a bf16 or an int8 pool), and
-the native fused element-wise ops (:mod:`kvledger.engine.fused`) against PyTorch's at
+the native fused element-wise ops (:mod:`kvledger.device.cpu.fused`) against PyTorch's at
 :data:`FUSED_ROWS` rows.
 Candidates are timed in interleaved rounds (each round calls every candidate once, after a
 warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
@@ -19,14 +20,14 @@ from pathlib import Path
 
 import torch
 
-from kvledger.engine.linear import FORMATS, GEMM_PATHS, Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.model.linear import FORMATS, GEMM_PATHS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.spec import ModelSpec
 
 REPEATS = 20
 ATTENTION_CONTEXT = 512
 GEMM_ROWS = (16, 64, 256)
 """Row counts at which the probe times each layer format's own kernel against the GEMM paths
-(:meth:`kvledger.engine.linear.Linear.gemm`): prefill chunks and large decode batches."""
+(:meth:`kvledger.model.linear.Linear.gemm`): prefill chunks and large decode batches."""
 GEMM_REPEATS = 3
 EVICT_BYTES_MIN = 64 << 20
 """Least bytes read between two timed decode rows to push the weight out of the caches (the
@@ -98,7 +99,7 @@ def time_formats(out_f: int, in_f: int, evict) -> dict[str, float]:
 
 def time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
     """Format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs, path: µs, ...}`` through
-    an [out_f, in_f] weight, for each of :data:`kvledger.engine.linear.GEMM_PATHS` that is not
+    an [out_f, in_f] weight, for each of :data:`kvledger.model.linear.GEMM_PATHS` that is not
     the format's own kernel (none for int4; no ``bf16`` for dense, whose own kernel it is)."""
     result: dict[str, dict[str, dict[str, float]]] = {}
     for fmt, lin in _layers(out_f, in_f).items():
@@ -165,8 +166,8 @@ def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, ge
 def time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
     """``"op:dtype"`` -> rows (as text, :data:`FUSED_ROWS`) -> ``{"native": µs, "torch": µs}``
     of the fused ops on rows of the model's width; empty without the native library."""
-    from kvledger.engine.attention.native import library
-    from kvledger.engine.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.native import library
 
     lib = library()
     if lib is None:

@@ -6,7 +6,7 @@ w8a8:
 
 ``y = kernel(x, codes, scales)`` computes, for x [rows, in] bf16, the int8 weight ``codes``
 [out, in] and its fp32 ``scales`` [out, in / 32], one per block b of :data:`BLOCK` inputs (GGML's
-Q8_0 layout; :func:`kvledger.engine.linear.int8_blocks`),
+Q8_0 layout; :func:`kvledger.model.linear.int8_blocks`),
 
     y[r, o] = sum_b scales[o, b] * d[r, b] * sum_{i in b} round(x[r, i] / d[r, b]) * codes[o, i]
 
@@ -17,7 +17,7 @@ in bf16. Rounding x to int8 moves each input by at most ``d[r, b] / 2``, so
 
 w4a8 (:meth:`W8A8Kernel.bind_q4`): the weight is a GGUF Q4_0 / Q4_1 matrix as the file stores it
 (4-bit codes c with a scale e and a minimum m per block of 32 inputs, ``w = e * c + m``;
-:func:`kvledger.engine.q4.q4_blocks`), times the same int8 activations:
+:func:`kvledger.model.q4.q4_blocks`), times the same int8 activations:
 ``y[r, o] = sum_b d[r, b] (e[o, b] sum_{i in b} c[o, i] a[r, i] + m[o, b] sum_{i in b} a[r, i])``
 (llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file.
 
@@ -85,7 +85,7 @@ class W8A8Kernel:
         return W8A8Weight(self._fn, codes, scales)
 
     def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
-        """The w4a8 product with one Q4 weight (:func:`kvledger.engine.q4.q4_blocks`): uint8
+        """The w4a8 product with one Q4 weight (:func:`kvledger.model.q4.q4_blocks`): uint8
         ``qs`` [out, in / 2] in ggml's block order, fp32 scales ``e`` and minima ``m``
         [out, in / 32], all contiguous (kept alive by the result).
 
@@ -174,7 +174,7 @@ def rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def kernel() -> W8A8Kernel | None:
     """The native kernel, or None when the native library cannot be built here."""
-    from kvledger.engine.attention.native import library
+    from kvledger.device.cpu.native import library
 
     lib = library()
     return None if lib is None else W8A8Kernel(lib)

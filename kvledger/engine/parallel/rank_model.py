@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine.linear import Linear
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.parallel.shard import shard_spec, shard_weights
+from kvledger.model.linear import Linear
+from kvledger.model.llama import LlamaModel
 from kvledger.spec import ModelSpec
 
 

@@ -26,8 +26,8 @@ import re
 import numpy as np
 import torch
 
-from kvledger.engine.q4 import Q4_TYPES, q4_parts
 from kvledger.errors import UnsupportedModelError
+from kvledger.model.q4 import Q4_TYPES, q4_parts
 from kvledger.spec import ModelSpec
 
 # Types we dequantize (all through gguf.quants; float types are stored as-is).
@@ -113,7 +113,7 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
 
     Q4_0 / Q4_1 matrices also keep their packed form for the int4 decode kernel, as
     ``<stem>.q4_codes`` (uint8 [out, in]), ``<stem>.q4_scale`` and ``<stem>.q4_zero``
-    (float32 [out, in / 32]); see :mod:`kvledger.engine.q4`.
+    (float32 [out, in / 32]); see :mod:`kvledger.model.q4`.
 
     Args:
         reader: a ``gguf.GGUFReader`` of the file ``spec`` was read from.

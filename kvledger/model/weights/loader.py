@@ -6,7 +6,7 @@ parameter names (``model.embed_tokens.weight`` [vocab, hidden], ``model.layers.{
 head is untied; optional ``*_proj.bias`` and ``q_norm``/``k_norm`` when the checkpoint has them).
 
 Sources:
-  * GGUF file: tensors dequantized by :mod:`kvledger.engine.gguf_weights` (fp32, Q/K rows
+  * GGUF file: tensors dequantized by :mod:`kvledger.model.weights.gguf_tensors` (fp32, Q/K rows
     un-permuted). Dequantizing and parsing the header take seconds, so the state dict in the
     requested dtype and the spec (as JSON in the safetensors metadata) are cached under
     ``cache_dir()/weights/<key>-<dtype>.safetensors`` (one file per dtype, so a hit is a plain
@@ -158,7 +158,7 @@ def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
 
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    from kvledger.engine.gguf_weights import gguf_state_dict
+    from kvledger.model.weights.gguf_tensors import gguf_state_dict
     from kvledger.spec import open_gguf, spec_from_gguf_reader
 
     reader = open_gguf(path)

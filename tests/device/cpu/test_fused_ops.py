@@ -1,4 +1,4 @@
-"""The native fused ops against their PyTorch formulas (kvledger.engine.fused.TorchOps).
+"""The native fused ops against their PyTorch formulas (kvledger.device.cpu.fused.TorchOps).
 
 fp32: the same arithmetic in another order, within 1e-5 (relative). bf16: the native ops round
 once per result and PyTorch's rounds between ops too, so within ~2 bf16 ulps (2^-7 relative).
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvledger.engine.attention.native import library
-from kvledger.engine.fused import NativeOps, TorchOps, fused_ops
-from kvledger.engine.rope import RotaryEmbedding
+from kvledger.device.cpu.fused import NativeOps, TorchOps, fused_ops
+from kvledger.device.cpu.native import library
+from kvledger.model.rope import RotaryEmbedding
 
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -6}
 
@@ -67,7 +67,7 @@ def test_silu_mul_matches_torch(native, dtype, rows):
 
 
 def test_without_the_library_the_torch_ops_are_used(monkeypatch):
-    from kvledger.engine.attention import native as builder
+    from kvledger.device.cpu import native as builder
 
     monkeypatch.setenv("KVLEDGER_NATIVE", "0")
     builder.library.cache_clear()

@@ -7,13 +7,13 @@ import logging
 
 import pytest
 
-from kvledger.engine import kernels, probe_timing
+from kvledger.device.cpu import kernel_probe, probe_timing
 from kvledger.errors import InvalidParameterError
 
 
 @pytest.fixture
 def tiny_spec(tiny_llama):
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, _ = load_weights(tiny_llama[0])
     return spec
@@ -28,15 +28,15 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, monkeypatch):
-    first = kernels.probe(tiny_spec)
-    assert set(first.matmul_us) == set(kernels.CLASSES)
+    first = kernel_probe.probe(tiny_spec)
+    assert set(first.matmul_us) == set(kernel_probe.CLASSES)
     assert {"dense", "int8", "w8a8"} <= set(first.matmul_us["qkv"])  # w8a8: native, built here
     assert "reference" in first.attention_us
     assert all(t > 0 for t in first.attention_us.values())
     assert set(first.fused_us) == {f"{op}:{d}" for op in ("add_rms_norm", "silu_mul")
-                                   for d in kernels.FUSED_DTYPES}
-    assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernels.FUSED_ROWS}
-    assert set(first.gemm_us) == set(kernels.CLASSES) - {"lm_head"}
+                                   for d in kernel_probe.FUSED_DTYPES}
+    assert set(first.fused_us["silu_mul:bf16"]) == {str(r) for r in kernel_probe.FUSED_ROWS}
+    assert set(first.gemm_us) == set(kernel_probe.CLASSES) - {"lm_head"}
     assert set(first.gemm_us["qkv"]["int8"]["16"]) == {"own", "fp32", "bf16"}
     assert set(first.gemm_us["qkv"]["dense"]["16"]) == {"own", "fp32"}  # bf16: its own kernel
     assert set(first.quantized_attention_us) == set(first.attention_us)  # same candidates
@@ -46,13 +46,14 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
         raise AssertionError("measured again despite a cached entry")
 
     monkeypatch.setattr(probe_timing, "time_formats", fail)
-    again = kernels.probe(tiny_spec)
+    again = kernel_probe.probe(tiny_spec)
     assert again == first
-    assert kernels.choose_formats(tiny_spec, {"qkv"}) == kernels.choose_formats(tiny_spec, {"qkv"})
+    assert kernel_probe.choose_formats(tiny_spec, {"qkv"}) == kernel_probe.choose_formats(
+        tiny_spec, {"qkv"})
 
 
 def test_choice_is_the_fastest_available_format():
-    result = kernels.ProbeResult("cpu", "t", 2, {"qkv": {"dense": 30.0, "int4": 10.0,
+    result = kernel_probe.ProbeResult("cpu", "t", 2, {"qkv": {"dense": 30.0, "int4": 10.0,
                                                          "int8": 20.0}},
                                  {"reference": 5.0, "paged-native": 2.0})
     assert result.weight_format("qkv") == "int4"
@@ -73,10 +74,10 @@ def test_engine_takes_the_fastest_backend_measured_for_its_kv_format(tiny_llama,
     fastest over plain blocks (a fake probe where the two differ)."""
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(tiny_llama[0])
-    monkeypatch.setattr(kernels, "probe", lambda *_: kernels.ProbeResult(
+    monkeypatch.setattr(kernel_probe, "probe", lambda *_: kernel_probe.ProbeResult(
         "cpu", "t", 1, {}, {"paged-native": 1.0, "paged-torch": 2.0},
         quantized_attention_us={"paged-native": 5.0, "paged-torch": 2.0}))
     engine = LLMEngine(EngineConfig(model=str(tiny_llama[0]), dtype="fp32", kv_cache_dtype=kv),
@@ -85,11 +86,11 @@ def test_engine_takes_the_fastest_backend_measured_for_its_kv_format(tiny_llama,
 
 
 def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):
-    path = kernels._cache_file()
+    path = kernel_probe._cache_file()
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="kvledger.engine"):
-        result = kernels.probe(tiny_spec)
+        result = kernel_probe.probe(tiny_spec)
     assert "corrupt" in caplog.text
     assert result.matmul_us
     assert json.loads(path.read_text())  # rewritten
@@ -97,29 +98,29 @@ def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):
 
 def test_environment_forces_formats_and_backend(tiny_spec, monkeypatch):
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "int8")
-    monkeypatch.setattr(kernels, "probe", lambda *_: pytest.fail("probe not needed"))
-    assert set(kernels.choose_formats(tiny_spec, set()).values()) == {"int8"}
+    monkeypatch.setattr(kernel_probe, "probe", lambda *_: pytest.fail("probe not needed"))
+    assert set(kernel_probe.choose_formats(tiny_spec, set()).values()) == {"int8"}
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=int4, lm_head=dense")
     monkeypatch.setenv("KVLEDGER_ATTENTION", "reference")
-    monkeypatch.setattr(kernels, "probe", lambda *_: kernels.ProbeResult(
-        "cpu", "t", 1, {c: {"dense": 1.0, "int8": 2.0} for c in kernels.CLASSES}, {}))
-    chosen = kernels.choose_formats(tiny_spec, {"qkv"})
+    monkeypatch.setattr(kernel_probe, "probe", lambda *_: kernel_probe.ProbeResult(
+        "cpu", "t", 1, {c: {"dense": 1.0, "int8": 2.0} for c in kernel_probe.CLASSES}, {}))
+    chosen = kernel_probe.choose_formats(tiny_spec, {"qkv"})
     assert chosen["qkv"] == "int4" and chosen["lm_head"] == "dense" and chosen["o"] == "dense"
-    assert kernels.choose_attention(tiny_spec) == "reference"
+    assert kernel_probe.choose_attention(tiny_spec) == "reference"
 
 
 def test_bad_forced_format_is_a_clear_error(monkeypatch, tiny_spec):
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=fp4")
     with pytest.raises(InvalidParameterError, match="KVLEDGER_WEIGHT_FORMAT"):
-        kernels.forced_formats()
+        kernel_probe.forced_formats()
     monkeypatch.setenv("KVLEDGER_ATTENTION", "flash")
     with pytest.raises(InvalidParameterError, match="KVLEDGER_ATTENTION must be one of"):
-        kernels.choose_attention(tiny_spec)
+        kernel_probe.choose_attention(tiny_spec)
 
 
 def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
     t = lambda native, torch_: {"native": native, "torch": torch_}
-    result = kernels.ProbeResult("cpu", "t", 2, {}, {}, {
+    result = kernel_probe.ProbeResult("cpu", "t", 2, {}, {}, {
         "silu_mul:bf16": {"1": t(10, 20), "4": t(30, 20), "16": t(40, 80)},  # a loss at 4 ends it
         "silu_mul:fp32": {"1": t(30, 20)},
         "add_rms_norm:bf16": {"1": t(1, 2), "4": t(3, 4), "16": t(5, 6)},
@@ -134,8 +135,8 @@ def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
 def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
     import torch
 
-    from kvledger.engine.attention.native import library
-    from kvledger.engine.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.native import library
 
     lib = library()
     assert lib is not None
@@ -154,7 +155,7 @@ def _gemm(own, fp32=None, bf16=None):
 
 
 def test_gemm_path_starts_where_it_wins_for_good_and_counts_in_the_format_choice():
-    result = kernels.ProbeResult(
+    result = kernel_probe.ProbeResult(
         "cpu", "t", 2, {"gate_up": {"dense": 30.0, "int4": 9.0, "int8": 10.0}}, {}, {},
         {"gate_up": {"int8": {"16": _gemm(50, 60), "64": _gemm(200, 150), "256": _gemm(800, 400)},
                      "dense": {"16": _gemm(90, 60), "64": _gemm(300, 310), "256": _gemm(900, 400)},
@@ -163,14 +164,14 @@ def test_gemm_path_starts_where_it_wins_for_good_and_counts_in_the_format_choice
     assert result.gemm_choice("gate_up", "dense") == (256, "fp32")  # a loss at 64 ends the run
     assert result.gemm_choice("gate_up", "int4") is None
     # 128 decode rows + 2 chunks of 256: int8 10*128 + 2*400 = 2080 < int4 9*128 + 2*800 = 2752
-    assert kernels.REFERENCE_REQUEST == (512, 128)
+    assert kernel_probe.REFERENCE_REQUEST == (512, 128)
     assert result.weight_format("gate_up") == "int8"
 
 
 def test_gemm_path_is_the_fastest_at_the_most_rows():
     """bf16 wins at 256 and 64 rows, fp32 only at 16: bf16 from 64 rows; own fastest at the
     top: no path at all, whatever wins below."""
-    result = kernels.ProbeResult(
+    result = kernel_probe.ProbeResult(
         "cpu", "t", 2, {"o": {"w4a8": 1.0, "int8": 2.0}}, {}, {},
         {"o": {"w4a8": {"16": _gemm(50, 40, 60), "64": _gemm(200, 150, 100),
                         "256": _gemm(800, 400, 300)},
@@ -184,18 +185,18 @@ def test_gemm_path_is_the_fastest_at_the_most_rows():
 
 def test_forced_gemm_overrides_the_probe(tiny_spec, monkeypatch):
     monkeypatch.setenv("KVLEDGER_GEMM", "bf16")
-    assert kernels.forced_gemm() == {c: (64, "bf16") for c in kernels.GEMM_CLASSES}
+    assert kernel_probe.forced_gemm() == {c: (64, "bf16") for c in kernel_probe.GEMM_CLASSES}
     monkeypatch.setenv("KVLEDGER_GEMM", "gate_up=fp32:256, down=own")
-    assert kernels.forced_gemm() == {"gate_up": (256, "fp32"), "down": None}
+    assert kernel_probe.forced_gemm() == {"gate_up": (256, "fp32"), "down": None}
     monkeypatch.setenv("KVLEDGER_GEMM", "qkv=bf16,o=bf16:16,gate_up=own,down=fp32")
-    chosen = kernels.choose_gemm(tiny_spec, {"qkv": "int8", "o": "w8a8", "gate_up": "dense",
+    chosen = kernel_probe.choose_gemm(tiny_spec, {"qkv": "int8", "o": "w8a8", "gate_up": "dense",
                                              "down": "w4a8"})
     assert chosen == {"qkv": (64, "bf16"), "o": (16, "bf16"), "gate_up": None,
                       "down": (64, "fp32")}
     for bad in ("lm_head=bf16", "fp16", "bf16:0", "bf16:x", "qkv=bf16;o=fp32"):
         monkeypatch.setenv("KVLEDGER_GEMM", bad)
         with pytest.raises(InvalidParameterError, match="KVLEDGER_GEMM"):
-            kernels.forced_gemm()
+            kernel_probe.forced_gemm()
 
 
 @pytest.mark.parametrize("path", ["fp32", "bf16"])
@@ -207,7 +208,7 @@ def test_gemm_path_is_the_layers_own_weight(path):
     sum |x| |w| (and the fp32 sum's, far smaller)."""
     import torch
 
-    from kvledger.engine.linear import Linear
+    from kvledger.model.linear import Linear
 
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(96, 64, generator=gen) * 0.02).bfloat16()
@@ -250,9 +251,9 @@ def test_q4_layer_without_the_native_kernel_keeps_int4_at_every_row_count(monkey
     so every row count runs torch's int4 kernel (a prefill used to raise here)."""
     import torch
 
-    from kvledger.engine import w8a8
-    from kvledger.engine.attention import native as builder
-    from kvledger.engine.linear import GROUP, Linear
+    from kvledger.device.cpu import native as builder
+    from kvledger.device.cpu import w8a8
+    from kvledger.model.linear import GROUP, Linear
 
     gen = torch.Generator().manual_seed(1)
     q4 = (torch.randint(0, 16, (64, 64), generator=gen, dtype=torch.uint8),

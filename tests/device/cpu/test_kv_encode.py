@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.device.cpu.kv_encode import encoder
 from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys, make_codecs
-from kvledger.engine.kv.native_encode import encoder
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 
 native = encoder()

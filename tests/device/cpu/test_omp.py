@@ -1,10 +1,10 @@
-"""Freeing a thread's OpenMP pool (kvledger.engine.omp) leaves torch's parallel ops correct."""
+"""Freeing a thread's OpenMP pool (kvledger.device.cpu.omp) leaves torch's parallel ops correct."""
 
 import threading
 
 import torch
 
-from kvledger.engine.omp import release_thread_pool
+from kvledger.device.cpu.omp import release_thread_pool
 
 
 def _parallel_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

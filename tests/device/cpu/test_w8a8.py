@@ -16,9 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvledger.engine import w8a8
-from kvledger.engine.linear import Linear, int8_blocks
-from kvledger.engine.q4 import q4_blocks, q4_parts
+from kvledger.device.cpu import w8a8
+from kvledger.model.linear import Linear, int8_blocks
+from kvledger.model.q4 import q4_blocks, q4_parts
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from kvledger.engine import gguf_weights
-from kvledger.engine.gguf_weights import unpermute_rotary
-from kvledger.engine.loader import load_tokenizer, load_weights
 from kvledger.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
+from kvledger.model.weights import gguf_tensors
+from kvledger.model.weights.gguf_tensors import unpermute_rotary
+from kvledger.model.weights.loader import load_tokenizer, load_weights
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def test_dequantize_matches_hand_computation(tmp_path, gguf_kit, make, qtype):
     raw, expected = make(rng, 3, 256)
     path = gguf_kit.write(tmp_path / "q.gguf", {"blk.0.ffn_up.weight": (raw, qtype)})
     (tensor,) = GGUFReader(path).tensors
-    assert np.array_equal(gguf_weights.dequantize(tensor), expected)
+    assert np.array_equal(gguf_tensors.dequantize(tensor), expected)
 
 
 def test_unpermute_inverts_llamacpp_permute(gguf_kit):
@@ -150,7 +150,7 @@ def test_unsupported_tensor_type_is_named(tmp_path, gguf_kit):
 def test_cache_round_trip(tmp_path, gguf_kit, monkeypatch):
     path, _ = _tiny_gguf(tmp_path, gguf_kit)
     weights_dir = tmp_path / "cache" / "weights"
-    real_state_dict = gguf_weights.gguf_state_dict
+    real_state_dict = gguf_tensors.gguf_state_dict
 
     def no_dequantize(*args, **kwargs):
         raise AssertionError("cache miss: the GGUF was dequantized again")
@@ -161,7 +161,7 @@ def test_cache_round_trip(tmp_path, gguf_kit, monkeypatch):
         "bfloat16.safetensors",
         "float32.safetensors",
     ]  # and no temp file left behind
-    monkeypatch.setattr(gguf_weights, "gguf_state_dict", no_dequantize)
+    monkeypatch.setattr(gguf_tensors, "gguf_state_dict", no_dequantize)
     spec2, second = load_weights(path, torch.float32)
     _, bf16_again = load_weights(path, torch.bfloat16)
     assert spec2 == spec and spec2.extra == spec.extra
@@ -174,10 +174,10 @@ def test_cache_round_trip(tmp_path, gguf_kit, monkeypatch):
     # a corrupt cache entry is rebuilt, not an error
     fp32_file = next(weights_dir.glob("*-float32.safetensors"))
     fp32_file.write_bytes(b"garbage")
-    monkeypatch.setattr(gguf_weights, "gguf_state_dict", real_state_dict)
+    monkeypatch.setattr(gguf_tensors, "gguf_state_dict", real_state_dict)
     rebuilt = load_weights(path, torch.float32)[1]
     assert torch.equal(rebuilt["model.norm.weight"], first["model.norm.weight"])
-    monkeypatch.setattr(gguf_weights, "gguf_state_dict", no_dequantize)
+    monkeypatch.setattr(gguf_tensors, "gguf_state_dict", no_dequantize)
     load_weights(path, torch.float32)  # and the rebuilt entry is a hit again
     # a rewritten file gets a new key, so it is dequantized again
     os.utime(path, ns=(0, 0))

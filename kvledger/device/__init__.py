@@ -1,0 +1,1 @@
+"""The devices a model runs on."""

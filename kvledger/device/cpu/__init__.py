@@ -1,0 +1,1 @@
+"""The CPU device: native kernels, their build, and the kernel probe."""

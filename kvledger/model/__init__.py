@@ -1,0 +1,1 @@
+"""The model: one forward-pass module per architecture family, and what they share."""
