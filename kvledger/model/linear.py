@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvledger.device.cpu import w8a8
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.q4 import GROUP, q4_blocks, q4_dequantize
 
 FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8")
@@ -62,7 +62,7 @@ def int8_shape_ok(in_features: int) -> bool:
 
 def w8a8_ok(in_features: int) -> bool:
     """Whether the native ``w8a8`` kernel is built here and takes inputs of this width."""
-    kernel = w8a8.kernel()
+    kernel = KERNELS.w8a8()
     return kernel is not None and kernel.accepts(in_features)
 
 
@@ -144,7 +144,7 @@ class Linear:
             self._pack_q4(q4)
         elif fmt == "w8a8":
             self.packed, self.scales = int8_blocks(weight, release)
-            self._native = w8a8.kernel().bind(self.packed, self.scales)
+            self._native = KERNELS.w8a8().bind(self.packed, self.scales)
         else:
             self.packed, scale = int8_rows(weight, release=release)
             self.scales, self._row_scales = scale.to(torch.bfloat16), scale
@@ -175,7 +175,7 @@ class Linear:
         q, scale, zero = q4
         if self.format == "w4a8":
             self.packed, self.scales, self._minima = q4_blocks(q, scale, zero)
-            self._native = w8a8.kernel().bind_q4(self.packed, self.scales, self._minima)
+            self._native = KERNELS.w8a8().bind_q4(self.packed, self.scales, self._minima)
             return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
@@ -239,7 +239,7 @@ class Linear:
             raise ValueError("an int4-packed weight cannot be read back")
         if self.format == "dense":
             return self.weight.to(dtype)
-        native = w8a8.kernel() if dtype == torch.bfloat16 else None
+        native = KERNELS.w8a8() if dtype == torch.bfloat16 else None
         if self.format == "w4a8":
             if native is not None:
                 return native.dense_q4(self.packed, self.scales, self._minima)

@@ -6,20 +6,20 @@ residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or un
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
 layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate_up``,
-``down``, ``lm_head``) is held in the weight format the kernel probe chose
-(:mod:`kvledger.device.cpu.kernel_probe`, :mod:`kvledger.model.linear`); a tied embedding shares the
-LM head's copy. In fp32 every weight is dense, and logits match Hugging Face to ~1e-5.
-The element-wise ops between the matmuls are fused (:mod:`kvledger.device.cpu.fused`: residual add +
-RMSNorm, RoPE on Q and K in place, SiLU x up). Q is never cached: only the K/V of new tokens go
-to the store (seed §2.1).
+``down``, ``lm_head``) is held in the weight format the device chose
+(:meth:`kvledger.device.Device.weight_formats`, :mod:`kvledger.model.linear`; on CPU the kernel
+probe measures them); a tied embedding shares the LM head's copy. In fp32 every weight is
+dense, and logits match Hugging Face to ~1e-5. The element-wise ops between the matmuls are
+the device's fused ones (:meth:`kvledger.device.Device.fused_ops`, formulas in
+:mod:`kvledger.model.ops`: residual add + RMSNorm, RoPE on Q and K, SiLU x up). Q is never
+cached: only the K/V of new tokens go to the store (seed §2.1).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kvledger.device.cpu import kernel_probe
-from kvledger.device.cpu.fused import fused_ops
+from kvledger.device.cpu.device import CPU
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.kv.store import KVStore
 from kvledger.errors import UnsupportedModelError
@@ -27,7 +27,8 @@ from kvledger.model.linear import Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
 from kvledger.spec import FULL, ModelSpec
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""The Hugging Face ``model_type`` values this family runs (:mod:`kvledger.model.families`)."""
 
 
 class LlamaModel:
@@ -52,15 +53,15 @@ class LlamaModel:
         check_supported(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
-            attention = make_backend(attention or kernel_probe.choose_attention(spec))
+            attention = make_backend(attention or CPU.attention_backend(spec))
         self.attention = attention
-        self.ops = fused_ops(kernel_probe.fused_limits(spec))
+        self.ops = CPU.fused_ops(spec)
         gemm = {}
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
-            formats = kernel_probe.choose_formats(spec, _q4_classes(weights))
-            gemm = kernel_probe.choose_gemm(spec, formats)
+            formats = CPU.weight_formats(spec, _q4_classes(weights))
+            gemm = CPU.gemm_paths(spec, formats)
         self.formats = dict(formats)
         release = getattr(weights, "release", None) or (lambda tensor: None)
         w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
@@ -78,9 +79,9 @@ class LlamaModel:
         self.layers = []
         for i in range(spec.num_layers):
             self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
-            for cls in kernel_probe.GEMM_CLASSES:
-                if gemm.get(cls) is not None:
-                    self.layers[-1][cls].use_gemm(*gemm[cls])
+            for cls, choice in gemm.items():
+                if choice is not None and cls in self.layers[-1]:
+                    self.layers[-1][cls].use_gemm(*choice)
         self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                     spec.rope_theta, spec.rope_scaling, dtype)
         self.q_size = spec.num_attention_heads * spec.head_dim
@@ -131,11 +132,10 @@ class LlamaModel:
 
 
 def check_supported(spec: ModelSpec) -> None:
-    """Raise UnsupportedModelError unless the engine can run ``spec`` exactly."""
-    if spec.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModelError(
-            f"model_type {spec.model_type!r} cannot run in the engine yet (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}); `kvledger plan` still sizes it")
+    """Raise UnsupportedModelError unless this family runs ``spec`` exactly."""
+    if spec.model_type not in MODEL_TYPES:
+        raise UnsupportedModelError(f"model_type {spec.model_type!r} is not one of the Llama "
+                                    f"family's ({', '.join(MODEL_TYPES)})")
     kinds = set(spec.layer_types)
     if kinds != {FULL}:
         raise UnsupportedModelError(

@@ -1,21 +1,15 @@
-"""Fused element-wise ops of a decoder layer (native, ``fused_ops.cpp``), with PyTorch fallbacks.
+"""The fused element-wise ops of a decoder layer in C++ (``csrc/fused_ops.cpp``), with the
+PyTorch ones (:class:`kvledger.model.ops.TorchOps`) as fallback.
 
 A decode step runs a few matmuls and a few hundred tiny element-wise ops; on CPU each PyTorch
-op costs microseconds of dispatch whatever its size, so these three replace 3-10 ops each:
-
-- :meth:`FusedOps.add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich,
-  arXiv:1910.07467): ``h += delta; y = h / sqrt(mean(h^2) + eps) * weight``;
-- :meth:`FusedOps.rope_`: RoPE on Q and K in place, "rotate half" layout (Su et al.,
-  arXiv:2104.09864);
-- :meth:`FusedOps.silu_mul`: ``silu(gate) * up`` (SwiGLU).
-
-Arithmetic is fp32 for fp32 and bf16 tensors (one rounding per bf16 result). :func:`fused_ops`
+op costs microseconds of dispatch whatever its size, so the native ops replace 3-10 ops each
+(their formulas: :mod:`kvledger.model.ops`). Arithmetic is fp32 for fp32 and bf16 tensors (one
+rounding per bf16 result), so both give the same results to rounding. :func:`fused_ops`
 returns the native ops, or the PyTorch ones when the native library cannot be built
-(:mod:`kvledger.device.cpu.native`; ``KVLEDGER_NATIVE=0``), so both give the same results
-to rounding. The native ops vectorise and split a prefill's many rows over torch's threads
-(``fused_ops.cpp``); each takes at most the rows the kernel probe measured it faster at
-(:meth:`kvledger.device.cpu.kernel_probe.ProbeResult.fused_max_rows`; no limit where it won at every
-measured count), more rows go to PyTorch.
+(:mod:`kvledger.device.cpu.native`; ``KVLEDGER_NATIVE=0``). The native ops vectorise and split
+a prefill's many rows over torch's threads; each takes at most the rows the kernel probe
+measured it faster at (:meth:`kvledger.device.cpu.kernel_probe.ProbeResult.fused_max_rows`; no
+limit where it won at every measured count), more rows go to PyTorch.
 """
 
 from __future__ import annotations
@@ -23,32 +17,9 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
 
 from kvledger.device.cpu.native import DTYPE_CODES, library
-
-
-class TorchOps:
-    """The same ops in PyTorch (the fallback, and the oracle of the tests)."""
-
-    name = "torch"
-
-    def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim]."""
-        if delta is not None:
-            h = h + delta
-        return h, F.rms_norm(h, (h.shape[-1],), weight, eps=eps)
-
-    def rope_(self, qk: torch.Tensor, positions: torch.Tensor, rope) -> torch.Tensor:
-        """qk [T, heads, D] rotated by the angles of ``positions`` [T] (a RotaryEmbedding)."""
-        cos, sin = rope.lookup(positions)
-        return rope.apply(qk, cos, sin)
-
-    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up for gate_up [T, 2f] -> [T, f]."""
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
+from kvledger.model.ops import TorchOps
 
 
 class NativeOps(TorchOps):

@@ -166,8 +166,9 @@ def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, ge
 def time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
     """``"op:dtype"`` -> rows (as text, :data:`FUSED_ROWS`) -> ``{"native": µs, "torch": µs}``
     of the fused ops on rows of the model's width; empty without the native library."""
-    from kvledger.device.cpu.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.fused import NativeOps
     from kvledger.device.cpu.native import library
+    from kvledger.model.ops import TorchOps
 
     lib = library()
     if lib is None:

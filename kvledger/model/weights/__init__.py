@@ -1,1 +1,2 @@
-"""Loading a model's weights and tokenizer from a GGUF file or a Hugging Face folder."""
+"""A model's weights and tokenizer from a GGUF file or a Hugging Face folder (:mod:`.loader`),
+GGUF tensors dequantized and renamed to Hugging Face names (:mod:`.gguf_tensors`)."""

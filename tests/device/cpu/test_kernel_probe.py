@@ -135,8 +135,9 @@ def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
 def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
     import torch
 
-    from kvledger.device.cpu.fused import NativeOps, TorchOps
+    from kvledger.device.cpu.fused import NativeOps
     from kvledger.device.cpu.native import library
+    from kvledger.model.ops import TorchOps
 
     lib = library()
     assert lib is not None
