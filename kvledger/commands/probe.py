@@ -2,7 +2,7 @@
 
 What it measures, and where it goes:
 
-- the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.ledger.probe`) for
+- the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.device.measure`) for
   ``kvledger plan --device local``, saved in the config folder (``local_device.json``);
 - the kernel probe (:mod:`kvledger.device.cpu.kernel_probe`): per matmul shape class of ``--model``
   the decode time of each weight format, and of each attention backend, with what the engine
@@ -55,7 +55,7 @@ def probe(
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
     from kvledger.ledger.hardware import save_local_device
-    from kvledger.ledger.probe import measure
+    from kvledger.device.measure import measure
 
     for name, value in (("--buffer-mib", buffer_mib), ("--repeats", repeats),
                         ("--matmul-n", matmul_n), ("--threads", threads)):

@@ -6,7 +6,8 @@ square bf16 matmuls (fp32 where bf16 is unsupported, or slower than fp32 on a CP
 FLOPs each. Memory: the GPU's total memory, or the host's physical RAM on a CPU. Figures are peaks (best of ``repeats``), the
 same kind of number as a datasheet's.
 
-torch is imported inside :func:`measure` only, so ``import kvledger.ledger`` stays torch-free.
+The result is a :class:`kvledger.ledger.hardware.Device` (the planner's datasheet figures); torch
+is imported inside the measuring functions only.
 """
 
 from __future__ import annotations

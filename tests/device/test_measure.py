@@ -7,7 +7,7 @@ import pytest
 
 def test_measure_tiny():
     pytest.importorskip("torch")
-    from kvledger.ledger.probe import measure
+    from kvledger.device.measure import measure
 
     dev = measure(buffer_mib=4, matmul_n=64, repeats=2)
     assert dev.name == "local"
@@ -19,7 +19,7 @@ def test_matmul_side_is_bounded_by_the_time_budget():
     """The default matmul side grows by doubling from 256 while the next size fits the budget:
     a zero budget keeps the smallest side, an unbounded one reaches the largest allowed."""
     torch = pytest.importorskip("torch")
-    from kvledger.ledger.probe import _matmul_side
+    from kvledger.device.measure import _matmul_side
 
     assert _matmul_side(torch.float32, 2048, budget_s=0.0) == 256
     assert _matmul_side(torch.float32, 512, budget_s=float("inf")) == 512
