@@ -54,8 +54,8 @@ def probe(
     engine_config: EngineConfig,
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
-    from kvledger.ledger.hardware import save_local_device
     from kvledger.device.measure import measure
+    from kvledger.ledger.hardware import save_local_device
 
     for name, value in (("--buffer-mib", buffer_mib), ("--repeats", repeats),
                         ("--matmul-n", matmul_n), ("--threads", threads)):

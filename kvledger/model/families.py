@@ -2,9 +2,10 @@
 
 One module of :mod:`kvledger.model` per architecture family (:mod:`.llama`); a new family is
 its module plus its ``model_type`` values here. A family's class is built as
-``cls(spec, weights, dtype, attention=..., formats=...)`` and offers ``forward``,
-``compute_logits``, ``weight_formats`` and ``decode_weight_bytes`` (see
-:class:`kvledger.model.llama.LlamaModel`).
+``cls(spec, weights, dtype, attention=..., formats=...)`` and offers what the engine reads
+(as :class:`kvledger.model.llama.LlamaModel` does): ``forward`` and ``compute_logits`` (the
+runner), ``rope`` (key turns of retained tokens), ``attention``, ``dtype``,
+``weight_formats`` and ``decode_weight_bytes``.
 """
 
 from __future__ import annotations
