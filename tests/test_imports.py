@@ -1,4 +1,6 @@
-"""The import graph of ``kvledger``: no cycle, and the spec package's readers stay private.
+"""The import graph of ``kvledger``: no cycle, the spec package's readers stay private, the
+layers point one way (the ledger never reaches torch, the engine, model and device never reach
+the server or the CLI), and the module paths that issue 32 moved are gone, with no shim.
 
 Every ``import`` statement of every module counts, also those inside functions (a lazy import
 hides a cycle at start-up but not in the design). ``from a import b`` is an edge to ``a.b`` when
@@ -8,7 +10,11 @@ that is a module, else to ``a``.
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 from pathlib import Path
+
+import pytest
 
 import kvledger
 
@@ -44,6 +50,31 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
             continue
         out.update(t for t in targets if t in known and t != name)
     return out
+
+
+def _external(path: Path) -> set[str]:
+    """Top-level names of the packages outside kvledger that the file at ``path`` imports."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name.partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.partition(".")[0])
+    return out - {"kvledger"}
+
+
+def _reached(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    """``roots`` and every module they import, directly or not."""
+    seen, todo = set(roots), list(roots)
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def _under(names, *packages: str) -> set[str]:
+    return {n for n in names for p in packages if n == p or n.startswith(p + ".")}
 
 
 def _graph() -> dict[str, set[str]]:
@@ -100,3 +131,42 @@ def test_only_the_spec_package_imports_its_readers():
         if dep.startswith("kvledger.spec.")
     }
     assert not offenders
+
+
+def test_the_reach_follows_imports_through_modules():
+    assert _reached({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, {"a"}) == {"a", "b", "c"}
+
+
+def test_the_ledger_reaches_no_torch():
+    """The cost model is pure integers: no ledger module, nor any kvledger module it imports,
+    imports torch (``kvledger plan`` runs without it)."""
+    graph, modules = _graph(), _modules()
+    reached = _reached(graph, _under(graph, "kvledger.ledger"))
+    assert not {name for name in reached if "torch" in _external(modules[name])}
+
+
+def test_the_engine_model_and_device_never_reach_the_server_or_the_cli():
+    graph = _graph()
+    reached = _reached(graph, _under(graph, "kvledger.engine", "kvledger.model", "kvledger.device"))
+    assert not _under(reached, "kvledger.server", "kvledger.commands", "kvledger.cli")
+
+
+MOVED = ("kvledger.engine.model", "kvledger.engine.linear", "kvledger.engine.q4",
+         "kvledger.engine.rope", "kvledger.engine.loader", "kvledger.engine.gguf_weights",
+         "kvledger.engine.kernels", "kvledger.engine.probe_timing", "kvledger.engine.fused",
+         "kvledger.engine.w8a8", "kvledger.engine.omp", "kvledger.engine.attention.native",
+         "kvledger.engine.kv.native_encode", "kvledger.ledger.probe")
+"""Module paths before issue 32 (now in kvledger.model and kvledger.device)."""
+
+
+@pytest.mark.parametrize("name", MOVED)
+def test_a_moved_module_path_is_gone_with_no_shim(name):
+    parent, _, leaf = name.rpartition(".")
+    assert importlib.util.find_spec(name) is None
+    assert not hasattr(importlib.import_module(parent), leaf)
+
+
+def test_every_cpp_source_is_in_the_cpu_device():
+    """The C++ sources and headers live in ``kvledger/device/cpu/csrc/`` only."""
+    sources = {p for ext in ("*.cpp", "*.h", "*.c", "*.hpp", "*.cc") for p in PACKAGE_DIR.rglob(ext)}
+    assert sources and {p.parent for p in sources} == {PACKAGE_DIR / "device" / "cpu" / "csrc"}

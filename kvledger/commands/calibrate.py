@@ -66,7 +66,7 @@ def _engine_like(engine, fmt, group, key_quant, outliers, calibration: Path):
     import dataclasses
 
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     cfg = dataclasses.replace(engine.config, kv_cache_dtype=fmt, kv_group_size=group,
                               kv_key_quant=key_quant, kv_outlier_channels=outliers,

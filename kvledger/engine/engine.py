@@ -17,12 +17,11 @@ import time
 
 import torch
 
+from kvledger.device.cpu.device import CPU
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.kernels import choose_attention
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
@@ -38,6 +37,7 @@ from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetE
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.model.families import model_class
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -132,7 +132,7 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
         if spec is None:
-            from kvledger.engine.loader import load_tokenizer, load_weights
+            from kvledger.model.weights.loader import load_tokenizer, load_weights
 
             spec, weights = load_weights(config.model, dtype)
             tokenizer = load_tokenizer(config.model)
@@ -142,9 +142,9 @@ class LLMEngine:
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
-        attention = config.attention or choose_attention(spec, self.kv_layout.quantized)
+        attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:
-            self.model = LlamaModel(spec, weights, dtype, attention=attention)
+            self.model = model_class(spec)(spec, weights, dtype, attention=attention)
         else:
             self.model = self.parallel.build_model(spec, weights, dtype, attention)
         self.kv_format = self.kv_layout.kv_format

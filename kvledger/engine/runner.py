@@ -22,8 +22,8 @@ import torch
 
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.retention.observe import AttentionObserver
+from kvledger.model.llama import LlamaModel
 
 MAX_PADDING = 1.25
 """Longest context over the shortest (+1) that one decode group pads to."""

@@ -46,7 +46,7 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
         plus what :class:`LLMEngine` raises for bad options or a missing model.
     """
     from kvledger.engine.engine import LLMEngine, compute_dtype
-    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights(config.model, compute_dtype(config.dtype))
     if context > spec.max_position_embeddings:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.kv.store import KVStore, lazy_zeros
-from kvledger.engine.loader import MappedWeights, load_weights
+from kvledger.model.weights.loader import MappedWeights, load_weights
 
 
 def _rss_bytes() -> int:

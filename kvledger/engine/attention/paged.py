@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from kvledger.engine.attention import native
+from kvledger.device.cpu import native
 from kvledger.engine.attention.metadata import PagedQueries
 from kvledger.engine.attention.reference import AttentionBackend, gathered_decode
 from kvledger.engine.kv.store import KVStore
