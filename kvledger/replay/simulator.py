@@ -256,7 +256,7 @@ class Simulator:
         evicted = {rid: positions_of(runs) for rid, runs in (live or {}).get("evicted", [])}
         for chunk in plan.chunks:
             state = chunk.request.retention
-            if state is not None and isinstance(state.policy, ReplayedPolicy):
+            if isinstance(state.policy, ReplayedPolicy):
                 exact = self.in_sync and by_id[chunk.request.request_id].live_policy
                 state.policy.recorded = evicted.get(chunk.request.request_id, set()) \
                     if exact else None
