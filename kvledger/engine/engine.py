@@ -224,8 +224,8 @@ class LLMEngine:
         self._check_retention(spec)
         ids = self.tokenize(prompt)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
-                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
-        req.retention = self.retention_state(spec)
+                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
+                      retention=self.retention_state(spec))
         self.scheduler.add(req)
 
     def retention_state(self, spec: RetentionSpec) -> Retention:

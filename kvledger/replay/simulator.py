@@ -181,10 +181,10 @@ class Simulator:
         r = sim.trace
         sim.added_s = now
         params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
-        req = Request(r.id, prompt_ids(r, self.hash_block_size), params)
         named = r.sampling.get("kv_policy")
         spec = RetentionSpec.from_dict(named) if named else self.config.retention
-        req.retention = retained_kv(spec, self.config.block_size)
+        req = Request(r.id, prompt_ids(r, self.hash_block_size), params,
+                      retention=retained_kv(spec, self.config.block_size))
         sim.live_policy = spec == (RetentionSpec.from_dict(named) if named else
                                    self.live_retention)
         try:
