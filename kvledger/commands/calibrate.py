@@ -67,7 +67,7 @@ def calibrate(
 def _engine_like(engine, cfg):
     """An engine on the same model under ``cfg`` (the quantized format and its calibration)."""
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(cfg.model, engine.model.dtype)
     return LLMEngine(cfg, spec=spec, weights=weights, tokenizer=engine.tokenizer)

@@ -135,7 +135,7 @@ class StepFeatures:
         policy (:func:`kept_context`)."""
         plain, kept = [], []
         for c in plan.chunks:
-            spec = c.request.retention_spec
+            spec = c.request.retention.spec
             h = kept_context(spec, c.start, c.request.num_prompt_tokens)
             (kept if spec.evicts else plain).append((h, c.num_new_tokens))
         return cls._of(plain, kept, sum(1 for c in plan.chunks if c.samples))

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.engine.omp import release_thread_pool
+from kvledger.device.cpu.device import CPU
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
@@ -105,8 +105,8 @@ class EngineLoop:
 
     def start(self) -> None:
         """Start the engine thread, after freeing the calling thread's OpenMP workers (the
-        engine thread computes from now on; see :mod:`kvledger.engine.omp`)."""
-        release_thread_pool()
+        engine thread computes from now on; see :mod:`kvledger.device.cpu.omp`)."""
+        CPU.kernels.release_thread_pool()
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:

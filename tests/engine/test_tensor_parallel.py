@@ -2,8 +2,8 @@
 ledger, logits and tokens of TP = 2 / 3 / 4 against TP = 1, and a killed worker.
 
 The oracle of the multi-process tests is the TP = 1 engine on the same weights (itself checked
-against transformers in test_model.py): a rank that held the wrong heads, a missing or doubled
-all-reduce, or a wrong vocabulary slice moves the logits far past 1e-4.
+against transformers in tests/model/test_llama.py): a rank that held the wrong heads, a missing
+or doubled all-reduce, or a wrong vocabulary slice moves the logits far past 1e-4.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ FP32 = KVFormatSpec("fp32")
 
 
 def test_split_follows_the_gqa_rule_and_recomposes_the_mlp(tiny_llama_folder):
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     bundled = load_spec("default")
     with pytest.raises(InvalidParameterError, match=r"size 2 does not divide the model's heads "

@@ -25,7 +25,7 @@ def test_ledger_and_spec_import_no_torch():
         "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.kv_format, "
         "kvledger.ledger.params, "
         "kvledger.ledger.hardware, kvledger.ledger.costs, kvledger.ledger.planner, "
-        "kvledger.ledger.probe, kvledger.spec, kvledger.data\n"
+        "kvledger.spec, kvledger.data\n"
         "from kvledger.spec import load_spec\n"
         "from kvledger.ledger.planner import plan\n"
         "from kvledger.ledger.hardware import get_device\n"

@@ -16,7 +16,7 @@ from kvledger.ledger.kv_format import KVFormatSpec
 def calibration(tiny_llama):
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     folder, _ = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
@@ -53,7 +53,7 @@ def test_outliers_lower_the_key_error_and_the_file_loads(calibration, tiny_llama
 
     cfg = dataclasses.replace(engine.config, kv_cache_dtype="int4", kv_outlier_channels=2,
                               kv_calibration=str(path))
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(folder, torch.float32)
     q = LLMEngine(cfg, spec=spec, weights=weights)

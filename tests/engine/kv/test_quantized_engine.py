@@ -32,7 +32,7 @@ def tiny_engine_factory(tiny_llama):
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     folder, _ = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
