@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from kvledger.sessions.codec import TurnCodec
 from kvledger.sessions.errors import TurnTooLargeError
 
+POLICIES = ("full", "summary", "segment")
 LOW_WATER = 0.5  # fraction of the budget the recent turns may keep after a summary rewrite
 CARRY_NOTES = 3
 SUMMARY_MAX_TOKENS = 96
