@@ -25,6 +25,9 @@ def serve(
              "several keys (each a tenant of the Responses API).")] = None,
     api_keys_file: Annotated[str | None, typer.Option(
         help="A file with more API keys, one per line ('#' starts a comment).")] = None,
+    share_prefix_cache_across_keys: Annotated[bool, typer.Option(
+        help="Let requests of different API keys hit each other's prefix cache (by default "
+             "each key's prompts are salted apart).")] = False,
     state_db: Annotated[str | None, typer.Option(
         help="SQLite file of the Responses API's conversations (default: in the user data "
              "folder).")] = None,
@@ -100,7 +103,9 @@ def serve(
     engine = LLMEngine(engine_config)
     if trace is not None:
         engine = _traced(engine, engine_config, trace, trace_private)
-    app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
+    app = create_app(engine, api_key=api_keys or None,
+                     share_prefix_cache_across_keys=share_prefix_cache_across_keys,
+                     max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
                      served_model_name=served_model_name, sessions=sessions)
     log = logging.getLogger("kvledger.server")

@@ -29,6 +29,7 @@ from kvledger.server.metrics import ServerMetrics
 from kvledger.server.observer import RequestObserver
 from kvledger.server.responses_api import install_responses_api
 from kvledger.server.routes import router
+from kvledger.server.tenancy import Tenancy, tenant_of
 
 
 @dataclass
@@ -58,6 +59,8 @@ class ServerState:
 
 
 def create_app(engine: Any, *, api_key: str | list[str] | None = None,
+               admin_api_key: str | list[str] | None = None,
+               share_prefix_cache_across_keys: bool = False,
                max_queue: int | None = None, kv_alert_bytes: int | None = None,
                limits: ServerLimits | None = None, served_model_name: str | None = None,
                log_interval_s: float = 10.0, sessions: Any = None) -> FastAPI:
@@ -66,7 +69,9 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     Args:
         api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
             ``/metrics`` and the OpenAPI documents (:mod:`.auth`); a list accepts any of its
-            keys (each one a tenant of the Responses API).
+            keys, each one a tenant (:mod:`.tenancy`).
+        admin_api_key: keys accepted as well, whose callers see every tenant's requests.
+        share_prefix_cache_across_keys: no tenant part in the prefix-cache salt.
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).
         kv_alert_bytes: a request whose KV passes this many bytes is logged and counted once.
         limits: body size, timeouts, stop strings, stream slots (default: ServerLimits()).
@@ -94,15 +99,23 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
         state.loop.stop()
         app.state.sessions.close()  # after the drain: checkpoints the state DB's WAL
 
+    keys, admins = _keys(api_key), _keys(admin_api_key)
     app = FastAPI(title="kvledger", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
+    app.state.tenancy = Tenancy(keyed=bool(keys or admins),
+                                share_prefix_cache=share_prefix_cache_across_keys,
+                                admin_tenants=frozenset(map(tenant_of, admins)))
     app.include_router(router)
     app.include_router(dashboard_router)
-    install_responses_api(app, engine, sessions, keyed=bool(api_key))
+    install_responses_api(app, engine, sessions)
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        timeout_s=limits.body_timeout_s)
     app.add_middleware(DrainMiddleware, drain=state.drain)
-    if api_key:  # added last: outermost
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if keys or admins:  # added last: outermost
+        app.add_middleware(ApiKeyMiddleware, api_key=keys + admins)
     return app
+
+
+def _keys(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])

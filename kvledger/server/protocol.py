@@ -2,7 +2,8 @@
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
-``POST /tokenize``, and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
+``POST /tokenize`` and ``cache_salt`` (added to the tenant's prefix-cache salt,
+:mod:`.tenancy`), and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
 1024}``, ``ledger/retention.py``; unknown keys or bad sizes are a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's
 sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
 are checked against the vocabulary when the request is added). Every field is either honoured
@@ -187,6 +188,7 @@ class _SamplingBody(_Body):
     ignore_eos: bool = False
     user: Text | None = None
     kv_policy: dict[str, Any] | None = None
+    cache_salt: Annotated[Text, Field(min_length=1)] | None = None
 
     def check_supported(self) -> None:
         """Refuse a non-neutral value of a field this server does not implement.

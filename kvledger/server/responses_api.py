@@ -2,9 +2,8 @@
 
 ``POST /v1/responses`` (streamed or not), ``GET`` / ``DELETE /v1/responses/{id}``, and
 kvledger's ``GET /v1/sessions`` (the caller's conversations, for ``kvledger chat``). Every
-route sees only the caller's tenant: the hash of its API key (one tenant when the server has
-no keys). With keys, the tenant is also the prefix cache salt of its requests, so one tenant's
-cached prompts never speed up (and so never reveal themselves to) another's.
+route sees only the caller's tenant (:mod:`.tenancy`), whose prefix-cache salt its turns and
+their memory requests carry.
 """
 
 from __future__ import annotations
@@ -27,18 +26,18 @@ from kvledger.server.streaming import (
     engine_error,
     timeout_error,
 )
+from kvledger.server.tenancy import caller
 from kvledger.sessions.errors import StateStoreUnavailableError
 from kvledger.sessions.metrics import SessionMetrics
 from kvledger.sessions.retrieval import decode_document
-from kvledger.sessions.service import SessionOptions, SessionService, TurnInput, tenant_of
+from kvledger.sessions.service import SessionOptions, SessionService, TurnInput
 from kvledger.sessions.store import SessionStore
 
 router = APIRouter(responses=ERRORS)
 DEFAULT_BLOCK_SIZE = 16  # an engine without a scheduler budget (test fakes) pads to this
 
 
-def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
-                          keyed: bool) -> None:
+def install_responses_api(app: FastAPI, engine, options: SessionOptions | None) -> None:
     """Open the state store and add the routes to ``app`` (whose ``state.server`` is set).
 
     Raises:
@@ -53,17 +52,7 @@ def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
     app.state.sessions = SessionService(
         server.loop, store, limit, budget.block_size if budget else DEFAULT_BLOCK_SIZE,
         options, SessionMetrics(server.metrics.registry, server.model_name))
-    app.state.sessions_keyed = keyed
     app.include_router(router)
-
-
-def _tenant(request: Request) -> tuple[str, str | None]:
-    """(tenant, cache salt) of the caller; the key was already checked by the middleware."""
-    if not request.app.state.sessions_keyed:
-        return "", None
-    key = request.headers.get("authorization", "").partition(" ")[2]
-    tenant = tenant_of(key)
-    return tenant, tenant
 
 
 @router.post("/v1/responses")
@@ -81,12 +70,12 @@ async def create_response(body: ResponsesRequest, request: Request):
     turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
                            body._sampling(None, None), body.max_output_tokens,
                            body.truncation or "disabled", body.memory, body.store)
-    tenant, salt = _tenant(request)
+    who = caller(request)
     streaming = body.stream  # count the slot before the first await, so the cap holds
     if streaming:
         server.streams += 1
     try:
-        turn = await service.start(tenant, salt, turn_input)
+        turn = await service.start(who.tenant, who.cache_salt(body.cache_salt), turn_input)
     except BaseException:
         if streaming:
             server.streams -= 1
@@ -161,23 +150,20 @@ async def _events(service: SessionService, turn, builder: ResponseBuilder,
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict:
     """A stored response of the caller (404 for unknown, deleted or another key's)."""
-    tenant, _ = _tenant(request)
-    return request.app.state.sessions.get(tenant, response_id).body
+    return request.app.state.sessions.get(caller(request).tenant, response_id).body
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> dict:
     """Delete a stored response; its continuations keep their own state."""
-    tenant, _ = _tenant(request)
-    request.app.state.sessions.delete(tenant, response_id)
+    request.app.state.sessions.delete(caller(request).tenant, response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 
 @router.get("/v1/sessions")
 async def list_sessions(request: Request) -> dict:
     """The caller's conversations, latest first (kvledger extension)."""
-    tenant, _ = _tenant(request)
-    rows = request.app.state.sessions.store.sessions(tenant)
+    rows = request.app.state.sessions.store.sessions(caller(request).tenant)
     return {"object": "list", "data": [
         {"id": r.session_id, "last_response_id": r.last_response_id, "turns": r.turns,
          "updated_at": r.updated_at} for r in rows]}

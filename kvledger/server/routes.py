@@ -40,6 +40,7 @@ from kvledger.server.streaming import (
     sse_events,
     timeout_error,
 )
+from kvledger.server.tenancy import caller
 
 log = logging.getLogger("kvledger.server")
 
@@ -155,13 +156,14 @@ def _check_request(state, body) -> None:
                                   "retry later")
 
 
-async def _add_all(state, request_ids: list[str], prompts: list, params) -> asyncio.Queue:
+async def _add_all(state, request_ids: list[str], prompts: list, params,
+                   cache_salt: str | None) -> asyncio.Queue:
     """Add one engine request per prompt, sharing one output queue; all or nothing."""
     outputs: asyncio.Queue = asyncio.Queue()
     added: list[str] = []
     try:
         for request_id, prompt in zip(request_ids, prompts, strict=True):
-            await state.loop.add(request_id, prompt, params, outputs)
+            await state.loop.add(request_id, prompt, params, outputs, cache_salt=cache_salt)
             added.append(request_id)
     except BaseException:
         for request_id in added:
@@ -185,7 +187,8 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     if streaming:
         state.streams += 1
     try:
-        outputs = await _add_all(state, request_ids, prompts, params)
+        outputs = await _add_all(state, request_ids, prompts, params,
+                                 caller(request).cache_salt(body.cache_salt))
     except BaseException:
         if streaming:
             state.streams -= 1

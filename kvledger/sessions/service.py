@@ -13,7 +13,6 @@ the lock; :meth:`SessionService.cancel` only releases it (nothing stored).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 import uuid
 from collections.abc import Callable
@@ -82,11 +81,6 @@ class Turn:
     retrieved: list[dict] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     _release: Callable[[], None] | None = None
-
-
-def tenant_of(api_key: str | None) -> str:
-    """The tenant id stored with a conversation: a hash of its API key ('' without keys)."""
-    return hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
 
 
 async def final_output(outputs: asyncio.Queue) -> RequestOutput:
