@@ -24,7 +24,12 @@ def serve(
         help="Require 'Authorization: Bearer KEY' on /v1 routes and /tokenize; repeat for "
              "several keys (each a tenant of the Responses API).")] = None,
     api_keys_file: Annotated[str | None, typer.Option(
-        help="A file with more API keys, one per line ('#' starts a comment).")] = None,
+        help="A file with more API keys: one key per line, the whole line trimmed; blank "
+             "lines and lines starting with '#' are comments (so no key starts with '#'). A "
+             "file with no key is refused.")] = None,
+    admin_api_key: Annotated[list[str] | None, typer.Option(
+        help="A key accepted like --api-key whose caller also sees every tenant's requests "
+             "on the dashboard; repeat for several.")] = None,
     share_prefix_cache_across_keys: Annotated[bool, typer.Option(
         help="Let requests of different API keys hit each other's prefix cache (by default "
              "each key's prompts are salted apart).")] = False,
@@ -77,11 +82,12 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
     /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes, trace)
+    from kvledger.server.api_keys import read_api_keys
     from kvledger.server.limits import ServerLimits
-    from kvledger.sessions.options import read_api_keys, session_options
+    from kvledger.sessions.options import session_options
     from kvledger.sessions.store import SessionStore
 
-    api_keys = read_api_keys(api_key or [], api_keys_file)
+    api_keys = read_api_keys(api_key or [], api_keys_file, admin_api_key)
     sessions = session_options(state_db, memory, segment_turns)
     SessionStore(sessions.state_db).close()  # refuse a bad state DB before loading the model
 
@@ -103,7 +109,8 @@ def serve(
     engine = LLMEngine(engine_config)
     if trace is not None:
         engine = _traced(engine, engine_config, trace, trace_private)
-    app = create_app(engine, api_key=api_keys or None,
+    app = create_app(engine, api_key=list(api_keys.keys),
+                     admin_api_key=list(api_keys.admin_keys),
                      share_prefix_cache_across_keys=share_prefix_cache_across_keys,
                      max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
@@ -113,7 +120,8 @@ def serve(
              app.state.server.model_name, engine.max_model_len, host, port)
     log.info("conversations (Responses API) in %s, memory policy %s", sessions.state_db,
              sessions.memory)
-    if host not in LOOPBACK and not api_keys:
+    log.info("authentication: %s", api_keys.describe())
+    if host not in LOOPBACK and not (api_keys.keys or api_keys.admin_keys):
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     config = uvicorn_config(app, host, port, limits)
     state = app.state.server

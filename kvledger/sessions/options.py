@@ -1,4 +1,4 @@
-"""Command-line settings of sessions: the state DB's default place and the API-key list."""
+"""Command-line settings of sessions: the state DB's default place and the memory policy."""
 
 from __future__ import annotations
 
@@ -30,21 +30,3 @@ def session_options(state_db: str | None, memory: str, segment_turns: int) -> Se
         raise InvalidParameterError(f"--segment-turns must be >= 1, got {segment_turns}")
     return SessionOptions(state_db=str(state_db or default_state_db()), memory=memory,
                           segment_turns=segment_turns)
-
-
-def read_api_keys(keys: list[str], keys_file: str | None) -> list[str]:
-    """The keys given with ``--api-key`` plus those of ``--api-keys-file`` (one per line).
-
-    Raises:
-        InvalidParameterError: the file cannot be read or a key is empty.
-    """
-    out = list(keys)
-    if keys_file:
-        try:
-            lines = Path(keys_file).read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidParameterError(f"cannot read --api-keys-file {keys_file}: {exc}") from None
-        out += [k for k in (line.split("#", 1)[0].strip() for line in lines) if k]
-    if any(not k.strip() for k in out):
-        raise InvalidParameterError("an API key is empty")
-    return out
