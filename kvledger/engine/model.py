@@ -24,10 +24,7 @@ from kvledger.engine.fused import fused_ops
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.linear import Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.engine.rope import RotaryEmbedding
-from kvledger.errors import UnsupportedModelError
-from kvledger.spec import FULL, ModelSpec
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+from kvledger.spec import ModelSpec, check_runnable
 
 
 class LlamaModel:
@@ -43,13 +40,14 @@ class LlamaModel:
             classes left out are dense; None asks the kernel probe. Ignored in fp32.
 
     Raises:
-        UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
+        UnsupportedModelError: a spec the forward would not compute exactly
+            (:func:`kvledger.spec.check_runnable`).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  attention: AttentionBackend | str | None = None,
                  formats: dict[str, str] | None = None):
-        check_supported(spec)
+        check_runnable(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or kernels.choose_attention(spec))
@@ -128,18 +126,6 @@ class LlamaModel:
         layer = self.layers[0]
         held = {name: layer[name].format for name in ("qkv", "o", "gate_up", "down")}
         return {**held, "lm_head": self.lm_head.format}
-
-
-def check_supported(spec: ModelSpec) -> None:
-    """Raise UnsupportedModelError unless the engine can run ``spec`` exactly."""
-    if spec.model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModelError(
-            f"model_type {spec.model_type!r} cannot run in the engine yet (supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}); `kvledger plan` still sizes it")
-    kinds = set(spec.layer_types)
-    if kinds != {FULL}:
-        raise UnsupportedModelError(
-            f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
 
 
 def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
