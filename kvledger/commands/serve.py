@@ -60,6 +60,12 @@ def serve(
         help="Abort a request running longer than this (HTTP 503 request_timeout).")] = None,
     max_concurrent_streams: Annotated[int | None, typer.Option(
         help="Most streamed responses open at once; more: HTTP 429.")] = None,
+    max_input_chars: Annotated[int, typer.Option(
+        help="Most characters in a request's input (prompt, messages, input, instructions), "
+             "counted before tokenizing; more: HTTP 400.")] = 1_000_000,
+    max_input_items: Annotated[int, typer.Option(
+        help="Most messages, content parts, prompts and input items in one request; more: "
+             "HTTP 400.")] = 4096,
     max_stop_strings: Annotated[int, typer.Option(
         help="Most 'stop' strings per request; more: HTTP 400.")] = 16,
     max_stop_chars: Annotated[int, typer.Option(
@@ -94,6 +100,7 @@ def serve(
     limits = ServerLimits(
         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
         header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
+        max_input_chars=max_input_chars, max_input_items=max_input_items,
         max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)

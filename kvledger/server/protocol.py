@@ -38,6 +38,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
+from kvledger.server.input_limits import check_input_size
 
 MAX_LOGPROBS = 20
 MAX_PROMPTS = 64  # most prompts in one /v1/completions list
@@ -110,6 +111,12 @@ class _Body(_Part):
     """A request body: unknown top-level fields are kept aside to be warned about."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _input_size(cls, data: Any) -> Any:
+        check_input_size(data)  # raises InputTooLargeError, which pydantic lets through
+        return data
 
     def unknown_fields(self) -> list[str]:
         """Names of the body's fields that no model field declares (ignored, logged)."""
@@ -196,7 +203,8 @@ class _SamplingBody(_Body):
         Raises:
             UnsupportedParameterError: naming the first such field (HTTP 400).
         """
-        given = {**(self.model_extra or {}), **self.model_dump(exclude_unset=True)}
+        given = {**(self.model_extra or {}),
+                 **{n: getattr(self, n) for n in UNSUPPORTED if n in self.model_fields_set}}
         for name, neutral in UNSUPPORTED.items():
             if name in given and not neutral(given[name]):
                 raise UnsupportedParameterError(

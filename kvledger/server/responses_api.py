@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from kvledger.server.error_handlers import RETRY_AFTER_S
+from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.responses_protocol import ResponseBuilder, ResponsesRequest
 from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS, _check_request, _warn_unknown
 from kvledger.server.streaming import (
@@ -33,7 +34,7 @@ from kvledger.sessions.retrieval import decode_document
 from kvledger.sessions.service import SessionOptions, SessionService, TurnInput
 from kvledger.sessions.store import SessionStore
 
-router = APIRouter(responses=ERRORS)
+router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 DEFAULT_BLOCK_SIZE = 16  # an engine without a scheduler budget (test fakes) pads to this
 
 

@@ -16,12 +16,13 @@ import logging
 import time
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from kvledger.errors import KVLedgerError
 from kvledger.server.error_handlers import error_response
+from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,7 +50,7 @@ ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (4
                   "408, 413, 429 with Retry-After)"},
           "503": {"model": ErrorResponse, "description": "engine stopped, server draining, or "
                   "request timeout (Retry-After)"}}
-router = APIRouter(responses=ERRORS)
+router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 STARTED = int(time.time())
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
 
@@ -105,8 +106,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     state = _state(request)
     _warn_unknown(body, request)
     state.check_model(body.model)
-    engine_input = body.engine_input()
-    tokens = await state.loop.call(lambda engine: engine.tokenize(engine_input))
+    tokens = await state.loop.tokenize(body.engine_input())
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
 
 
@@ -179,7 +179,7 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     model = state.check_model(body.model)
     _check_request(state, body)
     params = body.sampling_params()
-    prompts = body.prompts()
+    prompts = [await state.loop.tokenize(prompt) for prompt in body.prompts()]
     response_id = f"{id_prefix}-{uuid.uuid4().hex}"
     request_ids = ([response_id] if len(prompts) == 1
                    else [f"{response_id}-{i}" for i in range(len(prompts))])

@@ -129,12 +129,13 @@ class SessionService:
         self._planner: MemoryPlanner | None = None
 
     async def planner(self) -> MemoryPlanner:
-        """The memory planner (its codec probes the chat template once, in the engine thread)."""
+        """The memory planner (its codec probes the chat template once, in the engine thread);
+        it tokenizes in the tokenizer thread, as the turn's stitching does."""
         if self._planner is None:
             codec = await self.loop.call(_make_codec)
             self._planner = MemoryPlanner(codec, MemoryOptions(
                 block_size=self.block_size, segment_turns=self.options.segment_turns,
-                segment_tokens=self.options.segment_tokens))
+                segment_tokens=self.options.segment_tokens), run=self.loop.tokenizer_thread.run)
         return self._planner
 
     async def _lock(self, tenant: str, session_id: str) -> Callable[[], None]:
@@ -174,14 +175,13 @@ class SessionService:
 
     async def _start(self, tenant, salt, req: TurnInput, response_id: str, session_id: str,
                      prev: StoredResponse | None, release) -> Turn:
-        planner = await self.planner()
+        planner, run = await self.planner(), self.loop.tokenizer_thread.run
         policy = req.memory or self.options.memory
         if prev is None:
-            ids, state = planner.first_state(req.instructions, policy)
+            ids, state = await run(planner.first_state, req.instructions, policy)
         else:
-            ids, state = planner.with_system(prev.token_ids,
-                                             ConversationState.from_json(prev.state),
-                                             req.instructions)
+            ids, state = await run(planner.with_system, prev.token_ids,
+                                   ConversationState.from_json(prev.state), req.instructions)
             state.policy = policy
         max_out = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         budget = self.limit_tokens - max_out
@@ -189,7 +189,7 @@ class SessionService:
             raise InvalidParameterError(
                 f"max_output_tokens {max_out} leaves no room for a prompt within the "
                 f"{self.limit_tokens}-token limit (context or per-request KV quota)")
-        text, retrieved = self._stitch(tenant, session_id, req, state)
+        text, retrieved = await run(self._stitch, tenant, session_id, req, state)
 
         async def condense(kind: str, messages: list[dict], max_tokens: int) -> str:
             if self.metrics:
@@ -248,7 +248,7 @@ class SessionService:
         """Token ids of ``messages`` (chat template) within ``room`` tokens: the last
         message's text loses its oldest part (a transcript keeps its latest turns)."""
         for _ in range(FIT_ATTEMPTS):
-            ids = await self.loop.call(lambda engine, m=messages: engine.tokenize(m))
+            ids = await self.loop.tokenize(messages)
             if len(ids) <= room:
                 return ids
             content = messages[-1]["content"]

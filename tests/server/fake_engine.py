@@ -42,7 +42,8 @@ class _Req:
 
 
 class FakeEngine:
-    """Same API as LLMEngine; not thread-safe on purpose (asserts a single owner thread)."""
+    """Same API as LLMEngine; not thread-safe on purpose (asserts a single owner thread),
+    except ``tokenize``, which the server calls from its tokenizer thread."""
 
     model_name = "fake-model"
     max_model_len = 256
@@ -64,7 +65,8 @@ class FakeEngine:
         assert self.owner is threading.current_thread(), "engine used from two threads"
 
     def tokenize(self, prompt) -> list[int]:
-        self._check_thread()
+        if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
+            return list(prompt)
         if isinstance(prompt, list):
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
         return [ord(c) for c in prompt]
