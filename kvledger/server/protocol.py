@@ -11,10 +11,11 @@ or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
-- fields of the API this server does not implement (:data:`UNSUPPORTED`: ``response_format``,
+- fields of the API this server does not implement (:mod:`.api_fields`: ``response_format``,
   ``tools``, ``suffix``, ``best_of`` > 1, ...) are accepted only at their neutral value (what
   the API does when they are omitted); any other value is a 400 naming the field
-  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``.
+  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``; hints with no effect on
+  one server (``user``, ``prompt_cache_key``, ...) are accepted.
 
 Defaults (README "kvledger serve"): ``/v1/completions`` ``max_tokens`` 16 (OpenAI's legacy
 completions and vLLM); ``/v1/chat/completions`` up to the context limit (``None``). The engine
@@ -32,12 +33,13 @@ Every error, whatever its source, leaves the server as
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
+from kvledger.server.api_fields import CHAT_UNSUPPORTED, HINTS, REASONS, Neutral, first_refused
 from kvledger.server.input_limits import check_input_size
 
 MAX_LOGPROBS = 20
@@ -152,31 +154,10 @@ class ChatMessage(_Part):
         return {"role": self.role, "content": content or ""}
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {}
-
-
-# Fields of the OpenAI (or vLLM) API that are not implemented: each with the test of its neutral
-# value, which is accepted (clients send defaults).
-UNSUPPORTED: dict[str, Any] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _empty,
-    "tool_choice": lambda v: v is None or v == "none",
-    "functions": _empty,
-    "function_call": lambda v: v is None or v == "none",
-    "parallel_tool_calls": lambda v: True,  # meaningless without tools
-    "suffix": lambda v: v is None or v == "",
-    "best_of": lambda v: v is None or v == 1,
-    "audio": _empty,
-    "modalities": lambda v: v is None or v == ["text"],
-    "prediction": _empty,
-    "guided_json": _empty, "guided_regex": _empty, "guided_choice": _empty,
-    "guided_grammar": _empty,
-}
-
-
 class _SamplingBody(_Body):
     """Fields shared by completions and chat; turned into :class:`SamplingParams`."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = CHAT_UNSUPPORTED
 
     model: Text | None = None
     temperature: NonNegFloat | None = None
@@ -204,16 +185,16 @@ class _SamplingBody(_Body):
             UnsupportedParameterError: naming the first such field (HTTP 400).
         """
         given = {**(self.model_extra or {}),
-                 **{n: getattr(self, n) for n in UNSUPPORTED if n in self.model_fields_set}}
-        for name, neutral in UNSUPPORTED.items():
-            if name in given and not neutral(given[name]):
-                raise UnsupportedParameterError(
-                    name, f"'{name}' is not supported by this server; omit it or send its "
-                          "default")
+                 **{n: getattr(self, n) for n in self.unsupported if n in self.model_fields_set}}
+        name = first_refused(given, self.unsupported)
+        if name is not None:
+            raise UnsupportedParameterError(name, f"'{name}': " + REASONS.get(
+                name, "not supported by this server; omit it or send its default"))
 
     def unknown_fields(self) -> list[str]:
-        """Unknown fields, less the known-but-unsupported ones (refused or neutral)."""
-        return [name for name in super().unknown_fields() if name not in UNSUPPORTED]
+        """Unknown fields, less the API's unsupported ones (refused or neutral) and hints."""
+        return [name for name in super().unknown_fields()
+                if name not in self.unsupported and name not in HINTS]
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list."""
