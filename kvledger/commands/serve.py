@@ -36,6 +36,15 @@ def serve(
     state_db: Annotated[str | None, typer.Option(
         help="SQLite file of the Responses API's conversations (default: in the user data "
              "folder).")] = None,
+    state_max_age: Annotated[str | None, typer.Option(
+        help="Delete conversations not continued for this long (seconds, or 90m, 12h, "
+             "30d).")] = None,
+    state_max_gib: Annotated[float | None, typer.Option(
+        help="Keep the state DB under this size (GiB): the least recently continued "
+             "conversations are deleted first.")] = None,
+    state_quota_mib: Annotated[float | None, typer.Option(
+        help="Most MiB of stored conversations per API key; at the quota a stored turn gets "
+             "HTTP 403.")] = None,
     memory: Annotated[str, typer.Option(
         help="Memory policy of conversations under truncation='auto': full, summary or "
              "segment.")] = "summary",
@@ -94,7 +103,8 @@ def serve(
     from kvledger.sessions.store import SessionStore
 
     api_keys = read_api_keys(api_key or [], api_keys_file, admin_api_key)
-    sessions = session_options(state_db, memory, segment_turns)
+    sessions = session_options(state_db, memory, segment_turns, state_max_age, state_max_gib,
+                               state_quota_mib)
     SessionStore(sessions.state_db).close()  # refuse a bad state DB before loading the model
 
     limits = ServerLimits(

@@ -11,6 +11,7 @@ user can set are :class:`~kvledger.server.limits.ServerLimits`.
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +96,9 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.loop.start()
+        sweeper = asyncio.create_task(app.state.sessions.sweep_forever())
         yield
+        sweeper.cancel()
         state.loop.stop()
         app.state.sessions.close()  # after the drain: checkpoints the state DB's WAL
 

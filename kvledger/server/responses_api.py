@@ -53,6 +53,8 @@ def install_responses_api(app: FastAPI, engine, options: SessionOptions | None) 
     app.state.sessions = SessionService(
         server.loop, store, limit, budget.block_size if budget else DEFAULT_BLOCK_SIZE,
         options, SessionMetrics(server.metrics.registry, server.model_name))
+    store.delete_orphans()  # documents of turns a crash cut off
+    app.state.sessions.expire()
     app.include_router(router)
 
 

@@ -24,6 +24,7 @@ from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.sessions.codec import TurnCodec
 from kvledger.sessions.errors import ResponseNotFoundError, SessionBusyError, TurnTooLargeError
+from kvledger.sessions.expiry import SWEEP_INTERVAL_S, check_quota, expire
 from kvledger.sessions.memory import (
     ConversationState,
     MemoryOptions,
@@ -50,6 +51,9 @@ class SessionOptions:
     retrieve_k: int = 2
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     session_wait_s: float = 30.0
+    max_age_s: float | None = None  # expiry (sessions/expiry.py); None: kept
+    max_bytes: int | None = None
+    quota_bytes: int | None = None  # per API key
 
 
 @dataclass
@@ -80,6 +84,7 @@ class Turn:
     budget: int
     retrieved: list[dict] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
+    stored: bool = False  # its response row is written (its chunks are kept)
     _release: Callable[[], None] | None = None
 
 
@@ -161,17 +166,28 @@ class SessionService:
 
         Raises:
             ResponseNotFoundError (404), SessionBusyError (409), TurnTooLargeError and
-            InvalidParameterError (400), ContextLengthError (400), KVBudgetError (429).
+            InvalidParameterError (400), ContextLengthError (400), KVBudgetError (429),
+            StateQuotaError (403).
         """
         response_id = f"resp_{uuid.uuid4().hex}"
+        if req.store:
+            check_quota(self.store, tenant, self.options.quota_bytes)
         prev = self.get(tenant, req.previous_response_id) if req.previous_response_id else None
         session_id = prev.session_id if prev else response_id
         release = await self._lock(tenant, session_id)
         try:
             return await self._start(tenant, salt, req, response_id, session_id, prev, release)
         except BaseException:
-            release()
+            try:
+                self._forget_documents(tenant, response_id, req)
+            finally:
+                release()
             raise
+
+    def _forget_documents(self, tenant: str, response_id: str, req: TurnInput) -> None:
+        """Delete the documents a turn that will not be stored attached."""
+        if req.store and req.documents:
+            self.store.delete_chunks_of(tenant, response_id)
 
     async def _start(self, tenant, salt, req: TurnInput, response_id: str, session_id: str,
                      prev: StoredResponse | None, release) -> Turn:
@@ -189,7 +205,7 @@ class SessionService:
             raise InvalidParameterError(
                 f"max_output_tokens {max_out} leaves no room for a prompt within the "
                 f"{self.limit_tokens}-token limit (context or per-request KV quota)")
-        text, retrieved = await run(self._stitch, tenant, session_id, req, state)
+        text, retrieved = await run(self._stitch, tenant, session_id, response_id, req, state)
 
         async def condense(kind: str, messages: list[dict], max_tokens: int) -> str:
             if self.metrics:
@@ -204,15 +220,18 @@ class SessionService:
         return Turn(response_id, session_id, tenant, plan, outputs, req, budget, retrieved,
                     _release=release)
 
-    def _stitch(self, tenant: str, session_id: str, req: TurnInput,
+    def _stitch(self, tenant: str, session_id: str, response_id: str, req: TurnInput,
                 state: ConversationState) -> tuple[str, list[dict]]:
-        """The user text with the top-k passages for it prepended; the passages' descriptions."""
+        """The user text with the top-k passages for it prepended; the passages' descriptions.
+        Stored documents are owned by ``response_id`` (deleted with it, or if it is never
+        stored)."""
         pieces = [(name, piece) for name, text in req.documents for piece in chunk_text(text)]
         transient = [Chunk(-1 - i, "document", name, piece)
                      for i, (name, piece) in enumerate(pieces)]
         if req.store and transient:
             for name, text in req.documents:
-                self.store.add_chunks(tenant, session_id, "document", name, chunk_text(text))
+                self.store.add_chunks(tenant, session_id, "document", name, chunk_text(text),
+                                      owner=response_id)
             transient = []
         chunks = self.store.chunks(tenant, session_id) + transient
         in_prompt = {cid for t in state.turns for cid in t.chunk_ids}
@@ -267,9 +286,13 @@ class SessionService:
                     turn.response_id, turn.tenant, turn.session_id,
                     turn.request.previous_response_id, body, state.to_json(), ids,
                     len(turn.plan.prompt_ids), turn.created_at))
+                turn.stored = True
                 if turn.plan.note:
                     self.store.add_chunks(turn.tenant, turn.session_id, "note",
-                                          f"note {state.segment}", [turn.plan.note])
+                                          f"note {state.segment}", [turn.plan.note],
+                                          owner=turn.response_id)
+                if self.options.max_bytes is not None:
+                    self.expire()
             if self.metrics:
                 self.metrics.count_turn(out)
         finally:
@@ -279,9 +302,29 @@ class SessionService:
         """Close the state store (at server shutdown, after the drain)."""
         self.store.close()
 
+    def expire(self) -> None:
+        """Delete the conversations past ``max_age_s`` or ``max_bytes`` (and count them)."""
+        removed = expire(self.store, self.options.max_age_s, self.options.max_bytes,
+                         time.time())
+        if self.metrics:
+            self.metrics.count_removed(removed)
+
+    async def sweep_forever(self) -> None:
+        """Expire every SWEEP_INTERVAL_S seconds in a worker thread (cancel to stop)."""
+        if self.options.max_age_s is None and self.options.max_bytes is None:
+            return
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.to_thread(self.expire)
+
     def cancel(self, turn: Turn) -> None:
-        """Release the conversation without storing anything (the request failed or left)."""
-        if turn._release is not None:
+        """Release the conversation; a turn not stored loses the documents it attached."""
+        if turn._release is None:
+            return
+        try:
+            if not turn.stored:
+                self._forget_documents(turn.tenant, turn.response_id, turn.request)
+        finally:
             turn._release()
             turn._release = None
 

@@ -1,7 +1,8 @@
 """``kvledger serve``'s app and drain around the fake engine, as a process on loopback.
 
 Usage: ``python serve_fake.py PORT [--step-delay-s S] [--max-model-len N] [--fail-every K]
-[--api-key KEY ...] [--api-keys-file FILE] [--admin-api-key KEY] [limit=value ...]``.
+[--api-key KEY ...] [--api-keys-file FILE] [--admin-api-key KEY] [--state-db FILE]
+[limit=value ...]``.
 ``--fail-every K`` makes every K-th engine step raise (an injected engine fault). Keys are read
 as ``kvledger serve`` reads them. Limits are :class:`ServerLimits` fields (``send_timeout_s=1``).
 The engine has the session fakes' chat template, so ``/v1/responses`` serves too.
@@ -24,6 +25,7 @@ from kvledger.server.app import create_app
 from kvledger.server.connection import uvicorn_config
 from kvledger.server.lifecycle import DrainingServer
 from kvledger.server.limits import ServerLimits
+from kvledger.sessions.service import SessionOptions
 
 BIG = 8192
 
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--api-key", action="append", default=[])
     parser.add_argument("--api-keys-file")
     parser.add_argument("--admin-api-key", action="append", default=[])
+    parser.add_argument("--state-db", default=":memory:")
     parser.add_argument("limits", nargs="*")
     args = parser.parse_intermixed_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -64,7 +67,8 @@ def main() -> None:
                              for k, v in (a.split("=") for a in args.limits)})
     keys = read_api_keys(args.api_key, args.api_keys_file, args.admin_api_key)
     app = create_app(engine, api_key=list(keys.keys), admin_api_key=list(keys.admin_keys),
-                     limits=limits, log_interval_s=3600)
+                     limits=limits, log_interval_s=3600,
+                     sessions=SessionOptions(state_db=args.state_db))
     config = uvicorn_config(app, "127.0.0.1", args.port, limits)
     state = app.state.server
     DrainingServer(config, state.drain, limits.drain_timeout_s, state.loop.stop).run()
