@@ -66,7 +66,7 @@ def serve(
     max_header_bytes: Annotated[int, typer.Option(
         help="Largest request header block (bytes); larger: HTTP 431.")] = 64 << 10,
     request_timeout_s: Annotated[float | None, typer.Option(
-        help="Abort a request running longer than this (HTTP 503 request_timeout).")] = None,
+        help="Abort a request running longer than this (HTTP 504 request_timeout).")] = None,
     max_concurrent_streams: Annotated[int | None, typer.Option(
         help="Most streamed responses open at once; more: HTTP 429.")] = None,
     max_input_chars: Annotated[int, typer.Option(

@@ -3,9 +3,10 @@
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
 (:mod:`.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
-and three ASGI middlewares, outermost
+and four ASGI middlewares, outermost
 first: with an API key, the key check (401, before any byte of the body is read), the drain
-gate (503 once SIGTERM came, :mod:`.lifecycle`) and the body limits (413, 408). The limits a
+gate (503 once SIGTERM came, :mod:`.lifecycle`), the body limits (413, 408) and the JSON
+content type of POST bodies (:mod:`.json_body`). The limits a
 user can set are :class:`~kvledger.server.limits.ServerLimits`.
 """
 
@@ -24,6 +25,7 @@ from kvledger.server.body_limit import BodyLimitMiddleware
 from kvledger.server.dashboard import router as dashboard_router
 from kvledger.server.engine_loop import EngineLoop
 from kvledger.server.error_handlers import install_error_handlers
+from kvledger.server.json_body import JsonBodyMiddleware
 from kvledger.server.lifecycle import Drain, DrainMiddleware
 from kvledger.server.limits import ServerLimits
 from kvledger.server.metrics import ServerMetrics
@@ -112,6 +114,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     app.include_router(dashboard_router)
     install_responses_api(app, engine, sessions)
     install_error_handlers(app)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        timeout_s=limits.body_timeout_s)
     app.add_middleware(DrainMiddleware, drain=state.drain)

@@ -68,6 +68,7 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     track: RequestTrack
+    tenant: str = ""
 
 
 class EngineUnavailableError(KVLedgerError):
@@ -127,6 +128,10 @@ class EngineLoop:
         self.tokenizer_thread.close()
         self._thread.join(timeout_s)
 
+    def owners(self) -> dict[str, str]:
+        """The tenant of every live request, by id (call in the engine thread)."""
+        return {request_id: stream.tenant for request_id, stream in self._streams.items()}
+
     def _refuse_if_closed(self) -> None:
         if self._closed or self._stopping or not self._thread.is_alive():
             raise EngineUnavailableError("the engine is not running (the server is stopping "
@@ -153,10 +158,11 @@ class EngineLoop:
 
     async def add(self, request_id: str, prompt: Any, params: SamplingParams,
                   outputs: asyncio.Queue | None = None,
-                  cache_salt: str | None = None) -> asyncio.Queue:
+                  cache_salt: str | None = None, tenant: str = "") -> asyncio.Queue:
         """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
         if given: several requests may share one queue). ``cache_salt`` keeps its
-        prefix-cache blocks apart from other salts' (one salt per tenant).
+        prefix-cache blocks apart from other salts' (:mod:`.tenancy`); ``tenant`` owns it
+        (the dashboard shows a tenant its own requests).
 
         Raises:
             ContextLengthError, InvalidParameterError (400), KVBudgetError, QueueFullError (429).
@@ -174,7 +180,8 @@ class EngineLoop:
             except KVBudgetError:
                 self._observer.on_quota_rejected()
                 raise
-            self._streams[request_id] = _Stream(loop, outputs, self._observer.on_added(request_id))
+            self._streams[request_id] = _Stream(loop, outputs, self._observer.on_added(request_id),
+                                                tenant)
 
         try:
             await self.call(add)

@@ -20,7 +20,8 @@ limit                      default    when hit
 ``max_stop_strings``       16         400 naming ``stop``
 ``max_stop_chars``         256        400 naming ``stop`` (characters of one stop string)
 ``max_concurrent_streams`` none       429 with Retry-After (streamed requests in flight)
-``request_timeout_s``      none       the request is aborted: 503 ``request_timeout``, or
+``request_timeout_s``      none       the request is aborted: 504 ``request_timeout`` (no
+                                      Retry-After: it would time out again), or
                                       one SSE error event when the stream has started
 ``send_timeout_s``         30 s       a client that stops reading its stream for this long
                                       is dropped and its request aborted (slow reader)

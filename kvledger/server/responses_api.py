@@ -102,10 +102,9 @@ async def create_response(body: ResponsesRequest, request: Request):
     except ClientGone:
         service.cancel(turn)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except RequestTimedOut:
+    except RequestTimedOut:  # the same request would time out again: no Retry-After
         service.cancel(turn)
-        return JSONResponse(timeout_error(timeout_s), status_code=503,
-                            headers={"Retry-After": RETRY_AFTER_S})
+        return JSONResponse(timeout_error(timeout_s), status_code=504)
     except EngineFailure as exc:
         service.cancel(turn)
         status, error = engine_error(exc.args[0])

@@ -41,15 +41,17 @@ from kvledger.server.streaming import (
     sse_events,
     timeout_error,
 )
-from kvledger.server.tenancy import caller
+from kvledger.server.tenancy import Caller, caller
 
 log = logging.getLogger("kvledger.server")
 
 # One documented 4xx shape; it also keeps FastAPI from documenting its default 422.
-ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (400, 401, 404, "
-                  "408, 413, 429 with Retry-After)"},
-          "503": {"model": ErrorResponse, "description": "engine stopped, server draining, or "
-                  "request timeout (Retry-After)"}}
+ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (400, 401, 403, "
+                  "404, 408, 409, 413, 429 with Retry-After)"},
+          "503": {"model": ErrorResponse, "description": "engine stopped or server draining "
+                  "(Retry-After)"},
+          "504": {"model": ErrorResponse, "description": "request timeout "
+                  "(--request-timeout-s)"}}
 router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 STARTED = int(time.time())
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
@@ -64,7 +66,7 @@ def _model_card(state) -> dict:
             "owned_by": "kvledger", "max_model_len": state.max_model_len}
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request):
     """200 while the engine thread runs, its engine can compute and the server takes requests,
     else 503 with the reason."""
@@ -132,9 +134,9 @@ class TooManyStreamsError(KVLedgerError):
 
 def _warn_unknown(body, request: Request) -> None:
     unknown = body.unknown_fields()
-    if unknown:
-        log.warning("%s: ignoring unknown request fields: %s", request.url.path,
-                    ", ".join(unknown)[:500])
+    if unknown:  # escaped: a name with a newline must not forge a log line
+        names = ", ".join(name.encode("unicode_escape").decode("ascii") for name in unknown)
+        log.warning("%s: ignoring unknown request fields: %s", request.url.path, names[:500])
 
 
 def _check_request(state, body) -> None:
@@ -157,13 +159,14 @@ def _check_request(state, body) -> None:
 
 
 async def _add_all(state, request_ids: list[str], prompts: list, params,
-                   cache_salt: str | None) -> asyncio.Queue:
+                   who: Caller, cache_salt: str | None) -> asyncio.Queue:
     """Add one engine request per prompt, sharing one output queue; all or nothing."""
     outputs: asyncio.Queue = asyncio.Queue()
     added: list[str] = []
     try:
         for request_id, prompt in zip(request_ids, prompts, strict=True):
-            await state.loop.add(request_id, prompt, params, outputs, cache_salt=cache_salt)
+            await state.loop.add(request_id, prompt, params, outputs, cache_salt=cache_salt,
+                                 tenant=who.tenant)
             added.append(request_id)
     except BaseException:
         for request_id in added:
@@ -187,8 +190,9 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     if streaming:
         state.streams += 1
     try:
-        outputs = await _add_all(state, request_ids, prompts, params,
-                                 caller(request).cache_salt(body.cache_salt))
+        who = caller(request)
+        outputs = await _add_all(state, request_ids, prompts, params, who,
+                                 who.cache_salt(body.cache_salt))
     except BaseException:
         if streaming:
             state.streams -= 1
@@ -214,9 +218,8 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
         finals = await collect(outputs, request, abort, len(request_ids), timeout_s)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except RequestTimedOut:
-        return JSONResponse(timeout_error(timeout_s), status_code=503,
-                            headers={"Retry-After": "1"})
+    except RequestTimedOut:  # the same request would time out again: no Retry-After
+        return JSONResponse(timeout_error(timeout_s), status_code=504)
     except EngineFailure as exc:
         status, error = engine_error(exc.args[0])
         return JSONResponse(error, status_code=status)

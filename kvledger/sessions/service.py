@@ -210,13 +210,14 @@ class SessionService:
         async def condense(kind: str, messages: list[dict], max_tokens: int) -> str:
             if self.metrics:
                 self.metrics.count_event(kind)
-            return await self._generate_note(messages, max_tokens, salt)
+            return await self._generate_note(messages, max_tokens, salt, tenant)
 
         plan = await planner.plan(ids, state, text, budget, req.truncation, condense)
         plan.state.turns[-1].chunk_ids = [r["chunk_id"] for r in retrieved]
         params = req.params
         params.max_tokens = max_out
-        outputs = await self.loop.add(response_id, plan.prompt_ids, params, cache_salt=salt)
+        outputs = await self.loop.add(response_id, plan.prompt_ids, params, cache_salt=salt,
+                                      tenant=tenant)
         return Turn(response_id, session_id, tenant, plan, outputs, req, budget, retrieved,
                     _release=release)
 
@@ -248,11 +249,11 @@ class SessionService:
         return f"{PASSAGES_HEADER}\n{passages}\n\n{req.text}", retrieved
 
     async def _generate_note(self, messages: list[dict], max_tokens: int,
-                             salt: str | None) -> str:
+                             salt: str | None, tenant: str) -> str:
         request_id = f"memory-{uuid.uuid4().hex}"
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         ids = await self._fit(messages, self.limit_tokens - max_tokens)
-        outputs = await self.loop.add(request_id, ids, params, cache_salt=salt)
+        outputs = await self.loop.add(request_id, ids, params, cache_salt=salt, tenant=tenant)
         try:
             out = await final_output(outputs)
         except asyncio.CancelledError:

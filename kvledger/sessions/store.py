@@ -118,6 +118,20 @@ def _unpack(blob: bytes) -> list[int]:
     return arr.tolist()
 
 
+def _hint(exc: sqlite3.DatabaseError) -> str:
+    """What to do about a state DB that cannot be opened; only a damaged or foreign file is
+    called unhealthy (never a good file that is locked or on a read-only file system)."""
+    text = str(exc)
+    if "locked" in text:
+        return "another process holds it locked; stop it or use another --state-db"
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return ("the file or its folder is read-only, and the server writes to it; make them "
+                "writable or use another --state-db")
+    if "newer than" in text:
+        return "a newer kvledger wrote it; use that version or another --state-db"
+    return "it is not a healthy SQLite database; move it away or use another --state-db"
+
+
 class SessionStore:
     """Stored responses and chunks of every tenant.
 
@@ -133,17 +147,18 @@ class SessionStore:
         self.path = str(path)
         self._lock = threading.Lock()
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StateStoreError(f"cannot create the folder of the state DB {self.path}: "
+                                      f"{exc.strerror}; use another --state-db") from None
         try:
             self._db = sqlite3.connect(self.path, timeout=OPEN_TIMEOUT_S,
                                        check_same_thread=False, isolation_level=None)
             self._check_and_migrate()
         except sqlite3.DatabaseError as exc:
-            hint = ("another process holds it locked; stop it or use another --state-db"
-                    if "locked" in str(exc) else
-                    "it is not a healthy SQLite database; move it away or use another --state-db")
-            raise StateStoreError(f"cannot use the state DB {self.path}: {exc} ({hint}; the "
-                                  "file was left untouched)") from None
+            raise StateStoreError(f"cannot use the state DB {self.path}: {exc} "
+                                  f"({_hint(exc)}; the file was left untouched)") from None
         self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     def _check_and_migrate(self) -> None:
