@@ -66,7 +66,8 @@ def _model_card(state) -> dict:
             "owned_by": "kvledger", "max_model_len": state.max_model_len}
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@router.get("/health")
+@router.head("/health", include_in_schema=False)  # load balancers probe with HEAD
 async def health(request: Request):
     """200 while the engine thread runs, its engine can compute and the server takes requests,
     else 503 with the reason."""
