@@ -150,3 +150,13 @@ def app_client():
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_data_dir(tmp_path_factory):
+    """No test writes the user's data folder: ``kvledger serve``'s default state DB lives there
+    (a test server of a newer schema would migrate the user's file). Subprocesses inherit it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("KVLEDGER_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    yield
+    patch.undo()

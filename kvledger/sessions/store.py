@@ -178,7 +178,9 @@ class SessionStore:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             if version == 1:  # chunks gain an owner; those of turns never stored go
-                self._db.execute("ALTER TABLE chunks ADD COLUMN response_id TEXT")
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
+                if "response_id" not in columns:  # (a file an older kvledger set back to 1)
+                    self._db.execute("ALTER TABLE chunks ADD COLUMN response_id TEXT")
                 self._db.execute("DELETE FROM chunks WHERE NOT EXISTS (SELECT 1 FROM responses r"
                                  " WHERE r.tenant = chunks.tenant"
                                  " AND r.session_id = chunks.session_id)")

@@ -139,3 +139,12 @@ def test_a_schema_1_file_is_migrated_with_auto_vacuum(tmp_path):
     with store._serving():
         assert store._db.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
         assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_migration_is_safe_on_a_file_set_back_to_schema_1(tmp_path):
+    path = tmp_path / "v1.db"
+    SessionStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 1")  # as after a downgrade by hand
+    db.close()
+    SessionStore(path).close()  # before: "duplicate column name: response_id"
