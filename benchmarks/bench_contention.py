@@ -39,7 +39,7 @@ import peer_llamacpp
 from common import machine_line
 
 from kvledger.bench.client import stream_request
-from kvledger.engine.cpu_quota import cpu_budget
+from kvledger.device.cpu.cpu_quota import cpu_budget
 from kvledger.paths import bundled_model_path
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,9 @@
   /tokenizer_info`` (special tokens and chat template: with ``/tokenize`` and
   ``/detokenize``, lm-eval's remote tokenizer), ``GET /version``.
 
-With API keys set, every route here needs a valid key (:mod:`.auth`). Sources: vLLM's
+With API keys set, every route here needs a valid key (:mod:`.auth`), and the three control
+routes (reset, start, stop) an ``--admin-api-key`` (403 for a tenant's key): they act on every
+tenant's cache and steps. Sources: vLLM's
 ``entrypoints/openai/api_server.py`` (routes and bodies), aiperf's ``--reset-kv-cache`` and
 ``--server-profiler``.
 """
@@ -29,6 +31,7 @@ from fastapi import APIRouter, FastAPI, Request
 from kvledger import __version__
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.protocol import DetokenizeRequest
+from kvledger.server.tenancy import caller
 
 log = logging.getLogger("kvledger.server")
 router = APIRouter()
@@ -39,6 +42,13 @@ class ProfilerOffError(KVLedgerError):
 
     http_status = 404
     code = "profiler_disabled"
+
+
+class AdminOnlyError(KVLedgerError):
+    """A control route called with a tenant's key on a server with API keys."""
+
+    http_status = 403
+    code = "admin_only"
 
 
 class ProfilerStateError(KVLedgerError):
@@ -86,7 +96,14 @@ def install_vllm_compat(app: FastAPI, profile_dir: str | None) -> None:
     app.include_router(router)
 
 
+def _require_admin(request: Request) -> None:
+    if not caller(request).admin:
+        raise AdminOnlyError(f"{request.url.path} acts on every tenant: it needs an "
+                             "--admin-api-key")
+
+
 def _profiler(request: Request) -> Profiler:
+    _require_admin(request)
     profiler = request.app.state.profiler
     if profiler.folder is None:
         raise ProfilerOffError("the profiler is off: start the server with --profile-dir DIR "
@@ -96,7 +113,8 @@ def _profiler(request: Request) -> Profiler:
 
 @router.post("/reset_prefix_cache")
 async def reset_prefix_cache(request: Request) -> dict:
-    """Drop every evictable prefix-cache block (blocks in use keep theirs)."""
+    """Drop every tenant's evictable prefix-cache blocks (blocks in use keep theirs)."""
+    _require_admin(request)
     evicted = await request.app.state.server.loop.call(lambda e: e.reset_prefix_cache())
     log.info("prefix cache reset: %d evictable blocks dropped", evicted)
     return {"success": True, "evicted_blocks": evicted}

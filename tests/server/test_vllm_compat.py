@@ -30,13 +30,37 @@ def _samples(text: str) -> dict[tuple, float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def test_reset_prefix_cache_calls_the_engine_and_needs_a_key(make_client):
+def test_reset_prefix_cache_needs_an_admin_key_and_drops_every_tenants_blocks(make_client):
     engine = FakeEngine()
-    client = make_client(engine, api_key="k")
+    client = make_client(engine, api_key="k", admin_api_key="adm")
+    admin = {"Authorization": "Bearer adm"}
+    prompt = {"prompt": "x" * 40, "max_tokens": 1}  # 2 full blocks of 16 per tenant
+    for headers in (KEY, admin):
+        assert client.post("/v1/completions", json=prompt, headers=headers).status_code == 200
+    assert len(engine.cached_blocks) == 4  # salted apart: each tenant's own 2 blocks
     assert client.post("/reset_prefix_cache").status_code == 401
     r = client.post("/reset_prefix_cache", headers=KEY)
-    assert r.status_code == 200 and r.json() == {"success": True, "evicted_blocks": 3}
-    assert engine.resets == 1
+    assert r.status_code == 403 and "--admin-api-key" in r.json()["error"]["message"]
+    assert len(engine.cached_blocks) == 4
+    r = client.post("/reset_prefix_cache", headers=admin)
+    assert r.status_code == 200 and r.json() == {"success": True, "evicted_blocks": 4}
+    r = client.post("/v1/completions", json=prompt, headers=KEY)
+    assert r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) == 0
+
+
+def test_reset_prefix_cache_without_keys(make_client):
+    engine = FakeEngine()
+    client = make_client(engine)
+    client.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 1})
+    r = client.post("/reset_prefix_cache")
+    assert r.status_code == 200 and r.json() == {"success": True, "evicted_blocks": 2}
+
+
+def test_profiler_routes_need_an_admin_key(make_client, tmp_path):
+    client = make_client(api_key="k", admin_api_key="adm",
+                         vllm=VllmCompat(profile_dir=str(tmp_path)))
+    for path in ("/start_profile", "/stop_profile"):
+        assert client.post(path, headers=KEY).status_code == 403
 
 
 def test_profiler_routes_without_profile_dir_name_the_option(make_client):
@@ -146,6 +170,8 @@ def test_live_reset_prefix_cache_ends_the_next_hit(live_server):
     cached()
     assert cached() > 0
     r = httpx.post(live_server.url + "/reset_prefix_cache", headers=live_server.headers)
+    assert r.status_code == 403  # a tenant's key may not drop other tenants' blocks
+    r = httpx.post(live_server.url + "/reset_prefix_cache", headers=live_server.admin_headers)
     assert r.status_code == 200 and r.json()["evicted_blocks"] > 0
     assert cached() == 0
 

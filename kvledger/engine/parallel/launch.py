@@ -31,8 +31,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from kvledger.device.cpu.cpu_quota import cpu_budget
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.cpu_quota import cpu_budget
 from kvledger.engine.parallel.group import (
     RENDEZVOUS_TIMEOUT_S,
     RankGroup,
