@@ -12,9 +12,10 @@ one busy process (a Python spin loop) pinned to one core ("busy"):
 - batch 8: ``--streams`` such answers at once. The figure is the output tokens of all answers
   over the wall time (tok/s), with the median ITL over every gap.
 
-The targets are ``kvledger serve`` at its default threads, ``kvledger serve --threads 1`` for
-reference, and ``llama-server`` on the same GGUF with as many threads as kvledger's default
-and ``--streams`` slots. llama-server runs when ``$KVLEDGER_LLAMA_CPP_DIR`` names a folder
+The targets are ``kvledger serve`` at its default threads (a team that shrinks while other
+processes take its CPUs, ``device/cpu/thread_team.py``), ``kvledger serve --threads N`` at the
+same count (a fixed team, as before that change), and ``llama-server`` on the same GGUF with as
+many threads as kvledger's default and ``--streams`` slots. llama-server runs when ``$KVLEDGER_LLAMA_CPP_DIR`` names a folder
 holding the binary (benchmarks/peer_llamacpp.py); otherwise that line says why it was skipped.
 The issue's targets: busy / alone batch-1 ITL at most 3x, batch-8 throughput at least 0.4x.
 Timing: run it alone on the machine, and record the CPU line it prints.
@@ -148,10 +149,11 @@ def main() -> None:
     args = parser.parse_args()
     default_threads = cpu_budget().cpus
     core = max(os.sched_getaffinity(0)) if args.busy_core is None else args.busy_core
-    targets = [(f"kvledger serve (default: {default_threads} threads)",
+    targets = [(f"kvledger serve (default: a team of up to {default_threads} threads)",
                 lambda: kvledger_server(None, args.logs / "contention-kvledger.log")),
-               ("kvledger serve --threads 1",
-                lambda: kvledger_server(1, args.logs / "contention-kvledger-t1.log"))]
+               (f"kvledger serve --threads {default_threads} (fixed team)",
+                lambda: kvledger_server(default_threads,
+                                        args.logs / "contention-kvledger-fixed.log"))]
     if peer_llamacpp.binary("llama-server") is not None:
         targets.append((f"llama-server -t {default_threads} -np {args.streams}",
                         lambda: llama_server(default_threads, args.streams,

@@ -19,6 +19,7 @@ import torch
 
 from kvledger.device.cpu.cpu_quota import choose_threads
 from kvledger.device.cpu.device import CPU
+from kvledger.device.cpu.thread_team import thread_team
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kv.calibration import outlier_index
@@ -121,6 +122,9 @@ class LLMEngine:
         threads, source = choose_threads(config.num_threads, config.tensor_parallel_size)
         torch.set_num_threads(threads)
         log.info("torch threads: %d (%s)", threads, source)
+        self._threads = threads
+        self._team = (thread_team(threads) if config.num_threads is None
+                      and config.tensor_parallel_size == 1 else None)
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel
@@ -274,6 +278,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; one output per request that progressed or finished."""
+        if self._team is not None and self._team.size() != self._threads:
+            self._threads = self._team.size()  # set in the thread that steps (OpenMP's ICV)
+            torch.set_num_threads(self._threads)
         plan = self.last_schedule = self.scheduler.schedule()
         now = time.perf_counter()
         outputs = [self._fail(req, err) for req, err in plan.failed]
