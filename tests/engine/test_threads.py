@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from kvledger.device.cpu.cpu_quota import cpu_budget
 
 
@@ -22,5 +24,37 @@ def test_the_engine_sets_and_logs_its_threads(tiny_engine_factory, caplog):
             tiny_engine_factory()
         assert f"torch threads: {cpu_budget().cpus} ({cpu_budget().source})" in caplog.text
         assert torch.get_num_threads() == cpu_budget().cpus
+    finally:
+        torch.set_num_threads(previous)
+
+
+class _Team:
+    """A thread team whose size the test sets."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def size(self) -> int:
+        return self.threads
+
+
+def test_each_step_runs_the_teams_size_and_threads_fixes_it(tiny_engine_factory):
+    import torch
+
+    from kvledger.engine.sampling_params import SamplingParams
+
+    previous = torch.get_num_threads()
+    try:
+        assert tiny_engine_factory(num_threads=2)._team is None  # --threads: a fixed team
+        engine = tiny_engine_factory(num_threads=None)
+        if engine._team is None:
+            pytest.skip("no thread team here: one usable CPU, or /proc/stat unreadable")
+        engine._team = _Team(1)
+        engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=2))
+        engine.step()
+        assert torch.get_num_threads() == 1
+        engine._team.threads = engine._team.size() + 1
+        engine.step()
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
