@@ -149,13 +149,10 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     """The text of token ids (ids outside the vocabulary: 400)."""
     state = request.app.state.server
     state.check_model(body.model)
-
-    def decode(engine) -> str:
-        if engine.tokenizer is None:
-            raise InvalidParameterError("this model has no tokenizer")
-        return engine.tokenizer.decode(engine.tokenize(body.tokens))  # tokenize checks the ids
-
-    return {"prompt": await state.loop.call(decode)}
+    if state.tokenizer is None:
+        raise InvalidParameterError("this model has no tokenizer")
+    ids = await state.loop.tokenize(body.tokens)  # checks the ids against the vocabulary
+    return {"prompt": await state.loop.tokenizer_thread.run(state.tokenizer.decode, ids)}
 
 
 @router.get("/tokenizer_info")

@@ -18,11 +18,12 @@ from typing import ClassVar
 
 from kvledger.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.errors import ContextLengthError, KVBudgetError
+from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 
 TEXT = "Hello from the fake engine."
 KV_BYTES_PER_TOKEN = 100
 BLOCK_SIZE = 16
+VOCAB_SIZE = 0x110000  # every code point: the fake tokenizer's ids
 
 
 class FakeTokenizer:
@@ -66,6 +67,10 @@ class FakeEngine:
 
     def tokenize(self, prompt, add_special_tokens: bool = True) -> list[int]:
         if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
+            bad = [t for t in prompt if not 0 <= t < VOCAB_SIZE]  # as the engine refuses them
+            if bad:
+                raise InvalidParameterError(
+                    f"token id {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
             return list(prompt)
         if isinstance(prompt, list):
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
