@@ -34,6 +34,8 @@ from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.structured.compiler import GrammarCompiler
+from kvledger.engine.structured.masks import advance_grammar
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
@@ -171,7 +173,9 @@ class LLMEngine:
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks)", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes)
-        self.sampler = Sampler()
+        self.grammars = (GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids)
+                         if tokenizer is not None else None)
+        self.sampler = Sampler(self.grammars)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
     @property
@@ -209,6 +213,8 @@ class LLMEngine:
             InvalidParameterError: not a SamplingParams, a bad sampling value, empty prompt, bad
                 token ids (also in ``logit_bias`` / ``stop_token_ids``), duplicate request_id.
             ContextLengthError: prompt + max_tokens over the context (max_tokens None = up to it).
+            InvalidParameterError: ``structured_outputs`` that does not compile (the
+                unsupported JSON Schema feature is named).
             KVBudgetError: the request can never fit the pool or its per-request KV quota.
             TensorParallelError: a tensor-parallel rank failed (``failure``).
         """
@@ -223,10 +229,24 @@ class LLMEngine:
         spec = params.kv_policy or self.config.retention
         self._check_retention(spec)
         ids = self.tokenize(prompt)
+        grammar = self._grammar(params)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
                       detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
-        req.retention = self.retention_state(spec)
+        req.retention, req.grammar = self.retention_state(spec), grammar
         self.scheduler.add(req)
+
+    def _grammar(self, params: SamplingParams):
+        """A new matcher of ``params.structured_outputs`` (None without one); the compiled
+        grammar comes from ``self.grammars``' cache, else it is compiled now.
+
+        Raises:
+            InvalidParameterError: no tokenizer, or the constraint does not compile.
+        """
+        if params.structured_outputs is None:
+            return None
+        if self.grammars is None:
+            raise InvalidParameterError("structured output needs the model's tokenizer")
+        return self.grammars.matcher(params.structured_outputs)
 
     def retention_state(self, spec: RetentionSpec):
         """A new request's retention state under ``spec`` (None for full): per (layer, KV
@@ -293,8 +313,11 @@ class LLMEngine:
         m.peak_kv_bytes = req.peak_num_blocks * self.bytes_per_block
         if logprob is not None:
             out.logprobs.append(logprob)
+        grammar_error = advance_grammar(req, token)
         new_text, stopped = req.detokenizer.update(req.output_token_ids)
         reason = "stop" if stopped else self._finish_reason(req, token)
+        if grammar_error is not None:
+            reason, out.error = "error", f"structured output failed: {grammar_error}"
         if reason is not None:
             new_text += "" if stopped else req.detokenizer.flush()
             self._finish(req, reason, now)

@@ -76,6 +76,8 @@ class Request:
             physical slots vs logical positions, ``engine/retention/state.py``); None = full
             retention, where token ``pos`` sits at physical index ``pos``.
         generator: its seeded sampling generator (None when ``params.seed`` is None).
+        grammar: its llguidance matcher, advanced by every sampled token, when
+            ``params.structured_outputs`` constrains the output (``engine/structured/``).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
     """
@@ -98,6 +100,7 @@ class Request:
     peak_num_blocks: int = 0
     is_long: bool = False
     retention: Any = None
+    grammar: Any = None
     generator: torch.Generator | None = field(init=False)
     output: RequestOutput = field(init=False)
 
