@@ -150,3 +150,20 @@ def app_client():
     yield make
     for client in clients:
         client.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def bundled_tokenizer():
+    """The bundled SmolLM2 tokenizer, 49,152 ids (no weights loaded)."""
+    from kvledger.engine.loader import load_tokenizer
+
+    return load_tokenizer("default")
+
+
+@pytest.fixture(scope="session")
+def grammars(bundled_tokenizer):
+    """One GrammarCompiler on the bundled tokenizer (its llguidance tokenizer takes ~2 s)."""
+    from kvledger.engine.structured.compiler import GrammarCompiler
+
+    return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
+                           [bundled_tokenizer.eos_token_id])
