@@ -188,8 +188,10 @@ class LLMEngine:
                 "bytes_per_block": str(self.bytes_per_block),
                 "enable_prefix_caching": str(self.config.enable_prefix_caching)}
 
-    def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
-        """Token ids of a text prompt, chat messages (chat template applied) or ids.
+    def tokenize(self, prompt: str | list[dict] | list[int],
+                 tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a text prompt, chat messages (chat template applied, with ``tools`` if
+        given) or ids.
 
         Raises:
             ContextLengthError: the text is so long that even at the vocabulary's longest
@@ -200,7 +202,7 @@ class LLMEngine:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {chars} characters, so at least {chars // self._token_chars} tokens")
-        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size)
+        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size, tools)
 
     def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:

@@ -66,6 +66,7 @@ class TurnInput:
     truncation: str
     memory: str | None
     store: bool
+    tools: str | None = None  # tool declarations for the system message (None: keep the old)
 
 
 @dataclass
@@ -183,11 +184,11 @@ class SessionService:
         planner = await self.planner()
         policy = req.memory or self.options.memory
         if prev is None:
-            ids, state = planner.first_state(req.instructions, policy)
+            ids, state = planner.first_state(req.instructions, policy, req.tools)
         else:
             ids, state = planner.with_system(prev.token_ids,
                                              ConversationState.from_json(prev.state),
-                                             req.instructions)
+                                             req.instructions, req.tools)
             state.policy = policy
         max_out = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         budget = self.limit_tokens - max_out
