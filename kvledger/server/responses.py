@@ -215,7 +215,7 @@ class ChatFormatter(_Formatter):
         calls = [c for c in parser.calls if c.complete]
         if not calls:
             return {"role": "assistant", "content": parser.content}
-        return {"role": "assistant", "content": parser.content.strip() or None,
+        return {"role": "assistant", "content": parser.content if parser.content.strip() else None,
                 "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                                 "function": {"name": c.name, "arguments": c.arguments}}
                                for c in calls]}

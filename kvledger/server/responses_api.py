@@ -23,7 +23,7 @@ from kvledger.server.routes import (
     ERRORS,
     _check_request,
     _warn_unknown,
-    compile_constraint,
+    compile_output,
 )
 from kvledger.server.streaming import (
     ClientGone,
@@ -157,8 +157,7 @@ async def _structured_output(server, body: ResponsesRequest, model: str, params)
             f"tools on /v1/responses need a model that writes Hermes <tool_call> blocks; "
             f"{model}'s template writes {plan.fmt.name} calls (use /v1/chat/completions)")
     params.structured_outputs = output_constraint(schema, None, plan)
-    if params.structured_outputs is not None:
-        await compile_constraint(server, params.structured_outputs)
+    await compile_output(server, params.structured_outputs, plan)
     return plan
 
 

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
+from kvledger.engine.structured.constraint import StructuredOutputsParams
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.error_handlers import error_response
 from kvledger.server.protocol import (
@@ -40,6 +41,7 @@ from kvledger.server.streaming import (
     sse_events,
     timeout_error,
 )
+from kvledger.server.tool_formats import ANY_OBJECT
 from kvledger.server.tools import output_constraint, plan_tools, template_messages
 
 log = logging.getLogger("kvledger.server")
@@ -170,6 +172,25 @@ async def compile_constraint(state, constraint) -> None:
     await asyncio.wrap_future(state.grammars.submit(constraint))
 
 
+async def compile_output(state, constraint, plan) -> None:
+    """Compile a request's constraint; each tool's parameters first, so that a schema the
+    grammar cannot enforce is named by its tool.
+
+    Raises:
+        UnsupportedParameterError: a tool's parameters (param ``tools``).
+        InvalidParameterError: the constraint.
+    """
+    for function in plan.functions if plan is not None else ():
+        try:
+            await compile_constraint(state, StructuredOutputsParams(
+                json=function.parameters or ANY_OBJECT))
+        except InvalidParameterError as exc:
+            raise UnsupportedParameterError(
+                "tools", f"tool {function.name!r}: {exc}") from None
+    if constraint is not None:
+        await compile_constraint(state, constraint)
+
+
 async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
     """The prompts and the tool plan of a request; ``params.structured_outputs`` is set to its
     constraint, compiled before the request is added."""
@@ -184,8 +205,7 @@ async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
         prompts = [messages] if tools is None else [
             await state.loop.call(lambda engine: engine.tokenize(messages, tools))]
     params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
-    if params.structured_outputs is not None:
-        await compile_constraint(state, params.structured_outputs)
+    await compile_output(state, params.structured_outputs, plan)
     return prompts, plan
 
 

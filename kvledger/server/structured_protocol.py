@@ -62,8 +62,7 @@ class ResponseFormat(_Part):
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("'response_format.json_schema' is required when type is "
-                             "json_schema")
+            raise ValueError("needs 'json_schema' when its type is json_schema")
         return self
 
     def schema(self) -> Schema | None:
@@ -88,7 +87,7 @@ class TextFormat(_Part):
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:
         if self.type == "json_schema" and (self.schema_ is None or self.name is None):
-            raise ValueError("'text.format' of type json_schema needs 'name' and 'schema'")
+            raise ValueError("needs 'name' and 'schema' when its type is json_schema")
         return self
 
     def schema(self) -> Schema | None:

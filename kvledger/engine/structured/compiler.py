@@ -80,7 +80,7 @@ class GrammarCompiler:
         matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidParameterError(f"the {constraint.label} cannot be enforced: "
-                                        f"{_first_line(matcher.get_error())}")
+                                        f"{_one_line(matcher.get_error())}")
         return matcher
 
     def _llg_tokenizer(self):
@@ -92,5 +92,7 @@ class GrammarCompiler:
         return self._lltokenizer
 
 
-def _first_line(message: str) -> str:
-    return (message.strip().splitlines() or ["invalid"])[0][:300]
+def _one_line(message: str) -> str:
+    """llguidance's message on one line (its caret lines dropped), at most 300 characters."""
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line.strip("^ "))[:300] or "invalid"
