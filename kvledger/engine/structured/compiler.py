@@ -77,7 +77,14 @@ class GrammarCompiler:
         from llguidance import LLMatcher
 
         grammar = constraint.grammar_text()
-        matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+        tokenizer = self._llg_tokenizer()
+        try:
+            matcher = LLMatcher(tokenizer, grammar, log_level=0)
+        except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            raise InvalidParameterError(f"the {constraint.label} cannot be compiled: "
+                                        f"{_one_line(str(exc))}") from None
         if matcher.is_error():
             raise InvalidParameterError(f"the {constraint.label} cannot be enforced: "
                                         f"{_one_line(matcher.get_error())}")
