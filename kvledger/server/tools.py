@@ -76,7 +76,7 @@ def _choice(tool_choice, names: list[str]) -> tuple[str, str | None]:
     if tool_choice is None:
         return ("auto" if names else "none"), None
     if isinstance(tool_choice, str):
-        if tool_choice in ("required",) and not names:
+        if tool_choice == "required" and not names:
             raise UnsupportedParameterError(
                 "tool_choice", "'tool_choice' is 'required' but the request has no 'tools'")
         return tool_choice, None

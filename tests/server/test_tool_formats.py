@@ -90,3 +90,14 @@ def test_auto_with_a_text_schema_constrains_the_reply_without_calls(grammars,
     assert _accepts(grammars, bundled_tokenizer, g, json.dumps({"answer": 4}))
     assert _accepts(grammars, bundled_tokenizer, g, HERMES.call_text("get_weather", PARIS))
     assert not _accepts(grammars, bundled_tokenizer, g, "four")
+
+
+def test_whitespace_in_arguments_is_bounded(grammars, bundled_tokenizer):
+    from kvledger.engine.structured.constraint import MAX_JSON_WHITESPACE
+
+    g = tool_grammar(HERMES, [WEATHER], "required", parallel=False)
+    pad = " " * MAX_JSON_WHITESPACE
+    assert _accepts(grammars, bundled_tokenizer, g,
+                    HERMES.call_text("get_weather", '{"city":' + pad + '"Paris"}'))
+    assert not _accepts(grammars, bundled_tokenizer, g,
+                        HERMES.call_text("get_weather", '{"city":' + pad + ' "Paris"}'))
