@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from kvledger.engine.loader import load_tokenizer
+    from kvledger.model.weights.loader import load_tokenizer
 
     tokenizer = load_tokenizer("default")
     vocab = len(tokenizer)

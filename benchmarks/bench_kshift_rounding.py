@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine.rope import RotaryEmbedding
+from kvledger.model.rope import RotaryEmbedding
 
 
 def median_error(y: torch.Tensor, exact: torch.Tensor) -> float:

@@ -55,10 +55,10 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_tokenizer, load_weights
     from kvledger.eval.corpus import default_text
     from kvledger.eval.perplexity import perplexity
     from kvledger.eval.scoring import eval_config
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights("default", torch.float32)
     tokenizer = load_tokenizer("default")
@@ -90,9 +90,9 @@ def passkey_accuracy(context: int, depths: int) -> list[dict]:
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_tokenizer, load_weights
     from kvledger.eval.passkey import passkey
     from kvledger.eval.scoring import eval_config
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights("default", torch.bfloat16)
     tokenizer = load_tokenizer("default")
@@ -144,9 +144,9 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
     from kvledger.ledger.admission import blocks_for_kv_tokens
     from kvledger.ledger.kv import kv_bytes_per_block, residual_bytes
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights("default", torch.float32)
     per_request_blocks = blocks_for_kv_tokens(tokens, 16)
@@ -156,10 +156,10 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
                            max_num_seqs=max_num_seqs)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
         fits = engine.store.nbytes <= budget_bytes
-        reserved = max_num_seqs * residual_bytes(spec, 16, "fp32") if fmt in (
-            "fp8", "int8", "int4") else 0
+        kv = cfg.kv_format_spec()
+        reserved = max_num_seqs * residual_bytes(spec, kv, 1, 16, "fp32")
         ledger = (budget_bytes - reserved) // (per_request_blocks * kv_bytes_per_block(
-            spec, 16, fmt))
+            spec, kv, 1, 16))
         rows.append({"kv_format": fmt, "pool_blocks": engine.stats()["kv_blocks_total"],
                      "pool_bytes": engine.store.nbytes, "within_budget": fits,
                      "engine_requests": engine.stats()["kv_blocks_total"] // per_request_blocks,

@@ -64,7 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     print(machine_line(args.threads), "· bf16 compute · load", os.getloadavg()[0])

@@ -50,8 +50,8 @@ def write_prompts(path: str, contexts: list[int], depths: list[float]) -> None:
     """Write ``{"answer_tokens", "prompts": [{"context", "depth", "key", "ids"}]}`` to
     ``path``: every prompt a cell runs (``kvledger eval passkey``'s default seed, one trial
     per depth), tokenized by the engine's tokenizer of the bundled model."""
-    from kvledger.engine.loader import load_tokenizer
     from kvledger.eval.passkey import ANSWER_TOKENS, passkey_prompts
+    from kvledger.model.weights.loader import load_tokenizer
 
     tok = load_tokenizer("default")
     prompts = [{"context": c, "depth": d, "key": k, "ids": ids}

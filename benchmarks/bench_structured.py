@@ -92,10 +92,10 @@ def tpot(args) -> None:
 
 
 def compile_times(args) -> None:
-    from kvledger.engine.loader import load_tokenizer
     from kvledger.engine.structured.compiler import GrammarCompiler
     from kvledger.engine.structured.constraint import StructuredOutputsParams
     from kvledger.engine.structured.masks import apply_grammar_masks
+    from kvledger.model.weights.loader import load_tokenizer
 
     tokenizer = load_tokenizer("default")
     compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])

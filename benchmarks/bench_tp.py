@@ -45,7 +45,7 @@ def random_model(folder: str) -> str:
 
 
 def measure(model: str, tp: int, dtype: str, batch: int, prompt: int, steps: int) -> dict:
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(model, DTYPES[dtype])
     engine = LLMEngine(EngineConfig(model=model, dtype=dtype, tensor_parallel_size=tp,

@@ -95,7 +95,7 @@ SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", 
 
 def machine_line(threads: int) -> str:
     """One line naming the machine (CPU model and its SIMD flags), threads, torch, date."""
-    from kvledger.engine.attention.native import cpu_identity
+    from kvledger.device.cpu.native import cpu_identity
 
     model, _, flags = cpu_identity().partition(" | ")
     simd = [f for f in SIMD_FLAGS if f in flags.split()] or ["none listed"]

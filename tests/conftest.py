@@ -2,6 +2,8 @@
 
 ``gguf_kit`` builds tiny llama-family GGUF files with the ``gguf`` package's own writer, so
 GGUF reading and loading are tested against files produced by an independent implementation.
+``tiny_llama`` / ``tiny_llama_folder`` save tiny random Llamas with transformers (HF format);
+``bundled_path`` and ``hf_oracle`` are the bundled GGUF and transformers' own load of it.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def app_client():
 @pytest.fixture(scope="session")
 def bundled_tokenizer():
     """The bundled SmolLM2 tokenizer, 49,152 ids (no weights loaded)."""
-    from kvledger.engine.loader import load_tokenizer
+    from kvledger.model.weights.loader import load_tokenizer
 
     return load_tokenizer("default")
 
@@ -167,3 +169,72 @@ def grammars(bundled_tokenizer):
 
     return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
                            [bundled_tokenizer.eos_token_id])
+
+
+def make_tiny_llama(folder, *, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0,
+                    heads: int = 4, kv_heads: int = 2, vocab: int = 320):
+    """Save a small random LlamaForCausalLM (safetensors) and return the HF model (fp32, eval)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
+        max_position_embeddings=512,
+        rope_theta=10000.0, tie_word_embeddings=tie, rms_norm_eps=1e-5,
+        rope_scaling=rope_scaling, bos_token_id=1, eos_token_id=2)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """(folder, hf_model): untied head, GQA 4:2, Llama-3 RoPE scaling."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    return folder, make_tiny_llama(folder, rope_scaling=scaling)
+
+
+@pytest.fixture(scope="session")
+def bundled_path():
+    from kvledger.paths import bundled_model_path
+
+    return bundled_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_oracle(bundled_path):
+    """transformers' own load of the bundled GGUF, fp32 (~20 s): the logits oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        str(bundled_path.parent), gguf_file=bundled_path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory):
+    """``make(**make_tiny_llama options)`` -> the folder of that tiny model, saved once."""
+    made: dict = {}
+
+    def make(**options):
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            made[key] = tmp_path_factory.mktemp("tiny-llama")
+            make_tiny_llama(made[key], **options)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_data_dir(tmp_path_factory):
+    """No test writes the user's data folder: ``kvledger serve``'s default state DB lives there
+    (a test server of a newer schema would migrate the user's file). Subprocesses inherit it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("KVLEDGER_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    yield
+    patch.undo()

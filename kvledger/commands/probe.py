@@ -2,9 +2,9 @@
 
 What it measures, and where it goes:
 
-- the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.ledger.probe`) for
+- the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.device.measure`) for
   ``kvledger plan --device local``, saved in the config folder (``local_device.json``);
-- the kernel probe (:mod:`kvledger.engine.kernels`): per matmul shape class of ``--model``
+- the kernel probe (:mod:`kvledger.device.cpu.kernel_probe`): per matmul shape class of ``--model``
   the decode time of each weight format, and of each attention backend, with what the engine
   will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
   anyway; this command re-measures and prints it);
@@ -54,8 +54,8 @@ def probe(
     engine_config: EngineConfig,
 ) -> None:
     """Measure this machine (bandwidth, FLOPS, kernels); save it as device 'local'."""
+    from kvledger.device.measure import measure
     from kvledger.ledger.hardware import save_local_device
-    from kvledger.ledger.probe import measure
 
     for name, value in (("--buffer-mib", buffer_mib), ("--repeats", repeats),
                         ("--matmul-n", matmul_n), ("--threads", threads)):
@@ -91,22 +91,22 @@ def probe(
 def _kernel_probe(model: str, threads: int | None) -> None:
     import torch
 
-    from kvledger.engine import kernels, probe_timing
+    from kvledger.device.cpu import kernel_probe, probe_timing
     from kvledger.spec import load_spec
 
     if threads:
         torch.set_num_threads(threads)
     spec = load_spec(model)
-    result = kernels.probe(spec, refresh=True)
+    result = kernel_probe.probe(spec, refresh=True)
     cpu_model, _, flags = result.cpu.partition(" | ")
     simd = [f for f in flags.split() if f.startswith(("avx", "amx", "fma", "f16c"))]
     print(f"CPU: {cpu_model}; flags: {' '.join(simd) or '(none of avx/amx/fma)'}")
     print(f"torch {result.torch_version}, {result.threads} threads; kernel probe for "
           f"{spec.source} (µs per decode row, best of {probe_timing.REPEATS} interleaved rounds):")
-    q4 = set(kernels.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
-    for cls in kernels.CLASSES:
+    q4 = set(kernel_probe.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
+    for cls in kernel_probe.CLASSES:
         times = result.matmul_us[cls]
-        pick = result.weight_format(cls, tuple(f for f in kernels.candidates(cls, q4)
+        pick = result.weight_format(cls, tuple(f for f in kernel_probe.candidates(cls, q4)
                                                if f in times))
         cells = "  ".join(f"{fmt} {us:9.1f}" for fmt, us in times.items())
         print(f"  {cls:8s} {cells}   -> {pick}")
@@ -124,8 +124,8 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     for key, by_rows in result.fused_us.items():
         op, _, dtype = key.partition(":")
         cells = "  ".join(f"{rows}: {t['native']:.0f}/{t['torch']:.0f}" for rows, t in by_rows.items())
-        limit = limits.get(op, {}).get(kernels.FUSED_DTYPES[dtype])
+        limit = limits.get(op, {}).get(kernel_probe.FUSED_DTYPES[dtype])
         pick = "native at any rows" if limit is None else f"native up to {limit} rows"
         print(f"  {key:17s} rows: native/torch µs  {cells}   -> {pick}")
-    print(f"saved to {kernels._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
+    print(f"saved to {kernel_probe._cache_file()}; force with KVLEDGER_WEIGHT_FORMAT / "
           "KVLEDGER_GEMM / KVLEDGER_ATTENTION")

@@ -17,18 +17,17 @@ import time
 
 import torch
 
+from kvledger.device.cpu.device import CPU
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.kernels import choose_attention
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
-from kvledger.engine.retention.per_head import retained_state
-from kvledger.engine.retention.policies import make_policy
+from kvledger.engine.retention.build import retention_for
+from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
@@ -40,6 +39,7 @@ from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetE
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.model.families import model_class
 from kvledger.spec import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -134,7 +134,7 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
         if spec is None:
-            from kvledger.engine.loader import load_tokenizer, load_weights
+            from kvledger.model.weights.loader import load_tokenizer, load_weights
 
             spec, weights = load_weights(config.model, dtype)
             tokenizer = load_tokenizer(config.model)
@@ -144,9 +144,9 @@ class LLMEngine:
         self.model_name = _model_name(config.model)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
-        attention = config.attention or choose_attention(spec, self.kv_layout.quantized)
+        attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:
-            self.model = LlamaModel(spec, weights, dtype, attention=attention)
+            self.model = model_class(spec)(spec, weights, dtype, attention=attention)
         else:
             self.model = self.parallel.build_model(spec, weights, dtype, attention)
         self.kv_format = self.kv_layout.kv_format
@@ -233,8 +233,9 @@ class LLMEngine:
         ids = self.tokenize(prompt)
         grammar = self._grammar(params)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
-                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
-        req.retention, req.grammar = self.retention_state(spec), grammar
+                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
+                      retention=self.retention_state(spec))
+        req.grammar = grammar
         self.scheduler.add(req)
 
     def _grammar(self, params: SamplingParams):
@@ -250,14 +251,11 @@ class LLMEngine:
             raise InvalidParameterError("structured output needs the model's tokenizer")
         return self.grammars.matcher(params.structured_outputs)
 
-    def retention_state(self, spec: RetentionSpec):
-        """A new request's retention state under ``spec`` (None for full): per (layer, KV
-        head) rows when it selects per head (``engine/retention/per_head.py``)."""
-        if not spec.evicts:
-            return None
-        return retained_state(spec, make_policy(spec), self.config.block_size,
-                              self.spec.num_layers, self.spec.num_kv_heads,
-                              tensor_parallel=self.parallel is not None)
+    def retention_state(self, spec: RetentionSpec) -> Retention:
+        """A new request's retention under ``spec`` (``engine/retention/build.py``; per
+        (layer, KV head) rows of this model when it selects per head)."""
+        return retention_for(spec, self.config.block_size, self.spec.num_layers,
+                             self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
         if spec.evicts and self.store is None:
@@ -355,9 +353,8 @@ class LLMEngine:
         block counted once."""
         bs, filled = self.config.block_size, {}
         for req in self.scheduler.requests.values():
-            held = req.retention.held_per_block() if req.retention is not None else None
-            for i, block in enumerate(req.block_table):
-                n = min(bs, req.num_computed_tokens - i * bs) if held is None else held[i]
+            held = req.retention.held_per_block(req.num_computed_tokens, bs)
+            for block, n in zip(req.block_table, held):
                 if n > 0:
                     filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())

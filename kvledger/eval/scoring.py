@@ -46,7 +46,7 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
         plus what :class:`LLMEngine` raises for bad options or a missing model.
     """
     from kvledger.engine.engine import LLMEngine, compute_dtype
-    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights(config.model, compute_dtype(config.dtype))
     if context > spec.max_position_embeddings:
@@ -95,9 +95,8 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int,
                 raise KVBudgetError(f"the KV pool cannot hold a {len(tokens)}-token chunk")
             hidden = engine.runner.hidden_states([_Chunk(req, n)])
             req.num_computed_tokens += n
-            if req.retention is not None:
-                req.retention.append(start, n)
-                kv.retain(req)
+            req.retention.append(start, n)
+            kv.retain(req)
             lo, hi = max(start, first), min(start + n, end)
             if lo < hi:
                 logits = engine.model.compute_logits(hidden[lo - start: hi - start])

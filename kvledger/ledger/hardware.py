@@ -5,8 +5,9 @@ Units: ``memory_gib`` in GiB (2**30 bytes; the vendors' "80 GB" of HBM is 80 GiB
 2:4-sparse) bf16 tensor TFLOPS (10**12 FLOP/s). Every row cites its datasheet.
 
 Three kinds of device: a row of :data:`DEVICES`; ``custom`` built from the user's three numbers;
-``local``, measured on this machine by ``kvledger probe`` (:mod:`kvledger.ledger.probe`) and
-saved as JSON in the user's config folder (``$KVLEDGER_CONFIG_DIR`` overrides it). No torch here.
+``local``, measured on this machine by ``kvledger probe`` (:mod:`kvledger.device.measure`)
+and saved as JSON in the user's config folder (``$KVLEDGER_CONFIG_DIR`` overrides it). No
+torch here.
 """
 
 from __future__ import annotations

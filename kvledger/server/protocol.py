@@ -2,7 +2,8 @@
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
-``POST /tokenize``, and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
+``POST /tokenize`` and ``cache_salt`` (added to the tenant's prefix-cache salt,
+:mod:`.tenancy`), and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
 1024}``, ``ledger/retention.py``; unknown keys or bad sizes are a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's
 sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
 are checked against the vocabulary when the request is added). Every field is either honoured
@@ -10,11 +11,12 @@ or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
-- fields of the API this server does not implement (:data:`UNSUPPORTED`: ``functions``,
-  ``suffix``, ``best_of`` > 1, ``tools`` on ``/v1/completions`` ...) are accepted only at
+- fields of the API this server does not implement (:mod:`.api_fields`: ``functions``,
+  ``suffix``, ``best_of`` > 1, ``tools`` on ``/v1/completions``, ...) are accepted only at
   their neutral value (what
   the API does when they are omitted); any other value is a 400 naming the field
-  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``.
+  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``; hints with no effect on
+  one server (``user``, ``prompt_cache_key``, ...) are accepted.
 
 Structured output and tools (``response_format``, vLLM's ``structured_outputs``, ``tools``,
 ``tool_choice``, ``parallel_tool_calls``) are declared in :mod:`.structured_protocol` and
@@ -36,12 +38,21 @@ Every error, whatever its source, leaves the server as
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
+from kvledger.server.api_fields import (
+    CHAT_UNSUPPORTED,
+    COMPLETIONS_UNSUPPORTED,
+    HINTS,
+    REASONS,
+    Neutral,
+    first_refused,
+)
+from kvledger.server.input_limits import check_input_size
 from kvledger.server.protocol_types import Text, _Part
 from kvledger.server.structured_protocol import (
     ChatNamedToolChoice,
@@ -107,6 +118,12 @@ class _Body(_Part):
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _input_size(cls, data: Any) -> Any:
+        check_input_size(data)  # raises InputTooLargeError, which pydantic lets through
+        return data
+
     def unknown_fields(self) -> list[str]:
         """Names of the body's fields that no model field declares (ignored, logged)."""
         return sorted(self.model_extra or {})
@@ -144,32 +161,10 @@ class ChatMessage(_Part):
         return {"role": self.role, "content": content or ""}
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {}
-
-
-# Fields of the OpenAI (or vLLM) API that are not implemented (by an endpoint whose body does
-# not declare them): each with the test of its neutral value, which is accepted (clients send
-# defaults).
-UNSUPPORTED: dict[str, Any] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _empty,
-    "tool_choice": lambda v: v is None or v == "none",
-    "parallel_tool_calls": lambda v: True,  # meaningless without tools
-    "functions": _empty,
-    "function_call": lambda v: v is None or v == "none",
-    "suffix": lambda v: v is None or v == "",
-    "best_of": lambda v: v is None or v == 1,
-    "audio": _empty,
-    "modalities": lambda v: v is None or v == ["text"],
-    "prediction": _empty,
-    "guided_json": _empty, "guided_regex": _empty, "guided_choice": _empty,
-    "guided_grammar": _empty,
-}
-
-
 class _SamplingBody(_Body):
     """Fields shared by completions and chat; turned into :class:`SamplingParams`."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = CHAT_UNSUPPORTED
 
     model: Text | None = None
     temperature: NonNegFloat | None = None
@@ -188,6 +183,7 @@ class _SamplingBody(_Body):
     ignore_eos: bool = False
     user: Text | None = None
     kv_policy: dict[str, Any] | None = None
+    cache_salt: Annotated[Text, Field(min_length=1)] | None = None
 
     def check_supported(self) -> None:
         """Refuse a non-neutral value of a field this server does not implement.
@@ -195,16 +191,17 @@ class _SamplingBody(_Body):
         Raises:
             UnsupportedParameterError: naming the first such field (HTTP 400).
         """
-        given = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in given and not neutral(given[name]):
-                raise UnsupportedParameterError(
-                    name, f"'{name}' is not supported by this server; omit it or send its "
-                          "default")
+        given = {**(self.model_extra or {}),
+                 **{n: getattr(self, n) for n in self.unsupported if n in self.model_fields_set}}
+        name = first_refused(given, self.unsupported)
+        if name is not None:
+            raise UnsupportedParameterError(name, f"'{name}': " + REASONS.get(
+                name, "not supported by this server; omit it or send its default"))
 
     def unknown_fields(self) -> list[str]:
-        """Unknown fields, less the known-but-unsupported ones (refused or neutral)."""
-        return [name for name in super().unknown_fields() if name not in UNSUPPORTED]
+        """Unknown fields, less the API's unsupported ones (refused or neutral) and hints."""
+        return [name for name in super().unknown_fields()
+                if name not in self.unsupported and name not in HINTS]
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list."""
@@ -268,6 +265,8 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 class CompletionRequest(_SamplingBody):
     """``POST /v1/completions``: a text prompt, token ids, or a list of either (one choice
     per prompt)."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = COMPLETIONS_UNSUPPORTED
 
     prompt: (NonEmptyText | TokenIds
              | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS)]

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from kvledger.engine.outputs import RequestOutput
 from kvledger.errors import InvalidParameterError
+from kvledger.server.api_fields import RESPONSES_UNSUPPORTED, Neutral
 from kvledger.server.protocol import PositiveInt, _SamplingBody
 from kvledger.server.protocol_types import Text, _Part
 from kvledger.server.responses_items import StreamedItems, output_items
@@ -93,6 +94,8 @@ InputItem = InputMessage | FunctionCallOutput | FunctionCallInput
 
 class ResponsesRequest(_SamplingBody):
     """``POST /v1/responses``."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = RESPONSES_UNSUPPORTED
 
     input: Annotated[Text, Field(min_length=1)] | Annotated[list[InputItem],
                                                             Field(min_length=1)]

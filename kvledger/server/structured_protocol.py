@@ -100,9 +100,10 @@ class TextFormat(_Part):
 
 
 class TextOptions(_Part):
-    """Responses ``text``."""
+    """Responses ``text``: ``verbosity`` is refused away from ``medium`` (``api_fields.py``)."""
 
     format: TextFormat | None = None
+    verbosity: Text | None = None
 
 
 class FunctionDefinition(_Part):

@@ -51,7 +51,7 @@ def test_chat_answers_paris_and_reports_kv():
     # exact compute: without "Answer in one sentence" this greedy answer is a near tie that the
     # weight format decides (measured on an AVX2 EPYC: fp32, dense bf16 and int8 say Paris;
     # int4 and w4a8, both the file's exact Q4 weights, list French words), so the fast mode
-    # is pinned by next-token statistics instead (tests/engine/test_fast_mode.py)
+    # is pinned by next-token statistics instead (tests/model/test_fast_mode.py)
     result = _invoke("What is the capital of France?", "--chat", "--max-tokens", "32", "--json",
                      "--dtype", "fp32", "--kv-cache-dtype", "bf16")
     assert result.exit_code == 0, result.output

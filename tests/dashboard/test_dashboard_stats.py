@@ -29,7 +29,7 @@ def engine(tmp_path, gguf_kit):
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     path = gguf_kit.write(tmp_path / "tiny.gguf", gguf_kit.to_gguf(gguf_kit.hf_weights()))
     spec, weights = load_weights(path, torch.float32)

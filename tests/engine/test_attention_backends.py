@@ -1,6 +1,6 @@
 """The paged backends against the reference one (gather + SDPA) on random block tables.
 
-The reference backend is itself checked against transformers (test_model.py); here every
+The reference backend is itself checked against transformers (tests/model/test_llama.py); here every
 backend must give the same attention output from the same pool: fp32 within 1e-4, bf16 within
 bf16 rounding of the output (the kernels accumulate in fp32 in a different order).
 """
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
-from kvledger.engine.attention.native import load as load_native
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask
 
@@ -112,7 +111,7 @@ def test_bf16_pool_matches_reference(backend):
 @pytest.mark.parametrize("lengths", [[1], [BLOCK * 37 + 3], [5, BLOCK * 9 + 1]])
 def test_native_split_context_matches_reference(monkeypatch, threads, heads, kv_heads, lengths):
     """Contexts cut into parts across threads (batch-1 decode) and merged give the same output."""
-    from kvledger.engine.attention.native import PagedKernel
+    from kvledger.device.cpu.native import PagedKernel
 
     monkeypatch.setattr(PagedKernel, "THREAD_WORK", 0)
     previous = torch.get_num_threads()
@@ -147,7 +146,7 @@ def test_native_bf16_pair_order_matches_fp32_reference(monkeypatch, threads, dim
     """bf16 rows read as even / odd lanes (paged_plain.h), on one thread and with the context
     cut into parts whose items take every KV head (split reduction), against the reference
     in fp32 over the same values: within the output's bf16 rounding (2^-8 relative)."""
-    from kvledger.engine.attention.native import PagedKernel
+    from kvledger.device.cpu.native import PagedKernel
 
     monkeypatch.setattr(PagedKernel, "THREAD_WORK", 0)
     lengths = CASES[case]
@@ -192,7 +191,7 @@ def test_paged_head_dims_match_reference(dim):
 
 
 def test_split_keeps_every_thread_busy():
-    from kvledger.engine.attention.native import PagedKernel
+    from kvledger.device.cpu.native import PagedKernel
 
     assert PagedKernel.split(3, 32, 2) == 2  # batch-1, 3 kv heads on 2 threads: cut in two
     assert PagedKernel.split(4, 32, 2) == 1  # already even
@@ -200,28 +199,8 @@ def test_split_keeps_every_thread_busy():
     assert PagedKernel.split(3, 32, 1) == 1
 
 
-def test_native_kernel_builds_here():
-    """g++ is part of this project's machines; the fallback is tested by the torch backend."""
-    assert load_native() is not None
-
-
-def test_every_included_header_is_a_listed_source():
-    """The build writes only ``native.SOURCES`` into its folder, side by side, and hashes them
-    into its key: every file a source includes with quotes must be listed, under one name."""
-    import re
-    from importlib import resources
-
-    from kvledger.engine.attention import native
-
-    names = [name for _, name in native.SOURCES]
-    assert len(set(names)) == len(names)
-    for package, name in native.SOURCES:
-        text = resources.files(package).joinpath(name).read_text()
-        assert set(re.findall(r'^#include "([^"]+)"', text, re.MULTILINE)) <= set(names), name
-
-
 def test_native_falls_back_to_torch_when_disabled(monkeypatch, caplog):
-    from kvledger.engine.attention import native
+    from kvledger.device.cpu import native
 
     monkeypatch.setenv("KVLEDGER_NATIVE", "0")
     native.library.cache_clear()

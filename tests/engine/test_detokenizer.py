@@ -9,7 +9,7 @@ from kvledger.engine.detokenizer import IncrementalDetokenizer
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from kvledger.engine.loader import load_tokenizer
+    from kvledger.model.weights.loader import load_tokenizer
 
     return load_tokenizer("default")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.kv.store import KVStore, lazy_zeros
-from kvledger.engine.loader import MappedWeights, load_weights
+from kvledger.model.weights.loader import MappedWeights, load_weights
 
 
 def _rss_bytes() -> int:
@@ -32,6 +32,7 @@ def test_lazy_zeros_shape_and_dtype():
 
 
 def test_release_keeps_values_of_mapped_and_of_ordinary_tensors():
+    load_weights("default", torch.bfloat16)  # a fresh machine's first load writes the cache
     _, weights = load_weights("default", torch.bfloat16)  # cached: memory-mapped
     assert isinstance(weights, MappedWeights)
     name = "model.layers.3.mlp.down_proj.weight"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.device.cpu.native import PagedKernel
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
-from kvledger.engine.attention.native import PagedKernel
 from kvledger.engine.kv.codecs import make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask

@@ -48,7 +48,7 @@ def engine(tiny_llama_folder):
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     folder = tiny_llama_folder(vocab=49152)  # the bundled tokenizer's ids; EOS 2 = <|im_end|>
     spec, weights = load_weights(folder, torch.float32)

@@ -15,7 +15,7 @@ GREEDY = {"max_tokens": 16, "temperature": 0.0, "ignore_eos": True}
 def tp_engine(folder, tp: int, **options):
     """An fp32 engine on ``folder``'s weights (loaded here) with ``tp`` ranks."""
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(folder, torch.float32)
     return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", attention="paged-native",

@@ -22,9 +22,10 @@ def _torch_free(code: str) -> None:
 
 def test_ledger_and_spec_import_no_torch():
     _torch_free(
-        "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.params, "
+        "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.kv_format, "
+        "kvledger.ledger.params, "
         "kvledger.ledger.hardware, kvledger.ledger.costs, kvledger.ledger.planner, "
-        "kvledger.ledger.probe, kvledger.spec, kvledger.data\n"
+        "kvledger.spec, kvledger.data\n"
         "from kvledger.spec import load_spec\n"
         "from kvledger.ledger.planner import plan\n"
         "from kvledger.ledger.hardware import get_device\n"

@@ -45,7 +45,7 @@ def tiny_engine(tmp_path, gguf_kit):
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     tensors = gguf_kit.to_gguf(gguf_kit.hf_weights(tied=False))
     path = gguf_kit.write(tmp_path / "tiny.gguf", tensors, extra={"context_length": 512})

@@ -212,7 +212,7 @@ def test_corrupt_file_is_a_config_error(config_dir, text):
 def no_tokenizer(monkeypatch):
     """The tiny GGUF's vocabulary makes no transformers tokenizer; the probe's prompts are
     token ids, so its engine runs without one (as ``tiny_engine``'s do)."""
-    monkeypatch.setattr("kvledger.engine.loader.load_tokenizer", lambda path: None)
+    monkeypatch.setattr("kvledger.model.weights.loader.load_tokenizer", lambda path: None)
 
 
 def _cli(*args):

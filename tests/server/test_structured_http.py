@@ -36,6 +36,11 @@ class RecordingEngine(FakeEngine):
         super().__init__(text=text)
         self.grammars = grammars
         self.seen: list[tuple] = []
+        self.templated: list = []  # chat messages as the template receives them
+
+    def tokenize(self, prompt, tools=None) -> list[int]:
+        self.templated.append(prompt)
+        return super().tokenize(prompt, tools)
 
     def add_request(self, request_id, prompt, params, cache_salt=None) -> None:
         self.seen.append((prompt, params))
@@ -77,7 +82,7 @@ def test_tools_are_declared_in_the_system_message_and_history_rendered(serve):
                     "function": {"name": "get_weather", "arguments": ARGS[0]}}]},
                {"role": "tool", "tool_call_id": "c1", "content": "21 C"}]
     oc.chat.completions.create(model="fake-model", messages=history, tools=[WEATHER])
-    messages, params = engine.seen[0]
+    (_, params), messages = engine.seen[0], engine.templated[0]
     assert messages[0]["role"] == "system" and messages[0]["content"].startswith("Be brief.\n\n")
     declared = messages[0]["content"].split("<tools>\n")[1].split("\n</tools>")[0]
     assert json.loads(declared) == WEATHER

@@ -25,7 +25,7 @@ QUESTIONS = ["My name is Ada and I keep bees.", "What do I keep?", "What is my n
 
 @pytest.fixture(scope="module")
 def model():
-    from kvledger.engine.loader import load_tokenizer, load_weights
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights("default", torch.float32)
     return spec, weights, load_tokenizer("default")

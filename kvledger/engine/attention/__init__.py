@@ -4,7 +4,8 @@ Backends (``KVLEDGER_ATTENTION`` or the engine option picks one; default: what t
 
 - ``reference``: gather + PyTorch SDPA (:mod:`.reference`), the oracle of the tests;
 - ``paged-torch``: block-chunked online softmax in PyTorch ops (:mod:`.paged`);
-- ``paged-native``: the same in C++, K/V read in place (:mod:`.paged`, :mod:`.native`).
+- ``paged-native``: the same in C++, K/V read in place (:mod:`.paged`,
+  :mod:`kvledger.device.cpu.native`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def make_backend(name: str) -> AttentionBackend:
     Raises:
         InvalidParameterError: an unknown name.
     """
-    from kvledger.engine.attention import native
+    from kvledger.device.cpu import native
     from kvledger.engine.attention.paged import PagedNativeBackend, PagedTorchBackend
 
     if name == "reference":

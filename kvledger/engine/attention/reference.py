@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from kvledger.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.rope import RotaryEmbedding
+from kvledger.model.rope import RotaryEmbedding
 
 
 class AttentionBackend:

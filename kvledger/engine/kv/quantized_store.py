@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from kvledger.engine.kv import native_encode
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.engine.kv.codecs import BlockCodec
 from kvledger.engine.kv.store import lazy_zeros
 
@@ -59,7 +59,7 @@ class QuantizedKVStore:
         compute_dtype: dtype of the residual blocks and of what reads return.
         residual_slots: most partial blocks at once (the engine's ``max_num_seqs``).
         use_native: encode filled int8 / int4 blocks with the native encoder
-            (:mod:`~kvledger.engine.kv.native_encode`, same bytes) when it builds.
+            (``kvledger.device.Kernels.kv_encoder``, same bytes) when it builds.
     """
 
     quantized = lossy = True
@@ -83,7 +83,7 @@ class QuantizedKVStore:
         self._free_residuals = list(range(residual_slots))
         self._plan_key: torch.Tensor | None = None
         self._plan = None
-        self._encoder = native_encode.encoder() if use_native else None
+        self._encoder = KERNELS.kv_encoder() if use_native else None
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
         return {name: lazy_zeros((self.num_blocks, *shape), dtype)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine.linear import Linear
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.parallel.shard import shard_spec, shard_weights
+from kvledger.model.families import model_class
+from kvledger.model.linear import Linear
+from kvledger.model.llama import LlamaModel
 from kvledger.spec import ModelSpec
 
 
@@ -65,11 +66,11 @@ def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: t
 
     Raises:
         InvalidParameterError: the model does not split over ``group.world`` ranks.
-        UnsupportedModelError: as :class:`LlamaModel`.
+        UnsupportedModelError: as :func:`kvledger.model.families.model_class`.
     """
     tp = group.world
-    model = LlamaModel(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
-                       dtype, attention=attention, formats=formats)
+    model = model_class(spec)(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
+                              dtype, attention=attention, formats=formats)
     for layer in model.layers:
         layer["o"] = RowParallel(layer["o"], group)
         layer["down"] = RowParallel(layer["down"], group)

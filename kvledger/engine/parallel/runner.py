@@ -29,9 +29,9 @@ import torch
 
 from kvledger.engine.attention import AttentionMetadata
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.model import LlamaModel
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.runner import ModelRunner
+from kvledger.model.llama import LlamaModel
 
 
 @dataclass

@@ -27,9 +27,9 @@ import dataclasses
 
 import torch
 
-from kvledger.engine.q4 import GROUP
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_heads_per_rank
+from kvledger.model.q4 import GROUP
 from kvledger.spec import ModelSpec
 
 Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")

@@ -42,7 +42,7 @@ def serve(group: RankGroup) -> None:
     """
     from kvledger.engine.kv.calibration import outlier_index
     from kvledger.engine.kv.layout import resolve_layout
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     setup = group.broadcast()
     torch.set_num_threads(setup["threads"])

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from kvledger.eval.calibrate import calibrate
+from kvledger.ledger.kv_format import KVFormatSpec
 
 
 @pytest.fixture(scope="module")
 def calibration(tiny_llama):
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     folder, _ = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
@@ -23,7 +24,7 @@ def calibration(tiny_llama):
                                     attention="paged-torch"), spec=spec, weights=weights)
     rng = random.Random(2)
     chunks = [[rng.randrange(3, 320) for _ in range(64)] for _ in range(2)]
-    return engine, calibrate(engine, chunks, "int4", 2, None, "per-channel"), chunks
+    return engine, calibrate(engine, chunks, KVFormatSpec("int4", outlier_channels=2)), chunks
 
 
 def test_magnitudes_are_the_cached_keys_largest_values(calibration):
@@ -52,7 +53,7 @@ def test_outliers_lower_the_key_error_and_the_file_loads(calibration, tiny_llama
 
     cfg = dataclasses.replace(engine.config, kv_cache_dtype="int4", kv_outlier_channels=2,
                               kv_calibration=str(path))
-    from kvledger.engine.loader import load_weights
+    from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights(folder, torch.float32)
     q = LLMEngine(cfg, spec=spec, weights=weights)

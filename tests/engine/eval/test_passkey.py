@@ -12,7 +12,7 @@ from kvledger.eval.passkey import ANSWER_TOKENS, NEEDLE, passkey, passkey_prompt
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from kvledger.engine.loader import load_tokenizer
+    from kvledger.model.weights.loader import load_tokenizer
 
     return load_tokenizer("default")
 

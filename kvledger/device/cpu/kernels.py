@@ -1,0 +1,38 @@
+"""The CPU's kernels (:class:`kvledger.device.Kernels`): one shared library of C++ kernels,
+built on first use by :mod:`.native`, with a handle per kernel (None where it cannot be built,
+``KVLEDGER_NATIVE=0`` or no compiler; the caller then takes its PyTorch path)."""
+
+from __future__ import annotations
+
+from kvledger.device.cpu import fused, kv_encode, native, omp, w8a8
+
+
+class CpuKernels:
+    """The CPU's :class:`kvledger.device.Kernels`."""
+
+    def library(self):
+        """:func:`kvledger.device.cpu.native.library`."""
+        return native.library()
+
+    def why_unavailable(self) -> str:
+        """:func:`kvledger.device.cpu.native.why_unavailable`."""
+        return native.why_unavailable()
+
+    def w8a8(self) -> w8a8.W8A8Kernel | None:
+        """:func:`kvledger.device.cpu.w8a8.kernel`."""
+        return w8a8.kernel()
+
+    def kv_encoder(self) -> kv_encode.NativeIntEncoder | None:
+        """:func:`kvledger.device.cpu.kv_encode.encoder`."""
+        return kv_encode.encoder()
+
+    def fused_ops(self, max_rows=None):
+        """:func:`kvledger.device.cpu.fused.fused_ops`."""
+        return fused.fused_ops(max_rows)
+
+    def release_thread_pool(self) -> bool:
+        """:func:`kvledger.device.cpu.omp.release_thread_pool` (libgomp's pool)."""
+        return omp.release_thread_pool()
+
+
+KERNELS = CpuKernels()

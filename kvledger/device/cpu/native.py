@@ -1,0 +1,247 @@
+"""Build and load the native kernels through ctypes, all from ``csrc/``: paged attention
+(``paged_attention.cpp`` and the ``paged_*.h`` it includes), the fused element-wise ops
+(``fused_ops.cpp``, :mod:`kvledger.device.cpu.fused`), the decode products with int8
+activations (``int8_gemv.cpp`` and the headers it includes, :mod:`kvledger.device.cpu.w8a8`),
+the bf16 dequantization of their weights for a prefill's GEMM (``dequant_bf16.cpp``, also
+:mod:`kvledger.device.cpu.w8a8`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
+:mod:`kvledger.device.cpu.kv_encode`).
+
+The sources make one plain shared library (no Python or torch headers), built on first use with
+the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native -fopenmp``
+(its OpenMP loops run on the runtime PyTorch already loaded, libgomp.so.1), into
+``cache_dir()/native/kvledger_native-<key>.so``. The key hashes the sources, the compiler's
+version line, the flags and the CPU (model name and flags from ``/proc/cpuinfo``), so another
+CPU or compiler rebuilds instead of loading code it cannot run. A build takes a few seconds.
+
+When it cannot be built (no compiler, a failing build, ``KVLEDGER_NATIVE=0``), :func:`library`
+returns None and logs one warning; the engine then uses the PyTorch attention backend and
+PyTorch ops for the fused ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from kvledger.paths import cache_dir
+
+log = logging.getLogger("kvledger.engine")
+FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
+SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain.h",
+           "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
+           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp")
+"""Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files
+are compiled, the ``.h`` files they include are written beside them (one folder, so the names
+are unique), and all of them are hashed, in this order, into the build and probe keys."""
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+"""The element types every native kernel takes, as the int code its ``dtype`` argument reads."""
+_reason: list[str] = []
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernel could not be built or loaded (the message says why)."""
+
+
+def cpu_identity() -> str:
+    """CPU model name and feature flags (from /proc/cpuinfo where there is one)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
+
+
+def _sources() -> list[tuple[str, bytes]]:
+    folder = resources.files(__package__).joinpath("csrc")
+    return [(name, folder.joinpath(name).read_bytes()) for name in SOURCES]
+
+
+def source_digest() -> str:
+    """Short hash of the kernels' sources and build flags (a new kernel is a new probe key)."""
+    text = b"\0".join([src for _, src in _sources()] + [" ".join(FLAGS).encode()])
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+def _build(cxx: str, sources: list[tuple[str, bytes]]) -> Path:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout.splitlines()[:1]
+    key = hashlib.sha256(b"\0".join([src for _, src in sources] + [
+        " ".join(FLAGS + version).encode(), cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / "native" / f"kvledger_native-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        paths = []
+        for name, src in sources:
+            paths.append(Path(tmp) / name)
+            paths[-1].write_bytes(src)
+        out = Path(tmp) / "kernel.so"
+        units = [str(p) for p in paths if p.suffix == ".cpp"]
+        done = subprocess.run([cxx, *FLAGS, *units, "-o", str(out)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0:
+            raise NativeUnavailable(f"{cxx} failed: {done.stderr.strip()[-400:]}")
+        os.replace(out, target)
+    log.info("built the native kernels: %s", target)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The native library, built if needed; None (with one logged warning) when it cannot be."""
+    if os.environ.get("KVLEDGER_NATIVE", "1") == "0":
+        _reason.append("disabled by KVLEDGER_NATIVE=0")
+        log.warning("native kernels off (KVLEDGER_NATIVE=0); using PyTorch ops instead")
+        return None
+    cxx = _compiler()
+    try:
+        if cxx is None:
+            raise NativeUnavailable("no C++ compiler (set CXX or install g++)")
+        return ctypes.CDLL(str(_build(cxx, _sources())))
+    except (NativeUnavailable, OSError, subprocess.SubprocessError) as exc:
+        _reason.append(str(exc))
+        log.warning("native kernels unavailable (%s); using PyTorch ops instead", exc)
+        return None
+
+
+@functools.cache
+def load() -> PagedKernel | None:
+    """The paged-attention kernel, or None when the library cannot be built."""
+    lib = library()
+    return None if lib is None else PagedKernel(lib)
+
+
+def why_unavailable() -> str:
+    """Why :func:`load` returned None ('' if it did not)."""
+    return _reason[-1] if _reason else ""
+
+
+class KVSide(ctypes.Structure):
+    """K or V of one layer of a quantized store, as the kernel reads it (``KVSide`` in the
+    .cpp): pointers to the codec tensors and the residual buffers, and the codec's kind."""
+
+    _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("zero", ctypes.c_void_p), ("outliers", ctypes.c_void_p),
+                ("outlier_channels", ctypes.c_void_p), ("residual", ctypes.c_void_p),
+                ("kind", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("num_outliers", ctypes.c_int32)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor
+            ) -> tuple[KVSide, list[torch.Tensor]] | None:
+    """The kernel's view of one codec's tensors ``parts`` (``QuantizedKVStore.key_parts[l]``
+    or ``value_parts[l]``) and residual buffers [slots, bs, kv_heads, D], with the tensors it
+    points into (keep them alive); None for a codec the kernel does not decode."""
+    from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys
+
+    channels = None
+    if isinstance(codec, OutlierKeys):
+        channels, codec = codec.channels.contiguous(), codec.inner
+    if isinstance(codec, Fp8Codec):
+        kind, group = 3, 0
+    elif isinstance(codec, IntCodec) and codec.bits in (4, 8):
+        kind, group = codec.bits, 0 if codec.axis == "per-channel" else codec.group
+    else:
+        return None
+    held = [t for t in (*parts.values(), residual, channels) if t is not None]
+    if not all(t.is_contiguous() for t in held):
+        return None
+    side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
+                  _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), kind, group,
+                  0 if channels is None else channels.shape[1])
+    return side, held
+
+
+class PagedKernel:
+    """ctypes wrapper of ``kvl_paged_attention`` (see the .cpp for the layout)."""
+
+    # below this many (query, kv head, position) triples one thread beats starting a second
+    THREAD_WORK = 1 << 13
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.kvl_paged_attention
+        i32, ptr = ctypes.c_int, ctypes.c_void_p
+        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32] + [ptr] * 4
+        self._fn.restype = None
+        self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
+        self.dim_multiple = lib.kvl_head_dim_multiple()
+        self.max_block = lib.kvl_max_block_size()
+
+    def accepts(self, q: torch.Tensor, key_blocks: torch.Tensor) -> bool:
+        """Whether the kernel handles this dtype and these sizes."""
+        _, block_size, kv_heads, dim = key_blocks.shape
+        return (q.dtype in DTYPE_CODES and key_blocks.dtype == q.dtype and key_blocks.is_contiguous()
+                and q.shape[1] // kv_heads <= self.max_group and dim <= self.max_dim
+                and dim % self.dim_multiple == 0
+                and block_size <= self.max_block)
+
+    def accepts_quantized(self, q: torch.Tensor, store) -> bool:
+        """Whether the kernel reads this QuantizedKVStore for these queries."""
+        return (q.dtype in DTYPE_CODES and store.compute_dtype == q.dtype
+                and q.shape[1] // store.num_kv_heads <= self.max_group
+                and q.shape[2] <= self.max_dim and q.shape[2] % self.dim_multiple == 0
+                and store.block_size <= self.max_block)
+
+    def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                 paged) -> torch.Tensor:
+        """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D]."""
+        _, block_size, kv_heads, _ = key_blocks.shape
+        return self._launch(q, kv_heads, block_size, paged, key_blocks.data_ptr(),
+                            value_blocks.data_ptr(), None)
+
+    def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
+                  residual_of: torch.Tensor, block_size: int, kv_heads: int,
+                  paged) -> torch.Tensor:
+        """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
+        :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1)."""
+        return self._launch(q, kv_heads, block_size, paged, None, None,
+                            (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
+                             residual_of.data_ptr()))
+
+    def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant) -> torch.Tensor:
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        n, heads, dim = q.shape
+        tables, seqs, lens = paged.block_tables, paged.seq_of_query, paged.context_lens
+        work = n * kv_heads * tables.shape[1] * block_size
+        threads = torch.get_num_threads() if work >= self.THREAD_WORK else 1
+        parts, partial = self.split(n * kv_heads, tables.shape[1], threads), None
+        if parts > 1:
+            partial = torch.empty(n * heads * parts * (dim + 2), dtype=torch.float32)
+        self._fn(q.data_ptr(), k_ptr, v_ptr, out.data_ptr(),
+                 tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
+                 block_size, tables.shape[1], 1.0 / dim ** 0.5, DTYPE_CODES[q.dtype], threads,
+                 parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3))
+        return out
+
+    @staticmethod
+    def split(pairs: int, blocks: int, threads: int) -> int:
+        """Parts to cut each context into so ``pairs`` (query, kv head) items keep ``threads``
+        threads evenly busy: 1 when there are enough items (or too few blocks to cut)."""
+        if threads <= 1 or pairs % threads == 0 or pairs >= 4 * threads:
+            return 1
+        return threads if blocks >= 2 * threads else 1

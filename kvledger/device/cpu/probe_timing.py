@@ -1,0 +1,186 @@
+"""The kernel probe's timing (:mod:`kvledger.device.cpu.kernel_probe` chooses from what this
+measures).
+
+Each timing runs on random inputs of the model's real shapes: one decode row per format of a
+matmul shape class (bf16 activations, each call on a weight evicted from the caches, as in a
+decode step, which streams every layer's weights from memory), each format's own kernel against
+the many-row GEMM paths (fp32, bf16) at :data:`GEMM_ROWS` rows, one decode query over
+:data:`ATTENTION_CONTEXT` positions per attention backend (over a bf16 or an int8 pool), and
+the native fused element-wise ops (:mod:`kvledger.device.cpu.fused`) against PyTorch's at
+:data:`FUSED_ROWS` rows.
+Candidates are timed in interleaved rounds (each round calls every candidate once, after a
+warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
+disturbed moment then slows all candidates alike instead of one of them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from kvledger.model.linear import FORMATS, GEMM_PATHS, Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.spec import ModelSpec
+
+REPEATS = 20
+ATTENTION_CONTEXT = 512
+GEMM_ROWS = (16, 64, 256)
+"""Row counts at which the probe times each layer format's own kernel against the GEMM paths
+(:meth:`kvledger.model.linear.Linear.gemm`): prefill chunks and large decode batches."""
+GEMM_REPEATS = 3
+EVICT_BYTES_MIN = 64 << 20
+"""Least bytes read between two timed decode rows to push the weight out of the caches (the
+probe reads twice the last-level cache when the OS reports its size, and at least this)."""
+FUSED_ROWS = (1, 4, 16, 64, 256, 1024)
+"""Row counts at which the probe times each fused op, native against PyTorch."""
+FUSED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def best_us(candidates: dict, repeats: int = REPEATS, before=None) -> dict[str, float]:
+    """Best time of each ``name -> fn`` over interleaved rounds, µs; ``before()``, if given,
+    runs untimed before every timed call."""
+    best = dict.fromkeys(candidates, float("inf"))
+    for fn in candidates.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in candidates.items():
+            if before is not None:
+                before()
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return {name: round(t * 1e6, 1) for name, t in best.items()}
+
+
+def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
+    """One Linear per format of a random [out_f, in_f] weight (int4 where its shape allows)."""
+    gen = torch.Generator().manual_seed(0)
+    dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
+    q4 = None
+    if int4_shape_ok(out_f, in_f):
+        q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
+              torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
+    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+              if fmt not in Q4_FORMATS or q4 is not None}
+    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8/w4a8: native
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of CPU 0's largest-level cache in bytes, from Linux sysfs (None elsewhere)."""
+    sizes = {}
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        if text.rstrip("KMG").isdigit():
+            sizes[level] = int(text.rstrip("KMG")) * unit
+    return sizes[max(sizes)] if sizes else None
+
+
+def evictor():
+    """A call that reads :data:`EVICT_BYTES_MIN` or twice the last-level cache, whichever is
+    more, so the next matmul finds its weight in memory, not in a cache."""
+    nbytes = max(EVICT_BYTES_MIN, 2 * (last_level_cache_bytes() or 0))
+    buffer = torch.ones(nbytes // 4)
+    return lambda: buffer.sum()
+
+
+def time_formats(out_f: int, in_f: int, evict) -> dict[str, float]:
+    """Format -> best time of one bf16 decode row through an [out_f, in_f] weight, µs;
+    ``evict()`` (:func:`evictor`) runs before every timed call."""
+    x = torch.randn(1, in_f).bfloat16()
+    return best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f).items()},
+                    before=evict)
+
+
+def time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs, path: µs, ...}`` through
+    an [out_f, in_f] weight, for each of :data:`kvledger.model.linear.GEMM_PATHS` that is not
+    the format's own kernel (none for int4; no ``bf16`` for dense, whose own kernel it is)."""
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for fmt, lin in _layers(out_f, in_f).items():
+        paths = [] if fmt == "int4" else [p for p in GEMM_PATHS if not (
+            fmt == "dense" and GEMM_PATHS[p] == lin.weight.dtype)]
+        for rows in GEMM_ROWS:
+            x = torch.randn(rows, in_f).bfloat16()
+            calls = {"own": lambda lin=lin, x=x: lin(x)}
+            for path in paths:
+                calls[path] = lambda lin=lin, x=x, path=path: lin.gemm(x, path)
+            result.setdefault(fmt, {})[str(rows)] = best_us(calls, GEMM_REPEATS)
+    return result
+
+
+def _pool(spec: ModelSpec, quantized: bool):
+    """A one-layer pool of ATTENTION_CONTEXT positions: bf16, or int8 (bf16 compute) filled
+    with random K/V (all blocks full, so every one is read quantized)."""
+    from kvledger.engine.kv.codecs import make_codecs
+    from kvledger.engine.kv.quantized_store import QuantizedKVStore
+    from kvledger.engine.kv.store import KVStore
+
+    block, dims = 16, (spec.num_kv_heads, spec.head_dim)
+    blocks = ATTENTION_CONTEXT // block
+    if not quantized:
+        return KVStore(1, blocks, block, *dims, torch.bfloat16)
+    keys, values = make_codecs("int8", block, *dims, spec.head_dim, "per-channel")
+    store = QuantizedKVStore(1, blocks, block, *dims, "int8", keys, values, torch.bfloat16, 1)
+    kv = torch.randn(ATTENTION_CONTEXT, *dims).bfloat16()
+    store.write(0, torch.arange(ATTENTION_CONTEXT), kv, kv)
+    return store
+
+
+def time_attention(spec: ModelSpec, quantized: bool = False) -> dict[str, float]:
+    """Backend -> best time of one decode query over :data:`ATTENTION_CONTEXT` positions of a
+    bf16 pool (an int8 one when ``quantized``), µs; backends unavailable here are left out."""
+    from kvledger.engine.attention import BACKENDS, AttentionMetadata, make_backend
+    from kvledger.engine.attention.metadata import DecodeGroup
+
+    store = _pool(spec, quantized)
+    q = torch.randn(1, spec.num_attention_heads, spec.head_dim).bfloat16()
+    slots = torch.arange(ATTENTION_CONTEXT)[None]
+    empty = q[:0, :spec.num_kv_heads]
+    candidates = {}
+    for name in BACKENDS:
+        backend = make_backend(name)
+        if backend.name != name:
+            continue  # the native kernel is unavailable here
+        meta = AttentionMetadata(None, decodes=[DecodeGroup(0, 1, slots, None)])
+        candidates[name] = lambda b=backend, m=meta: b(0, q, empty, empty, m, store)
+    return best_us(candidates)
+
+
+def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, gen):
+    """A call of ``ops``' ``op`` on ``rows`` random rows of the model's width."""
+    if op == "silu_mul":
+        x = torch.randn(rows, 2 * spec.intermediate_size, generator=gen).to(dtype)
+        return lambda: ops.silu_mul(x)
+    h = torch.randn(rows, spec.hidden_size, generator=gen).to(dtype)
+    delta = (torch.randn(rows, spec.hidden_size, generator=gen) * 1e-3).to(dtype)
+    weight = torch.randn(spec.hidden_size, generator=gen).to(dtype)
+    return lambda: ops.add_rms_norm(h, delta, weight, 1e-5)
+
+
+def time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
+    """``"op:dtype"`` -> rows (as text, :data:`FUSED_ROWS`) -> ``{"native": µs, "torch": µs}``
+    of the fused ops on rows of the model's width; empty without the native library."""
+    from kvledger.device.cpu.fused import NativeOps
+    from kvledger.device.cpu.native import library
+    from kvledger.model.ops import TorchOps
+
+    lib = library()
+    if lib is None:
+        return {}
+    impls = {"native": NativeOps(lib), "torch": TorchOps()}
+    gen = torch.Generator().manual_seed(0)
+    result = {}
+    for name, dtype in FUSED_DTYPES.items():
+        for op in ("add_rms_norm", "silu_mul"):
+            result[f"{op}:{name}"] = {
+                str(rows): best_us({k: _fused_call(o, op, rows, dtype, spec, gen)
+                                     for k, o in impls.items()})
+                for rows in FUSED_ROWS}
+    return result
+

@@ -1,0 +1,179 @@
+"""The native products with int8 activations behind the ``w8a8`` and ``w4a8`` weight formats
+(``int8_gemv.cpp``), and their weights written out in bf16 for a prefill's GEMM
+(:meth:`W8A8Kernel.dense_q4`, :meth:`W8A8Kernel.dense_q8`; ``dequant_bf16.cpp``).
+
+w8a8:
+
+``y = kernel(x, codes, scales)`` computes, for x [rows, in] bf16, the int8 weight ``codes``
+[out, in] and its fp32 ``scales`` [out, in / 32], one per block b of :data:`BLOCK` inputs (GGML's
+Q8_0 layout; :func:`kvledger.model.linear.int8_blocks`),
+
+    y[r, o] = sum_b scales[o, b] * d[r, b] * sum_{i in b} round(x[r, i] / d[r, b]) * codes[o, i]
+
+with ``d[r, b] = max_{i in b} |x[r, i]| / 127`` (the activation quantization of GGML's Q8_0),
+in bf16. Rounding x to int8 moves each input by at most ``d[r, b] / 2``, so
+``|y - x @ W.T| <= sum_b d[r, b] / 2 * sum_{i in b} |W[o, i]|`` plus the bf16 rounding of y
+(:func:`rounding_bound`).
+
+w4a8 (:meth:`W8A8Kernel.bind_q4`): the weight is a GGUF Q4_0 / Q4_1 matrix as the file stores it
+(4-bit codes c with a scale e and a minimum m per block of 32 inputs, ``w = e * c + m``;
+:func:`kvledger.model.q4.q4_blocks`), times the same int8 activations:
+``y[r, o] = sum_b d[r, b] (e[o, b] sum_{i in b} c[o, i] a[r, i] + m[o, b] sum_{i in b} a[r, i])``
+(llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file.
+
+Output rows are split over
+``torch.get_num_threads()`` threads (OpenMP, torch's own pool) once the weight holds at least
+:data:`THREAD_BYTES`, else one.
+
+:func:`kernel` returns None when the native library cannot be built (``KVLEDGER_NATIVE=0``, no
+compiler); the format then falls back to ``int8`` (PyTorch's ``_weight_int8pack_mm``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+BLOCK = 32
+THREAD_BYTES = 1 << 16
+"""Weights smaller than this (bytes of codes) run on one thread."""
+
+
+class W8A8Kernel:
+    """ctypes wrapper of ``kvl_w8a8_mm`` and ``kvl_w4a8_mm``.
+
+    Attributes:
+        vector: whether the library was built with its AVX2 path (else plain loops only).
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        ptr, i32 = ctypes.c_void_p, ctypes.c_int
+        self._fn = lib.kvl_w8a8_mm
+        self._fn.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, i32, i32]
+        self._fn.restype = None
+        self._fn4 = lib.kvl_w4a8_mm
+        self._fn4.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32]
+        self._fn4.restype = None
+        self._dense4 = lib.kvl_q4_dequant_bf16
+        self._dense4.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32]
+        self._dense4.restype = None
+        self._dense8 = lib.kvl_q8_dequant_bf16
+        self._dense8.argtypes = [ptr, ptr, i32, i32, ptr, i32]
+        self._dense8.restype = None
+
+    @staticmethod
+    def accepts(in_features: int) -> bool:
+        """Whether the kernel takes inputs of this width (whole blocks of :data:`BLOCK`)."""
+        return in_features % BLOCK == 0
+
+    def bind(self, codes: torch.Tensor, scales: torch.Tensor) -> W8A8Weight:
+        """The product with one weight, checked once: int8 ``codes`` [out, in] and fp32 block
+        ``scales`` [out, in / 32], both contiguous (kept alive by the result).
+
+        Raises:
+            ValueError: a wrong dtype or layout, or ``in`` not a multiple of :data:`BLOCK`.
+        """
+        if (codes.dtype != torch.int8 or scales.dtype != torch.float32 or codes.dim() != 2
+                or not self.accepts(codes.shape[1])
+                or tuple(scales.shape) != (codes.shape[0], codes.shape[1] // BLOCK)
+                or not (codes.is_contiguous() and scales.is_contiguous())):
+            raise ValueError("w8a8 takes contiguous int8 codes [out, in] with in % 32 == 0 "
+                             "and fp32 scales [out, in / 32]")
+        return W8A8Weight(self._fn, codes, scales)
+
+    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
+        """The w4a8 product with one Q4 weight (:func:`kvledger.model.q4.q4_blocks`): uint8
+        ``qs`` [out, in / 2] in ggml's block order, fp32 scales ``e`` and minima ``m``
+        [out, in / 32], all contiguous (kept alive by the result).
+
+        Raises:
+            ValueError: a wrong dtype, shape or layout.
+        """
+        out, half = qs.shape if qs.dim() == 2 else (0, 0)
+        blocks = (out, 2 * half // BLOCK)
+        if (qs.dtype != torch.uint8 or qs.dim() != 2 or not self.accepts(2 * half)
+                or any(t.dtype != torch.float32 or tuple(t.shape) != blocks for t in (e, m))
+                or not all(t.is_contiguous() for t in (qs, e, m))):
+            raise ValueError("w4a8 takes contiguous uint8 codes [out, in / 2] with in % 32 == 0 "
+                             "and fp32 scales and minima [out, in / 32]")
+        return W8A8Weight(self._fn4, qs, e, m, in_features=2 * half)
+
+    def dense_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """bf16 [out, in] of a weight bound by :meth:`bind_q4` (same tensors): ``e * code + m``
+        in fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(qs.shape[0], 2 * qs.shape[1], dtype=torch.bfloat16)
+        self._dense4(qs.data_ptr(), e.data_ptr(), m.data_ptr(), w.shape[0], w.shape[1],
+                     w.data_ptr(), torch.get_num_threads())
+        return w
+
+    def dense_q8(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """bf16 [out, in] of a weight bound by :meth:`bind` (same tensors): ``code * s`` in
+        fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(codes.shape, dtype=torch.bfloat16)
+        self._dense8(codes.data_ptr(), scales.data_ptr(), w.shape[0], w.shape[1],
+                     w.data_ptr(), torch.get_num_threads())
+        return w
+
+    def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                 scalar: bool = False) -> torch.Tensor:
+        """``bind(codes, scales)(x, scalar)`` (see :class:`W8A8Weight`)."""
+        return self.bind(codes, scales)(x, scalar)
+
+
+class W8A8Weight:
+    """One weight's product (:meth:`W8A8Kernel.bind`, :meth:`W8A8Kernel.bind_q4`): per call
+    only x is checked."""
+
+    def __init__(self, fn, codes: torch.Tensor, *scales: torch.Tensor,
+                 in_features: int | None = None) -> None:
+        self._fn, self._held = fn, (codes, *scales)
+        self.out_features = codes.shape[0]
+        self.in_features = codes.shape[1] if in_features is None else in_features
+        self._weight = [t.data_ptr() for t in self._held]
+        self._threaded = codes.numel() >= THREAD_BYTES
+
+    def __call__(self, x: torch.Tensor, scalar: bool = False) -> torch.Tensor:
+        """[rows, in] bf16 (made contiguous here) -> [rows, out] bf16 (the module docstring);
+        ``scalar`` runs the plain loops even where the AVX2 path is built (tests).
+
+        Raises:
+            ValueError: x not bf16 [rows, in].
+        """
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"w8a8 takes bf16 x [rows, {self.in_features}]")
+        x = x.contiguous()
+        rows = x.shape[0]
+        y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
+        self._fn(x.data_ptr(), rows, self.in_features, *self._weight,
+                 self.out_features, y.data_ptr(),
+                 torch.get_num_threads() if self._threaded else 1, int(scalar))
+        return y
+
+
+def rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """[rows, out] fp64 bound on ``|product(x) - x @ weight.T|`` in exact arithmetic, for either
+    kernel with ``weight`` [out, in] its weight as stored (w8a8: ``codes * scales[:, None]``;
+    w4a8: the dequantized Q4 blocks): each input's int8 rounding (at most ``d / 2`` per block)
+    times the weights it meets (with a 2^-7 relative margin for the fp32 block scales), plus the
+    output's bf16 rounding (half an ulp: 2^-8 relative), plus fp32 summation (2^-16 of the sum
+    of |terms|, more than the ~50 fp32 additions of a row can lose)."""
+    rows, width = x.shape
+    xb = x.double().reshape(rows, width // BLOCK, BLOCK)
+    half_step = xb.abs().amax(-1) / 127 / 2                                   # [rows, blocks]
+    w = weight.double()
+    blocks = w.abs().reshape(w.shape[0], width // BLOCK, BLOCK).sum(-1)       # [out, blocks]
+    quant = half_step @ blocks.t() * (1 + 2 ** -7)
+    exact = x.double() @ w.t()
+    terms = x.double().abs() @ w.abs().t()
+    return quant + (exact.abs() + quant) * 2 ** -8 + terms * 2 ** -16
+
+
+@functools.cache
+def kernel() -> W8A8Kernel | None:
+    """The native kernel, or None when the native library cannot be built here."""
+    from kvledger.device.cpu.native import library
+
+    lib = library()
+    return None if lib is None else W8A8Kernel(lib)

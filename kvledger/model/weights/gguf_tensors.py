@@ -1,0 +1,146 @@
+"""GGUF tensors -> a Hugging Face Llama-named fp32 state dict.
+
+Each tensor of a llama-family GGUF is dequantized with ``gguf.quants.dequantize`` (numpy) and
+renamed to the Hugging Face ``LlamaForCausalLM`` parameter name. GGUF stores dimensions
+innermost-first (``ne0`` = columns), so a dequantized matrix already comes out as ``[out, in]``
+like ``nn.Linear.weight``; the embedding comes out as ``[vocab, hidden]``.
+
+Rotary un-permutation: llama.cpp's ``convert_hf_to_gguf`` (``LlamaModel``, used for llama and
+mistral) reorders the rows of ``attn_q`` / ``attn_k`` within each head from the HF "rotate half"
+layout (first half of a head's dims, then second half) to interleaved pairs (GPT-J style, which
+is what ggml's normal RoPE rotates)::
+
+    permute(w, n_head) = w.reshape(n_head, 2, d // 2, ...).swapaxes(1, 2).reshape(w.shape)
+
+with ``d = rows / n_head`` (``n_head = n_kv_heads`` for K). :func:`unpermute_rotary` is its
+inverse. Qwen2/Qwen3 GGUFs use NEOX RoPE (the HF layout) and are not permuted.
+
+Errors: a tensor type outside :data:`SUPPORTED_TYPES` -> UnsupportedModelError naming the type and
+the tensor; a tensor name the Llama family does not have -> UnsupportedModelError.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from kvledger.errors import UnsupportedModelError
+from kvledger.model.q4 import Q4_TYPES, q4_parts
+from kvledger.spec import ModelSpec
+
+# Types we dequantize (all through gguf.quants; float types are stored as-is).
+SUPPORTED_TYPES = frozenset(
+    ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+    + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+)
+# GGUF architectures whose converter permutes attn_q / attn_k rows for RoPE.
+PERMUTED_ARCHS = frozenset({"llama", "mistral"})
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str:
+    """Hugging Face parameter name of a GGUF tensor name (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``).
+
+    Raises:
+        UnsupportedModelError: the name is not part of a llama-family decoder.
+    """
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        raise UnsupportedModelError(
+            f"unsupported GGUF tensor {gguf_name!r} (not a Llama-family weight)"
+        )
+    layer, part, kind = m.groups()
+    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+
+
+def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's Q/K ``permute``: interleaved rotary pairs -> HF rotate-half rows.
+
+    Args:
+        w: ``[n_head * head_dim, ...]`` rows of attn_q (n_head = heads) or attn_k (kv heads);
+           a weight ``[rows, hidden]`` or a bias ``[rows]``.
+    Returns:
+        Array of the same shape with each head's rows ``(0, 2, 4, ..., 1, 3, 5, ...)`` order.
+    """
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize(tensor) -> np.ndarray:
+    """Dequantize one ``gguf.ReaderTensor`` to float32, shaped ``[ne1, ne0]`` (rows, columns).
+
+    Raises:
+        UnsupportedModelError: the tensor type is not in SUPPORTED_TYPES.
+    """
+    from gguf.quants import dequantize as gguf_dequantize
+
+    type_name = tensor.tensor_type.name
+    if type_name not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(
+            f"unsupported GGUF tensor type {type_name} for tensor {tensor.name!r} "
+            f"(supported: {', '.join(sorted(SUPPORTED_TYPES))})"
+        )
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    return gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
+
+
+def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor of an open GGUF into HF-named contiguous fp32 torch tensors.
+
+    Q4_0 / Q4_1 matrices also keep their packed form for the int4 decode kernel, as
+    ``<stem>.q4_codes`` (uint8 [out, in]), ``<stem>.q4_scale`` and ``<stem>.q4_zero``
+    (float32 [out, in / 32]); see :mod:`kvledger.model.q4`.
+
+    Args:
+        reader: a ``gguf.GGUFReader`` of the file ``spec`` was read from.
+        spec: its ModelSpec (head counts for the rotary un-permutation).
+    Raises:
+        UnsupportedModelError: unsupported tensor type or tensor name, or llama3 RoPE factors
+            stored as a ``rope_freqs`` tensor (not implemented).
+    """
+    permuted = spec.extra.get("gguf_architecture", spec.model_type) in PERMUTED_ARCHS
+    heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
+    state: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            raise UnsupportedModelError(
+                "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
+            )
+        name = hf_name(tensor.name)
+        arrays = {name: dequantize(tensor)}
+        if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
+            rows = arrays[name].shape[0]
+            stem = name.removesuffix(".weight")
+            q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
+            arrays.update({stem + ".q4_codes": q, stem + ".q4_scale": scale,
+                           stem + ".q4_zero": zero})
+        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        for key, array in arrays.items():
+            if permuted and part in heads:
+                array = unpermute_rotary(array, heads[part])
+            state[key] = torch.from_numpy(np.ascontiguousarray(array))
+    return state
