@@ -76,6 +76,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     model = server.check_model(body.model)
     _check_request(server, body)
     text, files, system = body.split_input()
+    _check_call_outputs(service, caller(request).tenant, body)
     documents = [(name, decode_document(data, name, service.options.max_document_bytes))
                  for name, data in files]
     instructions = "\n\n".join(filter(None, (body.instructions, system))) or None
@@ -128,6 +129,30 @@ async def create_response(body: ResponsesRequest, request: Request):
     obj = builder.response(final)
     service.finish(turn, final, obj)
     return obj
+
+
+def _check_call_outputs(service: SessionService, tenant: str, body: ResponsesRequest) -> None:
+    """Each ``function_call_output`` answers a ``function_call`` of the previous response
+    (OpenAI's rule too).
+
+    Raises:
+        InvalidParameterError: no ``previous_response_id``, or a ``call_id`` it did not make.
+        ResponseNotFoundError: no such previous response (HTTP 404).
+    """
+    call_ids = body.call_output_ids()
+    if not call_ids:
+        return
+    if body.previous_response_id is None:
+        raise InvalidParameterError(
+            "function_call_output items answer the calls of a stored response: send its id as "
+            "previous_response_id")
+    output = service.get(tenant, body.previous_response_id).body.get("output", [])
+    made = {item.get("call_id") for item in output if item.get("type") == "function_call"}
+    for call_id in call_ids:
+        if call_id not in made:
+            raise InvalidParameterError(
+                f"function_call_output: no function call with call_id {call_id!r} in response "
+                f"{body.previous_response_id!r}")
 
 
 async def _structured_output(server, body: ResponsesRequest, model: str, params):

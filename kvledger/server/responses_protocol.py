@@ -111,6 +111,11 @@ class ResponsesRequest(_SamplingBody):
     tool_choice: ToolChoiceMode | FlatNamedToolChoice | None = None
     parallel_tool_calls: bool = True
 
+    def call_output_ids(self) -> list[str]:
+        """The ``call_id`` of every ``function_call_output`` item of ``input``."""
+        items = self.input if isinstance(self.input, list) else []
+        return [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
+
     def split_input(self) -> tuple[str, list[tuple[str, str]], str | None]:
         """(user text, documents as ``(filename, file_data)``, extra system text).
 

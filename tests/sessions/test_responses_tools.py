@@ -119,3 +119,20 @@ def test_bad_input_is_a_400(serve, body, words):
     with pytest.raises(openai.BadRequestError, match=words):
         oc.responses.create(model="fake-model", **{"input": "hi", **body})
     assert oc.responses.create(model="fake-model", input="hi").output_text == "ok"
+
+
+def test_a_call_output_must_answer_a_call_of_the_previous_response(serve):
+    oc, _, _ = serve(HERMES.call_text("get_weather", ARGS))
+    first = oc.responses.create(model="fake-model", input="Weather?", tools=[TOOL],
+                                tool_choice="required")
+    answer = [{"type": "function_call_output", "call_id": "call_nope", "output": "21 C"}]
+    with pytest.raises(openai.BadRequestError, match="no function call with call_id 'call_nope'"):
+        oc.responses.create(model="fake-model", previous_response_id=first.id, tools=[TOOL],
+                            input=answer)
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        oc.responses.create(model="fake-model", tools=[TOOL], input=answer)
+    with pytest.raises(openai.NotFoundError):
+        oc.responses.create(model="fake-model", previous_response_id="resp_gone", input=answer)
+    answer[0]["call_id"] = first.output[0].call_id
+    assert oc.responses.create(model="fake-model", previous_response_id=first.id, tools=[TOOL],
+                               input=answer).status == "completed"
