@@ -90,3 +90,9 @@ def test_chat_fields_it_cannot_honour_are_400(make_client, field, value):
     r = make_client().post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "hi"}], field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_tools_on_completions_are_400(make_client):
+    r = make_client().post("/v1/completions", json={"prompt": "hi", "tools": [
+        {"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
