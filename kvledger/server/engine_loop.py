@@ -132,15 +132,18 @@ class EngineLoop:
             raise EngineUnavailableError("the engine is not running (the server is stopping "
                                          "or its engine thread has exited); retry later")
 
-    async def tokenize(self, prompt: Any, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a prompt (``engine.tokenize``), computed in the tokenizer thread.
+    async def tokenize(self, prompt: Any, tools: list[dict] | None = None,
+                       add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt (``engine.tokenize``, with the chat template's ``tools``),
+        computed in the tokenizer thread.
 
         Raises:
             InvalidParameterError, ContextLengthError: as ``engine.tokenize`` (HTTP 400).
             EngineUnavailableError: the engine thread has stopped (HTTP 503).
         """
         self._refuse_if_closed()
-        return await self.tokenizer_thread.run(self._engine.tokenize, prompt, add_special_tokens)
+        return await self.tokenizer_thread.run(self._engine.tokenize, prompt, add_special_tokens,
+                                               tools)  # engine.tokenize's order
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(engine)`` in the engine thread; return its result or raise its error."""
