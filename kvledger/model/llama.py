@@ -1,8 +1,16 @@
-"""Llama-family decoder forward pass in plain PyTorch, reading and writing the paged KV cache.
+"""Llama-family decoder forward pass in plain PyTorch, reading and writing the paged KV cache,
+and the hooks the other decoder families (:mod:`.qwen3`, :mod:`.phi3`, :mod:`.gemma`) set.
 
 Architecture (Touvron et al., "LLaMA", arXiv:2302.13971; GQA: Ainslie et al., arXiv:2305.13245):
 token embedding -> N x [RMSNorm -> attention (Q, K, V projections, RoPE on Q and K, GQA) ->
 residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied or untied).
+What a family may add, each switched on by the spec and its weights: per-head RMSNorm of q and
+k before RoPE (Qwen3, Gemma 3), a second RoPE base for the sliding layers (Gemma 3), a
+partial rotary factor and LongRoPE (:mod:`.rope`), sliding windows, a score scale and score
+soft-capping (the attention backend's per-layer parameters, ``engine/attention/layer.py``),
+norms after attention and after the MLP ("sandwich", Gemma 2/3), another gated activation, a
+scaled embedding, final-logit soft-capping; which of them a family computes is its
+``FEATURES`` (:func:`spec_features`), and a spec that needs another is refused at start.
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
 layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate_up``,
@@ -18,17 +26,47 @@ cached: only the K/V of new tokens go to the store (seed §2.1).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kvledger.device.cpu.device import CPU
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
+from kvledger.engine.attention.layer import layers_of
 from kvledger.engine.kv.store import KVStore
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.linear import Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
-from kvledger.spec import FULL, ModelSpec
+from kvledger.spec import FULL, SLIDING, ModelSpec
 
-MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""The Hugging Face ``model_type`` values this family runs (:mod:`kvledger.model.families`)."""
+SLIDING_WINDOW, QKV_BIAS, QK_NORM = "sliding window", "q/k/v bias", "q/k norm"
+PARTIAL_ROTARY, LOCAL_ROPE_BASE = "partial rotary factor", "local rope base"
+SCORE_SCALE, SCORE_SOFTCAP, LOGIT_SOFTCAP = ("query_pre_attn_scalar", "attention soft-cap",
+                                             "final-logit soft-cap")
+SANDWICH_NORMS = "norms after attention and MLP"
+
+
+def spec_features(spec: ModelSpec) -> set[str]:
+    """What the forward pass of ``spec`` needs beyond a plain Llama decoder (SwiGLU, RMSNorm,
+    full causal attention, default RoPE): the names above, ``rope <type>``, ``activation
+    <name>``, or the name of a part no family here computes (experts, biases, ...)."""
+    out = {name for name, on in (
+        (SLIDING_WINDOW, SLIDING in spec.layer_types), (QKV_BIAS, spec.qkv_bias),
+        (QK_NORM, spec.qk_norm), (PARTIAL_ROTARY, spec.partial_rotary_factor != 1.0),
+        (LOCAL_ROPE_BASE, spec.rope_local_base_freq is not None),
+        (SCORE_SCALE, spec.attention_scale != spec.head_dim ** -0.5),
+        (SCORE_SOFTCAP, spec.attn_logit_softcapping is not None),
+        (LOGIT_SOFTCAP, spec.final_logit_softcapping is not None),
+        (SANDWICH_NORMS, spec.norms_per_layer == 4), ("mixture of experts", spec.num_experts),
+        ("output or MLP bias", spec.o_bias or spec.mlp_bias), ("LayerNorm", spec.norm_bias),
+        ("ungated MLP", not spec.mlp_gated), ("learned positions", spec.position_embeddings),
+        ("attention sinks", spec.attention_sinks), ("gated attention", spec.attn_output_gate),
+        ("norms per layer", spec.norms_per_layer not in (2, 4))) if on}
+    out |= {f"{kind} layers" for kind in set(spec.layer_types) - {FULL, SLIDING}}
+    rope_type = (spec.rope_scaling or {}).get("rope_type", "default")
+    if rope_type not in ("default", "linear", "llama3"):
+        out.add(f"rope {rope_type}")
+    if spec.hidden_act != "silu":
+        out.add(f"activation {spec.hidden_act}")
+    return out
 
 
 class LlamaModel:
@@ -44,17 +82,39 @@ class LlamaModel:
             classes left out are dense; None asks the kernel probe. Ignored in fp32.
 
     Raises:
-        UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
+        UnsupportedModelError: the model type is not the family's, or the spec needs a feature
+            the family does not compute (:meth:`check_supported`).
     """
+
+    MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2")
+    """The Hugging Face ``model_type`` values this family runs (:mod:`.families`)."""
+    FEATURES = frozenset({SLIDING_WINDOW, QKV_BIAS})
+    """The :func:`spec_features` this family computes as transformers does."""
+    NORM_OFFSET = 0.0
+    """Added to every RMSNorm weight as loaded: Gemma's ``(1 + w)`` form is 1."""
+
+    @classmethod
+    def check_supported(cls, spec: ModelSpec) -> None:
+        """Raise UnsupportedModelError unless this family runs ``spec`` exactly."""
+        if spec.model_type not in cls.MODEL_TYPES:
+            raise UnsupportedModelError(f"model_type {spec.model_type!r} is not one of the "
+                                        f"{cls.__name__} family's ({', '.join(cls.MODEL_TYPES)})")
+        missing = spec_features(spec) - cls.FEATURES
+        if missing:
+            raise UnsupportedModelError(
+                f"{spec.model_type} with {', '.join(sorted(missing))} cannot run in the engine "
+                f"yet (the {spec.model_type} family computes: "
+                f"{', '.join(sorted(cls.FEATURES)) or 'none of the extras'})")
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  attention: AttentionBackend | str | None = None,
                  formats: dict[str, str] | None = None):
-        check_supported(spec)
+        self.check_supported(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or CPU.attention_backend(spec))
         self.attention = attention
+        attention.set_layers(layers_of(spec))
         self.ops = CPU.fused_ops(spec)
         gemm = {}
         if dtype != torch.bfloat16:
@@ -75,17 +135,56 @@ class LlamaModel:
             if source is not None:
                 release(source)
         del embed, head
-        self.final_norm = w.pop("model.norm.weight").clone()  # clones: no view of the cache
+        self.final_norm = self.norm_weight(w.pop("model.norm.weight"))
         self.layers = []
         for i in range(spec.num_layers):
-            self.layers.append(_fuse_layer(w, f"model.layers.{i}.", self.formats, release))
+            self.layers.append(self._layer(w, f"model.layers.{i}.", release))
             for cls, choice in gemm.items():
                 if choice is not None and cls in self.layers[-1]:
                     self.layers[-1][cls].use_gemm(*choice)
-        self.rope = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
-                                    spec.rope_theta, spec.rope_scaling, dtype)
+        self.ropes = self._ropes()
+        self.rope = self.ropes[0]  # the turn of retained keys (retention runs on one RoPE)
         self.q_size = spec.num_attention_heads * spec.head_dim
         self.kv_size = spec.num_kv_heads * spec.head_dim
+        self.act = self.ops.silu_mul
+
+    def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm weight as the ops take it: ``weight + NORM_OFFSET``, a new tensor (no
+        view of a mapped cache)."""
+        return (weight.float() + self.NORM_OFFSET).to(self.dtype)
+
+    def _ropes(self) -> list[RotaryEmbedding]:
+        """One RoPE table per layer: the spec's, or for the sliding layers its local base
+        (``rope_local_base_freq``, unscaled) when it has one (Gemma 3)."""
+        spec = self.spec
+        tables = {None: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
+                                        spec.rope_theta, spec.rope_scaling, self.dtype,
+                                        spec.rotary_dim)}
+        if spec.rope_local_base_freq is not None:
+            tables[SLIDING] = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
+                                              spec.rope_local_base_freq, None, self.dtype,
+                                              spec.rotary_dim)
+        return [tables.get(kind, tables[None]) for kind in spec.layer_types]
+
+    def _layer(self, w: dict[str, torch.Tensor], prefix: str, release) -> dict:
+        """One layer's norms and fused Linears (:func:`_fuse_layer`); with sandwich norms the
+        norm before the MLP is ``pre_feedforward_layernorm`` and the two after attention and
+        the MLP are ``attn_out_norm`` / ``mlp_out_norm``."""
+        layer = _fuse_layer(w, prefix, self.formats, release)
+        norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
+        if self.spec.norms_per_layer == 4:
+            norms = {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
+                     "post_norm": "pre_feedforward_layernorm",
+                     "mlp_out_norm": "post_feedforward_layernorm"}
+        if self.spec.qk_norm:
+            norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+        for key, name in norms.items():
+            layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"))
+        return layer
+
+    def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embedding rows [T, hidden] of token ids [T] (Gemma scales them)."""
+        return self.embed.rows(input_ids, self.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -94,22 +193,36 @@ class LlamaModel:
 
         Each residual add is fused with the RMSNorm after it (``h`` is updated in place).
         """
-        spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
-        h = self.embed.rows(input_ids, self.dtype)
-        heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        ops, eps = self.ops, self.spec.rms_norm_eps
+        h = self.embed_rows(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
             h, x = ops.add_rms_norm(h, delta, layer["input_norm"], eps)
-            qkv = layer["qkv"](x)
-            qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
-            qk = ops.rope_(qk, positions, self.rope)
-            q, k = qk[:, :heads], qk[:, heads:]
-            v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
+            q, k, v = self._qkv(layer, x, positions, self.ropes[i])
             attn = self.attention(i, q, k, v, meta, store)
-            h, x = ops.add_rms_norm(h, layer["o"](attn.reshape(-1, self.q_size)),
-                                    layer["post_norm"], eps)
-            delta = layer["down"](ops.silu_mul(layer["gate_up"](x)))
+            out = layer["o"](attn.reshape(-1, self.q_size))
+            if "attn_out_norm" in layer:
+                out = ops.add_rms_norm(out, None, layer["attn_out_norm"], eps)[1]
+            h, x = ops.add_rms_norm(h, out, layer["post_norm"], eps)
+            delta = layer["down"](self.act(layer["gate_up"](x)))
+            if "mlp_out_norm" in layer:
+                delta = ops.add_rms_norm(delta, None, layer["mlp_out_norm"], eps)[1]
         return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
+
+    def _qkv(self, layer: dict, x: torch.Tensor, positions: torch.Tensor,
+             rope: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k and v [T, kv_heads, D] of normed hidden states x [T, hidden]:
+        one fused projection, the per-head q / k norms if any, RoPE on q and k together."""
+        spec, eps = self.spec, self.spec.rms_norm_eps
+        heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
+        qkv = layer["qkv"](x)
+        qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)
+        if "q_norm" in layer:  # written back into qkv: RoPE then turns q and k in place
+            qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), layer["q_norm"], eps)
+            qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), layer["k_norm"], eps)
+        qk = self.ops.rope_(qk, positions, rope)
+        v = qkv[:, self.q_size + self.kv_size:].view(-1, kv_heads, dim)
+        return qk[:, :heads], qk[:, heads:], v
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -131,17 +244,6 @@ class LlamaModel:
         return {**held, "lm_head": self.lm_head.format}
 
 
-def check_supported(spec: ModelSpec) -> None:
-    """Raise UnsupportedModelError unless this family runs ``spec`` exactly."""
-    if spec.model_type not in MODEL_TYPES:
-        raise UnsupportedModelError(f"model_type {spec.model_type!r} is not one of the Llama "
-                                    f"family's ({', '.join(MODEL_TYPES)})")
-    kinds = set(spec.layer_types)
-    if kinds != {FULL}:
-        raise UnsupportedModelError(
-            f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
-
-
 def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
     """Shape classes whose weights the checkpoint stores as Q4 (layer 0 speaks for all)."""
     has = {p for p in ("q", "k", "v", "o") if f"model.layers.0.self_attn.{p}_proj.q4_codes"
@@ -157,15 +259,13 @@ def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
 
 def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
                 release) -> dict:
-    """One layer's norms and fused Linears; its tensors are removed from ``w`` as they are
-    used and their pages released (``release``, see :class:`kvledger.model.weights.loader.
+    """One layer's fused Linears; its tensors are removed from ``w`` as they are used and
+    their pages released (``release``, see :class:`kvledger.model.weights.loader.
     MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = [attn + f"{p}_proj" for p in "qkv"]
     bias = [w.pop(stem + ".bias", None) for stem in qkv]
     return {
-        "input_norm": w.pop(prefix + "input_layernorm.weight").clone(),
-        "post_norm": w.pop(prefix + "post_attention_layernorm.weight").clone(),
         "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release,
                              torch.cat(bias) if bias[0] is not None else None),
         "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release),

@@ -11,6 +11,7 @@ the package (``tests/test_imports.py`` checks it).
 """
 
 from kvledger.spec.gguf_reader import (
+    GGUF_MODEL_TYPES,
     check_gguf_magic,
     open_gguf,
     spec_from_gguf,
@@ -18,12 +19,12 @@ from kvledger.spec.gguf_reader import (
 )
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
 from kvledger.spec.load import load_spec
-from kvledger.spec.model_spec import FULL, LINEAR, LLAMA_FAMILY_TYPES, MLA, SLIDING, ModelSpec
+from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
 __all__ = [
     "FULL",
+    "GGUF_MODEL_TYPES",
     "LINEAR",
-    "LLAMA_FAMILY_TYPES",
     "MLA",
     "SLIDING",
     "ConfigWarning",

@@ -59,10 +59,11 @@ class NativeOps(TorchOps):
         return h, out
 
     def rope_(self, qk, positions, rope):
-        """In place on qk [T, heads, D] whose heads are contiguous within each token's row."""
+        """In place on qk [T, heads, D] whose heads are contiguous within each token's row and
+        turn whole (a partial rotary factor takes the PyTorch op)."""
         tokens, heads, dim = qk.shape
         if (qk.dtype not in DTYPE_CODES or qk.stride(2) != 1 or qk.stride(1) != dim
-                or positions.dtype != torch.int64):
+                or positions.dtype != torch.int64 or rope.rotary_dim != dim):
             return super().rope_(qk, positions, rope)
         positions = positions.contiguous()
         rope.cover(positions)

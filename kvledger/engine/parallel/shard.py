@@ -33,6 +33,10 @@ from kvledger.model.q4 import GROUP
 from kvledger.spec import ModelSpec
 
 Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
+NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
+         "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+         "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+"""A layer's norms, each held whole by every rank (q / k norms act per head)."""
 
 
 def check_divisible(spec: ModelSpec, tp: int) -> None:
@@ -93,8 +97,9 @@ def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, tp: int, ra
     out: dict[str, torch.Tensor] = {}
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            out[p + name] = weights[p + name]
+        for name in NORMS:
+            if p + name in weights:
+                out[p + name] = weights[p + name]
         for proj, rows in (("self_attn.q_proj", q), ("self_attn.k_proj", kv),
                            ("self_attn.v_proj", kv), ("mlp.gate_proj", mlp),
                            ("mlp.up_proj", mlp)):

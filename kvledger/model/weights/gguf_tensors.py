@@ -1,7 +1,15 @@
-"""GGUF tensors -> a Hugging Face Llama-named fp32 state dict.
+"""GGUF tensors -> a Hugging Face-named fp32 state dict.
 
-Each tensor of a llama-family GGUF is dequantized with ``gguf.quants.dequantize`` (numpy) and
-renamed to the Hugging Face ``LlamaForCausalLM`` parameter name. GGUF stores dimensions
+Each tensor of a GGUF (the architectures of ``kvledger.spec.GGUF_MODEL_TYPES``) is dequantized
+with ``gguf.quants.dequantize`` (numpy) and renamed to its Hugging Face parameter name, per
+architecture as llama.cpp's ``convert_hf_to_gguf`` named it (gguf-py's ``tensor_mapping``):
+the Llama names, except that Gemma 2/3 write ``post_attention_layernorm`` as
+``post_attention_norm``, ``pre_feedforward_layernorm`` as ``ffn_norm`` and
+``post_feedforward_layernorm`` as ``post_ffw_norm``, and Phi-3 keeps its fused ``attn_qkv``
+and ``ffn_up`` (gate and up rows); :mod:`.names` splits those. Gemma's converter stores every
+norm weight as ``1 + w`` (its RMSNorm's form): 1 is subtracted back, exactly for weights
+>= 0.5. Phi-3's ``rope_factors_long`` / ``_short`` belong to the spec (``rope_scaling``), not
+to the weights. GGUF stores dimensions
 innermost-first (``ne0`` = columns), so a dequantized matrix already comes out as ``[out, in]``
 like ``nn.Linear.weight``; the embedding comes out as ``[vocab, hidden]``.
 
@@ -13,10 +21,11 @@ is what ggml's normal RoPE rotates)::
     permute(w, n_head) = w.reshape(n_head, 2, d // 2, ...).swapaxes(1, 2).reshape(w.shape)
 
 with ``d = rows / n_head`` (``n_head = n_kv_heads`` for K). :func:`unpermute_rotary` is its
-inverse. Qwen2/Qwen3 GGUFs use NEOX RoPE (the HF layout) and are not permuted.
+inverse. Qwen2/Qwen3, Phi-3 and Gemma 2/3 GGUFs use NEOX RoPE (the HF layout; llama.cpp's
+``llama_model_rope_type``) and are not permuted.
 
 Errors: a tensor type outside :data:`SUPPORTED_TYPES` -> UnsupportedModelError naming the type and
-the tensor; a tensor name the Llama family does not have -> UnsupportedModelError.
+the tensor; a tensor name the architecture does not have -> UnsupportedModelError.
 """
 
 from __future__ import annotations
@@ -56,25 +65,37 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_ARCH_BLOCK_NAMES = {
+    "gemma2": {"post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+_ARCH_BLOCK_NAMES["gemma3"] = _ARCH_BLOCK_NAMES["gemma2"]
+NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
+"""Architectures whose converter stores norm weights as ``1 + w``."""
+SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
+"""Tensors the spec reader takes (LongRoPE's factors), not weights."""
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str:
-    """Hugging Face parameter name of a GGUF tensor name (``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``).
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """Hugging Face parameter name of a GGUF tensor name of architecture ``arch``
+    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``).
 
     Raises:
-        UnsupportedModelError: the name is not part of a llama-family decoder.
+        UnsupportedModelError: the name is not part of the architecture's decoder.
     """
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_BLOCK_NAMES, **_ARCH_BLOCK_NAMES.get(arch, {})}
     m = _BLOCK_RE.match(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
+    if m is None or m.group(2) not in names:
         raise UnsupportedModelError(
-            f"unsupported GGUF tensor {gguf_name!r} (not a Llama-family weight)"
+            f"unsupported GGUF tensor {gguf_name!r} (not a weight of a {arch} decoder)"
         )
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -122,7 +143,8 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
         UnsupportedModelError: unsupported tensor type or tensor name, or llama3 RoPE factors
             stored as a ``rope_freqs`` tensor (not implemented).
     """
-    permuted = spec.extra.get("gguf_architecture", spec.model_type) in PERMUTED_ARCHS
+    arch = spec.extra.get("gguf_architecture", spec.model_type)
+    permuted = arch in PERMUTED_ARCHS
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
@@ -130,8 +152,12 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
             raise UnsupportedModelError(
                 "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
             )
-        name = hf_name(tensor.name)
+        if tensor.name in SPEC_TENSORS:
+            continue
+        name = hf_name(tensor.name, arch)
         arrays = {name: dequantize(tensor)}
+        if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            arrays[name] -= 1.0
         if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
             rows = arrays[name].shape[0]
             stem = name.removesuffix(".weight")
