@@ -41,13 +41,15 @@ FEATURES = {
 
 def _config(family: str, gguf_compatible: bool = False):
     """The transformers config of ``family``'s tiny model (``gguf_compatible``: Gemma's
-    query_pre_attn_scalar = head_dim, the value llama.cpp assumes for a GGUF)."""
+    query_pre_attn_scalar = head_dim, the value llama.cpp assumes for a GGUF, and no Qwen3
+    window, which its converter does not write)."""
     import transformers as tf
 
     scalar = 32 if gguf_compatible else 24
     if family == "qwen3":
+        # llama.cpp's Qwen3 converter writes no window (real Qwen3 has none): none in a GGUF
         return tf.Qwen3Config(**SHAPE, num_hidden_layers=3, head_dim=32, rope_theta=1e6,
-                              max_position_embeddings=256, use_sliding_window=True,
+                              max_position_embeddings=256, use_sliding_window=not gguf_compatible,
                               sliding_window=W, max_window_layers=1, rms_norm_eps=1e-6,
                               tie_word_embeddings=False)
     if family in ("phi3", "phi3-long"):
@@ -127,7 +129,9 @@ def write_gguf(family: str, model, path) -> None:
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
     for key, value in _metadata(family, cfg).items():
         full = f"{arch}.{key}"
-        if isinstance(value, float):
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, float):
             w.add_float32(full, value)
         elif isinstance(value, list):
             w.add_array(full, value)
@@ -185,5 +189,7 @@ def _metadata(family: str, cfg) -> dict:
         meta.update({"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
                      "rope.freq_base": float(rope["full_attention"]["rope_theta"]),
                      "rope.freq_base_swa": float(rope["sliding_attention"]["rope_theta"]),
+                     "rope.scaling.type": "linear",
+                     "rope.scaling.factor": float(rope["full_attention"]["factor"]),
                      "attention.sliding_window": cfg.sliding_window})
     return meta
