@@ -18,7 +18,6 @@ import torch
 from kvledger.model.weights.names import is_norm, tensor_shapes
 from kvledger.spec import ModelSpec
 
-LOAD_FORMATS = ("auto", "dummy")
 SEED = 0
 BOUND = 1e-3
 BUNDLED_TOKENIZER_NOTE = ("tokenizer: the bundled SmolLM2-135M-Instruct's (the model's own is "

@@ -78,8 +78,9 @@ def load_weights(
         ModelNotFoundError, ConfigError, UnsupportedModelError: see the module docstring.
         InvalidParameterError: an unknown ``load_format``.
     """
+    from kvledger.engine.config import LOAD_FORMATS
     from kvledger.model.families import model_class
-    from kvledger.model.weights.dummy import LOAD_FORMATS, dummy_spec, dummy_weights
+    from kvledger.model.weights.dummy import dummy_spec, dummy_weights
 
     if load_format not in LOAD_FORMATS:
         raise InvalidParameterError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}, "
