@@ -93,3 +93,18 @@ def test_chunked_prefill_matches_transformers(family):
     """Steps of at most 7 tokens: prompts prefilled in chunks that cross blocks and windows."""
     _, _, _, _, prompts, want = family
     assert _run(_engine(family, max_num_batched_tokens=7), prompts) == want
+
+
+def test_retention_on_sliding_layers_is_refused(family):
+    """The retention paths gather slot lists without a window: refused at start and per
+    request (HTTP 400), with the layout named."""
+    from kvledger.errors import InvalidParameterError
+    from kvledger.ledger.retention import RetentionSpec
+
+    _, _, spec, _, prompts, _ = family
+    with pytest.raises(InvalidParameterError, match=rf"{spec.model_type}: \d+ of "
+                                                    rf"{spec.num_layers} layers slide"):
+        _engine(family, kv_policy="window", kv_window=32)
+    params = SamplingParams(max_tokens=2, kv_policy=RetentionSpec("sinks", window=32, sinks=4))
+    with pytest.raises(InvalidParameterError, match="sliding-window layers"):
+        _engine(family).add_request("r", prompts[0], params)
