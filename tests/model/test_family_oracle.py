@@ -155,3 +155,18 @@ def test_multimodal_gemma3_folder_runs_its_text_model(tmp_path):
     assert not any("vision" in name for name in weights)
     diffs = _diffs(spec, weights, hf, _prompt("gemma3", 2 * W + 3), steps=2)
     assert max(diffs) <= TOL, diffs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_fast_mode_tracks_the_fp32_oracle(tiny, family):
+    """bf16 weights, activations and KV pool (the probe's weight formats, the native fused
+    ops where they apply): logits within 5 % of their spread of transformers' fp32 ones."""
+    folder, hf, _, _ = tiny(family)
+    spec, weights = load_weights(folder, torch.bfloat16)
+    model = model_class(spec)(spec, weights, torch.bfloat16)
+    store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
+    req = Request("r", _prompt(family), SamplingParams())
+    req.block_table = [4, 1, 9, 2, 11]
+    logits = ModelRunner(model, store, 16).execute([_Chunk(req, req.num_tokens)])
+    ref = hf_logits(hf, req.all_token_ids)
+    assert float((logits[0] - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
