@@ -219,12 +219,12 @@ class LLMEngine:
         if config.load_format != "dummy":
             spec, weights = load_weights(config.model, dtype)
             return spec, weights, load_tokenizer(config.model)
-        from kvledger.model.weights.dummy import dummy_tokenizer
+        from kvledger.model.weights.loader import load_tokenizer_or_bundled
 
         spec = _model_spec(config)
         model_class(spec)  # an engine family, or refused by name
         check_memory(config, spec, dtype)
-        tokenizer, self.tokenizer_note = dummy_tokenizer(config.model)
+        tokenizer, self.tokenizer_note = load_tokenizer_or_bundled(config.model)
         if self.tokenizer_note:
             log.warning("%s", self.tokenizer_note)
         return (*load_weights(config.model, dtype, "dummy"), tokenizer)

@@ -6,7 +6,8 @@ the catalogue (``kvledger models``). Every tensor of :func:`.names.tensor_shapes
 uniform in [-1e-3, 1e-3] from a generator seeded with :data:`SEED` (the same weights on every
 tensor-parallel rank and every run); RMSNorm weights are the identity: 1, or 0 in Gemma's
 ``(1 + w)`` form (``NORM_OFFSET`` of the family). The tokenizer is the model's own when its
-folder has one, else the bundled model's, which the caller is told.
+folder has one, else the bundled model's, which the caller is told
+(:func:`kvledger.model.weights.loader.load_tokenizer_or_bundled`).
 """
 
 from __future__ import annotations
@@ -53,17 +54,3 @@ def dummy_weights(spec: ModelSpec, dtype: torch.dtype, norm_offset: float) -> di
         else:
             out[name] = torch.empty(shape, dtype=dtype).uniform_(-BOUND, BOUND, generator=g)
     return out
-
-
-def dummy_tokenizer(model: str):
-    """(tokenizer, note): the model folder's own tokenizer and None, or the bundled model's
-    and :data:`BUNDLED_TOKENIZER_NOTE`."""
-    from kvledger.model.weights.loader import TOKENIZER_FILES, load_tokenizer
-
-    path = Path(model).expanduser()
-    if model == "default" or (path.is_file() and path.suffix == ".gguf"):
-        return load_tokenizer(model), None
-    folder = path if path.is_dir() else path.parent
-    if path.exists() and any((folder / n).is_file() for n in TOKENIZER_FILES):
-        return load_tokenizer(folder), None
-    return load_tokenizer("default"), BUNDLED_TOKENIZER_NOTE

@@ -304,3 +304,18 @@ def _gguf_tokenizer(path: Path, auto_tokenizer):
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return tokenizer
+
+
+def load_tokenizer_or_bundled(model: str):
+    """(tokenizer, note) for dummy weights: the model's own (a GGUF's, or a folder's with a
+    tokenizer file) and None, else the bundled model's and
+    :data:`.dummy.BUNDLED_TOKENIZER_NOTE`."""
+    from kvledger.model.weights.dummy import BUNDLED_TOKENIZER_NOTE
+
+    path = Path(model).expanduser()
+    if model == "default" or (path.is_file() and path.suffix == ".gguf"):
+        return load_tokenizer(model), None
+    folder = path if path.is_dir() else path.parent
+    if path.exists() and any((folder / n).is_file() for n in TOKENIZER_FILES):
+        return load_tokenizer(folder), None
+    return load_tokenizer("default"), BUNDLED_TOKENIZER_NOTE
