@@ -20,24 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.model.llama import (
-    LOCAL_ROPE_BASE,
-    LOGIT_SOFTCAP,
-    QK_NORM,
-    SANDWICH_NORMS,
-    SCORE_SCALE,
-    SCORE_SOFTCAP,
-    SLIDING_WINDOW,
-    LlamaModel,
-)
+from kvledger.model.llama import LlamaModel
 
 
 class GemmaModel(LlamaModel):
     """Gemma 2 / Gemma 3 text decoder (see the module docstring)."""
 
-    MODEL_TYPES = ("gemma2", "gemma3_text")
-    FEATURES = frozenset({SLIDING_WINDOW, QK_NORM, SANDWICH_NORMS, SCORE_SCALE, SCORE_SOFTCAP,
-                          LOGIT_SOFTCAP, LOCAL_ROPE_BASE, "activation gelu_pytorch_tanh"})
+    FAMILY = "gemma"
     NORM_OFFSET = 1.0
 
     def __init__(self, *args, **kwargs) -> None:

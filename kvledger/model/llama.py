@@ -10,7 +10,7 @@ partial rotary factor and LongRoPE (:mod:`.rope`), sliding windows, a score scal
 soft-capping (the attention backend's per-layer parameters, ``engine/attention/layer.py``),
 norms after attention and after the MLP ("sandwich", Gemma 2/3), another gated activation, a
 scaled embedding, final-logit soft-capping; which of them a family computes is its
-``FEATURES`` (:func:`spec_features`), and a spec that needs another is refused at start.
+``kvledger.spec.runnable.FAMILY_RUNS``, and a spec that needs another is refused at start.
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
 layer runs four matmuls. In bf16 each matrix shape class (``qkv``, ``o``, ``gate_up``,
@@ -35,38 +35,7 @@ from kvledger.engine.kv.store import KVStore
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.linear import Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
-from kvledger.spec import FULL, SLIDING, ModelSpec
-
-SLIDING_WINDOW, QKV_BIAS, QK_NORM = "sliding window", "q/k/v bias", "q/k norm"
-PARTIAL_ROTARY, LOCAL_ROPE_BASE = "partial rotary factor", "local rope base"
-SCORE_SCALE, SCORE_SOFTCAP, LOGIT_SOFTCAP = ("query_pre_attn_scalar", "attention soft-cap",
-                                             "final-logit soft-cap")
-SANDWICH_NORMS = "norms after attention and MLP"
-
-
-def spec_features(spec: ModelSpec) -> set[str]:
-    """What the forward pass of ``spec`` needs beyond a plain Llama decoder (SwiGLU, RMSNorm,
-    full causal attention, default RoPE): the names above, ``rope <type>``, ``activation
-    <name>``, or the name of a part no family here computes (experts, biases, ...)."""
-    out = {name for name, on in (
-        (SLIDING_WINDOW, SLIDING in spec.layer_types), (QKV_BIAS, spec.qkv_bias),
-        (QK_NORM, spec.qk_norm), (PARTIAL_ROTARY, spec.partial_rotary_factor != 1.0),
-        (LOCAL_ROPE_BASE, spec.rope_local_base_freq is not None),
-        (SCORE_SCALE, spec.attention_scale != spec.head_dim ** -0.5),
-        (SCORE_SOFTCAP, spec.attn_logit_softcapping is not None),
-        (LOGIT_SOFTCAP, spec.final_logit_softcapping is not None),
-        (SANDWICH_NORMS, spec.norms_per_layer == 4), ("mixture of experts", spec.num_experts),
-        ("output or MLP bias", spec.o_bias or spec.mlp_bias), ("LayerNorm", spec.norm_bias),
-        ("ungated MLP", not spec.mlp_gated), ("learned positions", spec.position_embeddings),
-        ("attention sinks", spec.attention_sinks), ("gated attention", spec.attn_output_gate),
-        ("norms per layer", spec.norms_per_layer not in (2, 4))) if on}
-    out |= {f"{kind} layers" for kind in set(spec.layer_types) - {FULL, SLIDING}}
-    rope_type = (spec.rope_scaling or {}).get("rope_type", "default")
-    if rope_type not in ("default", "linear", "llama3"):
-        out.add(f"rope {rope_type}")
-    if spec.hidden_act != "silu":
-        out.add(f"activation {spec.hidden_act}")
-    return out
+from kvledger.spec import SLIDING, ModelSpec, check_runnable
 
 
 class LlamaModel:
@@ -82,34 +51,22 @@ class LlamaModel:
             classes left out are dense; None asks the kernel probe. Ignored in fp32.
 
     Raises:
-        UnsupportedModelError: the model type is not the family's, or the spec needs a feature
-            the family does not compute (:meth:`check_supported`).
+        UnsupportedModelError: a spec the forward would not compute exactly
+            (:func:`kvledger.spec.check_runnable`), or one of another family's.
     """
 
-    MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2")
-    """The Hugging Face ``model_type`` values this family runs (:mod:`.families`)."""
-    FEATURES = frozenset({SLIDING_WINDOW, QKV_BIAS})
-    """The :func:`spec_features` this family computes as transformers does."""
+    FAMILY = "llama"
+    """The engine family this class runs (``kvledger.spec.runnable.FAMILY_TYPES``)."""
     NORM_OFFSET = 0.0
     """Added to every RMSNorm weight as loaded: Gemma's ``(1 + w)`` form is 1."""
-
-    @classmethod
-    def check_supported(cls, spec: ModelSpec) -> None:
-        """Raise UnsupportedModelError unless this family runs ``spec`` exactly."""
-        if spec.model_type not in cls.MODEL_TYPES:
-            raise UnsupportedModelError(f"model_type {spec.model_type!r} is not one of the "
-                                        f"{cls.__name__} family's ({', '.join(cls.MODEL_TYPES)})")
-        missing = spec_features(spec) - cls.FEATURES
-        if missing:
-            raise UnsupportedModelError(
-                f"{spec.model_type} with {', '.join(sorted(missing))} cannot run in the engine "
-                f"yet (the {spec.model_type} family computes: "
-                f"{', '.join(sorted(cls.FEATURES)) or 'none of the extras'})")
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  attention: AttentionBackend | str | None = None,
                  formats: dict[str, str] | None = None):
-        self.check_supported(spec)
+        family = check_runnable(spec)
+        if family != self.FAMILY:
+            raise UnsupportedModelError(f"model_type {spec.model_type!r} runs in the {family} "
+                                        f"family, not {type(self).__name__}")
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or CPU.attention_backend(spec))

@@ -10,11 +10,10 @@ max model length (:mod:`kvledger.model.rope`).
 
 from __future__ import annotations
 
-from kvledger.model.llama import PARTIAL_ROTARY, SLIDING_WINDOW, LlamaModel
+from kvledger.model.llama import LlamaModel
 
 
 class Phi3Model(LlamaModel):
     """Phi-3: :class:`LlamaModel` with RoPE on ``spec.rotary_dim`` dimensions, LongRoPE."""
 
-    MODEL_TYPES = ("phi3",)
-    FEATURES = frozenset({SLIDING_WINDOW, PARTIAL_ROTARY, "rope longrope"})
+    FAMILY = "phi3"

@@ -5,11 +5,10 @@ on, as transformers places it (``kvledger.spec``)."""
 
 from __future__ import annotations
 
-from kvledger.model.llama import QK_NORM, SLIDING_WINDOW, LlamaModel
+from kvledger.model.llama import LlamaModel
 
 
 class Qwen3Model(LlamaModel):
     """Qwen3: :class:`LlamaModel` whose layers carry ``q_norm`` / ``k_norm`` [head_dim]."""
 
-    MODEL_TYPES = ("qwen3",)
-    FEATURES = frozenset({QK_NORM, SLIDING_WINDOW})
+    FAMILY = "qwen3"

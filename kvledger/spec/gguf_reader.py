@@ -36,6 +36,7 @@ from pathlib import Path
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import model_id
 from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
+from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
@@ -205,8 +206,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     arch = _require(reader, "general.architecture", path)
     if arch not in GGUF_MODEL_TYPES:
         raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} in {path} is not supported "
-            f"(supported: {', '.join(GGUF_MODEL_TYPES)})"
+            f"GGUF architecture {arch!r} in {path} is not supported (GGUF files are read for "
+            f"{', '.join(GGUF_MODEL_TYPES)}; the engine runs {', '.join(ENGINE_MODEL_TYPES)})"
         )
 
     def req(key: str):
@@ -246,6 +247,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
         rope_scaling=_longrope(reader, arch, path) or _rope_scaling(reader, arch),
         partial_rotary_factor=int(rotary) / int(head_dim) if rotary else 1.0,
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
+        o_bias="blk.0.attn_output.bias" in tensor_names,
+        mlp_bias=any(f"blk.0.ffn_{p}.bias" in tensor_names for p in ("gate", "up", "down")),
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         layer_types=_layer_kinds(reader, arch, num_layers, window),
         sliding_window=int(window) if window else None,

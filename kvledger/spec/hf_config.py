@@ -201,7 +201,9 @@ def _common_fields(c: _Config, path: Path) -> dict:
         "tie_word_embeddings": bool(c.get("tie_word_embeddings", c.model_type not in KNOWN_TYPES)),
         "rms_norm_eps": float(c.get("rms_norm_eps", c.get("layer_norm_eps", 1e-5))),
         **_rope_fields(c),
-        "hidden_act": str(c.get("hidden_activation") or c.get("hidden_act") or "silu"),
+        # Gemma's MLP reads hidden_activation first (transformers' Gemma2MLP)
+        "hidden_act": str(c.get("hidden_activation") or c.get("hidden_act")
+                          or c.get("activation_function") or "silu"),
         "bos_token_id": c.get("bos_token_id"),
         "eos_token_ids": tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
         "qkv_bias": bool(c.get("attention_bias", False)),

@@ -23,7 +23,6 @@ MLA = "mla"
 LINEAR = "linear_attention"
 
 
-
 @dataclass(frozen=True)
 class ModelSpec:
     """Architecture numbers of a decoder-only transformer (counts, not bytes).
@@ -51,7 +50,7 @@ class ModelSpec:
     partial_rotary_factor: float = 1.0  # share of head_dim RoPE turns (Phi-4-mini: 0.75)
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None  # W: query i sees key j when i - j < W
-    hidden_act: str = "silu"  # the gated MLP's activation (Gemma: gelu_pytorch_tanh)
+    hidden_act: str = "silu"  # the MLP activation, an ACT2FN name (Gemma: gelu_pytorch_tanh)
     query_pre_attn_scalar: float | None = None  # scores scaled by its -0.5 power (Gemma)
     attn_logit_softcapping: float | None = None  # scores -> c * tanh(s / c) (Gemma 2)
     final_logit_softcapping: float | None = None  # logits -> c * tanh(z / c) (Gemma 2)

@@ -20,12 +20,14 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.kv import kv_bytes_per_sequence
+from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.model.weights.loader import load_weights
 
 FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3"]
 LENGTHS = (1, W - 1, W, W + 1, 3 * W + 5)
 STEPS = 16
 GREEDY = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
+FP32 = KVFormatSpec("fp32")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -60,8 +62,8 @@ def _run(engine, prompts, first: int = 0) -> list[list[int]]:
                 done[out.request_id] = out.token_ids
         for req in engine.scheduler.running:
             held = len(req.block_table) * engine.bytes_per_block
-            assert held == kv_bytes_per_sequence(spec, req.num_computed_tokens, "fp32",
-                                                 window_aware=False, block_size=block)
+            assert held == kv_bytes_per_sequence(spec, FP32, 1, block, req.num_computed_tokens,
+                                                 window_aware=False, paged=True)
     return [done[f"r{first + i}"] for i in range(len(prompts))]
 
 

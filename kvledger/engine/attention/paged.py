@@ -16,9 +16,7 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
-dequantises there, per block), and :meth:`PagedTorchBackend.chunk_scores` receives each
-chunk's raw scores with the running maximum, which is what a heavy-hitter policy needs to
-accumulate attention per kept token (exp(s - m) / l once the final m and l are known).
+dequantises there, per block).
 """
 
 from __future__ import annotations
@@ -97,7 +95,6 @@ class PagedTorchBackend(_Paged):
             pos = torch.arange(first * bs, first * bs + scores.shape[-1])
             hidden = (pos[None, :] >= lens[:, None]) | (pos[None, :] < starts[:, None])
             scores = scores.masked_fill(hidden[:, None, None, :], -math.inf)
-            self.chunk_scores(layer, first, scores, m)
             m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
             m_safe = m_new.masked_fill(m_new == -math.inf, 0.0)  # no key seen yet
             corr = torch.exp(m - m_safe)
@@ -106,11 +103,6 @@ class PagedTorchBackend(_Paged):
             acc = acc * corr + p @ values
             m = m_new
         return (acc / l_sum).reshape(n, heads, dim).to(q.dtype)
-
-    def chunk_scores(self, layer: int, first_block: int, scores: torch.Tensor,
-                     running_max: torch.Tensor) -> None:
-        """Hook: raw scores [N, kv_heads, G, positions] of the chunk starting at block index
-        ``first_block`` (masked positions -inf) and the maximum before it. No-op here."""
 
 
 class PagedNativeBackend(_Paged):

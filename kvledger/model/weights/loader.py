@@ -5,7 +5,7 @@ parameter names (``model.embed_tokens.weight`` [vocab, hidden], ``model.layers.{
 {q,k,v,o}_proj.weight`` [out, in], ..., ``model.norm.weight``; ``lm_head.weight`` only when the
 head is untied; the biases and extra norms of :func:`.names.tensor_shapes` when the spec has
 them), every family brought to those names by :func:`.names.to_llama_names`. A model type no
-family of the engine runs is refused (``kvledger.model.families.model_class``) before any
+family of the engine runs exactly is refused (``kvledger.spec.check_runnable``) before any
 tensor is read. ``load_format="dummy"``: :mod:`.dummy`.
 
 Sources:
@@ -48,7 +48,7 @@ from kvledger.model.weights.names import tensor_shapes, to_llama_names
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v2"
+CACHE_VERSION = "kvledger-weights-v4"  # v3: o_bias / mlp_bias; v4: the families' fields
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
@@ -176,13 +176,12 @@ def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
 
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    from kvledger.model.families import model_class
     from kvledger.model.weights.gguf_tensors import gguf_state_dict
-    from kvledger.spec import open_gguf, spec_from_gguf_reader
+    from kvledger.spec import check_runnable, open_gguf, spec_from_gguf_reader
 
     reader = open_gguf(path)
     spec = spec_from_gguf_reader(reader, path)
-    model_class(spec)
+    check_runnable(spec)  # before dequantizing
     return spec, gguf_state_dict(reader, spec)
 
 
@@ -223,14 +222,13 @@ def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from kvledger.model.families import model_class
-    from kvledger.spec import spec_from_hf_config
+    from kvledger.spec import check_runnable, spec_from_hf_config
 
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"no config.json in {folder} (give a GGUF file or an HF folder)")
     shards = _safetensors_shards(folder)
     spec = spec_from_hf_config(folder / "config.json")
-    model_class(spec)
+    check_runnable(spec)  # before any weight is read
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         try:

@@ -57,7 +57,7 @@ def test_values_are_seeded_bounded_and_norms_identity(tmp_path):
 def test_unknown_ids_and_plan_only_families_are_refused_before_any_weight():
     with pytest.raises(ModelNotFoundError, match="catalogue"):
         load_weights("no-such/model", torch.float32, "dummy")
-    with pytest.raises(UnsupportedModelError, match="'gpt2'.*supported: llama"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2'.*it runs llama"):
         load_weights("openai-community/gpt2", torch.float32, "dummy")
 
 
