@@ -154,6 +154,23 @@ def app_client():
         client.__exit__(None, None, None)
 
 
+@pytest.fixture(scope="session")
+def bundled_tokenizer():
+    """The bundled SmolLM2 tokenizer, 49,152 ids (no weights loaded)."""
+    from kvledger.model.weights.loader import load_tokenizer
+
+    return load_tokenizer("default")
+
+
+@pytest.fixture(scope="session")
+def grammars(bundled_tokenizer):
+    """One GrammarCompiler on the bundled tokenizer (its llguidance tokenizer takes ~2 s)."""
+    from kvledger.engine.structured.compiler import GrammarCompiler
+
+    return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
+                           [bundled_tokenizer.eos_token_id])
+
+
 def make_tiny_llama(folder, *, tie: bool = False, rope_scaling: dict | None = None, seed: int = 0,
                     heads: int = 4, kv_heads: int = 2, vocab: int = 320):
     """Save a small random LlamaForCausalLM (safetensors) and return the HF model (fp32, eval)."""

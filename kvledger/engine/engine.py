@@ -34,6 +34,8 @@ from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.structured.compiler import GrammarCompiler
+from kvledger.engine.structured.masks import advance_grammar
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
@@ -208,7 +210,9 @@ class LLMEngine:
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks)", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes)
-        self.sampler = Sampler()
+        self.grammars = (GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids)
+                         if tokenizer is not None else None)
+        self.sampler = Sampler(self.grammars)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
     def _load(self, config: EngineConfig, dtype: torch.dtype):
@@ -239,8 +243,10 @@ class LLMEngine:
                 "bytes_per_block": str(self.bytes_per_block),
                 "enable_prefix_caching": str(self.config.enable_prefix_caching)}
 
-    def tokenize(self, prompt: str | list[dict] | list[int]) -> list[int]:
-        """Token ids of a text prompt, chat messages (chat template applied) or ids.
+    def tokenize(self, prompt: str | list[dict] | list[int],
+                 tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a text prompt, chat messages (chat template applied, with ``tools`` if
+        given) or ids.
 
         Raises:
             ContextLengthError: the text is so long that even at the vocabulary's longest
@@ -251,7 +257,7 @@ class LLMEngine:
             raise ContextLengthError(
                 f"this model's maximum context length is {self.max_model_len} tokens; the "
                 f"prompt has {chars} characters, so at least {chars // self._token_chars} tokens")
-        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size)
+        return encode_prompt(self.tokenizer, prompt, self.spec.vocab_size, tools)
 
     def add_request(self, request_id: str, prompt: str | list[int] | list[dict],
                     params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
@@ -264,6 +270,8 @@ class LLMEngine:
             InvalidParameterError: not a SamplingParams, a bad sampling value, empty prompt, bad
                 token ids (also in ``logit_bias`` / ``stop_token_ids``), duplicate request_id.
             ContextLengthError: prompt + max_tokens over the context (max_tokens None = up to it).
+            InvalidParameterError: ``structured_outputs`` that does not compile (the
+                unsupported JSON Schema feature is named).
             KVBudgetError: the request can never fit the pool or its per-request KV quota.
             TensorParallelError: a tensor-parallel rank failed (``failure``).
         """
@@ -278,10 +286,25 @@ class LLMEngine:
         spec = params.kv_policy or self.config.retention
         self._check_retention(spec)
         ids = self.tokenize(prompt)
+        grammar = self._grammar(params)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
                       detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
                       retention=self.retention_state(spec))
+        req.grammar = grammar
         self.scheduler.add(req)
+
+    def _grammar(self, params: SamplingParams):
+        """A new matcher of ``params.structured_outputs`` (None without one); the compiled
+        grammar comes from ``self.grammars``' cache, else it is compiled now.
+
+        Raises:
+            InvalidParameterError: no tokenizer, or the constraint does not compile.
+        """
+        if params.structured_outputs is None:
+            return None
+        if self.grammars is None:
+            raise InvalidParameterError("structured output needs the model's tokenizer")
+        return self.grammars.matcher(params.structured_outputs)
 
     def retention_state(self, spec: RetentionSpec) -> Retention:
         """A new request's retention under ``spec`` (``engine/retention/build.py``; per
@@ -350,8 +373,11 @@ class LLMEngine:
         m.peak_kv_bytes = req.peak_num_blocks * self.bytes_per_block
         if logprob is not None:
             out.logprobs.append(logprob)
+        grammar_error = advance_grammar(req, token)
         new_text, stopped = req.detokenizer.update(req.output_token_ids)
         reason = "stop" if stopped else self._finish_reason(req, token)
+        if grammar_error is not None:
+            reason, out.error = "error", f"structured output failed: {grammar_error}"
         if reason is not None:
             new_text += "" if stopped else req.detokenizer.flush()
             self._finish(req, reason, now)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from kvledger.errors import InvalidParameterError
 
 
-def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: int) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: int,
+                  tools: list[dict] | None = None) -> list[int]:
     """Token ids for a prompt.
 
     A ``str`` is tokenized as is (the tokenizer decides about BOS); a list of ``{"role",
-    "content"}`` dicts goes through the chat template with the generation prompt appended; a list
-    of ints is used as given.
+    "content"}`` dicts goes through the chat template with the generation prompt appended (and
+    ``tools``, OpenAI function declarations, for a template that renders them); a list of ints is
+    used as given.
 
     Raises:
         InvalidParameterError: empty prompt, ids outside the vocabulary, malformed messages,
@@ -28,7 +30,7 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
         ids = _encode(tokenizer, prompt, add_special_tokens=True)
     elif isinstance(prompt, list) and prompt and all(_is_message(m) for m in prompt):
         try:
-            text = tokenizer.apply_chat_template(prompt, tokenize=False,
+            text = tokenizer.apply_chat_template(prompt, tools=tools, tokenize=False,
                                                  add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 (jinja TemplateError, raise_exception(), ...)
             raise InvalidParameterError(f"the chat template rejected the messages: {exc}") from None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -76,6 +77,8 @@ class Request:
             full retention (token ``pos`` at physical index ``pos``) unless the engine gives
             it an evicting policy's (physical slots vs logical positions, ``state.py``).
         generator: its seeded sampling generator (None when ``params.seed`` is None).
+        grammar: its llguidance matcher, advanced by every sampled token, when
+            ``params.structured_outputs`` constrains the output (``engine/structured/``).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
     """
@@ -98,6 +101,7 @@ class Request:
     peak_num_blocks: int = 0
     is_long: bool = False
     retention: Retention = field(default_factory=FullRetention)
+    grammar: Any = None
     generator: torch.Generator | None = field(init=False)
     output: RequestOutput = field(init=False)
 

@@ -1,7 +1,8 @@
 """Token sampling: greedy, temperature, top-k, top-p (nucleus), per-request seeded generators.
 
 Before a token is picked, the step's logits go through :mod:`.penalties` in one batch (logit
-bias, repetition / frequency / presence penalties); greedy takes the argmax of the processed
+bias, repetition / frequency / presence penalties) and then the grammar masks of the requests
+with structured output (:mod:`.structured.masks`); greedy takes the argmax of the processed
 logits and min-p filters the tempered distribution, as in vLLM.
 
 Top-p: Holtzman et al., "The Curious Case of Neural Text Degeneration" (arXiv:1904.09751): keep
@@ -16,11 +17,20 @@ import torch
 from kvledger.engine.outputs import TokenLogprob
 from kvledger.engine.penalties import apply_min_p, apply_penalties
 from kvledger.engine.request import Request
+from kvledger.engine.structured.masks import apply_grammar_masks
 
 
 class Sampler:
-    """Picks one token per row of logits, each row with its request's SamplingParams and seeded
-    generator (``Request.generator``); it keeps no per-request state of its own."""
+    """Picks one token per row of logits, each row with its request's SamplingParams, seeded
+    generator (``Request.generator``) and grammar (``Request.grammar``); it keeps no
+    per-request state of its own.
+
+    Args:
+        grammars: the engine's ``GrammarCompiler`` (None: no request has a grammar).
+    """
+
+    def __init__(self, grammars=None) -> None:
+        self.grammars = grammars
 
     def sample(self, logits: torch.Tensor, requests: list[Request]
                ) -> tuple[list[int], list[TokenLogprob | None]]:
@@ -29,6 +39,8 @@ class Sampler:
         processed = apply_penalties(logits, [r.params for r in requests],
                                     [r.prompt_token_ids for r in requests],
                                     [r.output_token_ids for r in requests])
+        if self.grammars is not None:
+            processed = apply_grammar_masks(processed, requests, self.grammars)
         tokens = [self._pick(row, req) for row, req in zip(processed, requests)]
         logprobs = [_logprobs(row, tok, req.params.logprobs)
                     if req.params.logprobs is not None else None

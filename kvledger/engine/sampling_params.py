@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from numbers import Real
 
+from kvledger.engine.structured.constraint import StructuredOutputsParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.retention import RetentionSpec
 
@@ -71,6 +72,9 @@ class SamplingParams:
         kv_policy: this request's KV retention policy: a ``RetentionSpec``, an object
             ``{"policy": "sinks", "window": 1024, ...}`` or a policy name; None = the engine's
             ``--kv-policy`` (``ledger/retention.py``).
+        structured_outputs: the constraint the output must match (a JSON schema, any JSON
+            object, a regex, a choice of strings or a grammar): a ``StructuredOutputsParams``
+            or a dict of its fields (``engine/structured/constraint.py``); None = free text.
 
     Raises:
         InvalidParameterError: on construction, when a value has the wrong type or range.
@@ -91,6 +95,7 @@ class SamplingParams:
     logprobs: int | None = None
     ignore_eos: bool = False
     kv_policy: RetentionSpec | dict | str | None = None
+    structured_outputs: StructuredOutputsParams | dict | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -137,6 +142,8 @@ class SamplingParams:
             self.kv_policy = RetentionSpec(self.kv_policy)
         elif self.kv_policy is not None:
             self.kv_policy = RetentionSpec.from_dict(self.kv_policy)
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs)
 
     def _check_stop(self) -> None:
         if isinstance(self.stop, str):

@@ -4,9 +4,9 @@ Every field the OpenAI API reference (and the official ``openai`` client) lists 
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses`` is one of:
 
 - implemented: a field the request model declares (``protocol.py``, ``responses_protocol.py``);
-- not implemented: in :data:`CHAT_UNSUPPORTED` / :data:`RESPONSES_UNSUPPORTED` with the test of
-  its neutral value (what the API does when the field is omitted, which clients send), accepted;
-  any other value is a 400 naming the field;
+- not implemented: in :data:`COMPLETIONS_UNSUPPORTED`, :data:`CHAT_UNSUPPORTED` or
+  :data:`RESPONSES_UNSUPPORTED` with the test of its neutral value (what the API does when the
+  field is omitted, which clients send), accepted; any other value is a 400 naming the field;
 - :data:`HINTS`: fields that do not change what one self-hosted server computes or returns
   (end-user ids for abuse monitoring, cache-routing keys and retention hints of a hosted
   fleet); accepted and, as the API allows, without effect.
@@ -37,14 +37,13 @@ def _anything(value: Any) -> bool:  # meaningless while its companion field is r
 
 _SERVICE_TIER = _is(None, "auto", "default")  # one server has one tier
 
-# /v1/completions and /v1/chat/completions (and vLLM's guided decoding)
-CHAT_UNSUPPORTED: dict[str, Neutral] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
+# Not implemented by /v1/completions (and vLLM's guided decoding, now its structured_outputs)
+COMPLETIONS_UNSUPPORTED: dict[str, Neutral] = {
     "tools": _empty,
     "tool_choice": _is(None, "none", "auto"),  # "auto" without tools calls none
-    "functions": _empty,
+    "functions": _empty,  # deprecated by OpenAI for tools / tool_choice
     "function_call": _is(None, "none", "auto"),
-    "parallel_tool_calls": _anything,
+    "parallel_tool_calls": _anything,  # meaningless without tools
     "suffix": _is(None, ""),
     "best_of": _is(None, 1),
     "audio": _empty,
@@ -60,22 +59,26 @@ CHAT_UNSUPPORTED: dict[str, Neutral] = {
     "guided_grammar": _empty,
 }
 
+# /v1/chat/completions implements tools, tool_choice and parallel_tool_calls besides
+# response_format and structured_outputs (docs/structured-output.md)
+CHAT_UNSUPPORTED: dict[str, Neutral] = {
+    name: neutral for name, neutral in COMPLETIONS_UNSUPPORTED.items()
+    if name not in ("tools", "tool_choice", "parallel_tool_calls")}
+
 
 def _text_neutral(value: Any) -> bool:
-    """``text``: plain-text output (structured output is not implemented yet)."""
-    if value is None:
-        return True
-    return (isinstance(value, dict) and set(value) <= {"format", "verbosity"}
-            and value.get("format") in (None, {"type": "text"})
-            and value.get("verbosity") in (None, "medium"))
+    """``text`` (a parsed ``TextOptions``): its format is implemented, ``verbosity`` only at
+    its default."""
+    return getattr(value, "verbosity", None) in (None, "medium")
 
 
 RESPONSES_UNSUPPORTED: dict[str, Neutral] = {
-    **{name: CHAT_UNSUPPORTED[name] for name in (
-        "response_format", "tools", "tool_choice", "parallel_tool_calls", "moderation",
-        "service_tier", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
+    **{name: COMPLETIONS_UNSUPPORTED[name] for name in (
+        "moderation", "service_tier", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar")},
+    "response_format": lambda v: v is None or v == {"type": "text"},  # Chat's; here text.format
     "text": _text_neutral,
-    "max_tool_calls": _anything,
+    "max_tool_calls": _anything,  # caps built-in tools' calls; none is served
     "reasoning": lambda v: _empty(v) or v == {"effort": None},
     "include": _empty,  # e.g. output logprobs
     "top_logprobs": _is(None, 0),
@@ -88,10 +91,14 @@ RESPONSES_UNSUPPORTED: dict[str, Neutral] = {
     "context_management": _empty,
 }
 
-STRUCTURED = ("structured output ({} json_object / json_schema) is not supported yet; omit it or "
-              "send {{'type': 'text'}}")
-REASONS = {"response_format": STRUCTURED.format("response_format"),
-           "text": STRUCTURED.format("text.format")}
+_GUIDED = "vLLM's guided_* fields are served as its structured_outputs object; send that"
+REASONS = {
+    "response_format": "on /v1/responses structured output is 'text.format'",
+    "text": "text.verbosity other than 'medium' is not supported; omit it",
+    "functions": "deprecated by OpenAI; send 'tools'",
+    "function_call": "deprecated by OpenAI; send 'tool_choice'",
+    **{f"guided_{kind}": _GUIDED for kind in ("json", "regex", "choice", "grammar")},
+}
 
 HINTS = frozenset({"user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
                    "prompt_cache_options", "metadata"})

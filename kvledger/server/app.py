@@ -46,6 +46,7 @@ class ServerState:
     tokenizer: Any
     limits: ServerLimits
     drain: Drain
+    grammars: Any = None  # the engine's GrammarCompiler (None: no structured output)
     streams: int = 0  # streamed responses open now (--max-concurrent-streams)
 
     def check_model(self, model: str | None) -> str:
@@ -93,6 +94,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
         loop=EngineLoop(engine, observer, max_queue), metrics=metrics,
         model_name=model_name, max_model_len=engine.max_model_len,
         tokenizer=engine.tokenizer, limits=limits, drain=Drain(),
+        grammars=getattr(engine, "grammars", None),
     )
 
     @asynccontextmanager

@@ -132,15 +132,16 @@ class EngineLoop:
             raise EngineUnavailableError("the engine is not running (the server is stopping "
                                          "or its engine thread has exited); retry later")
 
-    async def tokenize(self, prompt: Any) -> list[int]:
-        """Token ids of a prompt (``engine.tokenize``), computed in the tokenizer thread.
+    async def tokenize(self, prompt: Any, tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt (``engine.tokenize``, with the chat template's ``tools``),
+        computed in the tokenizer thread.
 
         Raises:
             InvalidParameterError, ContextLengthError: as ``engine.tokenize`` (HTTP 400).
             EngineUnavailableError: the engine thread has stopped (HTTP 503).
         """
         self._refuse_if_closed()
-        return await self.tokenizer_thread.run(self._engine.tokenize, prompt)
+        return await self.tokenizer_thread.run(self._engine.tokenize, prompt, tools)
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(engine)`` in the engine thread; return its result or raise its error."""

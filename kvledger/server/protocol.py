@@ -11,11 +11,16 @@ or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
-- fields of the API this server does not implement (:mod:`.api_fields`: ``response_format``,
-  ``tools``, ``suffix``, ``best_of`` > 1, ...) are accepted only at their neutral value (what
+- fields of the API this server does not implement (:mod:`.api_fields`: ``functions``,
+  ``suffix``, ``best_of`` > 1, ``tools`` on ``/v1/completions``, ...) are accepted only at
+  their neutral value (what
   the API does when they are omitted); any other value is a 400 naming the field
   (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``; hints with no effect on
   one server (``user``, ``prompt_cache_key``, ...) are accepted.
+
+Structured output and tools (``response_format``, vLLM's ``structured_outputs``, ``tools``,
+``tool_choice``, ``parallel_tool_calls``) are declared in :mod:`.structured_protocol` and
+planned in :mod:`.tools`.
 
 Defaults (README "kvledger serve"): ``/v1/completions`` ``max_tokens`` 16 (OpenAI's legacy
 completions and vLLM); ``/v1/chat/completions`` up to the context limit (``None``). The engine
@@ -39,8 +44,24 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
-from kvledger.server.api_fields import CHAT_UNSUPPORTED, HINTS, REASONS, Neutral, first_refused
+from kvledger.server.api_fields import (
+    CHAT_UNSUPPORTED,
+    COMPLETIONS_UNSUPPORTED,
+    HINTS,
+    REASONS,
+    Neutral,
+    first_refused,
+)
 from kvledger.server.input_limits import check_input_size
+from kvledger.server.protocol_types import Text, _Part
+from kvledger.server.structured_protocol import (
+    ChatNamedToolChoice,
+    ChatTool,
+    ResponseFormat,
+    StructuredOutputsBody,
+    ToolCallItem,
+    ToolChoiceMode,
+)
 
 MAX_LOGPROBS = 20
 MAX_PROMPTS = 64  # most prompts in one /v1/completions list
@@ -49,23 +70,12 @@ GREEDY_BELOW = 1e-5  # vLLM's sampling epsilon: a smaller temperature decodes gr
 TOP_P_GREEDY_BELOW = 1e-6  # a nucleus this small keeps only the top token (and underflows fp32)
 
 
-def _utf8(text: str) -> str:
-    """Refuse lone surrogates: no tokenizer takes them and no UTF-8 reply can echo them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
-    return text
-
-
 def _not_blank(text: str) -> str:
     """Refuse a prompt of whitespace only (the CLI's rule too: ``kvledger generate``)."""
     if not text.strip():
         raise ValueError("must contain more than whitespace")
     return text
 
-
-Text = Annotated[str, AfterValidator(_utf8)]
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -103,12 +113,6 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class _Part(BaseModel):
-    """Nested objects: strict JSON types, finite numbers, unknown keys ignored."""
-
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
 class _Body(_Part):
     """A request body: unknown top-level fields are kept aside to be warned about."""
 
@@ -141,10 +145,13 @@ class TextPart(_Part):
 
 
 class ChatMessage(_Part):
-    """One chat turn; list contents are joined text parts."""
+    """One chat turn; list contents are joined text parts. An assistant turn may carry the
+    ``tool_calls`` it made; a ``tool`` turn answers the call ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    tool_call_id: Text | None = None
 
     def as_template_dict(self) -> dict[str, str]:
         """The ``{"role", "content"}`` dict a Hugging Face chat template expects."""
@@ -259,12 +266,16 @@ class CompletionRequest(_SamplingBody):
     """``POST /v1/completions``: a text prompt, token ids, or a list of either (one choice
     per prompt)."""
 
+    unsupported: ClassVar[dict[str, Neutral]] = COMPLETIONS_UNSUPPORTED
+
     prompt: (NonEmptyText | TokenIds
              | Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_PROMPTS)]
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
     max_tokens: PositiveInt | None = COMPLETIONS_DEFAULT_MAX_TOKENS
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Literal[False] = False
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts, one per choice: a text, or a list of token ids."""
@@ -286,6 +297,11 @@ class ChatCompletionRequest(_SamplingBody):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoiceMode | ChatNamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:

@@ -8,7 +8,11 @@ OpenAI API reference: ``text_completion`` with legacy logprobs (``tokens``, ``to
 ``top_logprobs``, ``text_offset``) and ``chat.completion(.chunk)`` with ``logprobs.content``.
 
 The first chat chunk carries only ``role``; it is emitted in the same ``chunks()`` call as the
-first content, never earlier, so a client's TTFT measured on it is the real one. A step whose
+first content, never earlier, so a client's TTFT measured on it is the real one. With tools
+(``tool_parser`` set, :mod:`.tool_parser`) a reply's calls come back as ``message.tool_calls``
+(``content`` null unless text preceded them) and ``finish_reason`` ``tool_calls``; streamed, a
+call's first chunk carries ``index``, ``id``, ``type`` and ``function.name`` with empty
+``arguments``, later chunks ``index`` and ``function.arguments`` fragments. A step whose
 tokens add no text and no logprobs (a held-back stop-string prefix) yields no chunk.
 ``usage.completion_tokens`` is ``len(out.token_ids)``: every generated token is counted once
 and (with logprobs on) appears once in the streamed logprobs.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from typing import Any
 
 from kvledger.engine.outputs import RequestOutput, TokenLogprob
@@ -67,6 +72,7 @@ class _Formatter:
         self.request_id = request_id
         self.index = index
         self.continuous_usage = False  # every chunk carries the usage so far
+        self.tool_parser = None  # a ToolCallParser when the request has tools (chat)
         self.model = model
         self.created = int(time.time())
         self.tokenizer = tokenizer
@@ -139,6 +145,7 @@ class ChatFormatter(_Formatter):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._role_sent = False
+        self._call_ids: list[str] = []
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         text = self._token_text(token_id)
@@ -156,23 +163,66 @@ class ChatFormatter(_Formatter):
                   "finish_reason": finish}
         return self._envelope([choice], self.chunk_object)
 
+    def _finish_reason(self, out: RequestOutput) -> str | None:
+        calls = self.tool_parser is not None and any(c.complete for c in self.tool_parser.calls)
+        return "tool_calls" if calls and out.finish_reason == "stop" else out.finish_reason
+
+    def _deltas(self, out: RequestOutput) -> list[dict]:
+        """The deltas of one step: its text, or with tools the parser's events."""
+        if self.tool_parser is None:
+            return [{"content": out.new_text}] if out.new_text else []
+        events = self.tool_parser.feed(out.new_text)
+        if out.finished:
+            events += self.tool_parser.finish()
+        deltas = []
+        for kind, *rest in events:
+            if kind == "content":
+                deltas.append({"content": rest[0]})
+            elif kind == "call":
+                self._call_ids.append(f"call_{uuid.uuid4().hex[:24]}")
+                deltas.append({"tool_calls": [{"index": rest[0], "id": self._call_ids[-1],
+                                               "type": "function", "function": {
+                                                   "name": rest[1], "arguments": ""}}]})
+            elif rest[1]:
+                deltas.append({"tool_calls": [{"index": rest[0],
+                                               "function": {"arguments": rest[1]}}]})
+        return deltas
+
     def chunks(self, out: RequestOutput) -> list[dict]:
         """Stream chunks of one step; the first content comes right after the role chunk."""
         lps = step_logprobs(out) if self.logprobs else []
-        if not (out.new_text or lps or out.finished):
+        deltas = self._deltas(out)
+        if not (deltas or lps or out.finished):
             return []
         chunks = []
         if not self._role_sent:
             self._role_sent = True
             chunks.append(self._chunk({"role": "assistant", "content": ""}, None, None))
-        delta = {"content": out.new_text} if out.new_text else {}
-        chunks.append(self._chunk(delta, self._logprobs(lps) if self.logprobs else None,
-                                  out.finish_reason if out.finished else None))
+        deltas = deltas or [{}]
+        for i, delta in enumerate(deltas):
+            last = i == len(deltas) - 1
+            chunks.append(self._chunk(delta, self._logprobs(lps) if self.logprobs and i == 0
+                                      else None,
+                                      self._finish_reason(out) if out.finished and last else None))
         return self._with_usage(chunks, out)
+
+    def _message(self, out: RequestOutput) -> dict:
+        if self.tool_parser is None:
+            return {"role": "assistant", "content": out.text}
+        parser = self.tool_parser
+        parser.feed(out.text)
+        parser.finish()
+        calls = [c for c in parser.calls if c.complete]
+        if not calls:
+            return {"role": "assistant", "content": parser.content}
+        return {"role": "assistant", "content": parser.content if parser.content.strip() else None,
+                "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in calls]}
 
     def response(self, out: RequestOutput, lps: list[TokenLogprob]) -> dict:
         """The whole non-streamed body."""
-        choice = {"index": self.index, "message": {"role": "assistant", "content": out.text},
+        choice = {"index": self.index, "message": self._message(out),
                   "logprobs": self._logprobs(lps) if self.logprobs else None,
-                  "finish_reason": out.finish_reason}
+                  "finish_reason": self._finish_reason(out)}
         return {**self._envelope([choice]), "usage": usage(out)}

@@ -14,10 +14,17 @@ import time
 from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
+from kvledger.errors import InvalidParameterError
 from kvledger.server.error_handlers import RETRY_AFTER_S
 from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.responses_protocol import ResponseBuilder, ResponsesRequest
-from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS, _check_request, _warn_unknown
+from kvledger.server.routes import (
+    CLIENT_CLOSED_REQUEST,
+    ERRORS,
+    _check_request,
+    _warn_unknown,
+    compile_output,
+)
 from kvledger.server.streaming import (
     ClientGone,
     EngineFailure,
@@ -28,6 +35,8 @@ from kvledger.server.streaming import (
     timeout_error,
 )
 from kvledger.server.tenancy import caller
+from kvledger.server.tool_formats import HERMES, hermes_system_text
+from kvledger.server.tools import output_constraint, plan_tools
 from kvledger.sessions.errors import StateStoreUnavailableError
 from kvledger.sessions.metrics import SessionMetrics
 from kvledger.sessions.retrieval import decode_document
@@ -67,23 +76,27 @@ async def create_response(body: ResponsesRequest, request: Request):
     model = server.check_model(body.model)
     _check_request(server, body)
     text, files, system = body.split_input()
+    _check_call_outputs(service, caller(request).tenant, body)
     documents = [(name, decode_document(data, name, service.options.max_document_bytes))
                  for name, data in files]
     instructions = "\n\n".join(filter(None, (body.instructions, system))) or None
-    turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
-                           body._sampling(None, None), body.max_output_tokens,
-                           body.truncation or "disabled", body.memory, body.store)
+    params = body._sampling(None, None)
     who = caller(request)
     streaming = body.stream  # count the slot before the first await, so the cap holds
     if streaming:
         server.streams += 1
     try:
+        tools = await _structured_output(server, body, model, params)
+        turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
+                               params, body.max_output_tokens, body.truncation or "disabled",
+                               body.memory, body.store,
+                               hermes_system_text(tools.declarations()) if tools else None)
         turn = await service.start(who.tenant, who.cache_salt(body.cache_salt), turn_input)
     except BaseException:
         if streaming:
             server.streams -= 1
         raise
-    builder = ResponseBuilder(turn.response_id, model, body, service.describe(turn))
+    builder = ResponseBuilder(turn.response_id, model, body, service.describe(turn), tools)
     timeout_s = server.limits.request_timeout_s
 
     def abort() -> None:
@@ -116,6 +129,52 @@ async def create_response(body: ResponsesRequest, request: Request):
     obj = builder.response(final)
     service.finish(turn, final, obj)
     return obj
+
+
+def _check_call_outputs(service: SessionService, tenant: str, body: ResponsesRequest) -> None:
+    """Each ``function_call_output`` answers a ``function_call`` of the previous response
+    (OpenAI's rule too).
+
+    Raises:
+        InvalidParameterError: no ``previous_response_id``, or a ``call_id`` it did not make.
+        ResponseNotFoundError: no such previous response (HTTP 404).
+    """
+    call_ids = body.call_output_ids()
+    if not call_ids:
+        return
+    if body.previous_response_id is None:
+        raise InvalidParameterError(
+            "function_call_output items answer the calls of a stored response: send its id as "
+            "previous_response_id")
+    output = service.get(tenant, body.previous_response_id).body.get("output", [])
+    made = {item.get("call_id") for item in output if item.get("type") == "function_call"}
+    for call_id in call_ids:
+        if call_id not in made:
+            raise InvalidParameterError(
+                f"function_call_output: no function call with call_id {call_id!r} in response "
+                f"{body.previous_response_id!r}")
+
+
+async def _structured_output(server, body: ResponsesRequest, model: str, params):
+    """The turn's tool plan (None when no call can come back); ``params.structured_outputs``
+    is set from ``text.format`` and the tools, and compiled.
+
+    Raises:
+        InvalidParameterError, UnsupportedParameterError: a bad format or tool choice, or
+            tools for a model whose template writes calls in another format than Hermes
+            (a conversation's system turn declares tools in Hermes' layout).
+    """
+    text_format = body.text.format if body.text else None
+    schema = text_format.schema() if text_format is not None else None
+    plan = plan_tools([t.function() for t in body.tools or []], body.tool_choice,
+                      body.parallel_tool_calls, schema, server.tokenizer, model)
+    if plan is not None and plan.fmt is not HERMES:
+        raise InvalidParameterError(
+            f"tools on /v1/responses need a model that writes Hermes <tool_call> blocks; "
+            f"{model}'s template writes {plan.fmt.name} calls (use /v1/chat/completions)")
+    params.structured_outputs = output_constraint(schema, None, plan)
+    await compile_output(server, params.structured_outputs, plan)
+    return plan
 
 
 async def _events(service: SessionService, turn, builder: ResponseBuilder,

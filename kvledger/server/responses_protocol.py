@@ -35,7 +35,16 @@ from pydantic import Field
 from kvledger.engine.outputs import RequestOutput
 from kvledger.errors import InvalidParameterError
 from kvledger.server.api_fields import RESPONSES_UNSUPPORTED, Neutral
-from kvledger.server.protocol import PositiveInt, Text, _Part, _SamplingBody
+from kvledger.server.protocol import PositiveInt, _SamplingBody
+from kvledger.server.protocol_types import Text, _Part
+from kvledger.server.responses_items import StreamedItems, output_items
+from kvledger.server.structured_protocol import (
+    FlatFunctionTool,
+    FlatNamedToolChoice,
+    TextOptions,
+    ToolChoiceMode,
+)
+from kvledger.server.tool_formats import tool_response_text
 
 
 class InputText(_Part):
@@ -66,12 +75,29 @@ class InputMessage(_Part):
     content: Text | list[Part]
 
 
+class FunctionCallOutput(_Part):
+    """The result of a function call the previous response made."""
+
+    type: Literal["function_call_output"]
+    call_id: Text
+    output: Text
+
+
+class FunctionCallInput(_Part):
+    """A call echoed back in ``input`` (refused: the conversation holds it already)."""
+
+    type: Literal["function_call"]
+
+
+InputItem = InputMessage | FunctionCallOutput | FunctionCallInput
+
+
 class ResponsesRequest(_SamplingBody):
     """``POST /v1/responses``."""
 
     unsupported: ClassVar[dict[str, Neutral]] = RESPONSES_UNSUPPORTED
 
-    input: Annotated[Text, Field(min_length=1)] | Annotated[list[InputMessage],
+    input: Annotated[Text, Field(min_length=1)] | Annotated[list[InputItem],
                                                             Field(min_length=1)]
     instructions: Text | None = None
     previous_response_id: Text | None = None
@@ -80,18 +106,34 @@ class ResponsesRequest(_SamplingBody):
     truncation: Literal["disabled", "auto"] | None = None
     memory: Literal["full", "summary", "segment"] | None = None
     metadata: dict[str, str] | None = None
+    text: TextOptions | None = None
+    tools: list[FlatFunctionTool] | None = None
+    tool_choice: ToolChoiceMode | FlatNamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def call_output_ids(self) -> list[str]:
+        """The ``call_id`` of every ``function_call_output`` item of ``input``."""
+        items = self.input if isinstance(self.input, list) else []
+        return [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
 
     def split_input(self) -> tuple[str, list[tuple[str, str]], str | None]:
         """(user text, documents as ``(filename, file_data)``, extra system text).
 
         Raises:
-            InvalidParameterError: assistant messages, file parts without ``file_data``,
-                or no user text.
+            InvalidParameterError: assistant messages or function calls, file parts without
+                ``file_data``, or no user text.
         """
         if isinstance(self.input, str):
             return self.input, [], None
         user, system, documents = [], [], []
         for message in self.input:
+            if isinstance(message, FunctionCallOutput):
+                user.append(tool_response_text(message.output))
+                continue
+            if isinstance(message, FunctionCallInput):
+                raise InvalidParameterError(
+                    "function_call items in 'input' are not served: continue the conversation "
+                    "with previous_response_id and send the function_call_output items")
             if message.role == "assistant":
                 raise InvalidParameterError(
                     "assistant messages in 'input' are not served: continue a conversation "
@@ -124,6 +166,14 @@ def usage(out: RequestOutput) -> dict:
             "total_tokens": prompt + output}
 
 
+def _tool_choice(body: ResponsesRequest):
+    """``tool_choice`` as a response shows it."""
+    choice = body.tool_choice
+    if choice is None:
+        return "auto" if body.tools else "none"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
 def server_timings(out: RequestOutput) -> dict:
     """Server-side TTFT and TPOT (seconds) and the request's peak KV bytes."""
     return {"ttft_s": out.metrics.ttft_s, "tpot_s": out.tpot_s,
@@ -131,11 +181,14 @@ def server_timings(out: RequestOutput) -> dict:
 
 
 class ResponseBuilder:
-    """The response object and the stream events of one turn."""
+    """The response object and the stream events of one turn (``tools``: the request's
+    ``ToolPlan``, whose calls become ``function_call`` items, :mod:`.responses_items`)."""
 
     def __init__(self, response_id: str, model: str, body: ResponsesRequest,
-                 extension: dict[str, Any]) -> None:
+                 extension: dict[str, Any], tools=None) -> None:
         self.id = response_id
+        self.tools = tools
+        self.streamed = StreamedItems(self, tools.parser()) if tools is not None else None
         self.message_id = "msg_" + response_id.removeprefix("resp_")
         self.model = model
         self.body = body
@@ -143,7 +196,8 @@ class ResponseBuilder:
         self.created_at = int(time.time())
         self._seq = 0
 
-    def _message(self, text: str, status: str) -> dict:
+    def message_item(self, text: str, status: str) -> dict:
+        """The ``message`` output item with ``text``."""
         content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
         return {"id": self.message_id, "type": "message", "status": status, "role": "assistant",
                 "content": content if status != "in_progress" else []}
@@ -158,16 +212,22 @@ class ResponseBuilder:
             status = "incomplete" if out.finish_reason == "length" else "completed"
             incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         finished = out is not None and error is None
+        output = []
+        if finished:
+            output = ([self.message_item(out.text, status)] if self.tools is None else
+                      output_items(self, self.tools.parser(), out.text, status))
+        text_format = b.text.format.echo() if b.text and b.text.format else {"type": "text"}
         return {
             "id": self.id, "object": "response", "created_at": self.created_at,
             "status": status, "error": error, "incomplete_details": incomplete,
             "model": self.model, "instructions": b.instructions,
-            "output": [self._message(out.text, status)] if finished else [],
+            "output": output,
             "previous_response_id": b.previous_response_id, "store": b.store,
             "max_output_tokens": b.max_output_tokens, "temperature": b.temperature,
             "top_p": b.top_p, "truncation": b.truncation or "disabled",
-            "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
-            "text": {"format": {"type": "text"}}, "metadata": b.metadata or {},
+            "parallel_tool_calls": b.parallel_tool_calls, "tool_choice": _tool_choice(b),
+            "tools": [t.model_dump(exclude_none=True) for t in b.tools or []],
+            "text": {"format": text_format}, "metadata": b.metadata or {},
             "usage": usage(out) if finished else None,
             "kvledger": {**self.extension, **(server_timings(out) if finished else {})},
         }
@@ -179,25 +239,33 @@ class ResponseBuilder:
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
     def opening(self) -> str:
-        """Events before the first token: created, in_progress, the empty message and part."""
+        """Events before the first token: created, in_progress, the empty message and part
+        (with tools, items open as their first piece arrives)."""
         item = {"item_id": self.message_id, "output_index": 0}
-        return "".join((
-            self.event("response.created", response=self.response()),
-            self.event("response.in_progress", response=self.response()),
+        started = (self.event("response.created", response=self.response())
+                   + self.event("response.in_progress", response=self.response()))
+        if self.streamed is not None:
+            return started
+        return started + "".join((
             self.event("response.output_item.added", output_index=0,
-                       item=self._message("", "in_progress")),
+                       item=self.message_item("", "in_progress")),
             self.event("response.content_part.added", **item, content_index=0,
                        part={"type": "output_text", "text": "", "annotations": []}),
         ))
 
     def delta(self, text: str) -> str:
         """One text delta."""
+        if self.streamed is not None:
+            return self.streamed.feed(text)
         return self.event("response.output_text.delta", item_id=self.message_id, output_index=0,
                           content_index=0, delta=text, logprobs=[])
 
     def closing(self, out: RequestOutput, final: dict) -> str:
         """Events after the last token, ending with ``response.completed`` (or
         ``response.incomplete`` when max_output_tokens cut the reply)."""
+        if self.streamed is not None:
+            return (self.streamed.feed("", finished=True)
+                    + self.event(f"response.{final['status']}", response=final))
         item = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
         part = {"type": "output_text", "text": out.text, "annotations": []}
         return "".join((

@@ -20,7 +20,8 @@ from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
-from kvledger.errors import KVLedgerError
+from kvledger.engine.structured.constraint import StructuredOutputsParams
+from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.error_handlers import error_response
 from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.protocol import (
@@ -42,6 +43,8 @@ from kvledger.server.streaming import (
     timeout_error,
 )
 from kvledger.server.tenancy import Caller, caller
+from kvledger.server.tool_formats import ANY_OBJECT
+from kvledger.server.tools import output_constraint, plan_tools, template_messages
 
 log = logging.getLogger("kvledger.server")
 
@@ -159,6 +162,56 @@ def _check_request(state, body) -> None:
                                   "retry later")
 
 
+async def compile_constraint(state, constraint) -> None:
+    """Compile ``constraint`` in the grammar compiler's thread (the engine thread then finds it
+    cached).
+
+    Raises:
+        InvalidParameterError: the engine has no grammar support, or the constraint does not
+            compile (HTTP 400 naming the unsupported feature).
+    """
+    if state.grammars is None:
+        raise InvalidParameterError("structured output is not available on this engine (it "
+                                    "has no tokenizer)")
+    await asyncio.wrap_future(state.grammars.submit(constraint))
+
+
+async def compile_output(state, constraint, plan) -> None:
+    """Compile a request's constraint; each tool's parameters first, so that a schema the
+    grammar cannot enforce is named by its tool.
+
+    Raises:
+        UnsupportedParameterError: a tool's parameters (param ``tools``).
+        InvalidParameterError: the constraint.
+    """
+    for function in plan.functions if plan is not None else ():
+        try:
+            await compile_constraint(state, StructuredOutputsParams(
+                json=function.parameters or ANY_OBJECT))
+        except InvalidParameterError as exc:
+            raise UnsupportedParameterError(
+                "tools", f"tool {function.name!r}: {exc}") from None
+    if constraint is not None:
+        await compile_constraint(state, constraint)
+
+
+async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
+    """The prompts and the tool plan of a request; ``params.structured_outputs`` is set to its
+    constraint, compiled before the request is added."""
+    response_format = getattr(body, "response_format", None)
+    schema = response_format.schema() if response_format is not None else None
+    prompts, plan, tools = body.prompts(), None, None
+    if isinstance(body, ChatCompletionRequest):
+        functions = [t.function for t in body.tools or []]
+        plan = plan_tools(functions, body.tool_choice, body.parallel_tool_calls, schema,
+                          state.tokenizer, model)
+        messages, tools = template_messages(body.messages, plan, state.tokenizer, model)
+        prompts = [messages]
+    params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
+    await compile_output(state, params.structured_outputs, plan)
+    return [await state.loop.tokenize(prompt, tools) for prompt in prompts], plan
+
+
 async def _add_all(state, request_ids: list[str], prompts: list, params,
                    who: Caller, cache_salt: str | None) -> asyncio.Queue:
     """Add one engine request per prompt, sharing one output queue; all or nothing."""
@@ -183,14 +236,14 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     model = state.check_model(body.model)
     _check_request(state, body)
     params = body.sampling_params()
-    prompts = [await state.loop.tokenize(prompt) for prompt in body.prompts()]
     response_id = f"{id_prefix}-{uuid.uuid4().hex}"
-    request_ids = ([response_id] if len(prompts) == 1
-                   else [f"{response_id}-{i}" for i in range(len(prompts))])
     streaming = body.stream  # count the slot before the first await, so the cap holds
     if streaming:
         state.streams += 1
     try:
+        prompts, tool_plan = await _output_plan(state, body, model, params)
+        request_ids = ([response_id] if len(prompts) == 1
+                       else [f"{response_id}-{i}" for i in range(len(prompts))])
         who = caller(request)
         outputs = await _add_all(state, request_ids, prompts, params, who,
                                  who.cache_salt(body.cache_salt))
@@ -202,6 +255,7 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
                   for i, rid in enumerate(request_ids)}
     for formatter in formatters.values():
         formatter.continuous_usage = body.continuous_usage
+        formatter.tool_parser = tool_plan.parser() if tool_plan is not None else None
 
     def abort() -> None:
         for rid in request_ids:

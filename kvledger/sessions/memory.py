@@ -62,6 +62,7 @@ class ConversationState:
     policy: str
     prefix_len: int
     turns: list[Turn] = field(default_factory=list)
+    tools: str | None = None  # the tool declarations that follow the instructions
     summary: str = ""
     notes: list[str] = field(default_factory=list)
     total_turns: int = 0
@@ -139,8 +140,9 @@ def note_messages(turns: list[Turn]) -> list[dict]:
 
 
 def system_content(state: ConversationState) -> str | None:
-    """The system message of a state: instructions, then the summary or the carried notes."""
-    parts = [state.system] if state.system else []
+    """The system message of a state: instructions, tool declarations, then the summary or the
+    carried notes."""
+    parts = [p for p in (state.system, state.tools) if p]
     if state.summary:
         parts.append(f"{SUMMARY_HEADER} {state.summary}")
     if state.notes:
@@ -175,21 +177,26 @@ class MemoryPlanner:
     async def _prefix(self, state: ConversationState) -> list[int]:
         return await self._run(_prefix, self.codec, state, self.options.block_size)
 
-    def first_state(self, system: str | None, policy: str) -> tuple[list[int], ConversationState]:
-        """The ids and state of a conversation before its first turn."""
-        state = ConversationState(system=system, policy=policy, prefix_len=0)
+    def first_state(self, system: str | None, policy: str, tools: str | None = None
+                    ) -> tuple[list[int], ConversationState]:
+        """The ids and state of a conversation before its first turn (``tools``: the tool
+        declarations of the system message)."""
+        state = ConversationState(system=system, policy=policy, prefix_len=0, tools=tools)
         ids = _prefix(self.codec, state, self.options.block_size)
         state.prefix_len = len(ids)
         return ids, state
 
-    def with_system(self, ids: list[int], state: ConversationState,
-                    system: str | None) -> tuple[list[int], ConversationState]:
-        """The conversation under new instructions: a new prefix, the kept turns' exact ids
-        after it (the prefix cache then hits only up to the change). ``None`` keeps the old."""
-        if system is None or system == state.system:
+    def with_system(self, ids: list[int], state: ConversationState, system: str | None,
+                    tools: str | None = None) -> tuple[list[int], ConversationState]:
+        """The conversation under new instructions or tool declarations: a new prefix, the kept
+        turns' exact ids after it (the prefix cache then hits only up to the change). ``None``
+        keeps the old."""
+        system = state.system if system is None else system
+        tools = state.tools if tools is None else tools
+        if system == state.system and tools == state.tools:
             return ids, state
         state = ConversationState.from_json(state.to_json())
-        state.system = system
+        state.system, state.tools = system, tools
         return self._rebase(ids, state, 0, _prefix(self.codec, state, self.options.block_size)), \
             state
 

@@ -69,6 +69,7 @@ class TurnInput:
     truncation: str
     memory: str | None
     store: bool
+    tools: str | None = None  # tool declarations for the system message (None: keep the old)
 
 
 @dataclass
@@ -194,10 +195,11 @@ class SessionService:
         planner, run = await self.planner(), self.loop.tokenizer_thread.run
         policy = req.memory or self.options.memory
         if prev is None:
-            ids, state = await run(planner.first_state, req.instructions, policy)
+            ids, state = await run(planner.first_state, req.instructions, policy, req.tools)
         else:
             ids, state = await run(planner.with_system, prev.token_ids,
-                                   ConversationState.from_json(prev.state), req.instructions)
+                                   ConversationState.from_json(prev.state), req.instructions,
+                                   req.tools)
             state.policy = policy
         max_out = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         budget = self.limit_tokens - max_out

@@ -1,7 +1,7 @@
 """A fake engine with LLMEngine's API, for fast server tests without a model.
 
-Tokens are characters (token id = code point). A request emits the characters of ``TEXT`` one
-per step, then ``"stop"`` at its end (unless ``ignore_eos``), or ``"length"`` at ``max_tokens``.
+Tokens are characters (token id = code point). A request emits the characters of ``TEXT`` (or
+the engine's ``text``) one per step, then ``"stop"`` at its end (unless ``ignore_eos``), or ``"length"`` at ``max_tokens``.
 Each token holds ``KV_BYTES_PER_TOKEN`` bytes of KV. Context and quota checks mirror the real
 engine's contract: prompt + max_tokens over ``max_model_len`` -> ContextLengthError, over the
 quota -> KVBudgetError. A prefix cache of blocks of ``BLOCK_SIZE`` tokens, as the engine's
@@ -49,8 +49,10 @@ class FakeEngine:
     max_model_len = 256
     cache_config: ClassVar[dict] = {"block_size": "16", "cache_dtype": "fp32"}
 
-    def __init__(self, step_delay_s: float = 0.0, kv_quota_tokens: int | None = None):
+    def __init__(self, step_delay_s: float = 0.0, kv_quota_tokens: int | None = None,
+                 text: str = TEXT):
         self.tokenizer = FakeTokenizer()
+        self.text = text
         self.step_delay_s = step_delay_s
         self.kv_quota_tokens = kv_quota_tokens
         self.fail_next_step = False  # step() raises (an engine bug)
@@ -64,7 +66,8 @@ class FakeEngine:
         self.owner = self.owner or threading.current_thread()
         assert self.owner is threading.current_thread(), "engine used from two threads"
 
-    def tokenize(self, prompt) -> list[int]:
+    def tokenize(self, prompt, tools=None) -> list[int]:
+        assert tools is None, "the fake's template takes no tools"
         if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
             return list(prompt)
         if isinstance(prompt, list):
@@ -123,7 +126,7 @@ class FakeEngine:
 
     def _advance(self, request_id: str, req: _Req) -> RequestOutput:
         now = time.perf_counter()
-        token = ord(TEXT[len(req.out) % len(TEXT)])
+        token = ord(self.text[len(req.out) % len(self.text)])
         req.out.append(token)
         req.metrics.first_token_time = req.metrics.first_token_time or now
         req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
@@ -132,7 +135,7 @@ class FakeEngine:
         reason = None
         if len(req.out) >= req.max_tokens:
             reason = "length"
-        elif len(req.out) == len(TEXT) and not req.params.ignore_eos:
+        elif len(req.out) == len(self.text) and not req.params.ignore_eos:
             reason = "stop"
         if reason:
             del self.requests[request_id]

@@ -36,8 +36,6 @@ def test_every_client_field_is_implemented_refused_or_a_hint(model, module):
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("text", {"format": {"type": "json_object"}}),
-    ("text", {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}),
     ("text", {"verbosity": "high"}),
     ("reasoning", {"effort": "high"}),
     ("include", ["message.output_text.logprobs"]),
@@ -45,7 +43,6 @@ def test_every_client_field_is_implemented_refused_or_a_hint(model, module):
     ("background", True),
     ("conversation", "conv_123"),
     ("prompt", {"id": "pmpt_1"}),
-    ("tools", [{"type": "web_search"}]),
     ("service_tier", "priority"),
 ])
 def test_responses_fields_it_cannot_honour_are_400(make_client, field, value):
@@ -58,13 +55,27 @@ def test_responses_fields_it_cannot_honour_are_400(make_client, field, value):
     assert r.json()["error"]["code"] == "unsupported_parameter"
 
 
-def test_structured_output_says_so(make_client):
+def test_built_in_tools_are_400_naming_the_field(make_client):
+    from session_fakes import ChatFakeEngine
+
+    r = make_client(ChatFakeEngine()).post("/v1/responses", json={
+        "input": "hi", "tools": [{"type": "web_search"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "'function'" in r.json()["error"]["message"], r.text
+
+
+def test_wrong_api_structured_output_field_says_which_to_use(make_client):
     from session_fakes import ChatFakeEngine
 
     client = make_client(ChatFakeEngine())
-    r = client.post("/v1/responses", json={"input": "hi", "text": {"format": {
-        "type": "json_object"}}})
-    assert "structured output" in r.json()["error"]["message"]
+    r = client.post("/v1/responses", json={"input": "hi", "response_format": {
+        "type": "json_object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    assert "text.format" in r.json()["error"]["message"]
+    r = make_client().post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "guided_json": {"type": "object"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "guided_json"
+    assert "structured_outputs" in r.json()["error"]["message"]
     ok = client.post("/v1/responses", json={"input": "hi", "text": {"format": {"type": "text"}},
                                             "reasoning": {}, "include": [], "user": "u1",
                                             "prompt_cache_key": "k", "service_tier": "auto"})
@@ -79,3 +90,9 @@ def test_chat_fields_it_cannot_honour_are_400(make_client, field, value):
     r = make_client().post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "hi"}], field: value})
     assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_tools_on_completions_are_400(make_client):
+    r = make_client().post("/v1/completions", json={"prompt": "hi", "tools": [
+        {"type": "function", "function": {"name": "f"}}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text

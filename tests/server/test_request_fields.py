@@ -52,8 +52,6 @@ def test_nan_and_infinity_are_refused(make_client):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "required"),
     ("suffix", "end"),
