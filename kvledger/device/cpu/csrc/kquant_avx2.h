@@ -33,9 +33,9 @@ inline __m256i broadcast16(__m256i v, int k) {
 
 // The 8 scales (as int16 in both lanes) and the 8 minima (int16) of a Q4_K / Q5_K super-block.
 inline void scales_mins_avx2(const uint8_t* x, __m256i* scales, __m128i* mins) {
-    uint8_t sm[16];
-    scales_mins(x + 4, sm);
-    const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
+    uint32_t w[4];
+    scales_mins(x + 4, w);
+    const __m256i both = _mm256_cvtepu8_epi16(_mm_setr_epi32(w[0], w[1], w[2], w[3]));
     *scales = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(both));
     *mins = _mm256_extracti128_si256(both, 1);
 }

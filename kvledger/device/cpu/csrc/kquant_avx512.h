@@ -43,9 +43,10 @@ void q45k_dot_avx512(const uint8_t* w, const Acts& a, int r0, float* out) {
         const uint8_t* x = w + static_cast<int64_t>(b) * block_bytes(TYPE);
         prefetch(x + PREFETCH_BYTES, 128);
         if (TYPE == Q5_K) prefetch(x + PREFETCH_BYTES + 128, 64);
-        uint8_t sm[16];
-        scales_mins(x + 4, sm);
-        const __m256i both = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sm)));
+        uint32_t words[4];
+        scales_mins(x + 4, words);
+        const __m256i both = _mm256_cvtepu8_epi16(
+            _mm_setr_epi32(words[0], words[1], words[2], words[3]));
         const __m512i scales = _mm512_castsi256_si512(both);
         const __m128i mins = _mm256_extracti128_si256(both, 1);
         const float d = fp16_to_f32(x), dmin = fp16_to_f32(x + 2);

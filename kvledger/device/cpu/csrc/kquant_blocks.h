@@ -27,6 +27,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 enum GgmlType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13,
@@ -55,6 +59,9 @@ inline int block_bytes(int type) {
 inline float fp16_to_f32(const uint8_t* p) {  // IEEE half at p (any alignment)
     uint16_t h;
     std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
     const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
     if (exp == 0x1F) {
@@ -71,22 +78,21 @@ inline float fp16_to_f32(const uint8_t* p) {  // IEEE half at p (any alignment)
     float f;
     std::memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 // The 8 scales (bytes 0..7) and 8 minima (bytes 8..15) of a Q4_K / Q5_K super-block from its
-// 12 packed bytes: sub-block j < 4 keeps its 6 bits in scales[j] / scales[j + 4]; j >= 4 has its
-// low 4 bits in scales[j + 4] (scale: low nibble, minimum: high) and its top 2 in the top bits
-// of scales[j - 4] / scales[j].
-inline void scales_mins(const uint8_t* packed, uint8_t out[16]) {
-    for (int j = 0; j < 8; ++j) {
-        if (j < 4) {
-            out[j] = packed[j] & 63;
-            out[8 + j] = packed[j + 4] & 63;
-        } else {
-            out[j] = (packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4);
-            out[8 + j] = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-        }
-    }
+// 12 packed bytes, as four words: sub-block j < 4 keeps its 6 bits in byte j (scale) / j + 4
+// (minimum); j >= 4 has its low 4 bits in byte j + 4 (scale: low nibble, minimum: high) and its
+// top 2 in the top bits of byte j - 4 (scale) / j (minimum).
+inline void scales_mins(const uint8_t* packed, uint32_t out[4]) {
+    constexpr uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, low2 = 0x03030303;
+    uint32_t p[3];
+    std::memcpy(p, packed, 12);
+    out[0] = p[0] & low6;
+    out[1] = (p[2] & low4) | (((p[0] >> 6) & low2) << 4);
+    out[2] = p[1] & low6;
+    out[3] = ((p[2] >> 4) & low4) | (((p[1] >> 6) & low2) << 4);
 }
 
 // The codes of a Q4_K, Q5_K or Q6_K super-block in weight order: [0, 15], [0, 31], [0, 63].
@@ -165,8 +171,10 @@ inline void dequantize_block(int type, const uint8_t* x, float* w) {
         return;
     }
     const float d = fp16_to_f32(x), dmin = fp16_to_f32(x + 2);
+    uint32_t words[4];
+    scales_mins(x + 4, words);
     uint8_t sm[16];
-    scales_mins(x + 4, sm);
+    std::memcpy(sm, words, 16);
     for (int j = 0; j < 8; ++j) {
         const float dj = d * static_cast<float>(sm[j]), mj = dmin * static_cast<float>(sm[8 + j]);
         for (int l = 0; l < 32; ++l) w[32 * j + l] = dj * static_cast<float>(q[32 * j + l]) - mj;

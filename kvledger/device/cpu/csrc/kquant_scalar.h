@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "int8_activations.h"
 #include "kquant_activations.h"
@@ -37,8 +38,10 @@ void kquant_dot_scalar(int type, const uint8_t* w, const Acts& a, int r0, float*
         const uint8_t* x = w + static_cast<int64_t>(b) * block_bytes(type);
         uint8_t q[QK];
         kquant_codes(type, x, q);
+        uint32_t words[4];
+        if (type != Q6_K) scales_mins(x + 4, words);
         uint8_t sm[16];
-        if (type != Q6_K) scales_mins(x + 4, sm);
+        std::memcpy(sm, words, 16);
         for (int r = 0; r < R; ++r) {
             const int64_t row = r0 + r;
             const int8_t* aq = a.k->q.data() + row * a.in + b * QK;
