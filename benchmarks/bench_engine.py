@@ -83,9 +83,9 @@ def main() -> None:
     llm = LLM("default", dtype=args.dtype, max_num_seqs=args.requests)
     prompts = batch_prompts(llm.tokenizer, args.requests)
     tps, ours_kv = ours_throughput(llm, prompts, args.new)
-    spec, fmt = llm.engine.spec, llm.engine.kv_format
+    spec, fmt = llm.engine.spec, llm.engine.kv_layout.fmt
     held_tokens = [len(p) + args.new - 1 for p in prompts]
-    ledger = sum(kv_bytes_per_sequence(spec, t, fmt) for t in held_tokens)
+    ledger = sum(kv_bytes_per_sequence(spec, fmt, 1, 16, t) for t in held_tokens)
     slack = len(prompts) * llm.engine.bytes_per_block
     print(f"throughput, {args.requests} requests, prompts 256-512, {args.new} new tokens")
     print(f"  kvledger      {tps:7.1f} output tok/s")

@@ -156,10 +156,10 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
                            max_num_seqs=max_num_seqs)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
         fits = engine.store.nbytes <= budget_bytes
-        reserved = max_num_seqs * residual_bytes(spec, 16, "fp32") if fmt in (
-            "fp8", "int8", "int4") else 0
+        kv = cfg.kv_format_spec()
+        reserved = max_num_seqs * residual_bytes(spec, kv, 1, 16, "fp32")
         ledger = (budget_bytes - reserved) // (per_request_blocks * kv_bytes_per_block(
-            spec, 16, fmt))
+            spec, kv, 1, 16))
         rows.append({"kv_format": fmt, "pool_blocks": engine.stats()["kv_blocks_total"],
                      "pool_bytes": engine.store.nbytes, "within_budget": fits,
                      "engine_requests": engine.stats()["kv_blocks_total"] // per_request_blocks,

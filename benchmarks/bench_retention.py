@@ -95,9 +95,8 @@ def score(engine, ids: list[int], spec: RetentionSpec, stride: int,
             assert kv.allocate_slots(req, n), "the pool cannot hold the chunk"
             hidden = engine.runner.hidden_states([_Chunk(req, n)])
             req.num_computed_tokens += n
-            if req.retention is not None:
-                req.retention.append(start, n)
-                kv.retain(req)
+            req.retention.append(start, n)
+            kv.retain(req)
             if start + n <= prompt_len < len(ids):
                 continue  # snapkv: only the continuation after the compression is scored
             targets = torch.tensor(ids[start + 1: start + n + 1])

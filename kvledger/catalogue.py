@@ -124,6 +124,10 @@ def catalogue_rows(kv_format: str = "bf16") -> list[dict]:
     MLA latent width (None without MLA) and KV bytes per token (all layers storing per-token
     KV, ``kv_format``; as ``plan --json``)."""
     from kvledger.ledger.kv import kv_bytes_per_token
+    from kvledger.ledger.kv_format import KVFormatSpec
+    from kvledger.ledger.planner import PlanOptions
+
+    fmt, block_size = KVFormatSpec(kv_format), PlanOptions.block_size
 
     rows = []
     for entry in entries():
@@ -140,7 +144,7 @@ def catalogue_rows(kv_format: str = "bf16") -> list[dict]:
             # MLA caches one latent (kv_lora_rank + qk_rope_head_dim), not per-head K and V
             "mla_latent_dim": spec.kv_lora_rank + spec.qk_rope_head_dim
             if MLA in spec.layer_types else None,
-            "kv_bytes_per_token": kv_bytes_per_token(spec, kv_format),
+            "kv_bytes_per_token": kv_bytes_per_token(spec, fmt, 1, block_size),
             "max_position_embeddings": spec.max_position_embeddings,
         })
     return rows

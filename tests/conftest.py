@@ -211,3 +211,13 @@ def tiny_llama_folder(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_data_dir(tmp_path_factory):
+    """No test writes the user's data folder: ``kvledger serve``'s default state DB lives there
+    (a test server of a newer schema would migrate the user's file). Subprocesses inherit it."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("KVLEDGER_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+    yield
+    patch.undo()

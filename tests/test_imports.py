@@ -170,3 +170,108 @@ def test_every_cpp_source_is_in_the_cpu_device():
     """The C++ sources and headers live in ``kvledger/device/cpu/csrc/`` only."""
     sources = {p for ext in ("*.cpp", "*.h", "*.c", "*.hpp", "*.cc") for p in PACKAGE_DIR.rglob(ext)}
     assert sources and {p.parent for p in sources} == {PACKAGE_DIR / "device" / "cpu" / "csrc"}
+
+
+# ---------------------------------------------------------------- retention behind one interface
+# (issue 32 item 3) The engine core asks each request's retention object; it never imports a
+# policy or a retention state, and never branches on which policy a request has.
+
+RETENTION_INTERFACE = "kvledger.engine.retention.interface"
+POLICY_ATTRIBUTES = {"policy", "evicts"}  # spec.policy names the policy; spec.evicts = "not full"
+
+
+def _core_modules() -> dict[str, Path]:
+    """The scheduler, the KV manager, the runner and the attention package's modules."""
+    return {name: path for name, path in _modules().items()
+            if name in ("kvledger.engine.scheduler", "kvledger.engine.kv.manager",
+                        "kvledger.engine.runner")
+            or name == "kvledger.engine.attention" or name.startswith("kvledger.engine.attention.")}
+
+
+def _import_targets(tree: ast.AST, name: str) -> set[str]:
+    """Every dotted name an import statement of module ``name`` (parsed: ``tree``) reaches,
+    module and module.name, relative ones resolved."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = name.split(".")
+            anchor = parts[: len(parts) - node.level] if node.level else []
+            base = ".".join(anchor + ([node.module] if node.module else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def _retention_names() -> set[str]:
+    """Classes and functions the retention package defines besides its interface: its
+    policies, states, factory and observer."""
+    names: set[str] = set()
+    for name, path in _modules().items():
+        if name.startswith("kvledger.engine.retention.") and name != RETENTION_INTERFACE:
+            tree = ast.parse(path.read_text())
+            names.update(n.name for n in tree.body
+                         if isinstance(n, ast.ClassDef | ast.FunctionDef))
+    return names
+
+
+def _policy_branches(source: str, name: str, forbidden: set[str]) -> list[str]:
+    """Where ``source`` (module ``name``) branches on a retention policy: an import of a
+    retention module other than the interface, a name of ``forbidden`` (a policy or state
+    class: isinstance, construction), a policy's name as a string, ``.policy`` / ``.evicts``,
+    or ``x.retention`` used as a value (``is None``, truth, isinstance) instead of asked."""
+    from kvledger.ledger.retention import POLICIES
+
+    tree = ast.parse(source)
+    found = [f"imports {t}" for t in sorted(_import_targets(tree, name))
+             if "retention" in t.split(".") and not t.startswith(RETENTION_INTERFACE)]
+    asked = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in forbidden:
+            found.append(f"line {node.lineno}: names {node.id}")
+        elif isinstance(node, ast.alias) and node.name.split(".")[-1] in forbidden:
+            found.append(f"imports {node.name}")
+        elif isinstance(node, ast.Constant) and node.value in POLICIES:
+            found.append(f"line {node.lineno}: the policy name {node.value!r}")
+        elif isinstance(node, ast.Attribute) and node.attr in POLICY_ATTRIBUTES | forbidden:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr == "retention" \
+                and id(node) not in asked:
+            found.append(f"line {node.lineno}: .retention used as a value")
+    return found
+
+
+def test_the_policy_branch_finder_finds_branches():
+    """Negative controls: each way of branching on the policy is reported."""
+    forbidden = _retention_names()
+    assert {"WindowPolicy", "RetainedKV", "FullRetention", "retention_for"} <= forbidden
+    branches = {
+        "if req.retention is None:\n    pass": ".retention used as a value",
+        "x = 1 if req.retention else 2": ".retention used as a value",
+        "ok = isinstance(req.retention.policy, int)": ".policy",
+        "ok = isinstance(state, WindowPolicy)": "names WindowPolicy",
+        "cap = 64 if req.retention.spec.evicts else 0": ".evicts",
+        "ok = spec.policy == 'h2o'": "the policy name 'h2o'",
+        "from kvledger.engine.retention.state import RetainedKV": "imports",
+        "from kvledger.ledger.retention import EVICTION_CHUNK": "imports",
+        "from ..retention import state": "imports kvledger.engine.retention",
+    }
+    for source, what in branches.items():
+        found = _policy_branches(source, "kvledger.engine.kv.manager", forbidden)
+        assert any(what in f for f in found), (source, found)
+    asked = "n = req.retention.kv_slots(req.num_computed_tokens)\n" \
+            "from kvledger.engine.retention.interface import HeldContext"
+    assert _policy_branches(asked, "kvledger.engine.runner", forbidden) == []
+
+
+def test_the_engine_core_asks_retention_through_its_interface_only():
+    """The scheduler, KV manager, runner and attention import retention only through
+    ``engine/retention/interface.py`` and never branch on the policy."""
+    core = _core_modules()
+    assert {"kvledger.engine.scheduler", "kvledger.engine.kv.manager", "kvledger.engine.runner",
+            "kvledger.engine.attention.metadata"} <= set(core)
+    forbidden = _retention_names()
+    offenders = {name: found for name, path in core.items()
+                 if (found := _policy_branches(path.read_text(), name, forbidden))}
+    assert offenders == {}

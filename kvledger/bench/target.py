@@ -69,6 +69,11 @@ class Target:
                 f"{self.base_url} refused the API key (HTTP {response.status_code}): "
                 "pass --api-key or set $OPENAI_API_KEY"
             )
+        elif model is None:
+            hint = " (give the server's base URL, without /v1)" if response.status_code == 404 \
+                else ""
+            raise BenchTargetError(f"{self.base_url}/v1/models answered HTTP "
+                                   f"{response.status_code}{hint}; or pass --model NAME")
         if model is None:
             if not cards:
                 raise BenchTargetError(

@@ -121,6 +121,8 @@ def bench(
     )
     console = Console() if sys.stdout.isatty() else Console(width=160)
     result = run_bench(opts, console)
+    if not result.summaries:
+        raise KVLedgerError("no level ran: " + "; ".join(result.notes or ["no level to run"]))
     if plan_model is not None:
         apply_overlay(result, plan_model, device, plan_dtype)
     headers, rows = table(result.summaries, compact=True)

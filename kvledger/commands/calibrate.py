@@ -4,6 +4,7 @@ for ``--kv-calibration``. The work is in :mod:`kvledger.eval.calibrate`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -35,7 +36,7 @@ def calibrate(
     from kvledger.eval.corpus import read_text
     from kvledger.eval.perplexity import check_protocol, chunk_tokens, perplexity
     from kvledger.eval.scoring import load_engines
-    from kvledger.ledger.kv import kv_format
+    from kvledger.ledger.kv_format import kv_format
 
     if not kv_format(kv_cache_dtype).quantized:
         raise InvalidParameterError(
@@ -43,13 +44,15 @@ def calibrate(
     check_protocol(context, None)
     body, name = read_text(text)
     engine, _ = load_engines(EngineConfig(model=model, kv_cache_dtype="fp32"), context)
+    measured = dataclasses.replace(engine.config, kv_cache_dtype=kv_cache_dtype,
+                                   kv_group_size=kv_group_size, kv_key_quant=kv_key_quant,
+                                   kv_outlier_channels=kv_outlier_channels)
     ids = engine.tokenizer.encode(body, add_special_tokens=False)
     runs = chunk_tokens(ids, context, chunks)
-    cal = run(engine, runs, kv_cache_dtype, kv_outlier_channels, kv_group_size, kv_key_quant)
+    cal = run(engine, runs, measured.kv_format_spec())
     out = out or Path(f"{engine.model_name}.kv-calibration.json")
     cal.write(out, name)
-    quantized = _engine_like(engine, kv_cache_dtype, kv_group_size, kv_key_quant,
-                             kv_outlier_channels, out)
+    quantized = _engine_like(engine, dataclasses.replace(measured, kv_calibration=str(out)))
     score = perplexity(quantized, ids, context, max_chunks=chunks, base=engine)
     cal.kld_mean, cal.delta_ppl_pct = score.kld_mean, score.delta_ppl_pct
     cal.write(out, name)
@@ -61,16 +64,11 @@ def calibrate(
     _print(cal, out, plot)
 
 
-def _engine_like(engine, fmt, group, key_quant, outliers, calibration: Path):
-    """An engine on the same model with the quantized format and this calibration."""
-    import dataclasses
-
+def _engine_like(engine, cfg):
+    """An engine on the same model under ``cfg`` (the quantized format and its calibration)."""
     from kvledger.engine.engine import LLMEngine
     from kvledger.model.weights.loader import load_weights
 
-    cfg = dataclasses.replace(engine.config, kv_cache_dtype=fmt, kv_group_size=group,
-                              kv_key_quant=key_quant, kv_outlier_channels=outliers,
-                              kv_calibration=str(calibration))
     spec, weights = load_weights(cfg.model, engine.model.dtype)
     return LLMEngine(cfg, spec=spec, weights=weights, tokenizer=engine.tokenizer)
 

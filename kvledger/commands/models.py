@@ -16,7 +16,7 @@ def models(
 ) -> None:
     """List the shipped model configs: layer kinds, KV heads, head_dim, KV bytes per token."""
     from kvledger.catalogue import catalogue_rows
-    from kvledger.ledger.kv import kv_format
+    from kvledger.ledger.kv_format import kv_format
 
     kv_format(kv_dtype)  # an unknown format is a one-line error before any work
     rows = catalogue_rows(kv_dtype)

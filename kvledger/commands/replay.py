@@ -110,7 +110,7 @@ def replay(
         run = setup.simulate(tr, spec, dev, eff, s, weights_dtype, step_times, link_gbs)
         summary, records = report.summary(run, s.label, s.config.max_num_seqs, slo_targets)
         meta = {"trace": trace, "model": spec.name, "device": dev.name,
-                "kv_format": setup.kv_format_of(s.config, dev),
+                "kv_format": setup.kv_format_of(s.config, dev).name,
                 "setting": s.label, "step_model": eff.source, "step_times": step_times,
                 "speed": s.speed, "tp": s.config.tensor_parallel_size, "link_gbs": link_gbs,
                 "engine": dataclasses.asdict(s.config),

@@ -24,10 +24,27 @@ def serve(
         help="Require 'Authorization: Bearer KEY' on /v1 routes and /tokenize; repeat for "
              "several keys (each a tenant of the Responses API).")] = None,
     api_keys_file: Annotated[str | None, typer.Option(
-        help="A file with more API keys, one per line ('#' starts a comment).")] = None,
+        help="A file with more API keys: one key per line, the whole line trimmed; blank "
+             "lines and lines starting with '#' are comments (so no key starts with '#'). A "
+             "file with no key is refused.")] = None,
+    admin_api_key: Annotated[list[str] | None, typer.Option(
+        help="A key accepted like --api-key whose caller also sees every tenant's requests "
+             "on the dashboard; repeat for several.")] = None,
+    share_prefix_cache_across_keys: Annotated[bool, typer.Option(
+        help="Let requests of different API keys hit each other's prefix cache (by default "
+             "each key's prompts are salted apart).")] = False,
     state_db: Annotated[str | None, typer.Option(
         help="SQLite file of the Responses API's conversations (default: in the user data "
              "folder).")] = None,
+    state_max_age: Annotated[str | None, typer.Option(
+        help="Delete conversations not continued for this long (seconds, or 90m, 12h, "
+             "30d).")] = None,
+    state_max_gib: Annotated[float | None, typer.Option(
+        help="Keep the state DB under this size (GiB): the least recently continued "
+             "conversations are deleted first.")] = None,
+    state_quota_mib: Annotated[float | None, typer.Option(
+        help="Most MiB of stored conversations per API key; at the quota a stored turn gets "
+             "HTTP 403.")] = None,
     memory: Annotated[str, typer.Option(
         help="Memory policy of conversations under truncation='auto': full, summary or "
              "segment.")] = "summary",
@@ -49,9 +66,15 @@ def serve(
     max_header_bytes: Annotated[int, typer.Option(
         help="Largest request header block (bytes); larger: HTTP 431.")] = 64 << 10,
     request_timeout_s: Annotated[float | None, typer.Option(
-        help="Abort a request running longer than this (HTTP 503 request_timeout).")] = None,
+        help="Abort a request running longer than this (HTTP 504 request_timeout).")] = None,
     max_concurrent_streams: Annotated[int | None, typer.Option(
         help="Most streamed responses open at once; more: HTTP 429.")] = None,
+    max_input_chars: Annotated[int, typer.Option(
+        help="Most characters in a request's input (prompt, messages, input, instructions), "
+             "counted before tokenizing; more: HTTP 400.")] = 1_000_000,
+    max_input_items: Annotated[int, typer.Option(
+        help="Most messages, content parts, prompts and input items in one request; more: "
+             "HTTP 400.")] = 4096,
     max_stop_strings: Annotated[int, typer.Option(
         help="Most 'stop' strings per request; more: HTTP 400.")] = 16,
     max_stop_chars: Annotated[int, typer.Option(
@@ -74,17 +97,20 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/responses,
     /v1/models), /tokenize, /health, Prometheus /metrics and the live dashboard (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes, trace)
+    from kvledger.server.api_keys import read_api_keys
     from kvledger.server.limits import ServerLimits
-    from kvledger.sessions.options import read_api_keys, session_options
+    from kvledger.sessions.options import session_options
     from kvledger.sessions.store import SessionStore
 
-    api_keys = read_api_keys(api_key or [], api_keys_file)
-    sessions = session_options(state_db, memory, segment_turns)
+    api_keys = read_api_keys(api_key or [], api_keys_file, admin_api_key)
+    sessions = session_options(state_db, memory, segment_turns, state_max_age, state_max_gib,
+                               state_quota_mib)
     SessionStore(sessions.state_db).close()  # refuse a bad state DB before loading the model
 
     limits = ServerLimits(
         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
         header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
+        max_input_chars=max_input_chars, max_input_items=max_input_items,
         max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
@@ -100,7 +126,10 @@ def serve(
     engine = LLMEngine(engine_config)
     if trace is not None:
         engine = _traced(engine, engine_config, trace, trace_private)
-    app = create_app(engine, api_key=api_keys or None, max_queue=max_queue,
+    app = create_app(engine, api_key=list(api_keys.keys),
+                     admin_api_key=list(api_keys.admin_keys),
+                     share_prefix_cache_across_keys=share_prefix_cache_across_keys,
+                     max_queue=max_queue,
                      kv_alert_bytes=kv_alert_bytes, limits=limits, log_interval_s=log_interval_s,
                      served_model_name=served_model_name, sessions=sessions)
     log = logging.getLogger("kvledger.server")
@@ -108,7 +137,8 @@ def serve(
              app.state.server.model_name, engine.max_model_len, host, port)
     log.info("conversations (Responses API) in %s, memory policy %s", sessions.state_db,
              sessions.memory)
-    if host not in LOOPBACK and not api_keys:
+    log.info("authentication: %s", api_keys.describe())
+    if host not in LOOPBACK and not (api_keys.keys or api_keys.admin_keys):
         log.warning("listening on %s without --api-key: anyone who can reach it may use it", host)
     config = uvicorn_config(app, host, port, limits)
     state = app.state.server

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv_format import KEY_QUANT_MODES, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
-KEY_QUANT_MODES = ("per-channel", "per-token")
 
 
 @dataclass
@@ -135,3 +135,10 @@ class EngineConfig:
         """The default retention policy of the kv_* options (``ledger/retention.py``)."""
         return spec_from_options(self.kv_policy, self.kv_window, self.kv_sinks, self.kv_budget,
                                  self.kv_positions, self.kv_select, self.kv_scope)
+
+    def kv_format_spec(self, compute_format: str | None = None) -> KVFormatSpec:
+        """The KV format of the kv_* options; ``auto`` is ``compute_format`` (None: ``dtype``,
+        the activations' format)."""
+        return KVFormatSpec.from_options(self.kv_cache_dtype, compute_format or self.dtype,
+                                         self.kv_group_size, self.kv_key_quant,
+                                         self.kv_outlier_channels)

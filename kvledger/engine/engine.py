@@ -26,8 +26,8 @@ from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import Request
-from kvledger.engine.retention.per_head import retained_state
-from kvledger.engine.retention.policies import make_policy
+from kvledger.engine.retention.build import retention_for
+from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling import Sampler
 from kvledger.engine.sampling_params import SamplingParams
@@ -224,18 +224,15 @@ class LLMEngine:
         self._check_retention(spec)
         ids = self.tokenize(prompt)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
-                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop))
-        req.retention = self.retention_state(spec)
+                      detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
+                      retention=self.retention_state(spec))
         self.scheduler.add(req)
 
-    def retention_state(self, spec: RetentionSpec):
-        """A new request's retention state under ``spec`` (None for full): per (layer, KV
-        head) rows when it selects per head (``engine/retention/per_head.py``)."""
-        if not spec.evicts:
-            return None
-        return retained_state(spec, make_policy(spec), self.config.block_size,
-                              self.spec.num_layers, self.spec.num_kv_heads,
-                              tensor_parallel=self.parallel is not None)
+    def retention_state(self, spec: RetentionSpec) -> Retention:
+        """A new request's retention under ``spec`` (``engine/retention/build.py``; per
+        (layer, KV head) rows of this model when it selects per head)."""
+        return retention_for(spec, self.config.block_size, self.spec.num_layers,
+                             self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
         if spec.evicts and self.store is None:
@@ -330,9 +327,8 @@ class LLMEngine:
         block counted once."""
         bs, filled = self.config.block_size, {}
         for req in self.scheduler.requests.values():
-            held = req.retention.held_per_block() if req.retention is not None else None
-            for i, block in enumerate(req.block_table):
-                n = min(bs, req.num_computed_tokens - i * bs) if held is None else held[i]
+            held = req.retention.held_per_block(req.num_computed_tokens, bs)
+            for block, n in zip(req.block_table, held):
                 if n > 0:
                     filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())

@@ -15,8 +15,8 @@ has at least one uncomputed token until it finishes.
 
 Invariants (checked by ``Scheduler.check_invariants``):
   0 <= num_computed_tokens <= num_tokens;
-  len(block_table) * block_size >= num_kv_slots while RUNNING (= num_computed_tokens under
-  full retention; an evicting policy holds fewer, see ``retention``);
+  len(block_table) * block_size >= num_kv_slots while RUNNING (what ``retention`` makes of
+  num_computed_tokens: the same under full retention, fewer under an evicting policy);
   block_table == [] while WAITING or FINISHED (preemption by recompute frees every block).
 """
 
@@ -25,14 +25,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.outputs import RequestMetrics, RequestOutput
+from kvledger.engine.retention.full import FullRetention
+from kvledger.engine.retention.interface import Retention
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.ledger.retention import RetentionSpec
 
 
 class RequestStatus(enum.Enum):
@@ -72,9 +72,9 @@ class Request:
         num_skips: admission passes that skipped it for lack of free blocks (starvation guard).
         peak_num_blocks: most blocks it held at once (peak KV bytes = this * bytes per block).
         is_long: prompt >= ``config.long_prompt_tokens`` (set by the scheduler on ``add``).
-        retention: the held tokens under an evicting retention policy (a ``RetainedKV``:
-            physical slots vs logical positions, ``engine/retention/state.py``); None = full
-            retention, where token ``pos`` sits at physical index ``pos``.
+        retention: which tokens keep their K/V and where (``engine/retention/interface.py``):
+            full retention (token ``pos`` at physical index ``pos``) unless the engine gives
+            it an evicting policy's (physical slots vs logical positions, ``state.py``).
         generator: its seeded sampling generator (None when ``params.seed`` is None).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
@@ -97,7 +97,7 @@ class Request:
     num_skips: int = 0
     peak_num_blocks: int = 0
     is_long: bool = False
-    retention: Any = None
+    retention: Retention = field(default_factory=FullRetention)
     generator: torch.Generator | None = field(init=False)
     output: RequestOutput = field(init=False)
 
@@ -144,14 +144,7 @@ class Request:
     def num_kv_slots(self) -> int:
         """Physical KV slots the block table covers in use (holes included): the computed
         tokens under full retention."""
-        if self.retention is None:
-            return self.num_computed_tokens
-        return self.retention.num_slots
-
-    @property
-    def retention_spec(self) -> RetentionSpec:
-        """The request's retention policy and sizes (full when it has none)."""
-        return RetentionSpec() if self.retention is None else self.retention.policy.spec
+        return self.retention.kv_slots(self.num_computed_tokens)
 
     @property
     def max_total_tokens(self) -> int:

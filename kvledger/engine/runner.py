@@ -5,10 +5,13 @@ step batch: input ids, positions, slot mapping (slot = block_table[pos // block_
 block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
 segment per chunk). Logits are computed only at the last position of chunks that sample.
 
-A request under an evicting retention policy (``request.retention``) holds only some of its
-tokens, anywhere in its blocks: its chunk is one gathered segment over the held slots, with a
-mask made of causality and the policy's per-query visibility (``engine/retention``); under
-``cache`` positions its sink keys turn as they are gathered (``retention/state.py``).
+Each chunk's request says what its queries attend (``request.retention.attention``,
+``engine/retention/interface.py``): its prefix through the block table (above), or a
+``HeldContext`` when it holds only some of its tokens, anywhere in its blocks (an evicting
+policy). Such a chunk is one gathered segment over the held slots, with a mask made of
+causality and the policy's per-query visibility, its keys turned as the context says (``cache``
+positions) and an attention observer when its queries are scored; a one-token decode that sees
+every held key, unturned and unscored, is a decode group read in place (``slot_view``).
 
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
@@ -22,7 +25,7 @@ import torch
 
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.retention.observe import AttentionObserver
+from kvledger.engine.retention.interface import HeldContext
 from kvledger.model.llama import LlamaModel
 
 MAX_PADDING = 1.25
@@ -65,8 +68,14 @@ class ModelRunner:
         return self.model.forward(ids, pos, meta, self.store), last
 
     def _paged_batch(self, chunks: Seq):
-        retained = [c for c in chunks if c.request.retention is not None]
-        plain = [c for c in chunks if c.request.retention is None]
+        held = {}  # id(chunk) -> HeldContext, for the chunks that do not attend their prefix
+        for c in chunks:
+            req = c.request
+            context = req.retention.attention(req.block_table, req.num_computed_tokens,
+                                              c.num_new_tokens, req.num_prompt_tokens)
+            if context is not None:
+                held[id(c)] = context
+        plain = [c for c in chunks if id(c) not in held]
         decodes = [c for c in plain if c.num_new_tokens == 1 and c.request.num_computed_tokens > 0]
         prefills = [c for c in plain if not (c.num_new_tokens == 1
                                              and c.request.num_computed_tokens > 0)]
@@ -86,11 +95,12 @@ class ModelRunner:
             meta.decodes.append(_decode_group(len(ids), contexts))
             for c, ctx in zip(group, contexts):
                 add_decode(c, int(ctx[-1]))
-        for c in retained:
-            made = self._retained_decode(c, len(ids))
-            if made is not None:
-                meta.decodes.append(made[0])
-                add_decode(c, made[1])
+        for c in (c for c in chunks if id(c) in held):
+            context = held[id(c)]
+            if c.request.num_computed_tokens > 0 and context.reads_in_place():
+                meta.decodes.append(DecodeGroup(len(ids), 1, context.slots[None], None,
+                                                slot_view=True))
+                add_decode(c, int(context.new_slots[0]))
         slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
         for c in prefills:
             start, n = c.request.num_computed_tokens, c.num_new_tokens
@@ -104,8 +114,8 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
-        for c in (c for c in retained if id(c) not in last_of):  # the rest: gathered segments
-            slot_chunks.append(self._retained_segment(c, meta, len(ids)))
+        for c in (c for c in chunks if id(c) in held and id(c) not in last_of):
+            slot_chunks.append(self._held_segment(c, held[id(c)], meta, len(ids)))
             start, n = c.request.num_computed_tokens, c.num_new_tokens
             ids.extend(c.request.token_ids_range(start, start + n))
             pos.extend(range(start, start + n))
@@ -124,42 +134,22 @@ class ModelRunner:
             last_of[id(c)] = len(ids) - 1
         return _as_tensor(ids), _as_tensor(pos), meta, _sampling_rows(chunks, last_of)
 
-    def _retained_decode(self, c, offset: int) -> tuple[DecodeGroup, int] | None:
-        """A decode group of one token under an evicting policy whose query sees every held
-        token and whose attention is not scored (window, sinks, snapkv after compression),
-        read through the backend's decode (a slot-list context), with the new token's slot;
-        None for the other chunks (they take :meth:`_retained_segment`)."""
-        req, state, p = c.request, c.request.retention, c.request.num_computed_tokens
-        if c.num_new_tokens != 1 or p == 0 or state.key_shift(p) is not None:
-            return None
-        scored = state.policy.scored_queries(torch.tensor([p]), req.num_prompt_tokens)
-        if scored is not None and bool(scored.any()):
-            return None
-        slots, _, mask, new_slots = state.context(req.block_table, p, 1)
-        if not bool(mask.all()):
-            return None
-        return DecodeGroup(offset, 1, slots[None], None, slot_view=True), int(new_slots[0])
-
-    def _retained_segment(self, c, meta: AttentionMetadata, offset: int) -> torch.Tensor:
-        """Add the gathered segment of a chunk under an evicting policy (and its attention
-        observer when the policy scores these queries); returns the new tokens' slots."""
-        req, n = c.request, c.num_new_tokens
-        state, start = req.retention, req.num_computed_tokens
-        slots, idx, mask, new_slots = state.context(req.block_table, start, n)
-        seg = PrefillSegment(start=offset, length=n, slots=slots, mask=mask, gathered=True)
-        shift = state.key_shift(start)
-        if shift is not None:
-            cos, sin = self.model.rope.lookup(shift[1])
-            seg.key_turn = (shift[0], cos, sin)
+    def _held_segment(self, c, context: HeldContext, meta: AttentionMetadata,
+                      offset: int) -> torch.Tensor:
+        """Add the gathered segment of a chunk over ``context`` (and its attention observer
+        when its queries are scored); returns the new tokens' slots."""
+        n = c.num_new_tokens
+        seg = PrefillSegment(start=offset, length=n, slots=context.slots, mask=context.mask,
+                             gathered=True)
+        if context.key_turn is not None:
+            rows, delta = context.key_turn
+            cos, sin = self.model.rope.lookup(delta)
+            seg.key_turn = (rows, cos, sin)
         meta.prefills.append(seg)
-        scored = state.policy.scored_queries(torch.arange(start, start + n),
-                                             req.num_prompt_tokens)
-        if scored is not None and bool(scored.any()):
-            observer = AttentionObserver(slice(offset, offset + n), slots, mask, scored,
-                                         state.heads)
+        observer = c.request.retention.observer(context, slice(offset, offset + n))
+        if observer is not None:
             meta.observers.append(observer)
-            state.pending = (idx, observer.scores)
-        return new_slots
+        return context.new_slots
 
     def _context_slots(self, req, length: int) -> torch.Tensor:
         """Slots [length] of positions 0..length-1 of ``req`` through its block table."""

@@ -60,19 +60,11 @@ from kvledger.errors import (
     InvalidParameterError,
     KVBudgetError,
 )
-from kvledger.ledger.admission import RequestBudget, kv_tokens_of
-from kvledger.ledger.retention import EVICTION_CHUNK
+from kvledger.ledger.admission import RequestBudget
 
 HEAD_SKIP_LIMIT = 32
 """Steps a waiting request may be passed over for lack of blocks before admission stops
 behind it."""
-
-
-def _chunk_cap(req: Request) -> int:
-    """Most tokens of ``req`` computed in one step: ``EVICTION_CHUNK`` under a policy that
-    evicts between steps (its KV bound counts one such chunk), else no cap."""
-    policy = req.retention.policy if req.retention is not None else None
-    return EVICTION_CHUNK if policy is not None and policy.chunked else req.num_tokens
 
 
 class Scheduler:
@@ -141,8 +133,8 @@ class Scheduler:
         """``params.max_tokens``, or the room the admission rule leaves when it is None;
         raises when the request can never run (see ``add``)."""
         prompt, asked = req.num_prompt_tokens, req.params.max_tokens
-        context, spec = budget.context_tokens, req.retention_spec
-        if prompt >= context and spec.capacity is None:
+        context, spec = budget.context_tokens, req.retention.spec
+        if budget.exceeded_by(prompt + 1, spec, prompt) == "context":  # no room for a token
             raise ContextLengthError(
                 f"this model's maximum context length is {context} tokens, but the prompt has "
                 f"{prompt} tokens (max_tokens {'up to the limit' if asked is None else asked}; "
@@ -167,7 +159,7 @@ class Scheduler:
                 f"{what} exceeds the per-request KV quota of {budget.quota_tokens} tokens "
                 "(--max-kv-tokens-per-request); lower max_tokens or shorten the prompt")
         if limit == "kv":
-            kv_tokens = spec.max_kv_tokens(prompt, total) if spec.evicts else kv_tokens_of(total)
+            kv_tokens = spec.max_kv_tokens(prompt, total)
             blocks = budget.kv_blocks_of(total, spec, prompt)
             cap, bpb = budget.max_blocks, self.bytes_per_block
             where = "the long-request share of the KV pool" if req.is_long else "the KV pool"
@@ -211,7 +203,8 @@ class Scheduler:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            n = self._grow(req, min(req.num_uncomputed_tokens, budget, _chunk_cap(req)), out)
+            n = self._grow(req, min(req.num_uncomputed_tokens, budget, req.retention.chunk_tokens),
+                           out)
             if n:
                 out.chunks.append(ScheduledChunk(req, n))
         budget = self.config.max_num_batched_tokens - out.num_batched_tokens
@@ -295,13 +288,14 @@ class Scheduler:
                 break
             if self.kv.pool.num_free == 0:  # every admission needs at least one new block
                 break
-            if req.retention is None and not self._budget(req).holds_kv_tokens(req.num_tokens):
+            if not self._budget(req).holds_kv_tokens(self._resume_kv_tokens(req)):
                 self._fail(req, out)
                 continue
             hit_blocks = self.kv.find_longest_cache_hit(req)
             if self._next_block_hash(req, len(hit_blocks)) in in_flight:
                 continue  # a running request is computing this very block: hit it next step
-            n = min(req.num_tokens - len(hit_blocks) * self.block_size, budget, _chunk_cap(req))
+            n = min(req.num_tokens - len(hit_blocks) * self.block_size, budget,
+                    req.retention.chunk_tokens)
             growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
             if req.is_long and self._long_blocks_held() + growth > self.long_budget.max_blocks:
                 continue
@@ -321,6 +315,12 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(req, n))
             budget -= n
             in_flight |= {self._next_block_hash(req)} - {None}
+
+    @staticmethod
+    def _resume_kv_tokens(req: Request) -> int:
+        """Most K/V slots ``req`` holds at once while it computes its ``num_tokens`` tokens
+        (all of them under full retention: a preempted request prefills its output again)."""
+        return req.retention.spec.max_kv_tokens(req.num_prompt_tokens, req.num_tokens + 1)
 
     def _next_block_hash(self, req: Request, index: int | None = None) -> bytes | None:
         """Hash of block ``index`` (default: the block holding ``req``'s first uncomputed
@@ -344,8 +344,7 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed_tokens = chunk.start + chunk.num_new_tokens
-            if req.retention is not None:
-                req.retention.append(chunk.start, chunk.num_new_tokens)
+            req.retention.append(chunk.start, chunk.num_new_tokens)
             self.kv.cache_full_blocks(req)
             self.kv.retain(req)  # an evicting policy drops tokens and gives back blocks
 

@@ -20,6 +20,7 @@ import torch
 
 from kvledger.engine.kv.calibration import VERSION
 from kvledger.eval.scoring import step_logprobs
+from kvledger.ledger.kv_format import KVFormatSpec
 
 
 @dataclass
@@ -71,20 +72,21 @@ def _rel_error(codec, x: torch.Tensor) -> torch.Tensor:
     return diff.pow(2).sum(dims).sqrt() / x.pow(2).sum(dims).sqrt().clamp_min(1e-12)
 
 
-def calibrate(engine, chunks: list[list[int]], kv_format: str, outlier_channels: int,
-              group_size: int | None, key_quant: str) -> Calibration:
-    """Run ``chunks`` through ``engine`` (full-precision KV) and measure; see the module doc.
+def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration:
+    """Run ``chunks`` through ``engine`` (full-precision KV) and measure the quantized format
+    ``fmt`` (its ``outlier_channels`` the count to choose); see the module doc.
 
     Raises:
         InvalidParameterError: a layout the model cannot take (group size, outliers).
     """
     from kvledger.engine.kv.codecs import make_codecs
-    from kvledger.ledger.kv import outlier_count, resolve_group_size
+    from kvledger.engine.kv.layout import resolve_format
 
     spec, store = engine.spec, engine.store
     layers, heads, dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
-    n_out = outlier_count(dim, outlier_channels, 0.0)
-    group = resolve_group_size(group_size, dim)
+    fmt = resolve_format(fmt, dim)
+    kv_format, n_out, key_quant = fmt.name, fmt.outlier_channels, fmt.key_quant
+    group = fmt.group_size or dim
     keys_codec, values_codec = make_codecs(kv_format, store.block_size, heads, dim, group,
                                            key_quant)
     absmax = [torch.zeros(layers, heads, dim) for _ in range(2)]

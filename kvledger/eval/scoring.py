@@ -95,9 +95,8 @@ def step_logprobs(engine, tokens: list[int], stride: int, first: int,
                 raise KVBudgetError(f"the KV pool cannot hold a {len(tokens)}-token chunk")
             hidden = engine.runner.hidden_states([_Chunk(req, n)])
             req.num_computed_tokens += n
-            if req.retention is not None:
-                req.retention.append(start, n)
-                kv.retain(req)
+            req.retention.append(start, n)
+            kv.retain(req)
             lo, hi = max(start, first), min(start + n, end)
             if lo < hi:
                 logits = engine.model.compute_logits(hidden[lo - start: hi - start])

@@ -12,25 +12,14 @@ A sliding layer keeps at most ``sliding_window`` tokens; in the window-aware mod
 allocator) it is capped there, otherwise it is sized as full attention (what an engine without a
 hybrid allocator reserves).
 
-KV formats (seed §4.2), in the layout the engine stores (``engine/kv/codecs.py``). K and V of
-attention layers are priced per *block* of ``block_size`` tokens and KV head
-(:func:`head_block_bytes`):
-
-  fp32 / fp16 / bf16   4 / 2 / 2 bytes per element, no metadata
-  fp8 (e4m3)           1 byte per element + one fp32 scale per block and KV head, for K and V
-  int8 / int4          8 / 4 bits per element (int4: two per byte) + an fp16 scale and an fp16
-                       zero point per group (asymmetric). Values: groups of ``group_size``
-                       along head_dim, per token. Keys ``per-channel`` (default, KIVI): one
-                       group per channel over the block's tokens; or ``per-token`` like values.
-  outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
-                       token each); the codes still cover every channel. Channel indices are
-                       calibrated once per layer, so they cost no bytes per block.
-
-Per token, a quantized format costs its block's bytes / block size, rounded up (metadata per
-block does not divide evenly). A quantized engine also keeps each running sequence's last,
-partial block in the compute dtype (:func:`residual_bytes`). An MLA latent is priced per
-vector (:func:`vector_bytes`), groups along the latent, no per-block scale: a planner figure
-only, the engine does not run MLA.
+Every function takes ``(spec, fmt, tp, block_size)``: the model, the KV format with its options
+(:class:`~kvledger.ledger.kv_format.KVFormatSpec`, whose module gives each format's layout), the
+tensor-parallel ranks and the tokens per block. K and V of attention layers are priced per
+*block* of ``block_size`` tokens and KV head (:func:`head_block_bytes`); per token, a format
+costs its block's bytes / block size, rounded up (metadata per block does not divide evenly). A
+quantized engine also keeps each running sequence's last, partial block in the compute dtype
+(:func:`residual_bytes`). An MLA latent is priced per vector (:func:`vector_bytes`), groups
+along the latent, no per-block scale: a planner figure only, the engine does not run MLA.
 
 Tensor parallelism: a rank holds ``kv_heads / tp`` KV heads, or one replicated head when
 ``kv_heads < tp``; an MLA latent is replicated on every rank; a linear-attention state is split.
@@ -41,146 +30,59 @@ All results are integers of bytes. No torch here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv_format import (
+    FP16_BYTES,
+    FP32_BYTES,
+    KVFormatSpec,
+    resolve_group_size,
+)
 from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
-KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
-FP16_BYTES = 2
-
-
-@dataclass(frozen=True)
-class KVFormat:
-    """Storage layout of one KV format.
-
-    Attributes:
-        name: one of :data:`KV_FORMATS`.
-        bits: bits per stored element.
-        group_meta_bytes: bytes of scale (+ zero point) per quantization group; 0 when the
-            format has no per-group metadata.
-    """
-
-    name: str
-    bits: int
-    group_meta_bytes: int
-
-    @property
-    def quantized(self) -> bool:
-        """True for the formats below 16 bits (fp8, int8, int4)."""
-        return self.bits < 16
-
-
-_FORMATS = {
-    "fp32": KVFormat("fp32", 32, 0),
-    "fp16": KVFormat("fp16", 16, 0),
-    "bf16": KVFormat("bf16", 16, 0),
-    "fp8": KVFormat("fp8", 8, 0),
-    "int8": KVFormat("int8", 8, 2 * FP16_BYTES),
-    "int4": KVFormat("int4", 4, 2 * FP16_BYTES),
-}
-FP32_BYTES = 4
-DEFAULT_GROUP_SIZE = 32
-KEY_QUANT_MODES = ("per-channel", "per-token")
-
-
-def resolve_group_size(group_size: int | None, head_dim: int) -> int:
-    """The group along head_dim: ``group_size``, or by default 32 (head_dim if 32 does not
-    divide it).
+def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int:
+    """Bytes of K + V of one KV head in one attention layer for one block, as the engine
+    stores them.
 
     Raises:
-        InvalidParameterError: a group size <= 0 or one that does not divide head_dim.
+        InvalidParameterError: bad group size or outlier count, outliers on a full-precision
+            format, int4 with an odd head_dim.
     """
-    if group_size is None:
-        return DEFAULT_GROUP_SIZE if head_dim % DEFAULT_GROUP_SIZE == 0 else head_dim
-    if group_size <= 0 or head_dim % group_size:
-        raise InvalidParameterError(
-            f"--kv-group-size {group_size} must be positive and divide head_dim {head_dim}")
-    return group_size
-
-
-def outlier_count(head_dim: int, outlier_channels: int | None, outlier_frac: float) -> int:
-    """Key channels kept in fp16: ``outlier_channels``, else ``ceil(outlier_frac x head_dim)``.
-
-    Raises:
-        InvalidParameterError: negative, or not fewer than head_dim.
-    """
-    n = math.ceil(outlier_frac * head_dim) if outlier_channels is None else outlier_channels
-    if not 0 <= n < head_dim:
-        raise InvalidParameterError(
-            f"--kv-outlier-channels must be in [0, head_dim {head_dim}), got {n}")
-    return n
-
-
-def head_block_bytes(block_size: int, head_dim: int, fmt: str, group_size: int | None = None,
-                     key_quant: str = "per-channel", outliers: int = 0) -> int:
-    """Bytes of K + V of one KV head in one layer for one block, as the engine stores them.
-
-    Raises:
-        InvalidParameterError: unknown format or key mode, bad group size, outliers on a
-            full-precision format, int4 with an odd head_dim.
-    """
-    f = kv_format(fmt)
-    if key_quant not in KEY_QUANT_MODES:
-        raise InvalidParameterError(
-            f"--kv-key-quant must be one of {', '.join(KEY_QUANT_MODES)}, got {key_quant!r}")
+    f, head_dim = fmt.storage, spec.head_dim
+    outliers = fmt.outlier_count(head_dim)
     if not f.quantized:
         if outliers:
             raise InvalidParameterError(
-                f"outlier channels apply to quantized KV formats (fp8, int8, int4), not {fmt}")
+                f"outlier channels apply to quantized KV formats (fp8, int8, int4), not {f.name}")
         return 2 * block_size * head_dim * f.bits // 8
     if f.bits == 4 and head_dim % 2:
         raise InvalidParameterError(f"int4 KV needs an even head_dim, got {head_dim}")
     codes = block_size * head_dim * f.bits // 8
-    if fmt == "fp8":
+    if f.name == "fp8":
         meta_k = meta_v = FP32_BYTES
     else:
-        g = resolve_group_size(group_size, head_dim)
+        g = resolve_group_size(fmt.group_size, head_dim)
         meta_v = block_size * (head_dim // g) * f.group_meta_bytes
-        meta_k = head_dim * f.group_meta_bytes if key_quant == "per-channel" else meta_v
+        meta_k = head_dim * f.group_meta_bytes if fmt.key_quant == "per-channel" else meta_v
     return 2 * codes + meta_k + meta_v + block_size * outliers * FP16_BYTES
 
 
-def kv_format(name: str) -> KVFormat:
-    """Look up a KV format by name.
+def vector_bytes(length: int, fmt: KVFormatSpec) -> int:
+    """Bytes of one cached vector of ``length`` elements (the MLA latent): groups of
+    ``fmt.group_size`` along it (None = the whole vector), ``fmt.outlier_frac`` of it in fp16.
 
     Raises:
-        InvalidParameterError: unknown name (the message lists the known ones).
+        InvalidParameterError: bad group size or outlier fraction.
     """
-    try:
-        return _FORMATS[name]
-    except KeyError:
-        raise InvalidParameterError(
-            f"unknown KV format {name!r}; choose one of {', '.join(KV_FORMATS)}"
-        ) from None
-
-
-_lookup = kv_format
-
-
-def vector_bytes(
-    length: int, fmt: str, group_size: int | None = None, outlier_frac: float = 0.0
-) -> int:
-    """Bytes of one cached vector of ``length`` elements in format ``fmt``.
-
-    Args:
-        length: elements in the vector (``head_dim`` for a K or V head, the latent for MLA).
-        fmt: KV format name.
-        group_size: elements per quantization group (int8/int4); None = the whole vector.
-        outlier_frac: fraction of channels kept in fp16 (quantized formats only), in [0, 1).
-
-    Raises:
-        InvalidParameterError: bad group size or outlier fraction, unknown format.
-    """
-    f = kv_format(fmt)
+    f, group_size, outlier_frac = fmt.storage, fmt.group_size, fmt.outlier_frac
     if group_size is not None and group_size <= 0:
         raise InvalidParameterError(f"--kv-group-size must be positive, got {group_size}")
     if not 0.0 <= outlier_frac < 1.0:
         raise InvalidParameterError(f"--kv-outlier-frac must be in [0, 1), got {outlier_frac}")
     if outlier_frac and not f.quantized:
         raise InvalidParameterError(
-            f"--kv-outlier-frac applies to quantized KV formats (fp8, int8, int4), not {fmt}"
+            f"--kv-outlier-frac applies to quantized KV formats (fp8, int8, int4), not {f.name}"
         )
     outliers = math.ceil(outlier_frac * length)
     body = length - outliers
@@ -188,22 +90,17 @@ def vector_bytes(
     return math.ceil(body * f.bits / 8) + groups * f.group_meta_bytes + outliers * FP16_BYTES
 
 
-def layer_block_bytes(spec: ModelSpec, layer_kind: str, block_size: int, kv_format: str = "bf16",
-                      group_size: int | None = None, outlier_frac: float = 0.0, tp: int = 1,
-                      key_quant: str = "per-channel", outlier_channels: int | None = None) -> int:
+def layer_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
+                      layer_kind: str) -> int:
     """Bytes one block of ``block_size`` tokens holds in one layer of ``layer_kind``.
 
     Full/sliding: ``kv_heads_per_rank x head_block_bytes``; MLA: ``block_size`` latents of
-    :func:`vector_bytes`; linear attention: 0. Outliers (``outlier_channels``, else
-    ``outlier_frac`` of head_dim) count on quantized formats only.
+    :func:`vector_bytes`; linear attention: 0.
     """
     if layer_kind in (FULL, SLIDING):
-        outliers = outlier_count(spec.head_dim, outlier_channels, outlier_frac)
-        return kv_heads_per_rank(spec, tp) * head_block_bytes(
-            block_size, spec.head_dim, kv_format, group_size, key_quant, outliers)
+        return kv_heads_per_rank(spec, tp) * head_block_bytes(spec, fmt, block_size)
     if layer_kind == MLA:
-        latent = spec.kv_lora_rank + spec.qk_rope_head_dim
-        return block_size * vector_bytes(latent, kv_format, group_size, outlier_frac)
+        return block_size * vector_bytes(spec.kv_lora_rank + spec.qk_rope_head_dim, fmt)
     if layer_kind == LINEAR:
         return 0
     raise ValueError(f"unknown layer kind {layer_kind!r}")
@@ -226,36 +123,16 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
     return max(kv // tp, 1)
 
 
-def layer_bytes_per_token(
-    spec: ModelSpec,
-    layer_kind: str,
-    kv_format: str = "bf16",
-    group_size: int | None = None,
-    outlier_frac: float = 0.0,
-    tp: int = 1,
-    key_quant: str = "per-channel",
-    outlier_channels: int | None = None,
-    block_size: int = 16,
-) -> int:
+def layer_bytes_per_token(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
+                          layer_kind: str) -> int:
     """Bytes one token stores in one layer of ``layer_kind`` (0 for linear attention): the
     layer's :func:`layer_block_bytes` / ``block_size``, rounded up (exact for the
     full-precision formats: ``2 x kv_heads_per_rank x head_dim x element bytes``)."""
-    block = layer_block_bytes(spec, layer_kind, block_size, kv_format, group_size, outlier_frac,
-                              tp, key_quant, outlier_channels)
-    return -(-block // block_size)
+    return -(-layer_block_bytes(spec, fmt, tp, block_size, layer_kind) // block_size)
 
 
-def kv_bytes_per_token(
-    spec: ModelSpec,
-    kv_format: str = "bf16",
-    window_aware: bool = False,
-    group_size: int | None = None,
-    outlier_frac: float = 0.0,
-    tp: int = 1,
-    key_quant: str = "per-channel",
-    outlier_channels: int | None = None,
-    block_size: int = 16,
-) -> int:
+def kv_bytes_per_token(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
+                       window_aware: bool = False) -> int:
     """Bytes of KV one token adds, summed over the layers that store per-token KV.
 
     With ``window_aware=False`` (the JSON contract's ``kv_bytes_per_token``) every full, sliding
@@ -263,23 +140,13 @@ def kv_bytes_per_token(
     the growth per token once the context is past every window.
     """
     return sum(
-        layer_bytes_per_token(spec, kind, kv_format, group_size, outlier_frac, tp, key_quant,
-                              outlier_channels, block_size)
+        layer_bytes_per_token(spec, fmt, tp, block_size, kind)
         for kind in spec.layer_types
         if not (window_aware and kind == SLIDING)
     )
 
 
-def kv_bytes_per_block(
-    spec: ModelSpec,
-    block_size: int,
-    kv_format: str = "bf16",
-    group_size: int | None = None,
-    outlier_frac: float = 0.0,
-    tp: int = 1,
-    key_quant: str = "per-channel",
-    outlier_channels: int | None = None,
-) -> int:
+def kv_bytes_per_block(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int) -> int:
     """Bytes one paged-KV block of ``block_size`` token slots holds across all per-token layers:
     exactly the bytes of the engine's pool tensors per block (codes, scales, zero points and
     outliers for a quantized format; ``block_size x layers x 2 x kv_heads x head_dim x element
@@ -290,14 +157,22 @@ def kv_bytes_per_block(
     """
     if block_size <= 0:
         raise InvalidParameterError(f"--block-size must be positive, got {block_size}")
-    return sum(layer_block_bytes(spec, kind, block_size, kv_format, group_size, outlier_frac,
-                                 tp, key_quant, outlier_channels) for kind in spec.layer_types)
+    return sum(layer_block_bytes(spec, fmt, tp, block_size, kind) for kind in spec.layer_types)
 
 
-def residual_bytes(spec: ModelSpec, block_size: int, compute_format: str, tp: int = 1) -> int:
-    """Bytes of the full-precision residual block a quantized engine keeps per running
-    sequence (its last, partial block, in the compute dtype ``compute_format``)."""
-    return kv_bytes_per_block(spec, block_size, compute_format, tp=tp)
+def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
+                   compute_format: str) -> int:
+    """Bytes a quantized format keeps per running sequence at full precision, in the compute
+    format ``compute_format``: its ``residual_tokens`` (by default the last, partial block).
+    0 for a full-precision format.
+
+    Raises:
+        InvalidParameterError: residual tokens not a multiple of ``block_size``.
+    """
+    if not fmt.quantized:
+        return 0
+    blocks = fmt.residual_blocks(block_size)
+    return blocks * kv_bytes_per_block(spec, KVFormatSpec(compute_format), tp, block_size)
 
 
 def layer_tokens(spec: ModelSpec, layer_kind: str, tokens: int, window_aware: bool) -> int:
@@ -307,41 +182,30 @@ def layer_tokens(spec: ModelSpec, layer_kind: str, tokens: int, window_aware: bo
     return tokens
 
 
-def kv_bytes_per_sequence(
-    spec: ModelSpec,
-    tokens: int,
-    kv_format: str = "bf16",
-    window_aware: bool = True,
-    group_size: int | None = None,
-    outlier_frac: float = 0.0,
-    tp: int = 1,
-    block_size: int | None = None,
-    key_quant: str = "per-channel",
-    outlier_channels: int | None = None,
-) -> int:
+def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
+                          tokens: int, window_aware: bool = True, paged: bool = False) -> int:
     """Bytes of per-token KV one sequence of ``tokens`` holds (fixed state excluded).
 
     Args:
         tokens: sequence length (prompt + generated), >= 0.
         window_aware: cap sliding layers at their window (hybrid allocator) or not.
-        block_size: when given, each layer holds whole blocks of :func:`layer_block_bytes`, as
-            a paged engine allocates; else tokens x :func:`layer_bytes_per_token` (16-token
-            blocks' metadata spread per token).
+        paged: each layer holds whole blocks of :func:`layer_block_bytes`, as a paged engine
+            allocates; else tokens x :func:`layer_bytes_per_token` (the block's metadata spread
+            per token).
 
     See :func:`fixed_state_bytes` for the per-sequence state of linear-attention layers and
     :func:`residual_bytes` for a quantized engine's partial block.
     """
     if tokens < 0:
         raise InvalidParameterError(f"token count must be >= 0, got {tokens}")
-    layout = (kv_format, group_size, outlier_frac, tp, key_quant, outlier_channels)
     total = 0
     for kind in spec.layer_types:
         kept = layer_tokens(spec, kind, tokens, window_aware)
-        if block_size:
-            total += math.ceil(kept / block_size) * layer_block_bytes(spec, kind, block_size,
-                                                                      *layout)
+        if paged:
+            total += math.ceil(kept / block_size) * layer_block_bytes(spec, fmt, tp, block_size,
+                                                                      kind)
         else:
-            total += kept * layer_bytes_per_token(spec, kind, *layout)
+            total += kept * layer_bytes_per_token(spec, fmt, tp, block_size, kind)
     return total
 
 

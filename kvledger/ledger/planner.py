@@ -16,11 +16,15 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger import costs, kv, params
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.hardware import Device, GiB
+from kvledger.ledger.kv_format import KV_FORMATS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import SLIDING, ModelSpec
 
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
 RESIDUAL_FORMAT = "bf16"  # the activation dtype a quantized-KV engine keeps partial blocks in
+# Sequence figures that are not whole blocks (KV / request, TPOT, chat turns) spread a block's
+# metadata per token over 16-token blocks, whatever --block-size (as they always have).
+PER_TOKEN_BLOCK_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,13 @@ class PlanOptions:
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     mfu: float = 0.4
     retention: RetentionSpec = field(default_factory=RetentionSpec)
+
+    @property
+    def kv(self) -> KVFormatSpec:
+        """The KV format of the kv_* options."""
+        return KVFormatSpec.from_options(self.kv_format, RESIDUAL_FORMAT, self.kv_group_size,
+                                         self.kv_key_quant, self.kv_outlier_channels,
+                                         self.kv_outlier_frac)
 
 
 @dataclass(frozen=True)
@@ -158,7 +169,7 @@ def _validate(spec: ModelSpec, o: PlanOptions) -> None:
             f"--shared-prefix must be in [0, {min(o.contexts)}) (shorter than every context)"
         )
     kv.kv_heads_per_rank(spec, o.tp)
-    kv.kv_format(o.kv_format)
+    o.kv  # noqa: B018 - validates the KV format's name and options
 
 
 def _weights(spec: ModelSpec, o: PlanOptions) -> tuple[str, int]:
@@ -229,7 +240,7 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
             if t * o.turn_tokens <= spec.max_position_embeddings
         ),
         context_full_turn=-(-spec.max_position_embeddings // o.turn_tokens),
-        formats=tuple(fmt.format_row(f) for f in kv.KV_FORMATS),
+        formats=tuple(fmt.format_row(f) for f in KV_FORMATS),
         warnings=tuple(warnings),
         retention=_retention_rows(spec, o, pool_blocks, block_bytes),
     )
@@ -254,12 +265,9 @@ def _retention_rows(spec: ModelSpec, o: PlanOptions, pool_blocks: int,
 
 def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...]:
     rows = []
+    fmt = o.kv.as_format(o.kv_format)
     for kind, layers in Counter(spec.layer_types).items():
-        quantized = kv.kv_format(o.kv_format).quantized
-        per_layer = kv.layer_bytes_per_token(
-            spec, kind, o.kv_format, o.kv_group_size, o.kv_outlier_frac if quantized else 0.0,
-            o.tp, o.kv_key_quant, o.kv_outlier_channels if quantized else None, o.block_size
-        )
+        per_layer = kv.layer_bytes_per_token(spec, fmt, o.tp, o.block_size, kind)
         window = spec.sliding_window if kind == SLIDING else None
         rows.append(LayerKindRow(kind, layers, per_layer, per_layer * layers, window))
     return tuple(rows)
@@ -274,41 +282,33 @@ class _FormatPlan:
         read_ratio = params.params_read_per_step(spec, o.batch) / params.count_params(spec).total
         self.weights_read = weights * read_ratio
         self.fixed = kv.fixed_state_bytes(spec, tp=o.tp)
+        self.kv = o.kv
 
-    def _kw(self, fmt: str) -> dict:
-        o = self.o
-        return {
-            "kv_format": fmt,
-            "group_size": o.kv_group_size,
-            "tp": o.tp,
-            "outlier_frac": o.kv_outlier_frac if kv.kv_format(fmt).quantized else 0.0,
-            "outlier_channels": o.kv_outlier_channels if kv.kv_format(fmt).quantized else None,
-            "key_quant": o.kv_key_quant,
-        }
+    def _spec(self, fmt: str) -> KVFormatSpec:
+        """The plan's KV options under format ``fmt`` (outliers on quantized formats only)."""
+        return self.kv.as_format(fmt)
 
     def per_token(self, fmt: str) -> int:
-        return kv.kv_bytes_per_token(self.spec, window_aware=False, block_size=self.o.block_size,
-                                     **self._kw(fmt))
+        return kv.kv_bytes_per_token(self.spec, self._spec(fmt), self.o.tp, self.o.block_size)
 
     def block_bytes(self, fmt: str) -> int:
-        return kv.kv_bytes_per_block(self.spec, self.o.block_size, **self._kw(fmt))
+        return kv.kv_bytes_per_block(self.spec, self._spec(fmt), self.o.tp, self.o.block_size)
 
     def sequence_bytes(
-        self, fmt: str, tokens: int, window_aware: bool | None = None, block_size: int | None = None
+        self, fmt: str, tokens: int, window_aware: bool | None = None, paged: bool = False
     ) -> int:
         aware = self.o.window_aware if window_aware is None else window_aware
-        return kv.kv_bytes_per_sequence(
-            self.spec, tokens, window_aware=aware, block_size=block_size, **self._kw(fmt)
-        )
+        block_size = self.o.block_size if paged else PER_TOKEN_BLOCK_SIZE
+        return kv.kv_bytes_per_sequence(self.spec, self._spec(fmt), self.o.tp, block_size,
+                                        tokens, aware, paged)
 
     def _per_request(self, fmt: str, tokens: int) -> int:
         """Whole blocks + fixed state + a quantized format's bf16 residual block (the running
         sequence's partial block, kept at full precision)."""
-        residual = 0
-        if kv.kv_format(fmt).quantized:
-            residual = kv.residual_bytes(self.spec, self.o.block_size, RESIDUAL_FORMAT, self.o.tp)
-        return self.sequence_bytes(fmt, tokens, block_size=self.o.block_size) + self.fixed \
-            + residual
+        o = self.o
+        residual = kv.residual_bytes(self.spec, self._spec(fmt), o.tp, o.block_size,
+                                     RESIDUAL_FORMAT)
+        return self.sequence_bytes(fmt, tokens, paged=True) + self.fixed + residual
 
     def _shared(self, fmt: str) -> int:
         """Bytes of the shared prefix's full blocks in the layers that keep every token."""
@@ -316,7 +316,7 @@ class _FormatPlan:
         full_blocks = o.shared_prefix // o.block_size * o.block_size
         kinds = [k for k in self.spec.layer_types if not (o.window_aware and k == SLIDING)]
         return full_blocks * sum(
-            kv.layer_bytes_per_token(self.spec, k, block_size=o.block_size, **self._kw(fmt))
+            kv.layer_bytes_per_token(self.spec, self._spec(fmt), o.tp, o.block_size, k)
             for k in kinds
         )
 

@@ -11,8 +11,8 @@ runner), ``rope`` (key turns of retained tokens), ``attention``, ``dtype``,
 from __future__ import annotations
 
 from kvledger.errors import UnsupportedModelError
-from kvledger.model.llama import MODEL_TYPES as LLAMA_TYPES
 from kvledger.model.llama import LlamaModel
+from kvledger.spec import ENGINE_MODEL_TYPES as LLAMA_TYPES
 from kvledger.spec import ModelSpec
 
 FAMILIES: dict[str, type[LlamaModel]] = dict.fromkeys(LLAMA_TYPES, LlamaModel)

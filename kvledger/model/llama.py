@@ -22,14 +22,10 @@ import torch
 from kvledger.device.cpu.device import CPU
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.kv.store import KVStore
-from kvledger.errors import UnsupportedModelError
 from kvledger.model.kquant import GGMLMatrix, KQuantLinear
 from kvledger.model.linear import KQUANT_FORMATS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
-from kvledger.spec import FULL, ModelSpec
-
-MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""The Hugging Face ``model_type`` values this family runs (:mod:`kvledger.model.families`)."""
+from kvledger.spec import ModelSpec, check_runnable
 
 
 class LlamaModel:
@@ -45,13 +41,14 @@ class LlamaModel:
             classes left out are dense; None asks the kernel probe. Ignored in fp32.
 
     Raises:
-        UnsupportedModelError: the architecture or a layer kind is not a Llama-family one.
+        UnsupportedModelError: a spec the forward would not compute exactly
+            (:func:`kvledger.spec.check_runnable`).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  attention: AttentionBackend | str | None = None,
                  formats: dict[str, str] | None = None):
-        check_supported(spec)
+        check_runnable(spec)
         self.spec, self.dtype = spec, dtype
         if not isinstance(attention, AttentionBackend):
             attention = make_backend(attention or CPU.attention_backend(spec))
@@ -143,17 +140,6 @@ class LlamaModel:
         layer = self.layers[0]
         held = {name: layer[name].format for name in ("qkv", "o", "gate_up", "down")}
         return {**held, "lm_head": self.lm_head.format}
-
-
-def check_supported(spec: ModelSpec) -> None:
-    """Raise UnsupportedModelError unless this family runs ``spec`` exactly."""
-    if spec.model_type not in MODEL_TYPES:
-        raise UnsupportedModelError(f"model_type {spec.model_type!r} is not one of the Llama "
-                                    f"family's ({', '.join(MODEL_TYPES)})")
-    kinds = set(spec.layer_types)
-    if kinds != {FULL}:
-        raise UnsupportedModelError(
-            f"layer kinds {sorted(kinds)} cannot run in the engine yet (full attention only)")
 
 
 def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:

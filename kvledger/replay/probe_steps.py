@@ -47,9 +47,9 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
     config = config or EngineConfig()
     t0 = time.perf_counter()
     if trace is None:
-        spec, kv_format, what, samples = _measure(
+        spec, fmt, what, samples = _measure(
             dataclasses.replace(config, model=model, num_threads=threads))
-        retention = config.retention
+        retention, block_size = config.retention, config.block_size
     else:
         from kvledger.catalogue import load_model_spec
         from kvledger.replay.setup import kv_format_of, recorded_config
@@ -63,11 +63,12 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
         recorded = recorded_config(tr.header)
         retention = recorded.retention
         spec = load_model_spec(model)
-        kv_format = kv_format_of(recorded, device)
+        fmt, block_size = kv_format_of(recorded, device), recorded.block_size
         samples = samples_from_trace(tr, retention)
         what = f"steps recorded in {trace}"
     wall = time.perf_counter() - t0
-    step_model = StepTimeModel(spec, device, DEFAULT_EFFICIENCY, kv_format)
+    kv_format = fmt.name
+    step_model = StepTimeModel(spec, device, DEFAULT_EFFICIENCY, fmt, block_size=block_size)
     when = time.strftime("%Y-%m-%d %H:%M")
     key = fit_key(retention)
     eff, stats = fit(samples, step_model, f"fitted by kvledger probe --steps on {when} "
@@ -100,7 +101,7 @@ def _factor(value: float) -> str:
 
 
 def _measure(config: EngineConfig):
-    """(spec, KV format, description, samples) of the grid run on a fresh engine."""
+    """(spec, KV format spec, description, samples) of the grid run on a fresh engine."""
     from kvledger.engine.engine import LLMEngine
     from kvledger.engine.sampling_params import SamplingParams
 
@@ -115,4 +116,4 @@ def _measure(config: EngineConfig):
         samples = measure_steps(engine, GRID, OUTPUT_TOKENS, mixed=MIXED, prefixed=PREFIXED)
     what = (f"steps of {engine.model_name} ({engine.config.dtype}) over (prompt, batch) cells"
             + ("" if retention.evicts else ", mixed-length batches and prefix hits"))
-    return engine.spec, engine.kv_format, what, samples
+    return engine.spec, engine.kv_layout.fmt, what, samples

@@ -94,7 +94,7 @@ class TracingEngine:
             raise
         req = self._engine.scheduler.requests[request_id]
         self._live[request_id] = req
-        if req.retention is not None and req.retention.policy.compacts:
+        if req.retention.policy.compacts:
             req.retention.policy = RecordingPolicy(req.retention.policy, request_id,
                                                    self._evicted)
         self._writer.write({

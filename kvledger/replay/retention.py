@@ -1,6 +1,7 @@
 """Retention policies (``--kv-policy``) in replay: the engine's retention state without a model.
 
-A replayed request under an evicting policy gets what ``LLMEngine.add_request`` gives it: a
+A replayed request gets the retention ``LLMEngine.add_request`` gives it
+(``kvledger.engine.retention.build.retention_for``): under an evicting policy a
 :class:`~kvledger.engine.retention.state.RetainedKV` over the policy object of
 ``kvledger.engine.retention.policies``. ``Scheduler.advance`` then runs the engine's own
 ``evict`` and ``reclaim`` on it after every step, so blocks go back to the pool as the sequence
@@ -37,9 +38,9 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.engine.retention.per_head import retained_state
+from kvledger.engine.retention.build import retention_for
+from kvledger.engine.retention.interface import Retention
 from kvledger.engine.retention.policies import RetentionPolicy, make_policy
-from kvledger.engine.retention.state import RetainedKV
 from kvledger.ledger.retention import RetentionSpec
 
 
@@ -84,13 +85,12 @@ class ReplayedPolicy:
         return self.inner.keep(pos, pos.float(), next_pos, num_prompt_tokens, compressed)
 
 
-def retained_kv(spec: RetentionSpec, block_size: int) -> RetainedKV | None:
-    """The retention state a replayed request of policy ``spec`` starts with (None: full)."""
-    if not spec.evicts:
-        return None
+def retained_kv(spec: RetentionSpec, block_size: int) -> Retention:
+    """The retention a replayed request of policy ``spec`` starts with: the engine's, one
+    (layer, KV head) row, a token-level policy wrapped in :class:`ReplayedPolicy`."""
     policy = make_policy(spec)
     policy = ReplayedPolicy(policy) if policy.compacts else policy
-    return retained_state(spec, policy, block_size, layers=1, kv_heads=1)
+    return retention_for(spec, block_size, policy=policy)
 
 
 def dropped_ranges(positions: list[int]) -> list[list[int]]:
@@ -107,11 +107,3 @@ def dropped_ranges(positions: list[int]) -> list[list[int]]:
 def positions_of(ranges: list[list[int]]) -> set[int]:
     """``[[lo, hi), ...]`` -> the set of positions."""
     return {p for lo, hi in ranges for p in range(lo, hi)}
-
-
-def dropped_positions(state: RetainedKV, num_computed: int) -> set[int]:
-    """Positions below ``num_computed`` whose K/V ``state`` no longer holds."""
-    held = state.pos[state.pos >= 0]
-    gone = torch.ones(num_computed, dtype=torch.bool)
-    gone[held[held < num_computed]] = False
-    return set(gone.nonzero().flatten().tolist())

@@ -21,7 +21,8 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
 from kvledger.ledger.hardware import Device, GiB
 from kvledger.ledger.interconnect import link_bytes_per_s
-from kvledger.ledger.kv import kv_bytes_per_block, kv_format
+from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.ledger.kv_format import KVFormatSpec, kv_format
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
 from kvledger.replay.local_fits import local_efficiency
@@ -55,11 +56,6 @@ class Setting:
     speed: float = 1.0
     label: str = "replay"
     extra: dict = field(default_factory=dict)
-
-
-def _group(config: EngineConfig) -> int | None:
-    """Scale-group size of an int8/int4 KV format (None: others have no groups)."""
-    return config.kv_group_size if config.kv_cache_dtype in ("int8", "int4") else None
 
 
 def parse_sweep(text: str | None) -> tuple[str, list] | None:
@@ -135,10 +131,10 @@ def check_replayable(config: EngineConfig, device: Device, link_gbs: float | Non
     if config.tensor_parallel_size > 1:
         link_bytes_per_s(device, link_gbs)
     fmt = kv_format_of(config, device)
-    if config.retention.evicts and kv_format(fmt).quantized:
+    if config.retention.evicts and fmt.quantized:
         raise InvalidParameterError(
             f"--kv-policy {config.retention.policy} runs on full-precision KV (fp32, bf16, "
-            f"fp16), not {fmt}, in the engine and so in replay")
+            f"fp16), not {fmt.name}, in the engine and so in replay")
 
 
 def live_retention(header: dict):
@@ -155,12 +151,10 @@ def compute_format_of(config: EngineConfig, device: Device) -> str:
     return config.dtype if device.name == "local" and config.dtype == "fp32" else "bf16"
 
 
-def kv_format_of(config: EngineConfig, device: Device) -> str:
-    """The ledger KV format of ``--kv-cache-dtype``: ``auto`` is the compute format (the
+def kv_format_of(config: EngineConfig, device: Device) -> KVFormatSpec:
+    """The KV format of the setting's ``--kv-*`` options: ``auto`` is the compute format (the
     engine's choice)."""
-    if config.kv_cache_dtype != "auto":
-        return config.kv_cache_dtype
-    return compute_format_of(config, device)
+    return config.kv_format_spec(compute_format_of(config, device))
 
 
 def efficiency_for(device: Device, config: EngineConfig) -> tuple[Efficiency, str | None]:
@@ -184,7 +178,7 @@ def num_blocks_for(spec: ModelSpec, device: Device, s: Setting, weights_dtype: s
                    tp: int) -> tuple[int, int]:
     """(pool blocks, bytes per block) of a setting (see the module docstring)."""
     c = s.config
-    bpb = kv_bytes_per_block(spec, c.block_size, kv_format_of(c, device), _group(c), tp=tp)
+    bpb = kv_bytes_per_block(spec, kv_format_of(c, device), tp, c.block_size)
     if device.name == "local" or c.num_blocks is not None or c.kv_cache_gib is not None:
         return pool_blocks(c, bpb, spec.max_position_embeddings), bpb
     plan = PlanOptions()
@@ -214,7 +208,7 @@ def simulate(trace: Trace, spec: ModelSpec, device: Device, eff: Efficiency, s: 
     blocks, bpb = num_blocks_for(spec, device, s, weights_dtype, tp)
     activation_bytes = kv_format(compute_format_of(s.config, device)).bits // 8
     model = StepTimeModel(spec, device, eff, kv_format_of(s.config, device), weights_dtype, tp,
-                          _group(s.config), activation_bytes, link_gbs)
+                          activation_bytes, link_gbs, s.config.block_size)
     clock = ModelClock(model)
     if step_times == "trace":
         if not trace.steps:

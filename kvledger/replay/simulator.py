@@ -181,10 +181,10 @@ class Simulator:
         r = sim.trace
         sim.added_s = now
         params = SamplingParams(max_tokens=r.max_tokens, ignore_eos=True)
-        req = Request(r.id, prompt_ids(r, self.hash_block_size), params)
         named = r.sampling.get("kv_policy")
         spec = RetentionSpec.from_dict(named) if named else self.config.retention
-        req.retention = retained_kv(spec, self.config.block_size)
+        req = Request(r.id, prompt_ids(r, self.hash_block_size), params,
+                      retention=retained_kv(spec, self.config.block_size))
         sim.live_policy = spec == (RetentionSpec.from_dict(named) if named else
                                    self.live_retention)
         try:
@@ -256,7 +256,7 @@ class Simulator:
         evicted = {rid: positions_of(runs) for rid, runs in (live or {}).get("evicted", [])}
         for chunk in plan.chunks:
             state = chunk.request.retention
-            if state is not None and isinstance(state.policy, ReplayedPolicy):
+            if isinstance(state.policy, ReplayedPolicy):
                 exact = self.in_sync and by_id[chunk.request.request_id].live_policy
                 state.policy.recorded = evicted.get(chunk.request.request_id, set()) \
                     if exact else None

@@ -76,10 +76,13 @@ from kvledger.ledger.costs import attention_flops
 from kvledger.ledger.hardware import Device
 from kvledger.ledger.interconnect import all_reduce_s, gather_s, link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_token
+from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.params import count_params, params_read_per_step, spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
+
+BF16 = KVFormatSpec("bf16")
 
 
 def kept_context(spec: RetentionSpec, start: int, num_prompt_tokens: int) -> int:
@@ -132,7 +135,7 @@ class StepFeatures:
         policy (:func:`kept_context`)."""
         plain, kept = [], []
         for c in plan.chunks:
-            spec = c.request.retention_spec
+            spec = c.request.retention.spec
             h = kept_context(spec, c.start, c.request.num_prompt_tokens)
             (kept if spec.evicts else plain).append((h, c.num_new_tokens))
         return cls._of(plain, kept, sum(1 for c in plan.chunks if c.samples))
@@ -207,23 +210,23 @@ class StepTimeModel:
         spec: the model.
         device: peak FLOP/s and bandwidth.
         efficiency: the factors.
-        kv_format: KV cache format (ledger name: bf16, fp8, int8, int4 ...).
+        kv: the KV format the steps read and write.
         weights_dtype: weights format for the bytes read (None: the checkpoint's, or the GGUF
             file's real bytes).
         tp: tensor-parallel ranks.
-        kv_group_size: elements per scale group of an int8/int4 KV format (None: the vector).
         activation_bytes: bytes per activation element the collectives move (2: bf16).
         link_gbs: per-direction bandwidth between ranks, GB/s (None: the device's, see
             :mod:`kvledger.ledger.interconnect`).
+        block_size: tokens per KV block (a quantized format's metadata per token).
 
     Raises:
         InvalidParameterError: tp > 1 on a device with no known link and no ``link_gbs``.
     """
 
     def __init__(self, spec: ModelSpec, device: Device, efficiency: Efficiency,
-                 kv_format: str = "bf16", weights_dtype: str | None = None, tp: int = 1,
-                 kv_group_size: int | None = None, activation_bytes: int = 2,
-                 link_gbs: float | None = None):
+                 kv: KVFormatSpec = BF16, weights_dtype: str | None = None,
+                 tp: int = 1, activation_bytes: int = 2, link_gbs: float | None = None,
+                 block_size: int = 16):
         self.spec, self.device, self.eff, self.tp = spec, device, efficiency, tp
         self.activation_bytes = activation_bytes
         self.link = link_bytes_per_s(device, link_gbs) if tp > 1 else None
@@ -232,8 +235,7 @@ class StepTimeModel:
         self.flops_per_pair = attention_flops(spec, 1)
         self.weight_bytes = spec_weight_bytes(spec, weights_dtype) / tp
         self.bytes_per_param = self.weight_bytes * tp / counts.total
-        self.kv_bytes_per_token = kv_bytes_per_token(spec, kv_format, group_size=kv_group_size,
-                                                     tp=tp)
+        self.kv_bytes_per_token = kv_bytes_per_token(spec, kv, tp, block_size)
 
     def parts(self, f: StepFeatures) -> tuple[float, float, float, float]:
         """(dense compute, paged compute, weight reads, KV reads and writes) of a step, in

@@ -3,14 +3,16 @@
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
 (:mod:`.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
-and three ASGI middlewares, outermost
+and four ASGI middlewares, outermost
 first: with an API key, the key check (401, before any byte of the body is read), the drain
-gate (503 once SIGTERM came, :mod:`.lifecycle`) and the body limits (413, 408). The limits a
+gate (503 once SIGTERM came, :mod:`.lifecycle`), the body limits (413, 408) and the JSON
+content type of POST bodies (:mod:`.json_body`). The limits a
 user can set are :class:`~kvledger.server.limits.ServerLimits`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +25,14 @@ from kvledger.server.body_limit import BodyLimitMiddleware
 from kvledger.server.dashboard import router as dashboard_router
 from kvledger.server.engine_loop import EngineLoop
 from kvledger.server.error_handlers import install_error_handlers
+from kvledger.server.json_body import JsonBodyMiddleware
 from kvledger.server.lifecycle import Drain, DrainMiddleware
 from kvledger.server.limits import ServerLimits
 from kvledger.server.metrics import ServerMetrics
 from kvledger.server.observer import RequestObserver
 from kvledger.server.responses_api import install_responses_api
 from kvledger.server.routes import router
+from kvledger.server.tenancy import Tenancy, tenant_of
 
 
 @dataclass
@@ -58,6 +62,8 @@ class ServerState:
 
 
 def create_app(engine: Any, *, api_key: str | list[str] | None = None,
+               admin_api_key: str | list[str] | None = None,
+               share_prefix_cache_across_keys: bool = False,
                max_queue: int | None = None, kv_alert_bytes: int | None = None,
                limits: ServerLimits | None = None, served_model_name: str | None = None,
                log_interval_s: float = 10.0, sessions: Any = None) -> FastAPI:
@@ -66,7 +72,9 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     Args:
         api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
             ``/metrics`` and the OpenAPI documents (:mod:`.auth`); a list accepts any of its
-            keys (each one a tenant of the Responses API).
+            keys, each one a tenant (:mod:`.tenancy`).
+        admin_api_key: keys accepted as well, whose callers see every tenant's requests.
+        share_prefix_cache_across_keys: no tenant part in the prefix-cache salt.
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).
         kv_alert_bytes: a request whose KV passes this many bytes is logged and counted once.
         limits: body size, timeouts, stop strings, stream slots (default: ServerLimits()).
@@ -90,19 +98,30 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.loop.start()
+        sweeper = asyncio.create_task(app.state.sessions.sweep_forever())
         yield
+        sweeper.cancel()
         state.loop.stop()
         app.state.sessions.close()  # after the drain: checkpoints the state DB's WAL
 
+    keys, admins = _keys(api_key), _keys(admin_api_key)
     app = FastAPI(title="kvledger", summary="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = state
+    app.state.tenancy = Tenancy(keyed=bool(keys or admins),
+                                share_prefix_cache=share_prefix_cache_across_keys,
+                                admin_tenants=frozenset(map(tenant_of, admins)))
     app.include_router(router)
     app.include_router(dashboard_router)
-    install_responses_api(app, engine, sessions, keyed=bool(api_key))
+    install_responses_api(app, engine, sessions)
     install_error_handlers(app)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes,
                        timeout_s=limits.body_timeout_s)
     app.add_middleware(DrainMiddleware, drain=state.drain)
-    if api_key:  # added last: outermost
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if keys or admins:  # added last: outermost
+        app.add_middleware(ApiKeyMiddleware, api_key=keys + admins)
     return app
+
+
+def _keys(value: str | list[str] | None) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])

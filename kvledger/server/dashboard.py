@@ -4,7 +4,8 @@ Pages and their script are static files of the package (``dashboard_assets/``, p
 with uPlot vendored from npm); they fetch data from the ``/dashboard/api`` routes:
 
 - ``GET /dashboard/api/stats``: pool, block map, requests, latency histograms and alerts
-  (:mod:`.dashboard_stats`), read in the engine thread between two steps;
+  (:mod:`.dashboard_stats`), read in the engine thread between two steps; with API keys a
+  key sees its own requests only, an ``--admin-api-key`` all of them;
 - ``GET /dashboard/api/catalogue``: catalogue ids, device names and KV formats for the form;
 - ``POST /dashboard/api/plan``: the planner's JSON (as ``kvledger plan --json``) and its plot.
 
@@ -34,8 +35,10 @@ from kvledger.server.dashboard_stats import (
     counter_values,
     engine_snapshot,
     latency_histograms,
+    visible_to,
 )
 from kvledger.server.error_handlers import error_response
+from kvledger.server.tenancy import caller
 
 router = APIRouter(include_in_schema=False)
 ASSETS = "dashboard_assets"  # folder of the pages and scripts inside kvledger.server
@@ -99,7 +102,10 @@ async def stats(request: Request) -> JSONResponse:
     if not alive:
         return error_response(503, "the engine thread has stopped", "engine_dead")
     try:
-        snap = await asyncio.wait_for(state.loop.call(engine_snapshot), SNAPSHOT_TIMEOUT_S)
+        who = caller(request)
+        tenant = None if who.admin else who.tenant
+        snap = await asyncio.wait_for(state.loop.call(lambda engine: visible_to(
+            engine_snapshot(engine), state.loop.owners(), tenant)), SNAPSHOT_TIMEOUT_S)
     except TimeoutError:
         return error_response(503, "the engine did not answer in time; retry", "engine_busy")
     registry = state.metrics.registry
@@ -115,7 +121,7 @@ async def catalogue() -> JSONResponse:
     """Model ids (with KV figures), device names and KV formats the plan form offers."""
     from kvledger.catalogue import catalogue_rows
     from kvledger.ledger.hardware import DEVICES
-    from kvledger.ledger.kv import KV_FORMATS
+    from kvledger.ledger.kv_format import KV_FORMATS
 
     rows = await asyncio.to_thread(catalogue_rows)
     return JSONResponse({"models": rows, "devices": list(DEVICES), "kv_formats": KV_FORMATS},

@@ -7,16 +7,17 @@ thread. :func:`alerts` turns both into the page's warnings.
 
 Block states in ``blocks`` (one int per block, the pool's block ids in order):
 ``FREE`` (-1) empty, ``CACHED`` (-2) free but still holding a prefix-cache hash,
-``SHARED`` (-3) in use by several requests (a prefix-cache hit), ``i >= 0`` in use by
-``requests[i]`` alone. Requests are listed by id, token counts and bytes only: the snapshot
-never carries prompt or output text.
+``SHARED`` (-3) in use by several requests (a prefix-cache hit), ``OTHER`` (-4) in use by
+another tenant's request, ``i >= 0`` in use by ``requests[i]`` alone. Requests are listed by
+id, token counts and bytes only: the snapshot never carries prompt or output text. With API
+keys a tenant sees only its own requests (:func:`visible_to`); an admin key sees all.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-FREE, CACHED, SHARED = -1, -2, -3
+FREE, CACHED, SHARED, OTHER = -1, -2, -3, -4
 POOL_FULL_WARNING = 0.9  # warn when this fraction of the blocks is in use
 HISTOGRAMS = {  # dashboard name -> Prometheus histogram (without the kvledger: prefix)
     "ttft": "time_to_first_token_seconds",
@@ -82,6 +83,22 @@ def engine_snapshot(engine: Any) -> dict:
         "requests": [_request_row(s, state, bs, bpb, bpt) for s, state in listed],
         "quota_tokens": scheduler.config.max_kv_tokens_per_request,
     }
+
+
+def visible_to(snapshot: dict, owners: dict[str, str], tenant: str | None) -> dict:
+    """The snapshot as ``tenant`` may see it: its own requests, the others' blocks as
+    ``OTHER``; ``tenant`` None (an admin, or a server without keys) sees everything.
+
+    Args:
+        owners: the tenant of every live request, by id (``EngineLoop.owners``).
+    """
+    if tenant is None:
+        return snapshot
+    rows = snapshot["requests"]
+    kept = [i for i, row in enumerate(rows) if owners.get(row["id"]) == tenant]
+    new_index = {old: new for new, old in enumerate(kept)}
+    blocks = [new_index.get(b, OTHER) if b >= 0 else b for b in snapshot["blocks"]]
+    return {**snapshot, "requests": [rows[i] for i in kept], "blocks": blocks}
 
 
 def latency_histograms(registry: Any) -> dict:

@@ -4,11 +4,15 @@ The asyncio event loop serves HTTP; this thread runs continuous batching beside 
 concurrent request joins the same engine steps. The two sides talk through:
 
 - an inbox (``queue.SimpleQueue``) of commands: a call of a function on the engine (adding a
-  request, tokenizing) answered through a ``concurrent.futures.Future``, or an abort;
+  request) answered through a ``concurrent.futures.Future``, or an abort;
 - one entry per live request (``_Stream``: its event loop, its ``asyncio.Queue`` and the
   observer's track; the server's only per-request table), the queue fed with a snapshot of that request's ``RequestOutput``
   after each step via ``loop.call_soon_threadsafe`` (one hand-off per step for all requests);
   snapshots, because the engine mutates its outputs in place on the next step.
+
+Prompts are tokenized before they are added, in the tokenizer thread
+(:mod:`.tokenizer_thread`; ``engine.tokenize`` reads only the tokenizer and fixed facts), so a
+long prompt stalls neither the event loop nor the other requests' steps.
 
 Loop invariant: drain the inbox, then ``step()`` while the engine has unfinished requests, else
 sleep on an event that every new command sets. Commands are handled in arrival order, so an
@@ -40,6 +44,7 @@ from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
 from kvledger.server.observer import RequestObserver, RequestTrack
+from kvledger.server.tokenizer_thread import TokenizerThread
 
 log = logging.getLogger("kvledger.server")
 
@@ -63,6 +68,7 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue
     track: RequestTrack
+    tenant: str = ""
 
 
 class EngineUnavailableError(KVLedgerError):
@@ -92,6 +98,7 @@ class EngineLoop:
         self._closed = False  # set under _lock when the thread stops taking commands
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="kvledger-engine", daemon=True)
+        self.tokenizer_thread = TokenizerThread()
 
     @property
     def alive(self) -> bool:
@@ -103,11 +110,6 @@ class EngineLoop:
         """Why the engine cannot compute any more (``engine.failure``), else None."""
         return getattr(self._engine, "failure", None)
 
-    @property
-    def num_live(self) -> int:
-        """Requests added and neither finished nor aborted yet (read from any thread)."""
-        return len(self._streams)
-
     def start(self) -> None:
         """Start the engine thread, after freeing the calling thread's OpenMP workers (the
         engine thread computes from now on; see :mod:`kvledger.device.cpu.omp`)."""
@@ -118,25 +120,44 @@ class EngineLoop:
         """Ask the engine thread to exit and wait for it."""
         self._stopping = True
         self._wake.set()
+        self.tokenizer_thread.close()
         self._thread.join(timeout_s)
+
+    def owners(self) -> dict[str, str]:
+        """The tenant of every live request, by id (call in the engine thread)."""
+        return {request_id: stream.tenant for request_id, stream in self._streams.items()}
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed or self._stopping or not self._thread.is_alive():
+            raise EngineUnavailableError("the engine is not running (the server is stopping "
+                                         "or its engine thread has exited); retry later")
+
+    async def tokenize(self, prompt: Any) -> list[int]:
+        """Token ids of a prompt (``engine.tokenize``), computed in the tokenizer thread.
+
+        Raises:
+            InvalidParameterError, ContextLengthError: as ``engine.tokenize`` (HTTP 400).
+            EngineUnavailableError: the engine thread has stopped (HTTP 503).
+        """
+        self._refuse_if_closed()
+        return await self.tokenizer_thread.run(self._engine.tokenize, prompt)
 
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(engine)`` in the engine thread; return its result or raise its error."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
-            if self._closed or self._stopping or not self._thread.is_alive():
-                raise EngineUnavailableError("the engine is not running (the server is stopping "
-                                             "or its engine thread has exited); retry later")
+            self._refuse_if_closed()
             self._inbox.put(("call", fn, future))
         self._wake.set()
         return await asyncio.wrap_future(future)
 
     async def add(self, request_id: str, prompt: Any, params: SamplingParams,
                   outputs: asyncio.Queue | None = None,
-                  cache_salt: str | None = None) -> asyncio.Queue:
+                  cache_salt: str | None = None, tenant: str = "") -> asyncio.Queue:
         """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
         if given: several requests may share one queue). ``cache_salt`` keeps its
-        prefix-cache blocks apart from other salts' (one salt per tenant).
+        prefix-cache blocks apart from other salts' (:mod:`.tenancy`); ``tenant`` owns it
+        (the dashboard shows a tenant its own requests).
 
         Raises:
             ContextLengthError, InvalidParameterError (400), KVBudgetError, QueueFullError (429).
@@ -154,7 +175,8 @@ class EngineLoop:
             except KVBudgetError:
                 self._observer.on_quota_rejected()
                 raise
-            self._streams[request_id] = _Stream(loop, outputs, self._observer.on_added(request_id))
+            self._streams[request_id] = _Stream(loop, outputs, self._observer.on_added(request_id),
+                                                tenant)
 
         try:
             await self.call(add)

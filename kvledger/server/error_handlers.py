@@ -47,6 +47,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if not errors:
         return "Invalid request body.", None
     first = errors[0]
+    if first.get("type") == "missing" and tuple(first.get("loc", ())) == ("body",):
+        return "The request body is empty; send a JSON object.", None
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", "not valid JSON")
         return f"The request body is not valid JSON: {reason}.", None

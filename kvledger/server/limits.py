@@ -12,10 +12,16 @@ limit                      default    when hit
                                       (slowloris), counted from the connection or the
                                       previous response
 ``max_header_bytes``       64 KiB     431, connection closed
+``max_input_chars``        1,000,000  400 ``input_too_large``: characters of the input fields
+                                      (prompt, messages, input, instructions), counted
+                                      before validation or tokenizing
+``max_input_items``        4,096      400 ``input_too_large``: messages, content parts,
+                                      prompts and input items of one request
 ``max_stop_strings``       16         400 naming ``stop``
 ``max_stop_chars``         256        400 naming ``stop`` (characters of one stop string)
 ``max_concurrent_streams`` none       429 with Retry-After (streamed requests in flight)
-``request_timeout_s``      none       the request is aborted: 503 ``request_timeout``, or
+``request_timeout_s``      none       the request is aborted: 504 ``request_timeout`` (no
+                                      Retry-After: it would time out again), or
                                       one SSE error event when the stream has started
 ``send_timeout_s``         30 s       a client that stops reading its stream for this long
                                       is dropped and its request aborted (slow reader)
@@ -42,6 +48,8 @@ class ServerLimits:
     body_timeout_s: float = 30.0
     header_timeout_s: float = 10.0
     max_header_bytes: int = 64 << 10
+    max_input_chars: int = 1_000_000
+    max_input_items: int = 4096
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_concurrent_streams: int | None = None

@@ -2,7 +2,8 @@
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
-``POST /tokenize``, and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
+``POST /tokenize`` and ``cache_salt`` (added to the tenant's prefix-cache salt,
+:mod:`.tenancy`), and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
 1024}``, ``ledger/retention.py``; unknown keys or bad sizes are a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's
 sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
 are checked against the vocabulary when the request is added). Every field is either honoured
@@ -10,10 +11,11 @@ or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
-- fields of the API this server does not implement (:data:`UNSUPPORTED`: ``response_format``,
+- fields of the API this server does not implement (:mod:`.api_fields`: ``response_format``,
   ``tools``, ``suffix``, ``best_of`` > 1, ...) are accepted only at their neutral value (what
   the API does when they are omitted); any other value is a 400 naming the field
-  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``.
+  (:meth:`_SamplingBody.check_supported`), as vLLM answers ``suffix``; hints with no effect on
+  one server (``user``, ``prompt_cache_key``, ...) are accepted.
 
 Defaults (README "kvledger serve"): ``/v1/completions`` ``max_tokens`` 16 (OpenAI's legacy
 completions and vLLM); ``/v1/chat/completions`` up to the context limit (``None``). The engine
@@ -31,12 +33,14 @@ Every error, whatever its source, leaves the server as
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
+from kvledger.server.api_fields import CHAT_UNSUPPORTED, HINTS, REASONS, Neutral, first_refused
+from kvledger.server.input_limits import check_input_size
 
 MAX_LOGPROBS = 20
 MAX_PROMPTS = 64  # most prompts in one /v1/completions list
@@ -110,6 +114,12 @@ class _Body(_Part):
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _input_size(cls, data: Any) -> Any:
+        check_input_size(data)  # raises InputTooLargeError, which pydantic lets through
+        return data
+
     def unknown_fields(self) -> list[str]:
         """Names of the body's fields that no model field declares (ignored, logged)."""
         return sorted(self.model_extra or {})
@@ -144,31 +154,10 @@ class ChatMessage(_Part):
         return {"role": self.role, "content": content or ""}
 
 
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {}
-
-
-# Fields of the OpenAI (or vLLM) API that are not implemented: each with the test of its neutral
-# value, which is accepted (clients send defaults).
-UNSUPPORTED: dict[str, Any] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _empty,
-    "tool_choice": lambda v: v is None or v == "none",
-    "functions": _empty,
-    "function_call": lambda v: v is None or v == "none",
-    "parallel_tool_calls": lambda v: True,  # meaningless without tools
-    "suffix": lambda v: v is None or v == "",
-    "best_of": lambda v: v is None or v == 1,
-    "audio": _empty,
-    "modalities": lambda v: v is None or v == ["text"],
-    "prediction": _empty,
-    "guided_json": _empty, "guided_regex": _empty, "guided_choice": _empty,
-    "guided_grammar": _empty,
-}
-
-
 class _SamplingBody(_Body):
     """Fields shared by completions and chat; turned into :class:`SamplingParams`."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = CHAT_UNSUPPORTED
 
     model: Text | None = None
     temperature: NonNegFloat | None = None
@@ -187,6 +176,7 @@ class _SamplingBody(_Body):
     ignore_eos: bool = False
     user: Text | None = None
     kv_policy: dict[str, Any] | None = None
+    cache_salt: Annotated[Text, Field(min_length=1)] | None = None
 
     def check_supported(self) -> None:
         """Refuse a non-neutral value of a field this server does not implement.
@@ -194,16 +184,17 @@ class _SamplingBody(_Body):
         Raises:
             UnsupportedParameterError: naming the first such field (HTTP 400).
         """
-        given = {**(self.model_extra or {}), **self.model_dump(exclude_unset=True)}
-        for name, neutral in UNSUPPORTED.items():
-            if name in given and not neutral(given[name]):
-                raise UnsupportedParameterError(
-                    name, f"'{name}' is not supported by this server; omit it or send its "
-                          "default")
+        given = {**(self.model_extra or {}),
+                 **{n: getattr(self, n) for n in self.unsupported if n in self.model_fields_set}}
+        name = first_refused(given, self.unsupported)
+        if name is not None:
+            raise UnsupportedParameterError(name, f"'{name}': " + REASONS.get(
+                name, "not supported by this server; omit it or send its default"))
 
     def unknown_fields(self) -> list[str]:
-        """Unknown fields, less the known-but-unsupported ones (refused or neutral)."""
-        return [name for name in super().unknown_fields() if name not in UNSUPPORTED]
+        """Unknown fields, less the API's unsupported ones (refused or neutral) and hints."""
+        return [name for name in super().unknown_fields()
+                if name not in self.unsupported and name not in HINTS]
 
     def stop_strings(self) -> list[str]:
         """``stop`` as a list."""

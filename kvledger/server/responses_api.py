@@ -2,9 +2,8 @@
 
 ``POST /v1/responses`` (streamed or not), ``GET`` / ``DELETE /v1/responses/{id}``, and
 kvledger's ``GET /v1/sessions`` (the caller's conversations, for ``kvledger chat``). Every
-route sees only the caller's tenant: the hash of its API key (one tenant when the server has
-no keys). With keys, the tenant is also the prefix cache salt of its requests, so one tenant's
-cached prompts never speed up (and so never reveal themselves to) another's.
+route sees only the caller's tenant (:mod:`.tenancy`), whose prefix-cache salt its turns and
+their memory requests carry.
 """
 
 from __future__ import annotations
@@ -12,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from kvledger.server.error_handlers import RETRY_AFTER_S
+from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.responses_protocol import ResponseBuilder, ResponsesRequest
 from kvledger.server.routes import CLIENT_CLOSED_REQUEST, ERRORS, _check_request, _warn_unknown
 from kvledger.server.streaming import (
@@ -27,18 +27,18 @@ from kvledger.server.streaming import (
     engine_error,
     timeout_error,
 )
+from kvledger.server.tenancy import caller
 from kvledger.sessions.errors import StateStoreUnavailableError
 from kvledger.sessions.metrics import SessionMetrics
 from kvledger.sessions.retrieval import decode_document
-from kvledger.sessions.service import SessionOptions, SessionService, TurnInput, tenant_of
+from kvledger.sessions.service import SessionOptions, SessionService, TurnInput
 from kvledger.sessions.store import SessionStore
 
-router = APIRouter(responses=ERRORS)
+router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 DEFAULT_BLOCK_SIZE = 16  # an engine without a scheduler budget (test fakes) pads to this
 
 
-def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
-                          keyed: bool) -> None:
+def install_responses_api(app: FastAPI, engine, options: SessionOptions | None) -> None:
     """Open the state store and add the routes to ``app`` (whose ``state.server`` is set).
 
     Raises:
@@ -53,17 +53,9 @@ def install_responses_api(app: FastAPI, engine, options: SessionOptions | None,
     app.state.sessions = SessionService(
         server.loop, store, limit, budget.block_size if budget else DEFAULT_BLOCK_SIZE,
         options, SessionMetrics(server.metrics.registry, server.model_name))
-    app.state.sessions_keyed = keyed
+    store.delete_orphans()  # documents of turns a crash cut off
+    app.state.sessions.expire()
     app.include_router(router)
-
-
-def _tenant(request: Request) -> tuple[str, str | None]:
-    """(tenant, cache salt) of the caller; the key was already checked by the middleware."""
-    if not request.app.state.sessions_keyed:
-        return "", None
-    key = request.headers.get("authorization", "").partition(" ")[2]
-    tenant = tenant_of(key)
-    return tenant, tenant
 
 
 @router.post("/v1/responses")
@@ -81,12 +73,12 @@ async def create_response(body: ResponsesRequest, request: Request):
     turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
                            body._sampling(None, None), body.max_output_tokens,
                            body.truncation or "disabled", body.memory, body.store)
-    tenant, salt = _tenant(request)
+    who = caller(request)
     streaming = body.stream  # count the slot before the first await, so the cap holds
     if streaming:
         server.streams += 1
     try:
-        turn = await service.start(tenant, salt, turn_input)
+        turn = await service.start(who.tenant, who.cache_salt(body.cache_salt), turn_input)
     except BaseException:
         if streaming:
             server.streams -= 1
@@ -110,10 +102,9 @@ async def create_response(body: ResponsesRequest, request: Request):
     except ClientGone:
         service.cancel(turn)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except RequestTimedOut:
+    except RequestTimedOut:  # the same request would time out again: no Retry-After
         service.cancel(turn)
-        return JSONResponse(timeout_error(timeout_s), status_code=503,
-                            headers={"Retry-After": RETRY_AFTER_S})
+        return JSONResponse(timeout_error(timeout_s), status_code=504)
     except EngineFailure as exc:
         service.cancel(turn)
         status, error = engine_error(exc.args[0])
@@ -161,23 +152,20 @@ async def _events(service: SessionService, turn, builder: ResponseBuilder,
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict:
     """A stored response of the caller (404 for unknown, deleted or another key's)."""
-    tenant, _ = _tenant(request)
-    return request.app.state.sessions.get(tenant, response_id).body
+    return request.app.state.sessions.get(caller(request).tenant, response_id).body
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> dict:
     """Delete a stored response; its continuations keep their own state."""
-    tenant, _ = _tenant(request)
-    request.app.state.sessions.delete(tenant, response_id)
+    request.app.state.sessions.delete(caller(request).tenant, response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 
 @router.get("/v1/sessions")
 async def list_sessions(request: Request) -> dict:
     """The caller's conversations, latest first (kvledger extension)."""
-    tenant, _ = _tenant(request)
-    rows = request.app.state.sessions.store.sessions(tenant)
+    rows = request.app.state.sessions.store.sessions(caller(request).tenant)
     return {"object": "list", "data": [
         {"id": r.session_id, "last_response_id": r.last_response_id, "turns": r.turns,
          "updated_at": r.updated_at} for r in rows]}

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from kvledger.engine.outputs import RequestOutput
 from kvledger.errors import InvalidParameterError
+from kvledger.server.api_fields import RESPONSES_UNSUPPORTED, Neutral
 from kvledger.server.protocol import PositiveInt, Text, _Part, _SamplingBody
 
 
@@ -67,6 +68,8 @@ class InputMessage(_Part):
 
 class ResponsesRequest(_SamplingBody):
     """``POST /v1/responses``."""
+
+    unsupported: ClassVar[dict[str, Neutral]] = RESPONSES_UNSUPPORTED
 
     input: Annotated[Text, Field(min_length=1)] | Annotated[list[InputMessage],
                                                             Field(min_length=1)]

@@ -16,12 +16,13 @@ import logging
 import time
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from kvledger.errors import KVLedgerError
 from kvledger.server.error_handlers import error_response
+from kvledger.server.input_limits import bind_input_limits
 from kvledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,15 +41,18 @@ from kvledger.server.streaming import (
     sse_events,
     timeout_error,
 )
+from kvledger.server.tenancy import Caller, caller
 
 log = logging.getLogger("kvledger.server")
 
 # One documented 4xx shape; it also keeps FastAPI from documenting its default 422.
-ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (400, 401, 404, "
-                  "408, 413, 429 with Retry-After)"},
-          "503": {"model": ErrorResponse, "description": "engine stopped, server draining, or "
-                  "request timeout (Retry-After)"}}
-router = APIRouter(responses=ERRORS)
+ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (400, 401, 403, "
+                  "404, 408, 409, 413, 429 with Retry-After)"},
+          "503": {"model": ErrorResponse, "description": "engine stopped or server draining "
+                  "(Retry-After)"},
+          "504": {"model": ErrorResponse, "description": "request timeout "
+                  "(--request-timeout-s)"}}
+router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 STARTED = int(time.time())
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
 
@@ -63,6 +67,7 @@ def _model_card(state) -> dict:
 
 
 @router.get("/health")
+@router.head("/health", include_in_schema=False)  # load balancers probe with HEAD
 async def health(request: Request):
     """200 while the engine thread runs, its engine can compute and the server takes requests,
     else 503 with the reason."""
@@ -104,8 +109,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     state = _state(request)
     _warn_unknown(body, request)
     state.check_model(body.model)
-    engine_input = body.engine_input()
-    tokens = await state.loop.call(lambda engine: engine.tokenize(engine_input))
+    tokens = await state.loop.tokenize(body.engine_input())
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}
 
 
@@ -131,9 +135,9 @@ class TooManyStreamsError(KVLedgerError):
 
 def _warn_unknown(body, request: Request) -> None:
     unknown = body.unknown_fields()
-    if unknown:
-        log.warning("%s: ignoring unknown request fields: %s", request.url.path,
-                    ", ".join(unknown)[:500])
+    if unknown:  # escaped: a name with a newline must not forge a log line
+        names = ", ".join(name.encode("unicode_escape").decode("ascii") for name in unknown)
+        log.warning("%s: ignoring unknown request fields: %s", request.url.path, names[:500])
 
 
 def _check_request(state, body) -> None:
@@ -155,13 +159,15 @@ def _check_request(state, body) -> None:
                                   "retry later")
 
 
-async def _add_all(state, request_ids: list[str], prompts: list, params) -> asyncio.Queue:
+async def _add_all(state, request_ids: list[str], prompts: list, params,
+                   who: Caller, cache_salt: str | None) -> asyncio.Queue:
     """Add one engine request per prompt, sharing one output queue; all or nothing."""
     outputs: asyncio.Queue = asyncio.Queue()
     added: list[str] = []
     try:
         for request_id, prompt in zip(request_ids, prompts, strict=True):
-            await state.loop.add(request_id, prompt, params, outputs)
+            await state.loop.add(request_id, prompt, params, outputs, cache_salt=cache_salt,
+                                 tenant=who.tenant)
             added.append(request_id)
     except BaseException:
         for request_id in added:
@@ -177,7 +183,7 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     model = state.check_model(body.model)
     _check_request(state, body)
     params = body.sampling_params()
-    prompts = body.prompts()
+    prompts = [await state.loop.tokenize(prompt) for prompt in body.prompts()]
     response_id = f"{id_prefix}-{uuid.uuid4().hex}"
     request_ids = ([response_id] if len(prompts) == 1
                    else [f"{response_id}-{i}" for i in range(len(prompts))])
@@ -185,7 +191,9 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     if streaming:
         state.streams += 1
     try:
-        outputs = await _add_all(state, request_ids, prompts, params)
+        who = caller(request)
+        outputs = await _add_all(state, request_ids, prompts, params, who,
+                                 who.cache_salt(body.cache_salt))
     except BaseException:
         if streaming:
             state.streams -= 1
@@ -211,9 +219,8 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
         finals = await collect(outputs, request, abort, len(request_ids), timeout_s)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    except RequestTimedOut:
-        return JSONResponse(timeout_error(timeout_s), status_code=503,
-                            headers={"Retry-After": "1"})
+    except RequestTimedOut:  # the same request would time out again: no Retry-After
+        return JSONResponse(timeout_error(timeout_s), status_code=504)
     except EngineFailure as exc:
         status, error = engine_error(exc.args[0])
         return JSONResponse(error, status_code=status)

@@ -43,3 +43,11 @@ class StateStoreUnavailableError(StateStoreError):
 
     http_status = 503
     code = "state_db_unavailable"
+
+
+class StateQuotaError(KVLedgerError):
+    """The API key's stored conversations reached ``--state-quota-mib`` (HTTP 403: retrying
+    cannot help; delete responses or send ``store: false``)."""
+
+    http_status = 403
+    code = "state_quota_exceeded"

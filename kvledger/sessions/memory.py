@@ -29,12 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from kvledger.sessions.codec import TurnCodec
 from kvledger.sessions.errors import TurnTooLargeError
 
 POLICIES = ("full", "summary", "segment")
-TRUNCATIONS = ("disabled", "auto")
 LOW_WATER = 0.5  # fraction of the budget the recent turns may keep after a summary rewrite
 CARRY_NOTES = 3
 SUMMARY_MAX_TOKENS = 96
@@ -105,6 +105,12 @@ class TurnPlan:
 
 # condense(kind, messages, max_tokens) -> text written by the served model
 Condense = Callable[[str, list[dict], int], Awaitable[str]]
+# run(fn, *args) -> fn(*args), where tokenizing may block (the server's tokenizer thread)
+Run = Callable[..., Awaitable[Any]]
+
+
+async def _inline(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
 
 
 def _transcript(turns: list[Turn]) -> str:
@@ -155,9 +161,19 @@ def _too_large(need: int, budget: int, what: str) -> TurnTooLargeError:
 class MemoryPlanner:
     """Plans each turn's prompt under one tokenizer and options."""
 
-    def __init__(self, codec: TurnCodec, options: MemoryOptions) -> None:
+    def __init__(self, codec: TurnCodec, options: MemoryOptions, run: Run | None = None) -> None:
         self.codec = codec
         self.options = options
+        self._run = run or _inline
+
+    def _encode_turn(self, ids: list[int], state: ConversationState,
+                     user_text: str) -> tuple[list[int], list[int]]:
+        """(closing tail of the previous reply, the new user turn's ids)."""
+        return (self.codec.tail_ids(ids) if state.turns else [],
+                self.codec.user_turn_ids(user_text))
+
+    async def _prefix(self, state: ConversationState) -> list[int]:
+        return await self._run(_prefix, self.codec, state, self.options.block_size)
 
     def first_state(self, system: str | None, policy: str) -> tuple[list[int], ConversationState]:
         """The ids and state of a conversation before its first turn."""
@@ -186,8 +202,7 @@ class MemoryPlanner:
                 ``"disabled"``, or the turn alone cannot fit (HTTP 400, with the numbers).
         """
         state = ConversationState.from_json(state.to_json())  # never mutate the stored one
-        tail = self.codec.tail_ids(ids) if state.turns else []
-        user_ids = self.codec.user_turn_ids(user_text)
+        tail, user_ids = await self._run(self._encode_turn, ids, state, user_text)
         if state.prefix_len + len(user_ids) > budget:
             raise _too_large(state.prefix_len + len(user_ids), budget, "the new turn alone")
         need = len(ids) + len(tail) + len(user_ids)
@@ -203,7 +218,8 @@ class MemoryPlanner:
         if state.policy == "summary":
             return await self._summarize(ids + tail, state, user_text, user_ids, budget,
                                          condense)
-        return self._window(ids + tail, state, user_text, user_ids, budget, "window")
+        return self._window(ids + tail, state, user_text, user_ids, budget, "window",
+                            await self._prefix(state))
 
     def _append(self, ids: list[int], state: ConversationState, user_text: str,
                 user_ids: list[int], event: str | None = None) -> TurnPlan:
@@ -223,8 +239,7 @@ class MemoryPlanner:
         return prefix + ids[start:]
 
     def _window(self, ids: list[int], state: ConversationState, user_text: str,
-                user_ids: list[int], budget: int, event: str) -> TurnPlan:
-        prefix = _prefix(self.codec, state, self.options.block_size)
+                user_ids: list[int], budget: int, event: str, prefix: list[int]) -> TurnPlan:
         keep_from = 0
         while keep_from < len(state.turns):
             start = state.turns[keep_from].start
@@ -250,7 +265,8 @@ class MemoryPlanner:
                                         SUMMARY_MAX_TOKENS)).strip()
         state.rewrites += 1
         state.turns = state.turns[cut:]
-        return self._window(ids, state, user_text, user_ids, budget, "summary")
+        return self._window(ids, state, user_text, user_ids, budget, "summary",
+                            await self._prefix(state))
 
     async def _new_segment(self, state: ConversationState, user_text: str, user_ids: list[int],
                            budget: int, condense: Condense) -> TurnPlan:
@@ -258,7 +274,7 @@ class MemoryPlanner:
         state.notes = (state.notes + [note])[-CARRY_NOTES:]
         state.segment += 1
         state.turns = []
-        prefix = _prefix(self.codec, state, self.options.block_size)
+        prefix = await self._prefix(state)
         state.prefix_len = len(prefix)
         if len(prefix) + len(user_ids) > budget:
             raise _too_large(len(prefix) + len(user_ids), budget, "the new turn with its notes")

@@ -3,7 +3,8 @@
 Names (prefix ``kvledger:``, label ``model_name``): ``session_turns``,
 ``session_prompt_tokens``, ``session_cached_tokens`` (prefix-cache hits of session turns),
 ``session_output_tokens``, ``session_summary_rewrites``, ``session_segments`` and
-``session_retrievals`` (passages stitched into prompts).
+``session_retrievals`` (passages stitched into prompts), and
+``session_conversations_removed`` (label ``reason``: ``age`` or ``size``, sessions/expiry.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class SessionMetrics:
         }
         self.counters = {name: Counter(PREFIX + name, doc, ["model_name"], registry=registry)
                          .labels(model_name=model_name) for name, doc in docs.items()}
+        removed = Counter(PREFIX + "session_conversations_removed",
+                          "Conversations deleted by --state-max-age (age) or --state-max-gib "
+                          "(size).", ["model_name", "reason"], registry=registry)
+        self.removed = {reason: removed.labels(model_name=model_name, reason=reason)
+                        for reason in ("age", "size")}
 
     def count_turn(self, out: RequestOutput) -> None:
         """One finished turn and its token counts."""
@@ -39,6 +45,11 @@ class SessionMetrics:
         self.counters["session_prompt_tokens"].inc(len(out.prompt_token_ids))
         self.counters["session_cached_tokens"].inc(out.metrics.num_cached_tokens)
         self.counters["session_output_tokens"].inc(len(out.token_ids))
+
+    def count_removed(self, removed: dict[str, int]) -> None:
+        """Conversations deleted by expiry, per reason."""
+        for reason, n in removed.items():
+            self.removed[reason].inc(n)
 
     def count_event(self, kind: str, n: int = 1) -> None:
         """A memory event: ``summary``, ``note`` (a segment closed) or ``retrieval``."""

@@ -1,4 +1,4 @@
-"""Command-line settings of sessions: the state DB's default place and the API-key list."""
+"""Command-line settings of sessions: the state DB's default place and the memory policy."""
 
 from __future__ import annotations
 
@@ -17,34 +17,51 @@ def default_state_db() -> Path:
     return data_dir() / STATE_DB_NAME
 
 
-def session_options(state_db: str | None, memory: str, segment_turns: int) -> SessionOptions:
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """Seconds of ``"90"``, ``"90s"``, ``"15m"``, ``"12h"`` or ``"30d"``.
+
+    Raises:
+        InvalidParameterError: not a positive number with an optional unit.
+    """
+    unit = DURATION_UNITS.get(text[-1:].lower()) if text else None
+    number = text[:-1] if unit else text
+    try:
+        seconds = float(number) * (unit or 1)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise InvalidParameterError(f"{option} must be a positive duration such as 3600, 90m, "
+                                    f"12h or 30d, got {text!r}")
+    return seconds
+
+
+def _size(value: float | None, unit: int, option: str) -> int | None:
+    if value is None:
+        return None
+    if not value > 0 or value == float("inf"):
+        raise InvalidParameterError(f"{option} must be > 0, got {value}")
+    return int(value * unit)
+
+
+def session_options(state_db: str | None, memory: str, segment_turns: int,
+                    max_age: str | None = None, max_gib: float | None = None,
+                    quota_mib: float | None = None) -> SessionOptions:
     """Validated :class:`SessionOptions` of ``kvledger serve`` / ``kvledger chat``.
 
     Raises:
-        InvalidParameterError: unknown policy or ``segment_turns`` < 1.
+        InvalidParameterError: unknown policy, ``segment_turns`` < 1, a bad duration or size.
     """
     if memory not in POLICIES:
         raise InvalidParameterError(f"--memory must be one of {', '.join(POLICIES)}, got "
                                     f"{memory!r}")
     if segment_turns < 1:
         raise InvalidParameterError(f"--segment-turns must be >= 1, got {segment_turns}")
-    return SessionOptions(state_db=str(state_db or default_state_db()), memory=memory,
-                          segment_turns=segment_turns)
-
-
-def read_api_keys(keys: list[str], keys_file: str | None) -> list[str]:
-    """The keys given with ``--api-key`` plus those of ``--api-keys-file`` (one per line).
-
-    Raises:
-        InvalidParameterError: the file cannot be read or a key is empty.
-    """
-    out = list(keys)
-    if keys_file:
-        try:
-            lines = Path(keys_file).read_text().splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidParameterError(f"cannot read --api-keys-file {keys_file}: {exc}") from None
-        out += [k for k in (line.split("#", 1)[0].strip() for line in lines) if k]
-    if any(not k.strip() for k in out):
-        raise InvalidParameterError("an API key is empty")
-    return out
+    return SessionOptions(
+        state_db=str(state_db or default_state_db()), memory=memory,
+        segment_turns=segment_turns,
+        max_age_s=None if max_age is None else parse_duration(max_age, "--state-max-age"),
+        max_bytes=_size(max_gib, 1 << 30, "--state-max-gib"),
+        quota_bytes=_size(quota_mib, 1 << 20, "--state-quota-mib"))

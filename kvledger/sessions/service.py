@@ -13,7 +13,6 @@ the lock; :meth:`SessionService.cancel` only releases it (nothing stored).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 import uuid
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.sessions.codec import TurnCodec
 from kvledger.sessions.errors import ResponseNotFoundError, SessionBusyError, TurnTooLargeError
+from kvledger.sessions.expiry import SWEEP_INTERVAL_S, check_quota, expire
 from kvledger.sessions.memory import (
     ConversationState,
     MemoryOptions,
@@ -51,6 +51,9 @@ class SessionOptions:
     retrieve_k: int = 2
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     session_wait_s: float = 30.0
+    max_age_s: float | None = None  # expiry (sessions/expiry.py); None: kept
+    max_bytes: int | None = None
+    quota_bytes: int | None = None  # per API key
 
 
 @dataclass
@@ -81,12 +84,8 @@ class Turn:
     budget: int
     retrieved: list[dict] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
+    stored: bool = False  # its response row is written (its chunks are kept)
     _release: Callable[[], None] | None = None
-
-
-def tenant_of(api_key: str | None) -> str:
-    """The tenant id stored with a conversation: a hash of its API key ('' without keys)."""
-    return hashlib.sha256(api_key.encode()).hexdigest()[:16] if api_key else ""
 
 
 async def final_output(outputs: asyncio.Queue) -> RequestOutput:
@@ -135,12 +134,13 @@ class SessionService:
         self._planner: MemoryPlanner | None = None
 
     async def planner(self) -> MemoryPlanner:
-        """The memory planner (its codec probes the chat template once, in the engine thread)."""
+        """The memory planner (its codec probes the chat template once, in the engine thread);
+        it tokenizes in the tokenizer thread, as the turn's stitching does."""
         if self._planner is None:
             codec = await self.loop.call(_make_codec)
             self._planner = MemoryPlanner(codec, MemoryOptions(
                 block_size=self.block_size, segment_turns=self.options.segment_turns,
-                segment_tokens=self.options.segment_tokens))
+                segment_tokens=self.options.segment_tokens), run=self.loop.tokenizer_thread.run)
         return self._planner
 
     async def _lock(self, tenant: str, session_id: str) -> Callable[[], None]:
@@ -166,28 +166,38 @@ class SessionService:
 
         Raises:
             ResponseNotFoundError (404), SessionBusyError (409), TurnTooLargeError and
-            InvalidParameterError (400), ContextLengthError (400), KVBudgetError (429).
+            InvalidParameterError (400), ContextLengthError (400), KVBudgetError (429),
+            StateQuotaError (403).
         """
         response_id = f"resp_{uuid.uuid4().hex}"
+        if req.store:
+            check_quota(self.store, tenant, self.options.quota_bytes)
         prev = self.get(tenant, req.previous_response_id) if req.previous_response_id else None
         session_id = prev.session_id if prev else response_id
         release = await self._lock(tenant, session_id)
         try:
             return await self._start(tenant, salt, req, response_id, session_id, prev, release)
         except BaseException:
-            release()
+            try:
+                self._forget_documents(tenant, response_id, req)
+            finally:
+                release()
             raise
+
+    def _forget_documents(self, tenant: str, response_id: str, req: TurnInput) -> None:
+        """Delete the documents a turn that will not be stored attached."""
+        if req.store and req.documents:
+            self.store.delete_chunks_of(tenant, response_id)
 
     async def _start(self, tenant, salt, req: TurnInput, response_id: str, session_id: str,
                      prev: StoredResponse | None, release) -> Turn:
-        planner = await self.planner()
+        planner, run = await self.planner(), self.loop.tokenizer_thread.run
         policy = req.memory or self.options.memory
         if prev is None:
-            ids, state = planner.first_state(req.instructions, policy)
+            ids, state = await run(planner.first_state, req.instructions, policy)
         else:
-            ids, state = planner.with_system(prev.token_ids,
-                                             ConversationState.from_json(prev.state),
-                                             req.instructions)
+            ids, state = await run(planner.with_system, prev.token_ids,
+                                   ConversationState.from_json(prev.state), req.instructions)
             state.policy = policy
         max_out = req.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
         budget = self.limit_tokens - max_out
@@ -195,30 +205,34 @@ class SessionService:
             raise InvalidParameterError(
                 f"max_output_tokens {max_out} leaves no room for a prompt within the "
                 f"{self.limit_tokens}-token limit (context or per-request KV quota)")
-        text, retrieved = self._stitch(tenant, session_id, req, state)
+        text, retrieved = await run(self._stitch, tenant, session_id, response_id, req, state)
 
         async def condense(kind: str, messages: list[dict], max_tokens: int) -> str:
             if self.metrics:
                 self.metrics.count_event(kind)
-            return await self._generate_note(messages, max_tokens, salt)
+            return await self._generate_note(messages, max_tokens, salt, tenant)
 
         plan = await planner.plan(ids, state, text, budget, req.truncation, condense)
         plan.state.turns[-1].chunk_ids = [r["chunk_id"] for r in retrieved]
         params = req.params
         params.max_tokens = max_out
-        outputs = await self.loop.add(response_id, plan.prompt_ids, params, cache_salt=salt)
+        outputs = await self.loop.add(response_id, plan.prompt_ids, params, cache_salt=salt,
+                                      tenant=tenant)
         return Turn(response_id, session_id, tenant, plan, outputs, req, budget, retrieved,
                     _release=release)
 
-    def _stitch(self, tenant: str, session_id: str, req: TurnInput,
+    def _stitch(self, tenant: str, session_id: str, response_id: str, req: TurnInput,
                 state: ConversationState) -> tuple[str, list[dict]]:
-        """The user text with the top-k passages for it prepended; the passages' descriptions."""
+        """The user text with the top-k passages for it prepended; the passages' descriptions.
+        Stored documents are owned by ``response_id`` (deleted with it, or if it is never
+        stored)."""
         pieces = [(name, piece) for name, text in req.documents for piece in chunk_text(text)]
         transient = [Chunk(-1 - i, "document", name, piece)
                      for i, (name, piece) in enumerate(pieces)]
         if req.store and transient:
             for name, text in req.documents:
-                self.store.add_chunks(tenant, session_id, "document", name, chunk_text(text))
+                self.store.add_chunks(tenant, session_id, "document", name, chunk_text(text),
+                                      owner=response_id)
             transient = []
         chunks = self.store.chunks(tenant, session_id) + transient
         in_prompt = {cid for t in state.turns for cid in t.chunk_ids}
@@ -235,11 +249,11 @@ class SessionService:
         return f"{PASSAGES_HEADER}\n{passages}\n\n{req.text}", retrieved
 
     async def _generate_note(self, messages: list[dict], max_tokens: int,
-                             salt: str | None) -> str:
+                             salt: str | None, tenant: str) -> str:
         request_id = f"memory-{uuid.uuid4().hex}"
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         ids = await self._fit(messages, self.limit_tokens - max_tokens)
-        outputs = await self.loop.add(request_id, ids, params, cache_salt=salt)
+        outputs = await self.loop.add(request_id, ids, params, cache_salt=salt, tenant=tenant)
         try:
             out = await final_output(outputs)
         except asyncio.CancelledError:
@@ -254,7 +268,7 @@ class SessionService:
         """Token ids of ``messages`` (chat template) within ``room`` tokens: the last
         message's text loses its oldest part (a transcript keeps its latest turns)."""
         for _ in range(FIT_ATTEMPTS):
-            ids = await self.loop.call(lambda engine, m=messages: engine.tokenize(m))
+            ids = await self.loop.tokenize(messages)
             if len(ids) <= room:
                 return ids
             content = messages[-1]["content"]
@@ -273,9 +287,13 @@ class SessionService:
                     turn.response_id, turn.tenant, turn.session_id,
                     turn.request.previous_response_id, body, state.to_json(), ids,
                     len(turn.plan.prompt_ids), turn.created_at))
+                turn.stored = True
                 if turn.plan.note:
                     self.store.add_chunks(turn.tenant, turn.session_id, "note",
-                                          f"note {state.segment}", [turn.plan.note])
+                                          f"note {state.segment}", [turn.plan.note],
+                                          owner=turn.response_id)
+                if self.options.max_bytes is not None:
+                    self.expire()
             if self.metrics:
                 self.metrics.count_turn(out)
         finally:
@@ -285,9 +303,29 @@ class SessionService:
         """Close the state store (at server shutdown, after the drain)."""
         self.store.close()
 
+    def expire(self) -> None:
+        """Delete the conversations past ``max_age_s`` or ``max_bytes`` (and count them)."""
+        removed = expire(self.store, self.options.max_age_s, self.options.max_bytes,
+                         time.time())
+        if self.metrics:
+            self.metrics.count_removed(removed)
+
+    async def sweep_forever(self) -> None:
+        """Expire every SWEEP_INTERVAL_S seconds in a worker thread (cancel to stop)."""
+        if self.options.max_age_s is None and self.options.max_bytes is None:
+            return
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await asyncio.to_thread(self.expire)
+
     def cancel(self, turn: Turn) -> None:
-        """Release the conversation without storing anything (the request failed or left)."""
-        if turn._release is not None:
+        """Release the conversation; a turn not stored loses the documents it attached."""
+        if turn._release is None:
+            return
+        try:
+            if not turn.stored:
+                self._forget_documents(turn.tenant, turn.response_id, turn.request)
+        finally:
             turn._release()
             turn._release = None
 

@@ -7,7 +7,14 @@ Tables:
   response object (JSON), the conversation state the memory policy needs (JSON) and the exact
   token ids of the whole conversation up to and including this reply (``uint32`` little-endian
   blob), with ``prompt_len`` of them being this turn's prompt.
-- ``chunks``: retrievable text of a conversation: document chunks and segment notes.
+- ``chunks``: retrievable text of a conversation: document chunks and segment notes, each
+  owned by the response whose turn attached or wrote it (``response_id``).
+
+Deleting is real deletion: a response is removed with the chunks it owns, in one transaction,
+``secure_delete`` overwrites the freed content, ``auto_vacuum = INCREMENTAL`` gives the freed
+pages back to the file system and a WAL checkpoint (``TRUNCATE``) empties the write-ahead log
+that still held them. Schema 1 files (chunks without an owner, no auto-vacuum) are migrated
+once, with a ``VACUUM``.
 
 Opening never rewrites an existing file before checking it: ``PRAGMA quick_check`` runs first,
 so a corrupt or foreign file, or one another process holds locked, is refused with
@@ -30,7 +37,7 @@ from pathlib import Path
 
 from kvledger.sessions.errors import StateStoreError, StateStoreUnavailableError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 OPEN_TIMEOUT_S = 2.0  # how long opening waits for another process's lock before refusing
 BUSY_TIMEOUT_MS = 10_000  # afterwards, how long a write waits for a concurrent writer
 
@@ -53,9 +60,11 @@ CREATE TABLE IF NOT EXISTS chunks (
     session_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     source TEXT NOT NULL,
-    text TEXT NOT NULL
+    text TEXT NOT NULL,
+    response_id TEXT
 );
 CREATE INDEX IF NOT EXISTS chunks_by_session ON chunks (tenant, session_id);
+CREATE INDEX IF NOT EXISTS chunks_by_response ON chunks (response_id);
 """
 
 
@@ -109,6 +118,20 @@ def _unpack(blob: bytes) -> list[int]:
     return arr.tolist()
 
 
+def _hint(exc: sqlite3.DatabaseError) -> str:
+    """What to do about a state DB that cannot be opened; only a damaged or foreign file is
+    called unhealthy (never a good file that is locked or on a read-only file system)."""
+    text = str(exc)
+    if "locked" in text:
+        return "another process holds it locked; stop it or use another --state-db"
+    if "readonly" in text or "read-only" in text or "unable to open" in text:
+        return ("the file or its folder is read-only, and the server writes to it; make them "
+                "writable or use another --state-db")
+    if "newer than" in text:
+        return "a newer kvledger wrote it; use that version or another --state-db"
+    return "it is not a healthy SQLite database; move it away or use another --state-db"
+
+
 class SessionStore:
     """Stored responses and chunks of every tenant.
 
@@ -124,17 +147,18 @@ class SessionStore:
         self.path = str(path)
         self._lock = threading.Lock()
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StateStoreError(f"cannot create the folder of the state DB {self.path}: "
+                                      f"{exc.strerror}; use another --state-db") from None
         try:
             self._db = sqlite3.connect(self.path, timeout=OPEN_TIMEOUT_S,
                                        check_same_thread=False, isolation_level=None)
             self._check_and_migrate()
         except sqlite3.DatabaseError as exc:
-            hint = ("another process holds it locked; stop it or use another --state-db"
-                    if "locked" in str(exc) else
-                    "it is not a healthy SQLite database; move it away or use another --state-db")
-            raise StateStoreError(f"cannot use the state DB {self.path}: {exc} ({hint}; the "
-                                  "file was left untouched)") from None
+            raise StateStoreError(f"cannot use the state DB {self.path}: {exc} "
+                                  f"({_hint(exc)}; the file was left untouched)") from None
         self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
 
     def _check_and_migrate(self) -> None:
@@ -146,10 +170,20 @@ class SessionStore:
         if version > SCHEMA_VERSION:
             raise sqlite3.DatabaseError(f"schema version {version} is newer than this "
                                         f"kvledger's {SCHEMA_VERSION}")
+        self._db.execute("PRAGMA secure_delete = ON")
+        if version == 0:  # a new file: auto-vacuum must be chosen before the first table
+            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("BEGIN IMMEDIATE")
         try:
+            if version == 1:  # chunks gain an owner; those of turns never stored go
+                columns = {row[1] for row in self._db.execute("PRAGMA table_info(chunks)")}
+                if "response_id" not in columns:  # (a file an older kvledger set back to 1)
+                    self._db.execute("ALTER TABLE chunks ADD COLUMN response_id TEXT")
+                self._db.execute("DELETE FROM chunks WHERE NOT EXISTS (SELECT 1 FROM responses r"
+                                 " WHERE r.tenant = chunks.tenant"
+                                 " AND r.session_id = chunks.session_id)")
             for statement in filter(str.strip, SCHEMA.split(";")):
                 self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -157,6 +191,9 @@ class SessionStore:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+        if version == 1:  # turn auto-vacuum on for an existing file (rewrites it once)
+            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            self._db.execute("VACUUM")
 
     @property
     def journal_mode(self) -> str:
@@ -207,21 +244,88 @@ class SessionStore:
                               json.loads(row[5]), _unpack(row[6]), row[7], row[8])
 
     def delete_response(self, tenant: str, response_id: str) -> bool:
-        """Delete one response; False when the tenant has none with this id."""
+        """Delete one response and the chunks it owns, and reclaim their pages; False when
+        the tenant has none with this id."""
         with self._serving():
+            self._db.execute("BEGIN IMMEDIATE")
             cur = self._db.execute("DELETE FROM responses WHERE id = ? AND tenant = ?",
                                    (response_id, tenant))
+            if cur.rowcount:
+                self._db.execute("DELETE FROM chunks WHERE response_id = ? AND tenant = ?",
+                                 (response_id, tenant))
+            self._db.execute("COMMIT")
+            if cur.rowcount:
+                self._reclaim()
         return cur.rowcount > 0
 
+    def delete_conversation(self, tenant: str, session_id: str) -> None:
+        """Delete every response and chunk of a conversation, and reclaim their pages."""
+        with self._serving():
+            self._db.execute("BEGIN IMMEDIATE")
+            for table in ("responses", "chunks"):
+                self._db.execute(f"DELETE FROM {table} WHERE tenant = ? AND session_id = ?",
+                                 (tenant, session_id))
+            self._db.execute("COMMIT")
+            self._reclaim()
+
+    def _reclaim(self) -> None:
+        """Give freed pages back to the file system and empty the WAL (caller holds the lock)."""
+        self._db.executescript("PRAGMA incremental_vacuum;")  # runs to completion; execute()
+        # would free one page per call
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def add_chunks(self, tenant: str, session_id: str, kind: str, source: str,
-                   texts: list[str]) -> None:
-        """Append retrievable passages to a conversation."""
+                   texts: list[str], owner: str | None = None) -> None:
+        """Append retrievable passages to a conversation, owned by response ``owner``."""
         with self._serving():
             self._db.execute("BEGIN IMMEDIATE")
             self._db.executemany(
-                "INSERT INTO chunks (tenant, session_id, kind, source, text) VALUES (?,?,?,?,?)",
-                [(tenant, session_id, kind, source, t) for t in texts])
+                "INSERT INTO chunks (tenant, session_id, kind, source, text, response_id)"
+                " VALUES (?,?,?,?,?,?)", [(tenant, session_id, kind, source, t, owner)
+                                          for t in texts])
             self._db.execute("COMMIT")
+
+    def delete_chunks_of(self, tenant: str, owner: str) -> None:
+        """Delete the chunks a response owns (its turn was not stored) and reclaim them."""
+        with self._serving():
+            self._db.execute("DELETE FROM chunks WHERE tenant = ? AND response_id = ?",
+                             (tenant, owner))
+            self._reclaim()
+
+    def delete_orphans(self) -> int:
+        """Delete chunks whose owner was never stored (a turn cut by a crash); call when no
+        turn runs. Returns how many."""
+        with self._serving():
+            n = self._db.execute("DELETE FROM chunks WHERE response_id IS NOT NULL AND"
+                                 " response_id NOT IN (SELECT id FROM responses)").rowcount
+            if n:
+                self._reclaim()
+        return n
+
+    def used_bytes(self) -> int:
+        """Bytes of the file's pages in use (its size less the free pages)."""
+        with self._serving():
+            pages, free, size = (self._db.execute(f"PRAGMA {p}").fetchone()[0]
+                                 for p in ("page_count", "freelist_count", "page_size"))
+        return (pages - free) * size
+
+    def tenant_bytes(self, tenant: str) -> int:
+        """Bytes of a tenant's stored data (responses' JSON and token ids, chunks' text)."""
+        queries = (("SELECT SUM(length(CAST(body AS BLOB)) + length(CAST(state AS BLOB)) + "
+                   "length(token_ids)) FROM responses WHERE tenant = ?"),
+                   "SELECT SUM(length(CAST(text AS BLOB))) FROM chunks WHERE tenant = ?")
+        with self._serving():
+            responses, chunks = (self._db.execute(q, (tenant,)).fetchone()[0] or 0
+                                 for q in queries)
+        return responses + chunks
+
+    def conversations_oldest_first(self) -> list[tuple[str, str, float]]:
+        """Every conversation as ``(tenant, session_id, last activity)``, least recent first."""
+        with self._serving():
+            return self._db.execute(
+                "SELECT tenant, session_id, MAX(created_at) AS t FROM responses"
+                " GROUP BY tenant, session_id ORDER BY t").fetchall()
 
     def chunks(self, tenant: str, session_id: str) -> list[Chunk]:
         """Every passage of a conversation, in insertion order."""

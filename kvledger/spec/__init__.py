@@ -3,7 +3,8 @@
 ``ModelSpec`` (:mod:`.model_spec`) is the data type: every architectural number the ledger and
 the engine need, counts rather than bytes. One reader per source format builds it:
 :mod:`.hf_config` (a Hugging Face ``config.json``) and :mod:`.gguf_reader` (a GGUF file's
-header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument. No torch here:
+header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
+:func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly. No torch here:
 the planner runs without an ML stack.
 
 Code outside this package imports the names below from ``kvledger.spec``, never a module of
@@ -19,8 +20,10 @@ from kvledger.spec.gguf_reader import (
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
 from kvledger.spec.load import load_spec
 from kvledger.spec.model_spec import FULL, LINEAR, LLAMA_FAMILY_TYPES, MLA, SLIDING, ModelSpec
+from kvledger.spec.runnable import ENGINE_MODEL_TYPES, check_runnable
 
 __all__ = [
+    "ENGINE_MODEL_TYPES",
     "FULL",
     "LINEAR",
     "LLAMA_FAMILY_TYPES",
@@ -29,6 +32,7 @@ __all__ = [
     "ConfigWarning",
     "ModelSpec",
     "check_gguf_magic",
+    "check_runnable",
     "load_spec",
     "open_gguf",
     "spec_from_gguf",

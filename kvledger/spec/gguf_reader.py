@@ -29,6 +29,7 @@ from pathlib import Path
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import model_id
 from kvledger.spec.model_spec import FULL, LLAMA_FAMILY_TYPES, SLIDING, ModelSpec
+from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
 GGUF_MAGIC = b"GGUF"
@@ -141,8 +142,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     arch = _require(reader, "general.architecture", path)
     if arch not in LLAMA_FAMILY_TYPES:
         raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} in {path} is not supported "
-            f"(supported: {', '.join(LLAMA_FAMILY_TYPES)})"
+            f"GGUF architecture {arch!r} in {path} is not supported (GGUF files are read for "
+            f"{', '.join(LLAMA_FAMILY_TYPES)}; the engine runs {', '.join(ENGINE_MODEL_TYPES)})"
         )
 
     def req(key: str):
@@ -176,6 +177,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
         rope_theta=_float32(field_value(reader, f"{arch}.rope.freq_base") or 10000.0),
         rope_scaling=_rope_scaling(reader, arch),
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
+        o_bias="blk.0.attn_output.bias" in tensor_names,
+        mlp_bias=any(f"blk.0.ffn_{p}.bias" in tensor_names for p in ("gate", "up", "down")),
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         layer_types=((SLIDING if window else FULL),) * num_layers,
         sliding_window=int(window) if window else None,

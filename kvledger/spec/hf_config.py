@@ -200,6 +200,8 @@ def _common_fields(c: _Config, path: Path) -> dict:
         "qkv_bias": bool(c.get("attention_bias", False)),
         "o_bias": bool(c.get("attention_bias", False)),
         "mlp_bias": bool(c.get("mlp_bias", False)),
+        "hidden_act": str(c.get("hidden_act") or c.get("hidden_activation")
+                          or c.get("activation_function") or "silu"),
         "weights_dtype": "fp8"
         if quant.get("quant_method") == "fp8"
         else _TORCH_DTYPES.get(str(dtype), "bf16"),

@@ -62,6 +62,7 @@ class ModelSpec:
     first_k_dense_layers: int = 0  # decoder layers with a dense MLP instead of experts
     # layer structure beyond the Llama defaults (used by the parameter count)
     mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
+    hidden_act: str = "silu"  # the MLP's activation (transformers' ACT2FN name)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False  # biases on MLP / expert projections

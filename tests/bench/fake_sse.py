@@ -53,6 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
     metrics_text: str | None = None
     tokenize: str | None = None
     api_key: str | None = None
+    max_model_len: int | None = None
 
     def log_message(self, *args) -> None:  # keep test output quiet
         pass
@@ -75,7 +76,10 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._authorized():
             return
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "steady", "object": "model"}]})
+            card = {"id": "steady", "object": "model"}
+            if self.max_model_len is not None:
+                card["max_model_len"] = self.max_model_len
+            self._json(200, {"object": "list", "data": [card]})
         elif self.path == "/metrics" and self.metrics_text is not None:
             data = self.metrics_text.encode()
             self.send_response(200)
@@ -174,9 +178,10 @@ class FakeServer:
     """Runs the scripted server on 127.0.0.1 with an ephemeral port in a daemon thread."""
 
     def __init__(self, metrics_text: str | None = None, tokenize: str | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, max_model_len: int | None = None) -> None:
         handler = type("Handler", (_Handler,), {
-            "metrics_text": metrics_text, "tokenize": tokenize, "api_key": api_key})
+            "metrics_text": metrics_text, "tokenize": tokenize, "api_key": api_key,
+            "max_model_len": max_model_len})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -124,3 +124,20 @@ def test_local_gguf_tokenizer_when_the_server_has_no_tokenize(fake_server, tmp_p
     body = json.loads((tmp_path / "results.json").read_text())
     assert body["meta"]["token_counts"].startswith("local tokenizer")
     assert body["requests"][0]["ok"]
+
+
+def test_every_level_skipped_is_an_error_that_says_why(tmp_path):
+    with FakeServer(max_model_len=100) as server:
+        result = CliRunner().invoke(app, [
+            "bench", "--url", server.url, "--endpoint", "completions", "--prompt-lens", "512",
+            "--output-len", "4", "--warmup", "0", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2, result.output
+    assert "no level ran" in result.output and "exceed the model's context of 100" in \
+        result.output
+
+
+def test_a_404_from_the_url_is_reported_as_such(fake_server):
+    result = CliRunner().invoke(app, ["bench", "--url", fake_server.url + "/api",
+                                      "--prompt-lens", "64", "--output-len", "4"])
+    assert result.exit_code == 2
+    assert "answered HTTP 404" in result.output and "lists no model" not in result.output

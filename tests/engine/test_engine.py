@@ -133,11 +133,12 @@ def test_bad_requests_are_refused_clearly(tiny_engine_factory):
 
 def test_pool_bytes_equal_ledger(tiny_engine_factory):
     from kvledger.ledger.kv import kv_bytes_per_block
+    from kvledger.ledger.kv_format import KVFormatSpec
 
     engine = tiny_engine_factory(num_blocks=37)
     spec = engine.spec
     by_hand = 37 * 16 * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4
-    assert engine.store.nbytes == by_hand == 37 * kv_bytes_per_block(spec, 16, "fp32")
+    assert engine.store.nbytes == by_hand == 37 * kv_bytes_per_block(spec, KVFormatSpec("fp32"), 1, 16)
 
 
 @pytest.mark.parametrize("kv_cache_dtype, element_bytes", [("bf16", 2), ("fp16", 2), ("auto", 4)])

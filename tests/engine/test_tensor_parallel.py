@@ -21,7 +21,10 @@ from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.parallel.shard import kv_head_range, shard_spec, shard_weights
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.spec import load_spec
+
+FP32 = KVFormatSpec("fp32")
 
 
 def test_split_follows_the_gqa_rule_and_recomposes_the_mlp(tiny_llama_folder):
@@ -58,7 +61,7 @@ def test_rank_pool_holds_the_ledger_per_rank_bytes(tp, heads, kv_heads, tiny_lla
                                                                        kv_heads=kv_heads))
     config = EngineConfig(dtype="fp32", tensor_parallel_size=tp)
     store = resolve_layout(config, spec, torch.float32).build_store(7)
-    assert store.nbytes == 7 * kv_bytes_per_block(spec, 16, "fp32", tp=tp)
+    assert store.nbytes == 7 * kv_bytes_per_block(spec, FP32, tp, 16)
     assert store.nbytes == 7 * 2 * spec.num_layers * 16 * max(spec.num_kv_heads // tp, 1) \
         * spec.head_dim * 4
     if heads is None:
@@ -87,7 +90,7 @@ def test_bundled_tp3_logits_and_tokens_equal_tp1():
                                         tensor_parallel_size=tp))
         results[tp] = greedy(engine, prompt)
         if tp == 3:
-            per_block = kv_bytes_per_block(engine.spec, 16, "fp32", tp=3)
+            per_block = kv_bytes_per_block(engine.spec, FP32, 3, 16)
             assert engine.stats()["kv_pool_bytes_per_rank"] == [32 * per_block] * 3
         engine.close()
     (tokens1, logits1), (tokens3, logits3) = results[1], results[3]
@@ -122,8 +125,8 @@ def test_tiny_tp_equals_tp1_alone_and_batched_with_preemption(tp, kv_heads, tiny
     assert stats_tp["num_preemptions"] == stats1["num_preemptions"] > 0
     assert stats_tp["prefix_cache_hit_tokens"] == stats1["prefix_cache_hit_tokens"] > 0
     spec = load_spec(folder)
-    assert stats_tp["kv_pool_bytes_per_rank"] == [14 * kv_bytes_per_block(spec, 16, "fp32",
-                                                                          tp=tp)] * tp
+    per_block = kv_bytes_per_block(spec, FP32, tp, 16)
+    assert stats_tp["kv_pool_bytes_per_rank"] == [14 * per_block] * tp
 
 
 @pytest.mark.slow
@@ -140,7 +143,7 @@ def test_killed_worker_gives_503_health_says_why_and_nothing_is_left(tiny_llama_
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 6
     per_rank = engine.stats()["kv_pool_bytes_per_rank"]
-    assert per_rank == [32 * kv_bytes_per_block(engine.spec, 16, "fp32", tp=2)] * 2
+    assert per_rank == [32 * kv_bytes_per_block(engine.spec, FP32, 2, 16)] * 2
     assert f'rank="1"}} {float(per_rank[1])}' in client.get("/metrics").text
     (worker,) = engine.parallel.workers
     os.kill(worker.pid, signal.SIGKILL)

@@ -6,6 +6,9 @@ import pytest
 
 from kvledger.ledger import costs
 from kvledger.ledger.kv import kv_bytes_per_block, kv_bytes_per_sequence
+from kvledger.ledger.kv_format import KVFormatSpec
+
+FP16 = KVFormatSpec("fp16")
 from kvledger.ledger.params import count_params
 
 GiB, MiB = 2**30, 2**20
@@ -20,12 +23,12 @@ def test_seed_concurrency_mha_vs_gqa8(real_spec):
     assert pool == 56 * GiB
     mha = real_spec("meta-llama__Llama-2-7b-hf")
     gqa = dataclasses.replace(mha, num_kv_heads=8)
-    per_8k = kv_bytes_per_sequence(mha, 8192, "fp16", block_size=16)
+    per_8k = kv_bytes_per_sequence(mha, FP16, 1, 16, 8192, paged=True)
     assert costs.max_concurrency(pool, per_8k) == 14
     assert (
-        costs.max_concurrency(pool, kv_bytes_per_sequence(gqa, 8192, "fp16", block_size=16)) == 56
+        costs.max_concurrency(pool, kv_bytes_per_sequence(gqa, FP16, 1, 16, 8192, paged=True)) == 56
     )
-    assert costs.max_concurrency(pool, kv_bytes_per_sequence(mha, 32768, "fp16")) == 3
+    assert costs.max_concurrency(pool, kv_bytes_per_sequence(mha, FP16, 1, 16, 32768)) == 3
 
 
 def test_seed_prefill_flops_7b_8k(real_spec):
@@ -56,7 +59,7 @@ def test_vllm_log_llama31_8b(real_spec):
     (31,232 tokens), "Maximum concurrency for 20,000 tokens per request: 1.56x". A block is
     2 x 8 x 128 x 32 x 2 x 16 = 2 MiB, so 1952 blocks are 3.8125 GiB, which the log rounds to
     3.81 (3.81 GiB exactly would be 1950 blocks)."""
-    block = kv_bytes_per_block(real_spec("meta-llama__Llama-3.1-8B"), 16, "bf16")
+    block = kv_bytes_per_block(real_spec("meta-llama__Llama-3.1-8B"), KVFormatSpec(), 1, 16)
     assert block == 2 * 8 * 128 * 32 * 2 * 16 == 2 * MiB
     assert round(1952 * block / GiB, 2) == 3.81
     assert costs.blocks_for(1952 * block, block) == 1952

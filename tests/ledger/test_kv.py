@@ -13,7 +13,6 @@ import pytest
 from kvledger.data import config_names
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import (
-    KV_FORMATS,
     fixed_state_bytes,
     kv_bytes_per_block,
     kv_bytes_per_sequence,
@@ -22,6 +21,9 @@ from kvledger.ledger.kv import (
     residual_bytes,
     vector_bytes,
 )
+from kvledger.ledger.kv_format import KV_FORMATS, KVFormatSpec
+
+BF16, FP16 = KVFormatSpec("bf16"), KVFormatSpec("fp16")
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -57,7 +59,7 @@ def test_every_bundled_config_has_a_hand_checked_figure():
 
 @pytest.mark.parametrize("name", sorted(HAND_KV_PER_TOKEN))
 def test_kv_per_token_of_every_real_config(real_spec, name):
-    assert kv_bytes_per_token(real_spec(name), "bf16") == HAND_KV_PER_TOKEN[name]
+    assert kv_bytes_per_token(real_spec(name), BF16, 1, 16) == HAND_KV_PER_TOKEN[name]
 
 
 def test_kv_formats_names():
@@ -67,28 +69,28 @@ def test_kv_formats_names():
 def test_seed_7b_mha_and_gqa8(real_spec):
     """Seed §2.2 / §3.1 / §5.2: Llama-2-7B (32 layers, 32 heads, head_dim 128, fp16)."""
     mha = real_spec("meta-llama__Llama-2-7b-hf")
-    assert kv_bytes_per_token(mha, "fp16") == 512 * KiB
-    assert kv_bytes_per_sequence(mha, 8192, "fp16") == 4 * GiB
-    assert kv_bytes_per_sequence(mha, 32768, "fp16") == 16 * GiB
-    assert kv_bytes_per_sequence(mha, 131072, "fp16") == 64 * GiB
+    assert kv_bytes_per_token(mha, FP16, 1, 16) == 512 * KiB
+    assert kv_bytes_per_sequence(mha, FP16, 1, 16, 8192) == 4 * GiB
+    assert kv_bytes_per_sequence(mha, FP16, 1, 16, 32768) == 16 * GiB
+    assert kv_bytes_per_sequence(mha, FP16, 1, 16, 131072) == 64 * GiB
     gqa = dataclasses.replace(mha, num_kv_heads=8)
-    assert kv_bytes_per_token(gqa, "fp16") == 128 * KiB
-    assert kv_bytes_per_sequence(gqa, 8192, "fp16") == 1 * GiB
-    assert kv_bytes_per_sequence(gqa, 32768, "fp16") == 4 * GiB
+    assert kv_bytes_per_token(gqa, FP16, 1, 16) == 128 * KiB
+    assert kv_bytes_per_sequence(gqa, FP16, 1, 16, 8192) == 1 * GiB
+    assert kv_bytes_per_sequence(gqa, FP16, 1, 16, 32768) == 4 * GiB
 
 
 def test_seed_chat_growth_by_turn(real_spec):
     """Seed §2.3: 1K tokens per turn; after turns 1/2/4/8: 512 MiB / 1 / 2 / 4 GiB."""
     mha = real_spec("meta-llama__Llama-2-7b-hf")
-    got = [kv_bytes_per_sequence(mha, t * 1024, "fp16") for t in (1, 2, 4, 8)]
+    got = [kv_bytes_per_sequence(mha, FP16, 1, 16, t * 1024) for t in (1, 2, 4, 8)]
     assert got == [512 * MiB, 1 * GiB, 2 * GiB, 4 * GiB]
 
 
 def test_gpt_oss_20b_batch_32_full_vs_window_aware(real_spec):
     """Issue: 8192 tokens x batch 32, bf16: 12.00 GiB full reservation, 6.09 GiB window-aware."""
     spec = real_spec("openai__gpt-oss-20b")
-    full = 32 * kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=False)
-    aware = 32 * kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=True)
+    full = 32 * kv_bytes_per_sequence(spec, BF16, 1, 16, 8192, window_aware=False)
+    aware = 32 * kv_bytes_per_sequence(spec, BF16, 1, 16, 8192, window_aware=True)
     assert full == 32 * 8192 * 24 * 2 * 8 * 64 * 2 == 12 * GiB
     # 12 full layers keep 8192 tokens, 12 sliding layers keep 128
     assert aware == 32 * (12 * 8192 + 12 * 128) * 2 * 8 * 64 * 2
@@ -98,8 +100,8 @@ def test_gpt_oss_20b_batch_32_full_vs_window_aware(real_spec):
 def test_gemma2_9b_window_saves_a_quarter(real_spec):
     """Issue: Gemma-2-9B at 8192: 2.625 GiB full vs ~1.97 GiB window-aware (25 % saving)."""
     spec = real_spec("google__gemma-2-9b")
-    full = kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=False)
-    aware = kv_bytes_per_sequence(spec, 8192, "bf16", window_aware=True)
+    full = kv_bytes_per_sequence(spec, BF16, 1, 16, 8192, window_aware=False)
+    aware = kv_bytes_per_sequence(spec, BF16, 1, 16, 8192, window_aware=True)
     assert full / GiB == 2.625
     assert aware == (21 * 8192 + 21 * 4096) * 2 * 8 * 256 * 2
     assert round(aware / GiB, 2) == 1.97
@@ -109,21 +111,23 @@ def test_gemma2_9b_window_saves_a_quarter(real_spec):
 def test_deepseek_v3_mla_latent(real_spec):
     """Issue: DeepSeek-V3 stores 70,272 B/token (not K+V heads, not GQA)."""
     spec = real_spec("deepseek-ai__DeepSeek-V3")
-    assert kv_bytes_per_token(spec, "bf16") == 70_272
-    assert kv_bytes_per_token(spec, "fp8") == 61 * 576
+    assert kv_bytes_per_token(spec, BF16, 1, 16) == 70_272
+    assert kv_bytes_per_token(spec, KVFormatSpec("fp8"), 1, 16) == 61 * 576
 
 
 def test_window_aware_per_token_is_the_growth_past_every_window(real_spec):
     gemma3 = real_spec("google__gemma-3-1b-it")  # 22 sliding (512) + 4 global layers
-    assert kv_bytes_per_token(gemma3, window_aware=True) == 4 * 2 * 1 * 256 * 2
-    grow = kv_bytes_per_sequence(gemma3, 10_001) - kv_bytes_per_sequence(gemma3, 10_000)
+    assert kv_bytes_per_token(gemma3, BF16, 1, 16, window_aware=True) == 4 * 2 * 1 * 256 * 2
+    grow = (kv_bytes_per_sequence(gemma3, BF16, 1, 16, 10_001)
+            - kv_bytes_per_sequence(gemma3, BF16, 1, 16, 10_000))
     assert grow == 4 * 2 * 1 * 256 * 2
 
 
 def test_mistral_uniform_window(real_spec):
     spec = real_spec("mistralai__Mistral-7B-v0.1")
-    assert kv_bytes_per_sequence(spec, 32768) == 4096 * 32 * 2 * 8 * 128 * 2
-    assert kv_bytes_per_sequence(spec, 32768, window_aware=False) == 32768 * 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 32768) == 4096 * 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 32768,
+                                 window_aware=False) == 32768 * 32 * 2 * 8 * 128 * 2
 
 
 def test_qwen3_next_fixed_state(real_spec):
@@ -132,16 +136,16 @@ def test_qwen3_next_fixed_state(real_spec):
     spec = real_spec("Qwen__Qwen3-Next-80B-A3B-Thinking")
     per_layer = 32 * 128 * 128 + (4 - 1) * (2 * 16 * 128 + 32 * 128)
     assert fixed_state_bytes(spec) == 36 * per_layer * 2
-    assert kv_bytes_per_sequence(spec, 1000) == 1000 * 12 * 2 * 2 * 256 * 2
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 1000) == 1000 * 12 * 2 * 2 * 256 * 2
 
 
 def test_block_bytes_and_rounding(real_spec):
     spec = real_spec("meta-llama__Llama-3.1-8B")
-    assert kv_bytes_per_block(spec, 16, "bf16") == 16 * 32 * 2 * 8 * 128 * 2 == 2 * MiB
-    assert kv_bytes_per_block(spec, 16, "fp32") == 16 * 32 * 2 * 8 * 128 * 4
-    assert kv_bytes_per_sequence(spec, 100, block_size=16) == 112 * 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_block(spec, BF16, 1, 16) == 16 * 32 * 2 * 8 * 128 * 2 == 2 * MiB
+    assert kv_bytes_per_block(spec, KVFormatSpec("fp32"), 1, 16) == 16 * 32 * 2 * 8 * 128 * 4
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 100, paged=True) == 112 * 32 * 2 * 8 * 128 * 2
     with pytest.raises(InvalidParameterError):
-        kv_bytes_per_block(spec, 0, "bf16")
+        kv_bytes_per_block(spec, BF16, 1, 0)
 
 
 def test_quantized_formats_follow_the_engine_block_layout(real_spec):
@@ -153,7 +157,7 @@ def test_quantized_formats_follow_the_engine_block_layout(real_spec):
     heads = 32 * 8  # layers x kv heads
 
     def block(fmt, **kw):
-        return kv_bytes_per_block(spec, 16, fmt, **kw)
+        return kv_bytes_per_block(spec, KVFormatSpec(fmt, **kw), 1, 16)
 
     values_meta = 16 * (128 // 32) * 4
     assert block("fp8") == heads * (2 * 16 * 128 + 4 + 4)
@@ -165,9 +169,17 @@ def test_quantized_formats_follow_the_engine_block_layout(real_spec):
     assert block("int4", outlier_frac=0.02) == block("int4") + heads * 16 * 3 * 2
     assert block("int4", outlier_channels=4) == block("int4") + heads * 16 * 4 * 2
     # per token: the block's bytes / 16, rounded up per layer (fp8: 4104 / 16 = 256.5 -> 257)
-    assert kv_bytes_per_token(spec, "fp8") == 32 * -(-8 * 4104 // 16)
-    assert kv_bytes_per_sequence(spec, 100, "int4", block_size=16) == 7 * block("int4")
-    assert residual_bytes(spec, 16, "bf16") == block("bf16")
+    assert kv_bytes_per_token(spec, KVFormatSpec("fp8"), 1, 16) == 32 * -(-8 * 4104 // 16)
+    int4 = KVFormatSpec("int4")
+    assert kv_bytes_per_sequence(spec, int4, 1, 16, 100, paged=True) == 7 * block("int4")
+    # a quantized format's residual: one block (by default) in the compute format
+    assert residual_bytes(spec, int4, 1, 16, "bf16") == block("bf16")
+    assert residual_bytes(spec, KVFormatSpec("int4", residual_tokens=64), 1, 16,
+                          "fp32") == 4 * block("fp32")
+    assert residual_bytes(spec, BF16, 1, 16, "bf16") == 0
+    for bad in (24, 0):
+        with pytest.raises(InvalidParameterError, match="multiple of --block-size 16"):
+            residual_bytes(spec, KVFormatSpec("int4", residual_tokens=bad), 1, 16, "bf16")
     for bad in ({"group_size": 48}, {"outlier_channels": 128}, {"key_quant": "per-row"}):
         with pytest.raises(InvalidParameterError):
             block("int4", **bad)
@@ -178,31 +190,31 @@ def test_quantized_formats_follow_the_engine_block_layout(real_spec):
 def test_mla_latent_is_priced_per_vector():
     """vector_bytes: the MLA latent's per-vector price (int8: 1 B/elem + fp16 scale and zero
     point per group; default group = the whole vector)."""
-    assert vector_bytes(576, "int8") == 576 + 4
-    assert vector_bytes(576, "int4", group_size=64) == 288 + 9 * 4
-    assert vector_bytes(128, "fp32") == 512
+    assert vector_bytes(576, KVFormatSpec("int8")) == 576 + 4
+    assert vector_bytes(576, KVFormatSpec("int4", group_size=64)) == 288 + 9 * 4
+    assert vector_bytes(128, KVFormatSpec("fp32")) == 512
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"fmt": "int3"},
-        {"fmt": "int4", "group_size": 0},
-        {"fmt": "int4", "outlier_frac": 1.0},
-        {"fmt": "bf16", "outlier_frac": 0.1},
+        {"name": "int3"},
+        {"name": "int4", "group_size": 0},
+        {"name": "int4", "outlier_frac": 1.0},
+        {"name": "bf16", "outlier_frac": 0.1},
     ],
 )
 def test_bad_format_arguments(kwargs):
     with pytest.raises(InvalidParameterError):
-        vector_bytes(128, **kwargs)
+        vector_bytes(128, KVFormatSpec(**kwargs))
 
 
 def test_tensor_parallel_heads(real_spec):
     spec = real_spec("meta-llama__Llama-3.1-8B")  # 32 query heads, 8 KV heads
     assert kv_heads_per_rank(spec, 2) == 4
     assert kv_heads_per_rank(spec, 16) == 1  # 8 KV heads over 16 ranks: each rank keeps a copy
-    assert kv_bytes_per_token(spec, tp=16) == 32 * 2 * 1 * 128 * 2
-    assert kv_bytes_per_token(spec, tp=2) == 32 * 2 * 4 * 128 * 2
+    assert kv_bytes_per_token(spec, BF16, 16, 16) == 32 * 2 * 1 * 128 * 2
+    assert kv_bytes_per_token(spec, BF16, 2, 16) == 32 * 2 * 4 * 128 * 2
     for bad in (3, 64, 0):
         with pytest.raises(InvalidParameterError):
             kv_heads_per_rank(spec, bad)

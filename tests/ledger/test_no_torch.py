@@ -22,7 +22,8 @@ def _torch_free(code: str) -> None:
 
 def test_ledger_and_spec_import_no_torch():
     _torch_free(
-        "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.params, "
+        "import kvledger.ledger, kvledger.ledger.kv, kvledger.ledger.kv_format, "
+        "kvledger.ledger.params, "
         "kvledger.ledger.hardware, kvledger.ledger.costs, kvledger.ledger.planner, "
         "kvledger.spec, kvledger.data\n"
         "from kvledger.spec import load_spec\n"

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -127,3 +128,19 @@ def test_schemathesis_bounded_fuzz_finds_no_server_error(keyed_server, tmp_path)
     assert generated and int(generated.group(1)) >= 25, run.stdout[-2000:]
     log = keyed_server.log_text()
     assert "Traceback" not in log and "unhandled error" not in log
+
+
+def test_pipelined_requests_all_get_an_answer(keyed_server):
+    import socket
+
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    one = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+           + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+           % (len(body), body))
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", keyed_server.port), timeout=10) as s:
+        s.sendall(one + health + one + health + one)
+        data, deadline = b"", time.monotonic() + 10
+        while data.count(b"HTTP/1.1 ") < 5 and time.monotonic() < deadline:
+            data += s.recv(65536)
+    assert data.count(b"HTTP/1.1 200") == 5, data[-500:]

@@ -9,6 +9,7 @@ import pytest
 from kvledger.catalogue import load_model_spec
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.hardware import get_device
+from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.replay.fit import FIT_WEIGHTS_MBU, fit
 from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
 
@@ -40,14 +41,14 @@ def test_decode_step_on_h100_by_hand():
     spec = load_model_spec("meta-llama/Llama-3.1-8B")
     h100 = get_device("H100-SXM")  # 989 TFLOPS dense bf16, 3350 GB/s
     eff = Efficiency(mfu=0.5, mbu=0.8, step_overhead_s=0.001, seq_overhead_s=0.0001, source="t")
-    model = StepTimeModel(spec, h100, eff, "bf16", "bf16")
+    model = StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16")
     f = StepFeatures.of([(1023, 1)])  # one decode at context 1023
     flops = 2 * LLAMA_8B_PARAMS + 32 * 2 * 32 * 256 * 1024  # weights + QK/PV over 1024 keys
     bytes_ = 2 * LLAMA_8B_PARAMS + LLAMA_8B_KV_BYTES * (1024 + 1)  # weights, KV read + write
     expected = 0.001 + 0.0001 + flops / 989e12 / 0.5 + bytes_ / 3350e9 / 0.8
     assert model.duration(f) == pytest.approx(expected, rel=1e-9)
     # tensor parallel: half the FLOPs and bytes per rank (8 KV heads split over 2)
-    tp2 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2)
+    tp2 = StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16", tp=2)
     assert tp2.terms(f)[0] == pytest.approx(model.terms(f)[0] / 2)
     assert tp2.terms(f)[1] == pytest.approx(model.terms(f)[1] / 2)
 
@@ -63,19 +64,19 @@ def test_tensor_parallel_collectives_on_h100_by_hand():
     f = StepFeatures.of([(100 + i, 1) for i in range(8)])
     reduce = 4096 * 8 * 2 / 450e9
     gather = 8 * 64128 * 2 / 450e9
-    tp2 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2)
+    tp2 = StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16", tp=2)
     assert tp2.collective_s(f) == pytest.approx(64 * reduce + gather, rel=1e-12)
     compute, memory = tp2.terms(f)
     assert tp2.duration(f) == pytest.approx(compute / 0.5 + memory / 0.8 + 64 * reduce + gather)
     # TP 4: ring factor 2 x 3 / 4, three parts of ceil(128256 / 4) = 32064 logits gathered
-    tp4 = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=4)
+    tp4 = StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16", tp=4)
     assert tp4.collective_s(f) == pytest.approx(64 * 1.5 * reduce + 3 * 8 * 32064 * 2 / 450e9)
-    assert StepTimeModel(spec, h100, eff, "bf16", "bf16").collective_s(f) == 0
+    assert StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16").collective_s(f) == 0
     # a 16-token prefill chunk that does not end its prompt samples nothing: no logits
     mid = StepFeatures.of([(0, 16)], sampled=0)
     assert tp2.collective_s(mid) == pytest.approx(64 * 4096 * 16 * 2 / 450e9)
     # the link override and a device with no known link
-    slow = StepTimeModel(spec, h100, eff, "bf16", "bf16", tp=2, link_gbs=45)
+    slow = StepTimeModel(spec, h100, eff, KVFormatSpec("bf16"), "bf16", tp=2, link_gbs=45)
     assert slow.collective_s(f) == pytest.approx(10 * tp2.collective_s(f))
     custom = get_device("custom", 80, 3000, 900)
     with pytest.raises(InvalidParameterError, match="--link-gbs"):
@@ -139,13 +140,13 @@ def test_weights_and_paged_pairs_priced_apart_on_l4_by_hand():
     expected = (0.001 + 0.0002 + 0.002 + dense / 121e12 / 0.5
                 + 69_120 * paged_pairs / 121e12 / 0.1 + bytes_w / 300e9 / 0.8
                 + bytes_kv / 300e9 / 0.4)
-    model = StepTimeModel(spec, l4, eff, "bf16", "bf16")
+    model = StepTimeModel(spec, l4, eff, KVFormatSpec("bf16"), "bf16")
     assert model.duration(f) == pytest.approx(expected, rel=1e-9)
     # None: the paged pairs at mfu, the weights at mbu (the ledger's two terms)
     plain = Efficiency(mfu=0.5, mbu=0.4, step_overhead_s=0.0, seq_overhead_s=0.0, source="t")
     compute, memory = model.terms(f)
-    assert StepTimeModel(spec, l4, plain, "bf16", "bf16").duration(f) == pytest.approx(
-        compute / 0.5 + memory / 0.4, rel=1e-12)
+    plain_model = StepTimeModel(spec, l4, plain, KVFormatSpec("bf16"), "bf16")
+    assert plain_model.duration(f) == pytest.approx(compute / 0.5 + memory / 0.4, rel=1e-12)
 
 
 

@@ -4,7 +4,9 @@ Tokens are characters (token id = code point). A request emits the characters of
 per step, then ``"stop"`` at its end (unless ``ignore_eos``), or ``"length"`` at ``max_tokens``.
 Each token holds ``KV_BYTES_PER_TOKEN`` bytes of KV. Context and quota checks mirror the real
 engine's contract: prompt + max_tokens over ``max_model_len`` -> ContextLengthError, over the
-quota -> KVBudgetError.
+quota -> KVBudgetError. A prefix cache of blocks of ``BLOCK_SIZE`` tokens, as the engine's
+(``engine/kv/prefix.py``): a request's ``num_cached_tokens`` are the whole blocks of its prompt
+(never its last token) that an earlier request with the same ``cache_salt`` had.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kvledger.errors import ContextLengthError, KVBudgetError
 
 TEXT = "Hello from the fake engine."
 KV_BYTES_PER_TOKEN = 100
+BLOCK_SIZE = 16
 
 
 class FakeTokenizer:
@@ -39,7 +42,8 @@ class _Req:
 
 
 class FakeEngine:
-    """Same API as LLMEngine; not thread-safe on purpose (asserts a single owner thread)."""
+    """Same API as LLMEngine; not thread-safe on purpose (asserts a single owner thread),
+    except ``tokenize``, which the server calls from its tokenizer thread."""
 
     model_name = "fake-model"
     max_model_len = 256
@@ -54,13 +58,15 @@ class FakeEngine:
         self.requests: dict[str, _Req] = {}
         self.aborted: list[str] = []
         self.owner: threading.Thread | None = None
+        self.cached_blocks: set[int] = set()  # chained hashes of (salt, full prompt blocks)
 
     def _check_thread(self) -> None:
         self.owner = self.owner or threading.current_thread()
         assert self.owner is threading.current_thread(), "engine used from two threads"
 
     def tokenize(self, prompt) -> list[int]:
-        self._check_thread()
+        if prompt and isinstance(prompt, list) and isinstance(prompt[0], int):
+            return list(prompt)
         if isinstance(prompt, list):
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in prompt) + "assistant: "
         return [ord(c) for c in prompt]
@@ -77,9 +83,22 @@ class FakeEngine:
         if self.kv_quota_tokens and len(ids) + max_tokens > self.kv_quota_tokens:
             raise KVBudgetError(f"request needs {len(ids) + max_tokens} tokens of KV")
         req = _Req(ids, params, max_tokens)
+        req.metrics.num_cached_tokens = self._cache(ids, cache_salt)
         req.metrics.arrival_time = time.perf_counter()
         req.metrics.num_prompt_tokens = len(ids)
         self.requests[request_id] = req
+
+    def _cache(self, ids: list[int], salt: str | None) -> int:
+        """Tokens of ``ids`` found in the prefix cache; its full blocks are cached after."""
+        hashes, parent = [], hash(salt)
+        for end in range(BLOCK_SIZE, len(ids) + 1, BLOCK_SIZE):
+            parent = hash((parent, tuple(ids[end - BLOCK_SIZE:end])))
+            hashes.append(parent)
+        hit = 0
+        while hit < (len(ids) - 1) // BLOCK_SIZE and hashes[hit] in self.cached_blocks:
+            hit += 1
+        self.cached_blocks.update(hashes)
+        return hit * BLOCK_SIZE
 
     def abort(self, request_id: str) -> None:
         self._check_thread()

@@ -107,7 +107,7 @@ def test_request_timeout_aborts_and_answers(make_client):
     client = make_client(engine, limits=ServerLimits(request_timeout_s=0.2))
     body = {"prompt": "x", "max_tokens": 200, "ignore_eos": True}
     resp = client.post("/v1/completions", json=body)
-    _error(resp, 503, "request_timeout")
+    _error(resp, 504, "request_timeout")
     stream = client.post("/v1/completions", json={**body, "stream": True}).text
     last = json.loads(stream.strip().split("\n\n")[-1][6:])
     assert last["error"]["code"] == "request_timeout"

@@ -31,3 +31,11 @@ def test_unknown_memory_policy(tmp_path):
 def test_missing_keys_file(tmp_path):
     done = _serve("--api-keys-file", str(tmp_path / "nope.txt"))
     assert done.returncode == 2 and "cannot read --api-keys-file" in done.stderr
+
+
+def test_a_keys_file_without_keys_is_refused_before_the_model_loads(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text("# no keys yet\n\n")
+    done = _serve("--api-keys-file", str(path), "--state-db", str(tmp_path / "s.db"))
+    assert done.returncode == 2 and "holds no API key" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1

@@ -64,3 +64,32 @@ def test_a_locked_database_is_refused(tmp_path):
         holder.kill()
         holder.wait()
     assert sqlite3.connect(path).execute("PRAGMA quick_check").fetchone() == ("ok",)
+
+
+def _read_only(folder):
+    """Make ``folder`` and its files read-only even for root (chattr +i); undo callable."""
+    import os
+    import shutil
+    import subprocess
+
+    paths = [str(p) for p in folder.iterdir()] + [str(folder)]
+    if os.geteuid() != 0:
+        for p in paths:
+            os.chmod(p, 0o555 if p == str(folder) else 0o444)
+        return lambda: [os.chmod(p, 0o755) for p in paths]
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", *paths], check=False, capture_output=True).returncode:
+        pytest.skip("cannot make a folder read-only here")
+    return lambda: subprocess.run(["chattr", "-i", *paths], check=True)
+
+
+def test_a_healthy_database_on_a_read_only_folder_is_called_read_only(tmp_path):
+    folder = tmp_path / "ro"
+    SessionStore(folder / "s.db").close()
+    undo = _read_only(folder)
+    try:
+        with pytest.raises(StateStoreError) as err:
+            SessionStore(folder / "s.db")
+    finally:
+        undo()
+    assert "read-only" in str(err.value) and "move it away" not in str(err.value)

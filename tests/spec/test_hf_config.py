@@ -11,6 +11,9 @@ import pytest
 from kvledger.data import configs_dir
 from kvledger.errors import ConfigError
 from kvledger.ledger.kv import kv_bytes_per_token
+from kvledger.ledger.kv_format import KVFormatSpec
+
+BF16 = KVFormatSpec("bf16")
 from kvledger.ledger.params import count_params
 from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ConfigWarning, spec_from_hf_config
 
@@ -85,8 +88,8 @@ def test_text_config_nesting_gemma3_multimodal(tmp_path):
     }
     spec = spec_from_hf_config(write(tmp_path, cfg))
     assert (spec.num_kv_heads, spec.head_dim, spec.sliding_window) == (4, 256, 1024)
-    assert kv_bytes_per_token(spec) == 34 * 2 * 4 * 256 * 2
-    assert kv_bytes_per_token(spec, window_aware=True) == (34 // 6) * 2 * 4 * 256 * 2
+    assert kv_bytes_per_token(spec, BF16, 1, 16) == 34 * 2 * 4 * 256 * 2
+    assert kv_bytes_per_token(spec, BF16, 1, 16, window_aware=True) == (34 // 6) * 2 * 4 * 256 * 2
 
 
 def test_phi3_and_kimi_k2(tmp_path):
@@ -109,7 +112,7 @@ def test_phi3_and_kimi_k2(tmp_path):
     kimi = json.loads((CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text())
     kimi.update(model_type="kimi_k2", n_routed_experts=384, num_attention_heads=64)
     spec = spec_from_hf_config(write(tmp_path, kimi))
-    assert kv_bytes_per_token(spec) == 61 * (512 + 64) * 2  # MLA latent, independent of heads
+    assert kv_bytes_per_token(spec, BF16, 1, 16) == 61 * (512 + 64) * 2  # MLA latent, independent of heads
 
 
 def test_unknown_model_type_goes_generic_with_a_warning(tmp_path):
@@ -117,7 +120,7 @@ def test_unknown_model_type_goes_generic_with_a_warning(tmp_path):
     raw["model_type"] = "my_llama"
     with pytest.warns(ConfigWarning, match="my_llama"):
         spec = spec_from_hf_config(write(tmp_path, raw))
-    assert kv_bytes_per_token(spec) == 32 * 2 * 8 * 128 * 2
+    assert kv_bytes_per_token(spec, BF16, 1, 16) == 32 * 2 * 8 * 128 * 2
 
 
 def test_missing_key_names_the_key_and_the_file(tmp_path):

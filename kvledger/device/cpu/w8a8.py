@@ -62,7 +62,6 @@ class W8A8Kernel:
         self._dense8 = lib.kvl_q8_dequant_bf16
         self._dense8.argtypes = [ptr, ptr, i32, i32, ptr, i32]
         self._dense8.restype = None
-        self.vector = bool(lib.kvl_w8a8_vector())
 
     @staticmethod
     def accepts(in_features: int) -> bool:

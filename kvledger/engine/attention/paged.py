@@ -14,9 +14,7 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   reads the codes themselves, the scales folded into the query and the probabilities.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
-dequantises there, per block), and :meth:`PagedTorchBackend.chunk_scores` receives each
-chunk's raw scores with the running maximum, which is what a heavy-hitter policy needs to
-accumulate attention per kept token (exp(s - m) / l once the final m and l are known).
+dequantises there, per block).
 """
 
 from __future__ import annotations
@@ -91,7 +89,6 @@ class PagedTorchBackend(_Paged):
             pos = torch.arange(first * bs, first * bs + scores.shape[-1])
             scores = scores.masked_fill((pos[None, :] >= lens[:, None])[:, None, None, :],
                                         -math.inf)
-            self.chunk_scores(layer, first, scores, m)
             m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
             corr = torch.exp(m - m_new)
             p = torch.exp(scores - m_new)
@@ -99,11 +96,6 @@ class PagedTorchBackend(_Paged):
             acc = acc * corr + p @ values
             m = m_new
         return (acc / l_sum).reshape(n, heads, dim).to(q.dtype)
-
-    def chunk_scores(self, layer: int, first_block: int, scores: torch.Tensor,
-                     running_max: torch.Tensor) -> None:
-        """Hook: raw scores [N, kv_heads, G, positions] of the chunk starting at block index
-        ``first_block`` (masked positions -inf) and the maximum before it. No-op here."""
 
 
 class PagedNativeBackend(_Paged):

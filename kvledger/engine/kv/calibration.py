@@ -62,7 +62,7 @@ def outlier_index(config, spec: ModelSpec, layout) -> torch.Tensor | None:
     Raises:
         InvalidParameterError: outliers asked for without a calibration, or a bad file.
     """
-    n = layout.outlier_channels
+    n = layout.fmt.outlier_channels
     if not n:
         return None
     from kvledger.paths import model_id, resolve_model_path

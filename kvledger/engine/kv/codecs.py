@@ -5,7 +5,7 @@ A codec turns full blocks ``x`` [n, block_size, kv_heads, head_dim] (float) into
 :meth:`BlockCodec.fields` declares, and back. The store keeps one tensor per field, indexed by
 physical block id, so a block's scales live with its codes and are rewritten with them.
 
-Layouts (the ledger's ``kv.quantized_head_block_bytes`` prices exactly these fields):
+Layouts (the ledger's ``kv.head_block_bytes`` prices exactly these fields):
 
 - :class:`IntCodec` (int8, int4): asymmetric, ``x ~ zero + code x scale`` with codes in
   ``[0, 2^bits - 1]``, scale = (max - min) / (2^bits - 1) and zero = min, both fp16. Groups run

@@ -9,15 +9,12 @@ full blocks in the prefix cache. ``free`` drops the references tail-first (see p
 The manager keeps no per-request state of its own: the block table and the count of blocks
 already in the prefix cache live on the Request.
 
-Retention: the table a request needs covers its physical slots (``Request.num_kv_slots``;
-the computed tokens under full retention) plus the new ones. Under an evicting policy,
-``retain`` runs after each step: the policy drops tokens, blocks with no kept token go back to
-the pool, token-level policies compact (``engine/retention/state.py``). Prefix-cache hits and
-hashing stop at the policy's shareable tokens (``RetentionSpec.shareable_tokens``: before them
-a sequence's K/V equal full retention's; hits also at ``cache_hit_tokens``, none for a policy
-that scores every prompt query) and at the first dropped or moved token, so a block
-in the cache always holds what full retention computes, and a policy never writes into a
-block another sequence holds or the cache keeps.
+Retention: every request's ``retention`` (``engine/retention/interface.py``) says how many
+physical slots its table covers (``Request.num_kv_slots``; the computed tokens under full
+retention), how far its blocks may be hashed and hit in the prefix cache, and, after each step
+(``retain``), which blocks go back to the pool (an evicting policy drops tokens and compacts,
+``engine/retention/state.py``). A block in the cache always holds what full retention
+computes, and a policy never writes into a block another sequence holds or the cache keeps.
 """
 
 from __future__ import annotations
@@ -59,20 +56,7 @@ class KVCacheManager:
         """
         assert not req.block_table, "prefix lookup is for requests holding no blocks"
         hits = self.prefix.find_longest_cache_hit(req)
-        limit = self._shareable_blocks(req)
-        if req.retention is not None:
-            allowed = req.retention_spec.cache_hit_tokens(req.num_prompt_tokens)
-            limit = limit if allowed is None else min(limit, allowed // self.block_size)
-        return hits[:limit]
-
-    def _shareable_blocks(self, req: Request) -> int:
-        """Leading blocks of ``req`` that may be hit or hashed (full blocks only)."""
-        if req.retention is None:
-            return len(req.block_hashes) + req.num_tokens  # no limit
-        if not req.retention.identity:
-            return req.num_hashed_blocks
-        shareable = req.retention_spec.shareable_tokens(req.num_prompt_tokens)
-        return shareable // self.block_size
+        return hits[: req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size]
 
     def blocks_needed(
         self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
@@ -113,8 +97,7 @@ class KVCacheManager:
             req.block_table = list(hit_blocks)
             req.num_computed_tokens = hit_tokens
             req.num_hashed_blocks = len(hit_blocks)
-            if req.retention is not None:
-                req.retention.reset(hit_tokens)
+            req.retention.reset(hit_tokens)
         required = self._required_blocks(req.num_kv_slots + num_new_tokens)
         req.block_table += self.pool.allocate(max(0, required - len(req.block_table)))
         req.peak_num_blocks = max(req.peak_num_blocks, len(req.block_table))
@@ -122,22 +105,18 @@ class KVCacheManager:
 
     def cache_full_blocks(self, req: Request) -> None:
         """Put the full blocks of ``req``'s computed tokens in the prefix cache (after compute)."""
-        limit = self._shareable_blocks(req)
+        limit = req.retention.shareable_tokens(req.num_prompt_tokens) // self.block_size
         req.num_hashed_blocks = self.prefix.cache_full_blocks(req, req.num_hashed_blocks, limit)
 
     def retain(self, req: Request) -> None:
-        """After a step of an evicting ``req``: drop what its policy does not keep and give
-        back (or compact) the blocks it frees."""
-        state = req.retention
-        if state is None:
-            return
-        state.evict(req.num_computed_tokens, req.num_prompt_tokens)
-        req.block_table = state.reclaim(req.block_table, self.pool, self.store)
+        """After a step of ``req``: give back (or compact) the blocks its retention frees
+        (none under full retention)."""
+        req.block_table = req.retention.retain(req.block_table, req.num_computed_tokens,
+                                               req.num_prompt_tokens, self.pool, self.store)
 
     def free(self, req: Request) -> None:
         """Drop ``req``'s references tail-first and empty its block table."""
         self.pool.free(reversed(req.block_table))
         req.block_table = []
         req.num_hashed_blocks = 0
-        if req.retention is not None:
-            req.retention.reset()
+        req.retention.reset()

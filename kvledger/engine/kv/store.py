@@ -6,7 +6,7 @@ head_dim]`` (vLLM's layout). A *slot* is ``block_id * block_size + offset``; the
 one ``index_copy_`` by slot mapping and reading a sequence is one gather by slot index.
 
 Only K and V are stored, never Q (seed §2.1). The store holds exactly
-``num_blocks * ledger.kv_bytes_per_block(spec, block_size, kv_format)`` bytes; tests check that
+``num_blocks * ledger.kv_bytes_per_block(spec, fmt, tp, block_size)`` bytes; tests check that
 equality. This class stores the full-precision formats (fp32, bf16, fp16; a 16-bit store under
 fp32 compute is *lossy*: attention reads what it stored back). The quantized formats live in
 ``quantized_store.py`` behind the same methods; ``layout.py`` builds the one a format needs.

@@ -32,7 +32,6 @@ import torch
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.retention.policies import RetentionPolicy
 from kvledger.engine.retention.state import RetainedKV
-from kvledger.ledger.retention import RetentionSpec
 
 log = logging.getLogger("kvledger.engine")
 
@@ -78,7 +77,7 @@ class PerHeadKV(RetainedKV):
         """Tokens kept by each row (the same in every row)."""
         return int((self.pos[0] >= 0).sum())
 
-    def held_per_block(self) -> list[int]:
+    def held_per_block(self, num_computed_tokens: int, block_size: int) -> list[int]:
         bs = self.block_size
         return [min(bs, self.num_held - i) for i in range(0, self.num_held, bs)]
 
@@ -178,16 +177,3 @@ class PerHeadKV(RetainedKV):
             pool.free([table[i]])
             table[i] = fresh
         return table
-
-
-def retained_state(spec: RetentionSpec, policy: RetentionPolicy, block_size: int,
-                   layers: int, kv_heads: int, tensor_parallel: bool = False) -> RetainedKV:
-    """The retention state of a new request under ``spec``: :class:`PerHeadKV` when it selects
-    per head, else :class:`RetainedKV`. Under tensor parallelism per-head selection falls back
-    to per-sequence (logged): a rank holds only its KV heads, and the compaction moves and
-    scores are made on rank 0 for all of them."""
-    if spec.select == "per-head" and tensor_parallel:
-        log.info("kv_select per-head falls back to per-sequence under tensor parallelism")
-    elif spec.select == "per-head":
-        return PerHeadKV(policy, block_size, layers, kv_heads)
-    return RetainedKV(policy, block_size)

@@ -1,8 +1,9 @@
 """Retention policies: which held tokens a sequence keeps, and which keys a query may see.
 
-One interface (:class:`RetentionPolicy`), one class per policy of ``ledger/retention.py``.
-A policy is stateless; the per-sequence state (positions held, accumulated scores) is
-:class:`kvledger.engine.retention.state.RetainedKV`. Two decisions per policy:
+One base class (:class:`RetentionPolicy`, which is full retention), one class per policy of
+``ledger/retention.py``. A policy is stateless; the per-sequence state (positions held,
+accumulated scores) is :class:`kvledger.engine.retention.state.RetainedKV`, a request's
+``Retention`` (``interface.py``). Two decisions per policy:
 
 - ``visible(q_pos, k_pos)``: beyond causality, may a query at position q see the held key at
   position k? This makes a policy token-exact inside a chunk of several new tokens (window and

@@ -32,16 +32,22 @@ sequence's blocks be hashed into the prefix cache (``KVCacheManager.cache_full_b
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.retention.interface import HeldContext, Retention
+from kvledger.engine.retention.observe import AttentionObserver
 from kvledger.engine.retention.policies import RetentionPolicy
+from kvledger.ledger.retention import EVICTION_CHUNK
 
 
-class RetainedKV:
+class RetainedKV(Retention):
     """Held positions and accumulated attention of one sequence's physical slots (one
-    selection for all layers and heads; per (layer, KV head): ``per_head.PerHeadKV``).
+    selection for all layers and heads; per (layer, KV head): ``per_head.PerHeadKV``): the
+    :class:`~kvledger.engine.retention.interface.Retention` of an evicting policy.
 
     Args:
         policy: the sequence's retention policy.
@@ -70,13 +76,33 @@ class RetainedKV:
         """Physical slots used, holes included (the block table covers them)."""
         return len(self.pos)
 
+    def kv_slots(self, num_computed_tokens: int) -> int:
+        return self.num_slots
+
+    @property
+    def chunk_tokens(self) -> int:
+        """``EVICTION_CHUNK`` when the policy evicts between steps (its bound counts one
+        such chunk), else no cap."""
+        return EVICTION_CHUNK if self.policy.chunked else sys.maxsize
+
+    def shareable_tokens(self, num_prompt_tokens: int) -> int:
+        """The policy's shareable tokens until the first token is dropped or moved, then 0."""
+        return self.spec.shareable_tokens(num_prompt_tokens) if self.identity else 0
+
+    def hit_tokens(self, num_prompt_tokens: int) -> int:
+        """The shareable tokens, at most the policy's ``cache_hit_tokens``."""
+        allowed = self.spec.cache_hit_tokens(num_prompt_tokens)
+        shareable = self.shareable_tokens(num_prompt_tokens)
+        return shareable if allowed is None else min(shareable, allowed)
+
     @property
     def num_held(self) -> int:
         """Tokens whose K/V are kept."""
         return int((self.pos >= 0).sum())
 
-    def held_per_block(self) -> list[int]:
-        """Kept tokens in each block of the table (the last one may be partly filled)."""
+    def held_per_block(self, num_computed_tokens: int, block_size: int) -> list[int]:
+        """Kept tokens in each block of the table (the last one may be partly filled), from
+        the held positions."""
         bs = self.block_size
         pad = -len(self.pos) % bs
         padded = torch.cat([self.pos, torch.full((pad,), -1, dtype=torch.int64)])
@@ -104,6 +130,26 @@ class RetainedKV:
         ctx_slots = self.slots(block_table, ctx_idx)
         return ctx_slots, ctx_idx, mask, ctx_slots[len(held_idx):]
 
+    def attention(self, block_table: list[int], start: int, n: int,
+                  num_prompt_tokens: int) -> HeldContext:
+        """The held tokens and the new ones (:meth:`context`), the keys that turn
+        (:meth:`key_shift`) and the queries the policy scores."""
+        slots, idx, mask, new_slots = self.context(block_table, start, n)
+        scored = self.policy.scored_queries(torch.arange(start, start + n), num_prompt_tokens)
+        if scored is not None and not bool(scored.any()):
+            scored = None
+        return HeldContext(slots, idx, mask, new_slots, self.key_shift(start), scored)
+
+    def observer(self, context: HeldContext, rows: slice) -> AttentionObserver | None:
+        """An observer of ``context``'s scored queries, whose scores the next :meth:`append`
+        adds (``pending``); None when no query is scored."""
+        if context.scored is None:
+            return None
+        observer = AttentionObserver(rows, context.slots, context.mask, context.scored,
+                                     self.heads)
+        self.pending = (context.index, observer.scores)
+        return observer
+
     def key_shift(self, start: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """How far held keys turn for queries from ``start`` on under ``cache`` positions.
 
@@ -129,6 +175,12 @@ class RetainedKV:
             idx, observed = self.pending
             self.scores.index_add_(0, idx, observed)
             self.pending = None
+
+    def retain(self, block_table: list[int], next_pos: int, num_prompt_tokens: int,
+               pool: BlockPool, store) -> list[int]:
+        """:meth:`evict`, then :meth:`reclaim`."""
+        self.evict(next_pos, num_prompt_tokens)
+        return self.reclaim(block_table, pool, store)
 
     def evict(self, next_pos: int, num_prompt_tokens: int) -> int:
         """Drop the held tokens the policy does not keep for queries from ``next_pos`` on.

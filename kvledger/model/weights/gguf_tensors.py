@@ -115,6 +115,21 @@ def dequantize(tensor) -> np.ndarray:
     return gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
+def _names(tensor) -> tuple[str, str]:
+    """(Hugging Face name, GGUF part such as ``attn_q``; "" outside the layers) of a tensor.
+
+    Raises:
+        UnsupportedModelError: llama3 RoPE factors (``rope_freqs``, not implemented) or a name
+            the Llama family does not have.
+    """
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedModelError(
+            "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
+        )
+    part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+    return hf_name(tensor.name), part
+
+
 def is_kquant_file(reader) -> bool:
     """Whether the open GGUF holds a K-quant matrix (Q4_K, Q5_K or Q6_K)."""
     return any(t.tensor_type.name in KQUANT_TYPES for t in reader.tensors)
@@ -135,11 +150,7 @@ def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
     state: dict[str, torch.Tensor | GGMLMatrix] = {}
     with open(path, "rb") as f:
         for tensor in reader.tensors:
-            if tensor.name == "rope_freqs.weight":
-                raise UnsupportedModelError("GGUF tensor 'rope_freqs.weight' (llama3 RoPE "
-                                            "frequency factors) is not supported")
-            name, type_name = hf_name(tensor.name), tensor.tensor_type.name
-            part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+            (name, part), type_name = _names(tensor), tensor.tensor_type.name
             if type_name in BLOCK_TYPES and len(tensor.shape) == 2:
                 rows = int(tensor.shape[1])
                 data = torch.empty(rows, int(tensor.n_bytes) // rows, dtype=torch.uint8)
@@ -176,11 +187,7 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            raise UnsupportedModelError(
-                "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
-            )
-        name = hf_name(tensor.name)
+        name, part = _names(tensor)
         arrays = {name: dequantize(tensor)}
         if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
             rows = arrays[name].shape[0]
@@ -188,7 +195,6 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
             q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
             arrays.update({stem + ".q4_codes": q, stem + ".q4_scale": scale,
                            stem + ".q4_zero": zero})
-        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         for key, array in arrays.items():
             if permuted and part in heads:
                 array = unpermute_rotary(array, heads[part])

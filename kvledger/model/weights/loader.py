@@ -42,11 +42,11 @@ from pathlib import Path
 
 import torch
 
-from kvledger.errors import ConfigError, ModelNotFoundError, UnsupportedModelError
+from kvledger.errors import ConfigError, ModelNotFoundError
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v2"
+CACHE_VERSION = "kvledger-weights-v3"  # v3: specs with o_bias / mlp_bias read
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
@@ -127,13 +127,14 @@ def _load_gguf_blocks(path: Path, dtype: torch.dtype
     (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`: read in seconds, so not
     cached); None for another GGUF."""
     from kvledger.model.weights.gguf_tensors import gguf_block_state, is_kquant_file
-    from kvledger.spec import check_gguf_magic, open_gguf, spec_from_gguf_reader
+    from kvledger.spec import check_gguf_magic, check_runnable, open_gguf, spec_from_gguf_reader
 
     check_gguf_magic(path)
     reader = open_gguf(path)
     if not is_kquant_file(reader):
         return None
     spec = spec_from_gguf_reader(reader, path)
+    check_runnable(spec)  # before any block is read
     return spec, gguf_block_state(reader, path, spec, dtype)
 
 
@@ -180,10 +181,11 @@ def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from kvledger.model.weights.gguf_tensors import gguf_state_dict
-    from kvledger.spec import open_gguf, spec_from_gguf_reader
+    from kvledger.spec import check_runnable, open_gguf, spec_from_gguf_reader
 
     reader = open_gguf(path)
     spec = spec_from_gguf_reader(reader, path)
+    check_runnable(spec)  # before dequantizing
     return spec, gguf_state_dict(reader, spec)
 
 
@@ -224,17 +226,13 @@ def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from kvledger.spec import LLAMA_FAMILY_TYPES, spec_from_hf_config
+    from kvledger.spec import check_runnable, spec_from_hf_config
 
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"no config.json in {folder} (give a GGUF file or an HF folder)")
     shards = _safetensors_shards(folder)
     spec = spec_from_hf_config(folder / "config.json")
-    if spec.model_type not in LLAMA_FAMILY_TYPES:
-        raise UnsupportedModelError(
-            f"model_type {spec.model_type!r} in {folder} is not supported by the engine "
-            f"(supported: {', '.join(LLAMA_FAMILY_TYPES)})"
-        )
+    check_runnable(spec)  # before any weight is read
     state: dict[str, torch.Tensor] = {}
     for shard in shards:
         try:

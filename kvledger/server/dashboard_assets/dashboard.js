@@ -5,8 +5,8 @@
   const params = new URLSearchParams(location.search);
   const INTERVAL_MS = Math.max(100, Number(params.get("interval_ms")) || 1000);
   const HISTORY = 900; // points kept for the time charts
-  const FREE = -1, CACHED = -2, SHARED = -3;
-  const COLORS = { free: "#232938", cached: "#4b5d80", shared: "#f2d14b" };
+  const FREE = -1, CACHED = -2, SHARED = -3, OTHER = -4;
+  const COLORS = { free: "#232938", cached: "#4b5d80", shared: "#f2d14b", other: "#7a8294" };
   const AXIS = { stroke: "#8a94a7", grid: { stroke: "#262c38", width: 1 },
                  ticks: { stroke: "#262c38", width: 1 } };
   const $ = (id) => document.getElementById(id);
@@ -136,6 +136,7 @@
       if (b === FREE) { color = COLORS.free; counts.free++; }
       else if (b === CACHED) { color = COLORS.cached; counts.cached++; }
       else if (b === SHARED) { color = COLORS.shared; counts.shared++; }
+      else if (b === OTHER) { color = COLORS.other; counts.used++; }  // another key's request
       else { color = colorOf[b]; counts.used++; }
       ctx.fillStyle = color;
       ctx.fillRect((i % cols) * cell, Math.floor(i / cols) * cell, cell - 1, cell - 1);

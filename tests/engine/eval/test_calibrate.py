@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvledger.eval.calibrate import calibrate
+from kvledger.ledger.kv_format import KVFormatSpec
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,7 @@ def calibration(tiny_llama):
                                     attention="paged-torch"), spec=spec, weights=weights)
     rng = random.Random(2)
     chunks = [[rng.randrange(3, 320) for _ in range(64)] for _ in range(2)]
-    return engine, calibrate(engine, chunks, "int4", 2, None, "per-channel"), chunks
+    return engine, calibrate(engine, chunks, KVFormatSpec("int4", outlier_channels=2)), chunks
 
 
 def test_magnitudes_are_the_cached_keys_largest_values(calibration):

@@ -16,6 +16,7 @@ import pytest
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.ledger.kv_format import KVFormatSpec
 
 FORMATS = ["int8", "int4", "fp8"]
 # int4 on every run, the other formats in the slow suite
@@ -121,8 +122,8 @@ def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_he
     spec = engine.spec
     residual = 5 * 3 * 16 * 2 * 2 * 16 * 4  # max_num_seqs fp32 blocks
     assert engine.bytes_per_block == 3 * 2 * per_head_block == kv_bytes_per_block(
-        spec, 16, fmt, group_size=options.get("kv_group_size"),
-        key_quant=options.get("kv_key_quant", "per-channel"))
+        spec, KVFormatSpec(fmt, options.get("kv_group_size"),
+                           options.get("kv_key_quant", "per-channel")), 1, 16)
     assert engine.store.nbytes == 37 * engine.bytes_per_block + residual
 
 
@@ -136,8 +137,9 @@ def test_bundled_model_pool_bytes_equal_ledger_bytes(fmt):
 
     llm = LLM("default", dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=0.05, max_num_seqs=3)
     e = llm.engine
-    residual = 3 * residual_bytes(e.spec, 16, "fp32")
-    blocks = blocks_for(int(0.05 * 2**30) - residual, kv_bytes_per_block(e.spec, 16, fmt))
+    residual = 3 * residual_bytes(e.spec, KVFormatSpec(fmt), 1, 16, "fp32")
+    blocks = blocks_for(int(0.05 * 2**30) - residual,
+                        kv_bytes_per_block(e.spec, KVFormatSpec(fmt), 1, 16))
     assert e.store.nbytes == blocks * e.bytes_per_block + residual
     assert e.stats()["kv_blocks_total"] == blocks
 

@@ -51,8 +51,4 @@ void kvl_w4a8_mm(const uint16_t* x, int rows, int in, const uint8_t* qs, const f
     });
 }
 
-// Whether kvl_w8a8_mm and kvl_w4a8_mm were built with their AVX2 path (1) or only the plain
-// loops (0).
-int kvl_w8a8_vector() { return use_vector(0) ? 1 : 0; }
-
 }  // extern "C"

@@ -1,0 +1,192 @@
+"""What a KV format is: the storage table of each named format and :class:`KVFormatSpec`, the
+one value that names a format and its options (group, key mode, outliers, residual, rotation).
+
+The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.py``):
+
+  fp32 / fp16 / bf16   4 / 2 / 2 bytes per element, no metadata
+  fp8 (e4m3)           1 byte per element + one fp32 scale per block and KV head, for K and V
+  int8 / int4          8 / 4 bits per element (int4: two per byte) + an fp16 scale and an fp16
+                       zero point per group (asymmetric). Values: groups of ``group_size``
+                       along head_dim, per token. Keys ``per-channel`` (default, KIVI): one
+                       group per channel over the block's tokens; or ``per-token`` like values.
+  outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
+                       token each); the codes still cover every channel. Channel indices are
+                       calibrated once per layer, so they cost no bytes per block.
+
+What these cost is :mod:`kvledger.ledger.kv`. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+
+from kvledger.errors import InvalidParameterError
+
+KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+KEY_QUANT_MODES = ("per-channel", "per-token")
+ROTATIONS = ("none",)
+DEFAULT_GROUP_SIZE = 32
+FP16_BYTES = 2
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """Storage layout of one KV format.
+
+    Attributes:
+        name: one of :data:`KV_FORMATS`.
+        bits: bits per stored element.
+        group_meta_bytes: bytes of scale (+ zero point) per quantization group; 0 when the
+            format has no per-group metadata.
+    """
+
+    name: str
+    bits: int
+    group_meta_bytes: int
+
+    @property
+    def quantized(self) -> bool:
+        """True for the formats below 16 bits (fp8, int8, int4)."""
+        return self.bits < 16
+
+
+_FORMATS = {
+    "fp32": KVFormat("fp32", 32, 0),
+    "fp16": KVFormat("fp16", 16, 0),
+    "bf16": KVFormat("bf16", 16, 0),
+    "fp8": KVFormat("fp8", 8, 0),
+    "int8": KVFormat("int8", 8, 2 * FP16_BYTES),
+    "int4": KVFormat("int4", 4, 2 * FP16_BYTES),
+}
+
+
+def kv_format(name: str) -> KVFormat:
+    """Look up a KV format by name.
+
+    Raises:
+        InvalidParameterError: unknown name (the message lists the known ones).
+    """
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise InvalidParameterError(
+            f"unknown KV format {name!r}; choose one of {', '.join(KV_FORMATS)}"
+        ) from None
+
+
+def resolve_group_size(group_size: int | None, head_dim: int) -> int:
+    """The group along head_dim: ``group_size``, or by default 32 (head_dim if 32 does not
+    divide it).
+
+    Raises:
+        InvalidParameterError: a group size <= 0 or one that does not divide head_dim.
+    """
+    if group_size is None:
+        return DEFAULT_GROUP_SIZE if head_dim % DEFAULT_GROUP_SIZE == 0 else head_dim
+    if group_size <= 0 or head_dim % group_size:
+        raise InvalidParameterError(
+            f"--kv-group-size {group_size} must be positive and divide head_dim {head_dim}")
+    return group_size
+
+
+@dataclass(frozen=True)
+class KVFormatSpec:
+    """One KV format and its options; every ledger KV function takes one.
+
+    Attributes:
+        name: one of :data:`KV_FORMATS`.
+        group_size: int8/int4 elements per scale group along head_dim (values, per-token
+            keys); None = :func:`resolve_group_size`'s default for the model's head_dim.
+        key_quant: int8/int4 keys, one of :data:`KEY_QUANT_MODES`.
+        outlier_channels: key channels per layer and KV head kept in fp16; None =
+            ``ceil(outlier_frac x head_dim)``.
+        outlier_frac: fraction of key channels kept in fp16 when ``outlier_channels`` is None
+            (``kvledger plan --kv-outlier-frac``; an MLA latent's outliers are always this
+            fraction of the latent).
+        residual_tokens: most recent tokens of a running sequence kept at full precision by a
+            quantized format, a multiple of the block size; None = one block.
+        rotation: ``none`` (the only one for now).
+
+    Raises:
+        InvalidParameterError: an unknown name, key mode or rotation.
+    """
+
+    name: str = "bf16"
+    group_size: int | None = None
+    key_quant: str = "per-channel"
+    outlier_channels: int | None = None
+    outlier_frac: float = 0.0
+    residual_tokens: int | None = None
+    rotation: str = "none"
+
+    def __post_init__(self) -> None:
+        kv_format(self.name)
+        if self.key_quant not in KEY_QUANT_MODES:
+            raise InvalidParameterError(f"--kv-key-quant must be one of "
+                                        f"{', '.join(KEY_QUANT_MODES)}, got {self.key_quant!r}")
+        if self.rotation not in ROTATIONS:
+            raise InvalidParameterError(
+                f"KV rotation {self.rotation!r} is not supported; only {', '.join(ROTATIONS)}")
+
+    @classmethod
+    def from_options(cls, kv_cache_dtype: str, compute_format: str = "bf16",
+                     group_size: int | None = None, key_quant: str = "per-channel",
+                     outlier_channels: int | None = None, outlier_frac: float = 0.0,
+                     residual_tokens: int | None = None) -> KVFormatSpec:
+        """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
+        format, bf16 or fp32); every other option as given. The one place the engine
+        (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
+        name = compute_format if kv_cache_dtype == "auto" else kv_cache_dtype
+        return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens)
+
+    @property
+    def quantized(self) -> bool:
+        """True for fp8, int8 and int4."""
+        return kv_format(self.name).quantized
+
+    @property
+    def storage(self) -> KVFormat:
+        """The storage layout of :attr:`name`."""
+        return kv_format(self.name)
+
+    def as_format(self, name: str) -> KVFormatSpec:
+        """The same options under format ``name``; outliers dropped on a full-precision one
+        (the planner's what-if rows)."""
+        if kv_format(name).quantized:
+            return replace(self, name=name)
+        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0)
+
+    def outlier_count(self, head_dim: int) -> int:
+        """Key channels kept in fp16 per layer and KV head of ``head_dim`` channels.
+
+        Raises:
+            InvalidParameterError: not in [0, head_dim).
+        """
+        n = self.outlier_channels
+        if n is None:
+            n = math.ceil(self.outlier_frac * head_dim)
+        if not 0 <= n < head_dim:
+            raise InvalidParameterError(
+                f"--kv-outlier-channels must be in [0, head_dim {head_dim}), got {n}")
+        return n
+
+    def residual_blocks(self, block_size: int) -> int:
+        """Blocks of ``residual_tokens`` (one when None).
+
+        Raises:
+            InvalidParameterError: residual tokens not a positive multiple of ``block_size``.
+        """
+        r = self.residual_tokens
+        if r is None:
+            return 1
+        if r <= 0 or r % block_size:
+            raise InvalidParameterError(f"residual tokens {r} must be a positive multiple of "
+                                        f"--block-size {block_size}")
+        return r // block_size
+
+    def to_json(self) -> str:
+        """Every field, keys sorted, no spaces: a stable text (cache keys, file headers)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,81 @@
+"""No request field is silently ignored: every field of the official ``openai`` client's request
+types is implemented (declared by our model), refused away from its neutral value, or a
+documented hint (server/api_fields.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvledger.server.api_fields import HINTS
+from kvledger.server.protocol import ChatCompletionRequest, CompletionRequest
+from kvledger.server.responses_protocol import ResponsesRequest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "sessions"))
+
+
+def _client_fields(module: str) -> set[str]:
+    import importlib
+
+    return set(importlib.import_module(module).CompletionCreateParamsBase.__annotations__
+               if "responses" not in module else
+               importlib.import_module(module).ResponseCreateParamsBase.__annotations__)
+
+
+@pytest.mark.parametrize(("model", "module"), [
+    (CompletionRequest, "openai.types.completion_create_params"),
+    (ChatCompletionRequest, "openai.types.chat.completion_create_params"),
+    (ResponsesRequest, "openai.types.responses.response_create_params"),
+])
+def test_every_client_field_is_implemented_refused_or_a_hint(model, module):
+    fields = _client_fields(module)
+    undecided = sorted(fields - set(model.model_fields) - set(model.unsupported) - HINTS)
+    assert not undecided, f"implement, refuse (api_fields.py) or list as a hint: {undecided}"
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("text", {"format": {"type": "json_object"}}),
+    ("text", {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}}),
+    ("text", {"verbosity": "high"}),
+    ("reasoning", {"effort": "high"}),
+    ("include", ["message.output_text.logprobs"]),
+    ("top_logprobs", 3),
+    ("background", True),
+    ("conversation", "conv_123"),
+    ("prompt", {"id": "pmpt_1"}),
+    ("tools", [{"type": "web_search"}]),
+    ("service_tier", "priority"),
+])
+def test_responses_fields_it_cannot_honour_are_400(make_client, field, value):
+    from session_fakes import ChatFakeEngine
+
+    client = make_client(ChatFakeEngine())
+    r = client.post("/v1/responses", json={"input": "hi", field: value})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field
+    assert r.json()["error"]["code"] == "unsupported_parameter"
+
+
+def test_structured_output_says_so(make_client):
+    from session_fakes import ChatFakeEngine
+
+    client = make_client(ChatFakeEngine())
+    r = client.post("/v1/responses", json={"input": "hi", "text": {"format": {
+        "type": "json_object"}}})
+    assert "structured output" in r.json()["error"]["message"]
+    ok = client.post("/v1/responses", json={"input": "hi", "text": {"format": {"type": "text"}},
+                                            "reasoning": {}, "include": [], "user": "u1",
+                                            "prompt_cache_key": "k", "service_tier": "auto"})
+    assert ok.status_code == 200, ok.text
+
+
+@pytest.mark.parametrize(("field", "value"), [("reasoning_effort", "low"), ("store", True),
+                                              ("verbosity", "low"),
+                                              ("web_search_options", {"search_context_size":
+                                                                      "low"})])
+def test_chat_fields_it_cannot_honour_are_400(make_client, field, value):
+    r = make_client().post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
