@@ -47,6 +47,10 @@ def peak_rss_gb(cmd: list[str]) -> float | None:
     return int(rss.group(1)) * 1024 / 1e9 if done.returncode == 0 and rss else None
 
 
+def _gb(gb: float | None) -> str:
+    return "n/a" if gb is None else f"{gb:.3f} GB"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf", nargs="+", type=Path)
@@ -82,9 +86,8 @@ def main() -> None:
         exe = peer.binary("llama-bench")
         theirs = None if exe is None else peak_rss_gb(
             [str(exe), "-m", str(path), "-t", str(args.threads), "-p", "0", "-n", "16", "-r", "1"])
-        fmt = lambda gb: "n/a" if gb is None else f"{gb:.3f} GB"  # noqa: E731
-        print(f"  peak RSS, 16 new tokens: kvledger generate {fmt(rss)} (target <= "
-              f"{size + 0.3:.3f} GB), llama-bench {fmt(theirs)}")
+        print(f"  peak RSS, 16 new tokens: kvledger generate {_gb(rss)} (target <= "
+              f"{size + 0.3:.3f} GB), llama-bench {_gb(theirs)}")
 
 
 if __name__ == "__main__":
