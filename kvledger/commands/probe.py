@@ -88,14 +88,16 @@ def probe(
             print(line)
 
 
-def _is_kquant_gguf(source: str) -> bool:
-    """Whether ``source`` is a GGUF file with K-quant matrices (held as its blocks)."""
+def _is_kquant_gguf(spec) -> bool:
+    """Whether ``spec`` was read from a GGUF file with K-quant matrices (held as its blocks)."""
     from pathlib import Path
 
     from kvledger.model.weights.gguf_tensors import is_kquant_file
     from kvledger.spec import open_gguf
 
-    return Path(source).is_file() and is_kquant_file(open_gguf(Path(source)))
+    source = Path(spec.source)
+    return spec.gguf_tensor_bytes is not None and source.is_file() \
+        and is_kquant_file(open_gguf(source))
 
 
 def _kernel_probe(model: str, threads: int | None) -> None:
@@ -114,7 +116,7 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     print(f"torch {result.torch_version}, {result.threads} threads; kernel probe for "
           f"{spec.source} (µs per decode row, best of {probe_timing.REPEATS} interleaved rounds):")
     q4 = set(kernel_probe.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
-    kquant = set(kernel_probe.CLASSES) if _is_kquant_gguf(spec.source) else set()
+    kquant = set(kernel_probe.CLASSES) if _is_kquant_gguf(spec) else set()
     for cls in kernel_probe.CLASSES:
         times = result.matmul_us[cls]
         timed = tuple(f for f in kernel_probe.candidates(cls, q4, kquant) if f in times)
