@@ -33,7 +33,8 @@ from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_
 from kvledger.engine.attention.layer import layers_of
 from kvledger.engine.kv.store import KVStore
 from kvledger.errors import UnsupportedModelError
-from kvledger.model.linear import Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.model.kquant import GGMLMatrix, KQuantLinear
+from kvledger.model.linear import KQUANT_FORMATS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
 from kvledger.spec import SLIDING, ModelSpec, check_runnable
 
@@ -77,17 +78,17 @@ class LlamaModel:
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
-            formats = CPU.weight_formats(spec, _q4_classes(weights))
+            formats = CPU.weight_formats(spec, _q4_classes(weights), _kquant_classes(weights))
             gemm = CPU.gemm_paths(spec, formats)
         self.formats = dict(formats)
         release = getattr(weights, "release", None) or (lambda tensor: None)
-        w = {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
+        w = {name: _held(t, dtype) for name, t in weights.items()}
         embed = w.pop("model.embed_tokens.weight")
         head = w.pop("lm_head.weight", None)
-        self.lm_head = Linear(embed if head is None else head,
-                              fmt=self.formats.get("lm_head", "dense"), release=release)
+        self.lm_head = _linear(embed if head is None else head,
+                               self.formats.get("lm_head", "dense"), release, dtype)
         tied_rows = head is None and self.lm_head.format != "int4"
-        self.embed = self.lm_head if tied_rows else Linear(embed)
+        self.embed = self.lm_head if tied_rows else _linear(embed, "kquant-torch", None, dtype)
         for source in (embed, head):
             if source is not None:
                 release(source)
@@ -105,10 +106,11 @@ class LlamaModel:
         self.kv_size = spec.num_kv_heads * spec.head_dim
         self.act = self.ops.silu_mul
 
-    def norm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def norm_weight(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """An RMSNorm weight as the ops take it: ``weight + NORM_OFFSET``, a new tensor (no
-        view of a mapped cache)."""
-        return (weight.float() + self.NORM_OFFSET).to(self.dtype)
+        view of a mapped cache), in ``dtype`` or as held (:func:`_held`: fp32 norms stay fp32
+        beside bf16 rows, as the fused add + RMSNorm takes them)."""
+        return (weight.float() + self.NORM_OFFSET).to(dtype or weight.dtype)
 
     def _ropes(self) -> list[RotaryEmbedding]:
         """One RoPE table per layer: the spec's, or for the sliding layers its local base
@@ -127,7 +129,7 @@ class LlamaModel:
         """One layer's norms and fused Linears (:func:`_fuse_layer`); with sandwich norms the
         norm before the MLP is ``pre_feedforward_layernorm`` and the two after attention and
         the MLP are ``attn_out_norm`` / ``mlp_out_norm``."""
-        layer = _fuse_layer(w, prefix, self.formats, release)
+        layer = _fuse_layer(w, prefix, self.formats, release, self.dtype)
         norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
         if self.spec.norms_per_layer == 4:
             norms = {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
@@ -135,8 +137,9 @@ class LlamaModel:
                      "mlp_out_norm": "post_feedforward_layernorm"}
         if self.spec.qk_norm:
             norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
-        for key, name in norms.items():
-            layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"))
+        for key, name in norms.items():  # q / k norms go through F.rms_norm on compute rows
+            dtype = self.dtype if key in ("q_norm", "k_norm") else None
+            layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"), dtype)
         return layer
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -194,6 +197,18 @@ class LlamaModel:
         return sum(lin.nbytes for lin in linears) + self.lm_head.nbytes
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of every weight held: the Linears (biases included), the embedding when it
+        is not the LM head's, and the norms."""
+        linears = [self.lm_head] + ([] if self.embed is self.lm_head else [self.embed])
+        vectors = [self.final_norm]
+        for layer in self.layers:
+            linears += [layer[k] for k in ("qkv", "o", "gate_up", "down")]
+            vectors += [layer["input_norm"], layer["post_norm"]]
+        vectors += [lin.bias for lin in linears if lin.bias is not None]
+        return sum(lin.nbytes for lin in linears) + sum(t.nbytes for t in vectors)
+
+    @property
     def weight_formats(self) -> dict[str, str]:
         """Format actually held per shape class (a request the weights cannot meet is dense)."""
         layer = self.layers[0]
@@ -214,33 +229,70 @@ def _q4_classes(weights: dict[str, torch.Tensor]) -> set[str]:
     return classes
 
 
+def _kquant_classes(weights: dict) -> set[str]:
+    """Shape classes whose weights the checkpoint holds as GGUF blocks (layer 0 speaks for
+    all; the LM head is the embedding when tied)."""
+    stems = {"qkv": [f"self_attn.{p}_proj" for p in "qkv"], "o": ["self_attn.o_proj"],
+             "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
+    classes = {cls for cls, names in stems.items() if all(
+        isinstance(weights.get(f"model.layers.0.{n}.weight"), GGMLMatrix) for n in names)}
+    head = weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
+    return classes | ({"lm_head"} if isinstance(head, GGMLMatrix) else set())
+
+
+def _held(t, dtype: torch.dtype):
+    """A weight as the model holds it: GGUF blocks as they are, fp32 vectors of a GGUF's blocks
+    file (its norms) as they are; other floating tensors in ``dtype``."""
+    if isinstance(t, GGMLMatrix) or not t.is_floating_point() or (
+            t.dim() == 1 and t.dtype == torch.float32 and dtype == torch.bfloat16):
+        return t
+    return t.to(dtype)
+
+
+def _linear(weight, fmt: str, release, dtype: torch.dtype) -> Linear:
+    """A Linear of one matrix: GGUF blocks held as they are in a ``kquant`` format (else
+    dequantized to ``dtype`` for ``fmt``), a dense weight in ``fmt`` (``kquant``: dense)."""
+    if isinstance(weight, GGMLMatrix):
+        if fmt in KQUANT_FORMATS:
+            return KQuantLinear([weight], None, fmt)
+        weight = weight.dequantize(dtype)
+    return Linear(weight, fmt=fmt, release=release)
+
+
 def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
-                release) -> dict:
-    """One layer's fused Linears; its tensors are removed from ``w`` as they are used and
-    their pages released (``release``, see :class:`kvledger.model.weights.loader.
-    MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
+                release, dtype: torch.dtype) -> dict:
+    """One layer's fused Linears (GGUF blocks held, or dequantized to ``dtype``); its tensors
+    are removed from ``w`` as they are used and their pages released (``release``, see
+    :class:`kvledger.model.weights.loader.MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
     attn, mlp = prefix + "self_attn.", prefix + "mlp."
     qkv = [attn + f"{p}_proj" for p in "qkv"]
     bias = [w.pop(stem + ".bias", None) for stem in qkv]
     return {
-        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release,
+        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release, dtype,
                              torch.cat(bias) if bias[0] is not None else None),
-        "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release),
+        "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release, dtype),
         "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"],
-                                 formats.get("gate_up", "dense"), release),
-        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense"), release),
+                                 formats.get("gate_up", "dense"), release, dtype),
+        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense"), release,
+                              dtype),
     }
 
 
 def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, release,
-                  bias: torch.Tensor | None = None) -> Linear:
-    """One Linear over the row-concatenation of several projections (or of their 4-bit forms).
+                  dtype: torch.dtype, bias: torch.Tensor | None = None) -> Linear:
+    """One Linear over the row-concatenation of several projections (or of their 4-bit forms,
+    or of their GGUF blocks: held as they are in a ``kquant`` format, else dequantized to
+    ``dtype``).
 
     Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4`` / ``w4a8``),
     so a memory-mapped weight cache never pages in the other one.
     """
     parts = (".q4_codes", ".q4_scale", ".q4_zero")
     dense = [w.pop(s + ".weight") for s in stems]
+    if any(isinstance(t, GGMLMatrix) for t in dense):
+        if fmt in KQUANT_FORMATS and all(isinstance(t, GGMLMatrix) for t in dense):
+            return KQuantLinear(dense, bias, fmt)
+        dense = [t.dequantize(dtype) if isinstance(t, GGMLMatrix) else t for t in dense]
     out_f, in_f = sum(t.shape[0] for t in dense), dense[0].shape[1]
     has_q4 = all(s + ".q4_codes" in w for s in stems)
     q4 = [[w.pop(s + part) for s in stems] for part in parts] if has_q4 else None

@@ -25,9 +25,12 @@ class TorchOps:
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim]."""
+        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim] (h's dtype, or fp32:
+        then the norm is computed in fp32 and rounded once to h's dtype)."""
         if delta is not None:
             h = h + delta
+        if weight.dtype != h.dtype:
+            return h, F.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps=eps).to(h.dtype)
         return h, F.rms_norm(h, (h.shape[-1],), weight, eps=eps)
 
     def rope_(self, qk: torch.Tensor, positions: torch.Tensor, rope) -> torch.Tensor:

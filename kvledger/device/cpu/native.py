@@ -3,7 +3,9 @@
 (``fused_ops.cpp``, :mod:`kvledger.device.cpu.fused`), the decode products with int8
 activations (``int8_gemv.cpp`` and the headers it includes, :mod:`kvledger.device.cpu.w8a8`),
 the bf16 dequantization of their weights for a prefill's GEMM (``dequant_bf16.cpp``, also
-:mod:`kvledger.device.cpu.w8a8`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
+:mod:`kvledger.device.cpu.w8a8`), the products with weights in GGUF's own K-quant and 32-weight
+blocks and their dequantization (``kquant_gemv.cpp`` and its ``kquant_*.h``,
+:mod:`kvledger.device.cpu.kquant`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
 :mod:`kvledger.device.cpu.kv_encode`).
 
 The sources make one plain shared library (no Python or torch headers), built on first use with
@@ -40,7 +42,9 @@ log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain.h",
            "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
-           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp")
+           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp",
+           "kquant_gemv.cpp", "kquant_blocks.h", "kquant_activations.h", "kquant_scalar.h",
+           "kquant_avx2.h", "kquant_avx512.h")
 """Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files
 are compiled, the ``.h`` files they include are written beside them (one folder, so the names
 are unique), and all of them are hashed, in this order, into the build and probe keys."""

@@ -24,6 +24,12 @@ with ``d = rows / n_head`` (``n_head = n_kv_heads`` for K). :func:`unpermute_rot
 inverse. Qwen2/Qwen3, Phi-3 and Gemma 2/3 GGUFs use NEOX RoPE (the HF layout; llama.cpp's
 ``llama_model_rope_type``) and are not permuted.
 
+A K-quant file (:func:`is_kquant_file`) is read by :func:`gguf_block_state` instead: each
+matrix of :data:`kvledger.model.kquant.BLOCK_TYPES` is kept as the file's blocks
+(:class:`~kvledger.model.kquant.GGMLMatrix`, attn_q / attn_k rows un-permuted as whole rows of
+blocks), F32 vectors (the norms) stay fp32 as stored, and only what is left (a matrix of another
+type) is dequantized, so the bytes held are the file's.
+
 Errors: a tensor type outside :data:`SUPPORTED_TYPES` -> UnsupportedModelError naming the type and
 the tensor; a tensor name the architecture does not have -> UnsupportedModelError.
 """
@@ -36,6 +42,7 @@ import numpy as np
 import torch
 
 from kvledger.errors import UnsupportedModelError
+from kvledger.model.kquant import BLOCK_TYPES, KQUANT_TYPES, GGMLMatrix
 from kvledger.model.q4 import Q4_TYPES, q4_parts
 from kvledger.spec import ModelSpec
 
@@ -129,6 +136,74 @@ def dequantize(tensor) -> np.ndarray:
     return gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
+def _names(tensor, arch: str) -> tuple[str, str] | None:
+    """(Hugging Face name, GGUF part such as ``attn_q``; "" outside the layers) of a tensor of
+    architecture ``arch``; None for a tensor the spec reader takes (:data:`SPEC_TENSORS`).
+
+    Raises:
+        UnsupportedModelError: llama3 RoPE factors (``rope_freqs``, not implemented) or a name
+            the architecture does not have.
+    """
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedModelError(
+            "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
+        )
+    if tensor.name in SPEC_TENSORS:
+        return None
+    part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+    return hf_name(tensor.name, arch), part
+
+
+KQUANT_ARCHS = frozenset({"llama", "mistral", "qwen2"})
+"""Architectures whose K-quant matrices are held as blocks (checked against their dequantized
+file); the other families' K-quant files are dequantized at load."""
+
+
+def is_kquant_file(reader, spec: ModelSpec) -> bool:
+    """Whether the open GGUF holds a K-quant matrix (Q4_K, Q5_K or Q6_K) of an architecture
+    whose blocks are held as stored (:data:`KQUANT_ARCHS`)."""
+    return (spec.extra.get("gguf_architecture", spec.model_type) in KQUANT_ARCHS
+            and any(t.tensor_type.name in KQUANT_TYPES for t in reader.tensors))
+
+
+def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
+                     ) -> dict[str, torch.Tensor | GGMLMatrix]:
+    """The tensors of an open K-quant GGUF under Hugging Face names: matrices of
+    :data:`~kvledger.model.kquant.BLOCK_TYPES` as :class:`~kvledger.model.kquant.GGMLMatrix`
+    (read from ``path`` into memory, never through a memory map, so no page of the file stays
+    resident beside them), F32 vectors in fp32, the rest dequantized to ``dtype``.
+
+    Raises:
+        UnsupportedModelError: as :func:`gguf_state_dict`.
+    """
+    arch = spec.extra.get("gguf_architecture", spec.model_type)
+    permuted = arch in PERMUTED_ARCHS
+    heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
+    state: dict[str, torch.Tensor | GGMLMatrix] = {}
+    with open(path, "rb") as f:
+        for tensor in reader.tensors:
+            names, type_name = _names(tensor, arch), tensor.tensor_type.name
+            if names is None:
+                continue
+            name, part = names
+            if type_name in BLOCK_TYPES and len(tensor.shape) == 2:
+                rows = int(tensor.shape[1])
+                data = torch.empty(rows, int(tensor.n_bytes) // rows, dtype=torch.uint8)
+                f.seek(int(tensor.data_offset))
+                f.readinto(data.numpy())
+                if permuted and part in heads:
+                    data = torch.from_numpy(np.ascontiguousarray(
+                        unpermute_rotary(data.numpy(), heads[part])))
+                state[name] = GGMLMatrix(type_name, data, int(tensor.shape[0]))
+                continue
+            array = dequantize(tensor)
+            if permuted and part in heads:
+                array = unpermute_rotary(array, heads[part])
+            held = torch.float32 if type_name == "F32" and array.ndim == 1 else dtype
+            state[name] = torch.from_numpy(np.ascontiguousarray(array)).to(held)
+    return state
+
+
 def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of an open GGUF into HF-named contiguous fp32 torch tensors.
 
@@ -148,13 +223,10 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            raise UnsupportedModelError(
-                "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
-            )
-        if tensor.name in SPEC_TENSORS:
+        names = _names(tensor, arch)
+        if names is None:
             continue
-        name = hf_name(tensor.name, arch)
+        name, part = names
         arrays = {name: dequantize(tensor)}
         if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
             arrays[name] -= 1.0
@@ -164,7 +236,6 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
             q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
             arrays.update({stem + ".q4_codes": q, stem + ".q4_scale": scale,
                            stem + ".q4_zero": zero})
-        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         for key, array in arrays.items():
             if permuted and part in heads:
                 array = unpermute_rotary(array, heads[part])

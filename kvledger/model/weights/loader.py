@@ -9,7 +9,9 @@ family of the engine runs exactly is refused (``kvledger.spec.check_runnable``) 
 tensor is read. ``load_format="dummy"``: :mod:`.dummy`.
 
 Sources:
-  * GGUF file: tensors dequantized by :mod:`kvledger.model.weights.gguf_tensors` (fp32, Q/K rows
+  * K-quant GGUF file (Q4_K, Q5_K, Q6_K matrices): matrices kept as the file's blocks, read
+    at each load (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`).
+  * Other GGUF file: tensors dequantized by :mod:`kvledger.model.weights.gguf_tensors` (fp32, Q/K rows
     un-permuted). Dequantizing and parsing the header take seconds, so the state dict in the
     requested dtype and the spec (as JSON in the safetensors metadata) are cached under
     ``cache_dir()/weights/<key>-<dtype>.safetensors`` (one file per dtype, so a hit is a plain
@@ -91,6 +93,9 @@ def load_weights(
     path = resolve_model_path(path)
     if path.is_dir():
         spec, state = _load_hf_folder(path)
+    elif (blocks := _load_gguf_blocks(path, dtype)) is not None:
+        _check_complete(*blocks)
+        return blocks
     else:
         spec, state = _load_gguf_cached(path, dtype)
     to_llama_names(state, spec)
@@ -132,6 +137,23 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
     state = {name: _cast(t, dtype) for name, t in state.items()}
     _save_atomically(state, {"spec": _spec_to_json(spec)}, cached)
     return spec, state
+
+
+def _load_gguf_blocks(path: Path, dtype: torch.dtype
+                      ) -> tuple[ModelSpec, dict[str, torch.Tensor]] | None:
+    """Spec and tensors of a K-quant GGUF with its matrices held as the file's blocks
+    (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`: read in seconds, so not
+    cached); None for another GGUF."""
+    from kvledger.model.weights.gguf_tensors import gguf_block_state, is_kquant_file
+    from kvledger.spec import check_gguf_magic, check_runnable, open_gguf, spec_from_gguf_reader
+
+    check_gguf_magic(path)
+    reader = open_gguf(path)
+    spec = spec_from_gguf_reader(reader, path)
+    if not is_kquant_file(reader, spec):
+        return None
+    check_runnable(spec)  # before any block is read
+    return spec, gguf_block_state(reader, path, spec, dtype)
 
 
 class MappedWeights(dict):
