@@ -55,6 +55,8 @@ def print_json(engine, results, load_s: float) -> None:
     doc = {"model": engine.model_name, "dtype": engine.config.dtype, "load_s": load_s,
            "kv_format": engine.kv_format, "kv_bytes_per_token": engine.bytes_per_token,
            "kv_pool_bytes": engine.stats()["kv_pool_bytes"]}
+    if engine.tokenizer_note:
+        doc["tokenizer_note"] = engine.tokenizer_note
     doc.update(items[0] if len(items) == 1 else {"results": items})
     print(json.dumps(doc))
 
@@ -67,6 +69,8 @@ def print_summary(engine, results, load_s: float) -> None:
               if set(formats.values()) != {"dense"} else "")
     console.print(f"[bold]{engine.model_name}[/bold] · {engine.config.dtype}{packed} · KV "
                   f"{engine.kv_layout.describe()}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
+    if engine.tokenizer_note:
+        console.print(f"[yellow]{engine.tokenizer_note}[/yellow]")
     for i, o in enumerate(results):
         if len(results) > 1:
             print(f"--- [{i}] {o.text}")

@@ -89,6 +89,18 @@ def probe(
             print(line)
 
 
+def _is_kquant_gguf(spec) -> bool:
+    """Whether ``spec`` was read from a GGUF file with K-quant matrices (held as its blocks)."""
+    from pathlib import Path
+
+    from kvledger.model.weights.gguf_tensors import is_kquant_file
+    from kvledger.spec import open_gguf
+
+    source = Path(spec.source)
+    return spec.gguf_tensor_bytes is not None and source.is_file() \
+        and is_kquant_file(open_gguf(source), spec)
+
+
 def _kernel_probe(model: str, threads: int | None) -> None:
     import torch
 
@@ -105,10 +117,11 @@ def _kernel_probe(model: str, threads: int | None) -> None:
     print(f"torch {result.torch_version}, {result.threads} threads; kernel probe for "
           f"{spec.source} (µs per decode row, best of {probe_timing.REPEATS} interleaved rounds):")
     q4 = set(kernel_probe.CLASSES) - {"lm_head"}  # GGUF Q4 files pack the layers, not the head
+    kquant = set(kernel_probe.CLASSES) if _is_kquant_gguf(spec) else set()
     for cls in kernel_probe.CLASSES:
         times = result.matmul_us[cls]
-        pick = result.weight_format(cls, tuple(f for f in kernel_probe.candidates(cls, q4)
-                                               if f in times))
+        timed = tuple(f for f in kernel_probe.candidates(cls, q4, kquant) if f in times)
+        pick = result.weight_format(cls, timed) if timed else "kquant-torch"
         cells = "  ".join(f"{fmt} {us:9.1f}" for fmt, us in times.items())
         print(f"  {cls:8s} {cells}   -> {pick}")
         for fmt, by_rows in result.gemm_us.get(cls, {}).items():
@@ -117,7 +130,7 @@ def _kernel_probe(model: str, threads: int | None) -> None:
             names = "/".join(next(iter(by_rows.values()), {"own": 0}))
             choice = result.gemm_choice(cls, fmt)
             pick = "own kernel" if choice is None else f"{choice[1]} GEMM from {choice[0]} rows"
-            print(f"    {fmt:6s} rows: {names} µs  {cells}   -> {pick}")
+            print(f"    {fmt:13s} rows: {names} µs  {cells}   -> {pick}")
     cells = "  ".join(f"{name} {us:8.1f}" for name, us in result.attention_us.items())
     print(f"  attention (1 query, {probe_timing.ATTENTION_CONTEXT} positions): {cells}   -> "
           f"{result.attention}")

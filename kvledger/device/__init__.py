@@ -38,6 +38,11 @@ class Kernels(Protocol):
         """The int8-activation matmul behind the ``w8a8`` / ``w4a8`` weight formats
         (:mod:`kvledger.model.linear`), or None: those formats then fall back."""
 
+    def kquant(self) -> object | None:
+        """The products with weights in a GGUF's own blocks behind the ``kquant-*`` weight
+        formats (:mod:`kvledger.model.kquant`), and their dequantization, or None: those
+        formats then dequantize in PyTorch."""
+
     def kv_encoder(self) -> object | None:
         """The int8 / int4 KV block encoder (``encode_into``: a codec's bytes written at block
         ids in one call), or None: the codecs' PyTorch code encodes."""
@@ -62,9 +67,11 @@ class Device(Protocol):
         """Which attention backend (a name of ``kvledger.engine.attention.BACKENDS``) runs
         ``spec``, over quantized KV blocks when ``quantized``."""
 
-    def weight_formats(self, spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
+    def weight_formats(self, spec: ModelSpec, q4_classes: set[str],
+                       kquant_classes: set[str] = frozenset()) -> dict[str, str]:
         """Which weight format (``kvledger.model.linear.FORMATS``) each matmul shape class of
-        ``spec`` holds; ``q4_classes``: the classes the checkpoint stores as Q4."""
+        ``spec`` holds; ``q4_classes``: the classes the checkpoint stores as Q4;
+        ``kquant_classes``: those it holds as a K-quant GGUF's blocks."""
 
     def gemm_paths(self, spec: ModelSpec, formats: dict[str, str]
                    ) -> dict[str, tuple[int, str] | None]:

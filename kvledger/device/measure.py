@@ -103,3 +103,17 @@ def measure(buffer_mib: int = 512, matmul_n: int | None = None, repeats: int = 5
         )
     source = f"measured by kvledger probe on {what} ({dtype}, {time.strftime('%Y-%m-%d')})"
     return Device("local", memory / GiB, bandwidth_gbs, tflops, source)
+
+
+def available_memory_bytes() -> int:
+    """Bytes of host memory available now without swapping: ``MemAvailable`` of
+    ``/proc/meminfo`` (Linux: free memory plus what the kernel can reclaim), else the free
+    physical pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

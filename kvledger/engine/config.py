@@ -10,6 +10,7 @@ from kvledger.ledger.kv_format import KEY_QUANT_MODES, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
+LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass
@@ -72,6 +73,10 @@ class EngineConfig:
             the ranks torchrun started (RANK / WORLD_SIZE in the environment).
         tp_timeout_s: seconds a tensor-parallel collective may wait for a rank before the
             engine reports it failed (HTTP 503, /health unhealthy).
+        load_format: auto (the model's weights) or dummy (vLLM's name: seeded random weights
+            at the exact shapes of the model's config, which may be a catalogue id such as
+            meta-llama/Llama-3.1-8B; refused when they and the KV pool exceed the available
+            memory; the bundled tokenizer when the model has none, which the output says).
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -105,6 +110,7 @@ class EngineConfig:
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -130,6 +136,9 @@ class EngineConfig:
         if not 0 < self.long_kv_share <= 1:
             raise InvalidParameterError(
                 f"long_kv_share must be in (0, 1], got {self.long_kv_share}")
+        if self.load_format not in LOAD_FORMATS:
+            raise InvalidParameterError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
+                                        f"got {self.load_format!r}")
         self.retention  # noqa: B018 - validates the kv_* options
 
     @property

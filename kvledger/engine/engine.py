@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import torch
 
@@ -43,7 +44,7 @@ from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.model.families import model_class
-from kvledger.spec import ModelSpec
+from kvledger.spec import SLIDING, ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -73,11 +74,51 @@ def _text_chars(prompt) -> int:
     return 0
 
 
-def _model_name(model: str) -> str:
-    """The id clients use (``paths.model_id`` of the resolved path)."""
+def _model_name(model: str, load_format: str = "auto") -> str:
+    """The id clients use (``paths.model_id`` of the resolved path; a catalogue id as given
+    under dummy weights)."""
     from kvledger.paths import model_id, resolve_model_path
 
+    if load_format == "dummy" and model != "default" and not Path(model).expanduser().exists():
+        return model
     return model_id(resolve_model_path(model))
+
+
+def _model_spec(config: EngineConfig) -> ModelSpec:
+    """The spec of ``config.model``, read without its weights (a catalogue id under dummy
+    weights)."""
+    from kvledger.spec import load_spec
+
+    if config.load_format == "dummy":
+        from kvledger.model.weights.dummy import dummy_spec
+
+        return dummy_spec(config.model)
+    return load_spec(config.model)
+
+
+def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> None:
+    """Refuse a model whose weights (the ledger's bytes in the compute dtype) and KV pool
+    (its blocks times the ledger's bytes per block, plus a quantized format's residual blocks)
+    exceed the memory available now (``MemAvailable``).
+
+    Raises:
+        KVBudgetError: they do not fit (the message gives the three figures).
+    """
+    from kvledger.device.measure import available_memory_bytes
+    from kvledger.ledger.params import spec_weight_bytes
+
+    layout = resolve_layout(config, spec, dtype)
+    blocks = pool_blocks(config, layout.bytes_per_block, spec.max_position_embeddings,
+                         layout.reserved_bytes)
+    weights = spec_weight_bytes(spec, config.dtype) // config.tensor_parallel_size
+    kv = blocks * layout.bytes_per_block + layout.reserved_bytes
+    available = available_memory_bytes()
+    if weights + kv > available:
+        gib = 1 << 30
+        raise KVBudgetError(
+            f"{spec.name} does not fit: its weights take {weights / gib:.2f} GiB in "
+            f"{config.dtype} and its KV pool {kv / gib:.2f} GiB, {available / gib:.2f} GiB is "
+            "available (lower --kv-cache-gib or --num-blocks, or pick a smaller model)")
 
 
 def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
@@ -130,9 +171,7 @@ class LLMEngine:
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel
-            from kvledger.spec import load_spec
-
-            self.parallel = TensorParallel.start(config, spec or load_spec(config.model))
+            self.parallel = TensorParallel.start(config, spec or _model_spec(config))
         try:
             self._build(config, dtype, spec, weights, tokenizer)
         except BaseException:
@@ -140,15 +179,13 @@ class LLMEngine:
             raise
 
     def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
+        self.tokenizer_note = None
         if spec is None:
-            from kvledger.model.weights.loader import load_tokenizer, load_weights
-
-            spec, weights = load_weights(config.model, dtype)
-            tokenizer = load_tokenizer(config.model)
+            spec, weights, tokenizer = self._load(config, dtype)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
-        self.model_name = _model_name(config.model)
+        self.model_name = _model_name(config.model, config.load_format)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
         attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
@@ -184,6 +221,24 @@ class LLMEngine:
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
+
+    def _load(self, config: EngineConfig, dtype: torch.dtype):
+        """(spec, weights, tokenizer) of ``config.model``; dummy weights (``load_format``) are
+        refused before they are made when they and the KV pool exceed the available memory."""
+        from kvledger.model.weights.loader import load_tokenizer, load_weights
+
+        if config.load_format != "dummy":
+            spec, weights = load_weights(config.model, dtype)
+            return spec, weights, load_tokenizer(config.model)
+        from kvledger.model.weights.loader import load_tokenizer_or_bundled
+
+        spec = _model_spec(config)
+        model_class(spec)  # an engine family, or refused by name
+        check_memory(config, spec, dtype)
+        tokenizer, self.tokenizer_note = load_tokenizer_or_bundled(config.model)
+        if self.tokenizer_note:
+            log.warning("%s", self.tokenizer_note)
+        return (*load_weights(config.model, dtype, "dummy"), tokenizer)
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -268,6 +323,11 @@ class LLMEngine:
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and SLIDING in self.spec.layer_types:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "
+                f"yet ({self.spec.model_type}: {self.spec.layer_types.count(SLIDING)} of "
+                f"{self.spec.num_layers} layers slide); use kv_policy full")
         if spec.evicts and self.store is None:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")

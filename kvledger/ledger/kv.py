@@ -9,7 +9,8 @@ What one token stores in one layer (seed §2.1-§2.2, §5.2):
   ``linear_attention``  nothing per token; a fixed per-sequence state (Qwen3-Next Gated DeltaNet)
 
 A sliding layer keeps at most ``sliding_window`` tokens; in the window-aware mode (a hybrid
-allocator) it is capped there, otherwise it is sized as full attention (what an engine without a
+allocator) it is capped there, in whole blocks the blocks its next queries can still see
+(:func:`window_blocks`), otherwise it is sized as full attention (what an engine without a
 hybrid allocator reserves).
 
 Every function takes ``(spec, fmt, tp, block_size)``: the model, the KV format with its options
@@ -182,6 +183,17 @@ def layer_tokens(spec: ModelSpec, layer_kind: str, tokens: int, window_aware: bo
     return tokens
 
 
+def window_blocks(tokens: int, window: int, block_size: int, new_tokens: int = 0) -> int:
+    """Blocks a sliding layer of window ``W`` holds at length ``t = tokens``: those covering the
+    positions its next queries can still see, ``max(0, t - W + 1) .. t + new_tokens - 1``
+    (query i sees key j when i - j < W). Between steps (``new_tokens`` 0) that is up to W - 1
+    positions, during a chunk of ``C = new_tokens`` queries up to W + C - 1; the blocks before
+    go back to the pool (vLLM's ``SlidingWindowManager.remove_skipped_blocks``). A window
+    that is not block-aligned straddles one block more than ``ceil(W / block_size)``."""
+    first, last = max(0, tokens - window + 1), tokens + new_tokens - 1
+    return 0 if last < first else last // block_size - first // block_size + 1
+
+
 def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
                           tokens: int, window_aware: bool = True, paged: bool = False) -> int:
     """Bytes of per-token KV one sequence of ``tokens`` holds (fixed state excluded).
@@ -190,8 +202,8 @@ def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_siz
         tokens: sequence length (prompt + generated), >= 0.
         window_aware: cap sliding layers at their window (hybrid allocator) or not.
         paged: each layer holds whole blocks of :func:`layer_block_bytes`, as a paged engine
-            allocates; else tokens x :func:`layer_bytes_per_token` (the block's metadata spread
-            per token).
+            allocates (a window-aware sliding layer: :func:`window_blocks`); else tokens x
+            :func:`layer_bytes_per_token` (the block's metadata spread per token).
 
     See :func:`fixed_state_bytes` for the per-sequence state of linear-attention layers and
     :func:`residual_bytes` for a quantized engine's partial block.
@@ -202,8 +214,10 @@ def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_siz
     for kind in spec.layer_types:
         kept = layer_tokens(spec, kind, tokens, window_aware)
         if paged:
-            total += math.ceil(kept / block_size) * layer_block_bytes(spec, fmt, tp, block_size,
-                                                                      kind)
+            slides = window_aware and kind == SLIDING and spec.sliding_window
+            blocks = (window_blocks(tokens, spec.sliding_window, block_size) if slides
+                      else math.ceil(kept / block_size))
+            total += blocks * layer_block_bytes(spec, fmt, tp, block_size, kind)
         else:
             total += kept * layer_bytes_per_token(spec, fmt, tp, block_size, kind)
     return total

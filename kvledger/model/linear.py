@@ -16,7 +16,9 @@ Formats (names used by the kernel probe, :mod:`kvledger.device.cpu.kernel_probe`
 - ``w4a8``: a GGUF Q4_0/Q4_1 matrix in the file's own blocks (4-bit codes, fp32 scale and
   minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), multiplied by the native kernel
   with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8 scheme): no weight
-  rounding beyond the file's; without the native library it is ``int4``.
+  rounding beyond the file's; without the native library it is ``int4``;
+- ``kquant-avx512``, ``kquant-avx2``, ``kquant-torch``: a K-quant GGUF's matrices in the file's
+  own blocks (:mod:`kvledger.model.kquant`, which subclasses :class:`Linear`).
 
 The quantized formats take bf16 activations only; in fp32 (the exact mode) every layer is
 dense. A layer never keeps a second copy of its weight. The weight-only kernels are made for
@@ -39,7 +41,10 @@ import torch.nn.functional as F
 from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.q4 import GROUP, q4_blocks, q4_dequantize
 
-FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8")
+KQUANT_FORMATS = ("kquant-avx512", "kquant-avx2", "kquant-torch")
+"""The formats of a weight held as a GGUF's blocks (:class:`kvledger.model.kquant.KQuantLinear`);
+a dense weight asked for one is ``dense``."""
+FORMATS = ("dense", "int4", "int8", "w8a8", "w4a8", *KQUANT_FORMATS)
 Q4_FORMATS = ("int4", "w4a8")
 """The formats that need a weight the GGUF stores as Q4."""
 GEMM_PATHS = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -125,6 +130,8 @@ class Linear:
                  release: Callable[[torch.Tensor], None] | None = None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+        if fmt in KQUANT_FORMATS:
+            fmt = "dense"
         if fmt == "w4a8" and (q4 is None or not w8a8_ok(weight.shape[1])):
             fmt = "int4"
         if weight.dtype != torch.bfloat16 or (fmt == "int4" and (

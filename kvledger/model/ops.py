@@ -4,7 +4,9 @@ device's fused ops compute, their fallback, and the oracle of their tests.
 - :meth:`TorchOps.add_rms_norm`: the residual add and the next RMSNorm (Zhang & Sennrich,
   arXiv:1910.07467): ``h += delta; y = h / sqrt(mean(h^2) + eps) * weight``;
 - :meth:`TorchOps.rope_`: RoPE on Q and K, "rotate half" layout (Su et al., arXiv:2104.09864);
-- :meth:`TorchOps.silu_mul`: ``silu(gate) * up`` (SwiGLU).
+- :meth:`TorchOps.silu_mul`: ``silu(gate) * up`` (SwiGLU);
+- :meth:`TorchOps.gelu_tanh_mul`: ``gelu_tanh(gate) * up`` (GeGLU with the tanh approximation
+  of GELU, Hendrycks & Gimpel arXiv:1606.08415; Gemma's ``gelu_pytorch_tanh``).
 
 A device's ops (``Device.fused_ops``, e.g. :class:`kvledger.device.cpu.fused.NativeOps`)
 subclass :class:`TorchOps` and fall back to it for what they do not take.
@@ -23,9 +25,12 @@ class TorchOps:
 
     def add_rms_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim]."""
+        """(h + delta, its RMSNorm) for h, delta [T, dim] and weight [dim] (h's dtype, or fp32:
+        then the norm is computed in fp32 and rounded once to h's dtype)."""
         if delta is not None:
             h = h + delta
+        if weight.dtype != h.dtype:
+            return h, F.rms_norm(h.float(), (h.shape[-1],), weight.float(), eps=eps).to(h.dtype)
         return h, F.rms_norm(h, (h.shape[-1],), weight, eps=eps)
 
     def rope_(self, qk: torch.Tensor, positions: torch.Tensor, rope) -> torch.Tensor:
@@ -37,3 +42,8 @@ class TorchOps:
         """silu(gate) * up for gate_up [T, 2f] -> [T, f]."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gelu_tanh(gate) * up for gate_up [T, 2f] -> [T, f]."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up

@@ -1,10 +1,20 @@
-"""Rotary position embeddings (RoPE), with Llama-3 frequency scaling.
+"""Rotary position embeddings (RoPE), with linear, Llama-3 and LongRoPE frequency scaling.
 
 RoPE: Su et al., "RoFormer" (arXiv:2104.09864). We use the "rotate half" layout of the Hugging
-Face Llama implementation (the first and second halves of head_dim form the rotation pairs); GGUF
-files store Q/K rows permuted for the interleaved layout and the loader undoes that.
-Llama-3 scaling ("llama3" rope_type): Meta's Llama 3.1 reference code — low frequencies divided
-by ``factor``, high ones kept, the band between smoothly interpolated.
+Face Llama implementation (the first and second halves of the rotated dimensions form the
+rotation pairs); GGUF files store Q/K rows permuted for the interleaved layout and the loader
+undoes that. With a partial rotary factor (Phi-4-mini) only the first ``rotary_dim`` dimensions
+of a head turn, the rest pass through.
+Scaling (``rope_type``): ``linear`` divides every frequency by ``factor``; ``llama3`` is Meta's
+Llama 3.1 reference code (low frequencies divided by ``factor``, high ones kept, the band
+between smoothly interpolated); ``longrope`` (Ding et al., arXiv:2402.13753; transformers'
+``_compute_longrope_parameters``) divides frequency i by ``long_factor[i]`` or
+``short_factor[i]`` and scales cos and sin by ``attention_factor`` (default
+``sqrt(1 + ln(s) / ln(original))`` with s = positions / original). The factors are chosen once
+from the table's length, the engine's max model length: long when it exceeds
+``original_max_position_embeddings`` (llama.cpp chooses from its context size the same way;
+transformers switches per sequence length, so below that length the two differ when the
+engine chose long).
 
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
@@ -18,14 +28,19 @@ import torch
 
 from kvledger.errors import UnsupportedModelError
 
+SCALING_TYPES = ("default", "linear", "llama3", "longrope")
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    """Per-pair inverse frequencies, shape [head_dim // 2], fp32.
+
+def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
+                        max_positions: int | None = None) -> torch.Tensor:
+    """Per-pair inverse frequencies, shape [rotary_dim // 2], fp32; LongRoPE's factor set is
+    chosen by ``max_positions`` (module docstring).
 
     Raises:
-        UnsupportedModelError: an unknown ``rope_type`` in ``scaling``.
+        UnsupportedModelError: a ``rope_type`` outside :data:`SCALING_TYPES`.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float()
+                                / rotary_dim))
     rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if rope_type == "default":
         return inv_freq
@@ -33,7 +48,23 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         return inv_freq / float(scaling["factor"])
     if rope_type == "llama3":
         return _llama3_scaled(inv_freq, scaling)
-    raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported")
+    if rope_type == "longrope":
+        long = (max_positions or 0) > scaling["original_max_position_embeddings"]
+        factors = scaling["long_factor" if long else "short_factor"]
+        return inv_freq / torch.tensor(factors, dtype=torch.float32)
+    raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported "
+                                f"(supported: {', '.join(SCALING_TYPES)})")
+
+
+def attention_factor(scaling: dict | None, max_positions: int) -> float:
+    """The factor on cos and sin: LongRoPE's ``attention_factor`` (module docstring), else 1."""
+    if (scaling or {}).get("rope_type") != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or max_positions / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -49,20 +80,26 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables, each [max_positions, head_dim] in the model dtype."""
+    """Precomputed cos/sin tables, each [max_positions, rotary_dim] in the model dtype.
+
+    ``rotary_dim``: the leading dimensions of a head that turn (default: all ``head_dim``)."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
-                 dtype: torch.dtype) -> None:
-        self.inv_freq, self.dtype = inverse_frequencies(head_dim, theta, scaling), dtype
+                 dtype: torch.dtype, rotary_dim: int | None = None) -> None:
+        self.rotary_dim = rotary_dim or head_dim
+        self.inv_freq = inverse_frequencies(self.rotary_dim, theta, scaling, max_positions)
+        self.dtype, self.mscale = dtype, attention_factor(scaling, max_positions)
         self._tabulate(max_positions)
 
     def _tabulate(self, num_positions: int) -> None:
         freqs = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
-        self.cos = torch.cat((freqs, freqs), dim=-1).cos().to(self.dtype)
+        both, signed = torch.cat((freqs, freqs), dim=-1), torch.cat((-freqs, freqs), dim=-1)
+        self.cos = (both.cos() * self.mscale).to(self.dtype)
         # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin
-        self.sin = torch.cat((-freqs, freqs), dim=-1).sin().to(self.dtype)
-        # fp32 [positions, head_dim / 2] for the native op (kvledger.device.cpu.fused)
-        self.cos_half, self.sin_half = freqs.cos().contiguous(), freqs.sin().contiguous()
+        self.sin = (signed.sin() * self.mscale).to(self.dtype)
+        # fp32 [positions, rotary_dim / 2] for the native op (kvledger.device.cpu.fused)
+        self.cos_half = (freqs.cos() * self.mscale).contiguous()
+        self.sin_half = (freqs.sin() * self.mscale).contiguous()
 
     def cover(self, positions: torch.Tensor) -> None:
         """Make the tables reach ``positions`` [tokens]: positions past them (a retention policy
@@ -78,10 +115,14 @@ class RotaryEmbedding:
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate ``x`` [tokens, heads, head_dim] by the angles of :meth:`lookup`.
+        """Rotate ``x`` [tokens, heads, head_dim] by the angles of :meth:`lookup` (its first
+        ``cos.shape[-1]`` dimensions; the rest pass through).
 
         HF's ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)``, written as
         ``x * cos + roll(x, half) * signed_sin`` (sin(-a) = -sin(a)): three ops instead of seven.
         """
-        rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+        rot = cos.shape[-1]
+        if rot < x.shape[-1]:
+            return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), -1)
+        rolled = torch.roll(x, rot // 2, dims=-1)
         return torch.addcmul(x * cos, rolled, sin)

@@ -4,14 +4,16 @@
 the engine need, counts rather than bytes. One reader per source format builds it:
 :mod:`.hf_config` (a Hugging Face ``config.json``) and :mod:`.gguf_reader` (a GGUF file's
 header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
-:func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly. No torch here:
-the planner runs without an ML stack.
+:func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly and
+names the engine family that runs the rest (``FAMILY_TYPES``). No torch here: the planner runs
+without an ML stack.
 
 Code outside this package imports the names below from ``kvledger.spec``, never a module of
 the package (``tests/test_imports.py`` checks it).
 """
 
 from kvledger.spec.gguf_reader import (
+    GGUF_MODEL_TYPES,
     check_gguf_magic,
     open_gguf,
     spec_from_gguf,
@@ -19,14 +21,15 @@ from kvledger.spec.gguf_reader import (
 )
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
 from kvledger.spec.load import load_spec
-from kvledger.spec.model_spec import FULL, LINEAR, LLAMA_FAMILY_TYPES, MLA, SLIDING, ModelSpec
-from kvledger.spec.runnable import ENGINE_MODEL_TYPES, check_runnable
+from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec.runnable import ENGINE_MODEL_TYPES, FAMILY_TYPES, check_runnable
 
 __all__ = [
     "ENGINE_MODEL_TYPES",
+    "FAMILY_TYPES",
     "FULL",
+    "GGUF_MODEL_TYPES",
     "LINEAR",
-    "LLAMA_FAMILY_TYPES",
     "MLA",
     "SLIDING",
     "ConfigWarning",

@@ -1,4 +1,4 @@
-"""ModelSpec from a GGUF file's metadata (llama-family architectures).
+"""ModelSpec from a GGUF file's metadata (the architectures of :data:`GGUF_MODEL_TYPES`).
 
 GGUF (the llama.cpp file format, https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
 stores the architecture as key/value metadata named ``{arch}.<key>`` plus a list of tensor
@@ -12,13 +12,20 @@ Invariants:
     (llama.cpp converters drop the head when it shares the embedding matrix).
   * ``gguf_tensor_elements`` / ``gguf_tensor_bytes`` sum every tensor in the file, so the
     ledger's weight bytes for a GGUF are what the file really holds.
+  * What the converter does not store follows llama.cpp's loader (``src/models/<arch>.cpp``):
+    Gemma's ``query_pre_attn_scalar`` is hidden / heads for the 27B models (46 layers in
+    Gemma 2, 62 in Gemma 3), else head_dim; Gemma 2 slides on even layers, Gemma 3 on all
+    but every sixth, unless ``{arch}.attention.sliding_window_pattern`` lists them; Gemma 3's
+    local RoPE base is ``{arch}.rope.freq_base_swa``, else 10,000; Phi-3's LongRoPE factors
+    are the ``rope_factors_long`` / ``rope_factors_short`` tensors (read from the file, a few
+    hundred floats).
   * ``eos_token_ids`` starts with ``tokenizer.ggml.eos_token_id`` and adds
     ``tokenizer.ggml.eot_token_id`` and the chat-end tokens (``<|im_end|>``, ``<|eot_id|>``,
     ``<|end_of_text|>``) that the vocabulary contains.
 
 Errors: a file without the GGUF magic -> ConfigError("not a GGUF file: PATH"); a missing
-required key -> ConfigError naming the key and the file; a non-llama-family architecture ->
-UnsupportedModelError.
+required key -> ConfigError naming the key and the file; an architecture outside
+:data:`GGUF_MODEL_TYPES` -> UnsupportedModelError.
 """
 
 from __future__ import annotations
@@ -28,10 +35,15 @@ from pathlib import Path
 
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import model_id
-from kvledger.spec.model_spec import FULL, LLAMA_FAMILY_TYPES, SLIDING, ModelSpec
+from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
 from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
-CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
+CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
+GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                    "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+"""GGUF ``general.architecture`` -> the Hugging Face ``model_type`` this reader reads it as."""
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+_SLIDING_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's load_swa_pattern defaults
 GGUF_MAGIC = b"GGUF"
 
 
@@ -107,6 +119,57 @@ def _rope_scaling(reader, arch: str) -> dict | None:
     return scaling
 
 
+def _tensor_floats(reader, name: str) -> list[float] | None:
+    """The values of a small F32 tensor ``name`` as floats (None when absent)."""
+    tensor = next((t for t in reader.tensors if t.name == name), None)
+    return None if tensor is None else [_float32(x) for x in tensor.data.tolist()]
+
+
+def _longrope(reader, arch: str, path: Path) -> dict | None:
+    """Phi-3's LongRoPE as HF's ``rope_scaling`` (None when the file has no factor tensors)."""
+    long, short = (_tensor_floats(reader, f"rope_factors_{k}.weight") for k in ("long", "short"))
+    if long is None or short is None:
+        return None
+    scaling = {"rope_type": "longrope", "long_factor": long, "short_factor": short,
+               "original_max_position_embeddings": int(_require(
+                   reader, f"{arch}.rope.scaling.original_context_length", path))}
+    factor = field_value(reader, f"{arch}.rope.scaling.attn_factor")
+    if factor is not None:
+        scaling["attention_factor"] = _float32(factor)
+    return scaling
+
+
+def _layer_kinds(reader, arch: str, num_layers: int, window) -> tuple[str, ...]:
+    """Per-layer kinds: llama.cpp's ``sliding_window_pattern`` array, else its default
+    period for the architecture (every layer slides when it has none)."""
+    if not window:
+        return (FULL,) * num_layers
+    listed = field_value(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(listed, list) and len(listed) == num_layers:
+        return tuple(SLIDING if slides else FULL for slides in listed)
+    period = _SLIDING_PERIOD.get(arch)
+    if period is None:
+        return (SLIDING,) * num_layers
+    return tuple(SLIDING if i % period < period - 1 else FULL for i in range(num_layers))
+
+
+def _gemma_fields(reader, arch: str, hidden: int, heads: int, head_dim: int,
+                  num_layers: int) -> dict:
+    """Gemma 2 / 3 fields the converter leaves to llama.cpp's loader (module docstring)."""
+    def value(key: str):
+        found = field_value(reader, f"{arch}.{key}")
+        return None if found is None else _float32(found)
+
+    big = num_layers == _GEMMA_27B_LAYERS[arch]
+    out = {"hidden_act": "gelu_pytorch_tanh", "norms_per_layer": 4,
+           "query_pre_attn_scalar": float(hidden // heads if big else head_dim),
+           "attn_logit_softcapping": value("attn_logit_softcapping"),
+           "final_logit_softcapping": value("final_logit_softcapping")}
+    if arch == "gemma3":
+        out["rope_local_base_freq"] = value("rope.freq_base_swa") or 10_000.0
+    return out
+
+
 def _eos_token_ids(reader, tokens: list[str] | None) -> tuple[int, ...]:
     ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
@@ -122,7 +185,8 @@ def _eos_token_ids(reader, tokens: list[str] | None) -> tuple[int, ...]:
 
 
 def spec_from_gguf(path: str | os.PathLike) -> ModelSpec:
-    """Read the architecture numbers of a llama-family GGUF file (llama, mistral, qwen2, qwen3).
+    """Read the architecture numbers of a GGUF file (the architectures of
+    :data:`GGUF_MODEL_TYPES`).
 
     Args:
         path: a ``.gguf`` file.
@@ -131,7 +195,7 @@ def spec_from_gguf(path: str | os.PathLike) -> ModelSpec:
         ``gguf_tensor_bytes`` (bytes) summed over every tensor of the file.
     Raises:
         ConfigError: not a GGUF file, or a required key is missing.
-        UnsupportedModelError: the architecture is not llama-family.
+        UnsupportedModelError: an architecture outside :data:`GGUF_MODEL_TYPES`.
     """
     path = Path(path)
     return spec_from_gguf_reader(open_gguf(path), path)
@@ -140,10 +204,10 @@ def spec_from_gguf(path: str | os.PathLike) -> ModelSpec:
 def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     """:func:`spec_from_gguf` for an already open ``GGUFReader`` of the file at ``path``."""
     arch = _require(reader, "general.architecture", path)
-    if arch not in LLAMA_FAMILY_TYPES:
+    if arch not in GGUF_MODEL_TYPES:
         raise UnsupportedModelError(
             f"GGUF architecture {arch!r} in {path} is not supported (GGUF files are read for "
-            f"{', '.join(LLAMA_FAMILY_TYPES)}; the engine runs {', '.join(ENGINE_MODEL_TYPES)})"
+            f"{', '.join(GGUF_MODEL_TYPES)}; the engine runs {', '.join(ENGINE_MODEL_TYPES)})"
         )
 
     def req(key: str):
@@ -161,9 +225,14 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     bos = field_value(reader, "tokenizer.ggml.bos_token_id")
     num_layers = int(req("block_count"))
     window = field_value(reader, f"{arch}.attention.sliding_window")
+    rotary = field_value(reader, f"{arch}.rope.dimension_count")
+    family = {}
+    if arch in _GEMMA_27B_LAYERS:
+        family = _gemma_fields(reader, arch, hidden, heads, int(head_dim), num_layers)
     return ModelSpec(
+        **family,
         name=model_id(path),
-        model_type=arch,
+        model_type=GGUF_MODEL_TYPES[arch],
         num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,
@@ -175,12 +244,13 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
         tie_word_embeddings="output.weight" not in tensor_names,
         rms_norm_eps=_float32(req("attention.layer_norm_rms_epsilon")),
         rope_theta=_float32(field_value(reader, f"{arch}.rope.freq_base") or 10000.0),
-        rope_scaling=_rope_scaling(reader, arch),
+        rope_scaling=_longrope(reader, arch, path) or _rope_scaling(reader, arch),
+        partial_rotary_factor=int(rotary) / int(head_dim) if rotary else 1.0,
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
         o_bias="blk.0.attn_output.bias" in tensor_names,
         mlp_bias=any(f"blk.0.ffn_{p}.bias" in tensor_names for p in ("gate", "up", "down")),
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
-        layer_types=((SLIDING if window else FULL),) * num_layers,
+        layer_types=_layer_kinds(reader, arch, num_layers, window),
         sliding_window=int(window) if window else None,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=_eos_token_ids(reader, tokens),

@@ -53,9 +53,18 @@ _GPT2_KEYS = {
 }
 # transformers config-class defaults for keys real configs omit (only keys with a fixed default)
 _DEFAULTS = {
-    "gemma2": {"tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+               "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6, "bos_token_id": 2,
+               "eos_token_id": 1},
     "gemma3_text": {
         "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "rope_local_base_freq": 10_000.0,
         "num_attention_heads": 8,
         "num_key_value_heads": 4,
         "head_dim": 256,
@@ -176,7 +185,6 @@ def _common_fields(c: _Config, path: Path) -> dict:
     heads = c.int("num_attention_heads")
     hidden = c.int("hidden_size")
     eos = c.get("eos_token_id")
-    rope = c.get("rope_parameters") or {}
     quant = c.get("quantization_config") or {}
     dtype = c.get("torch_dtype") or c.get("dtype") or "bfloat16"
     return {
@@ -192,20 +200,54 @@ def _common_fields(c: _Config, path: Path) -> dict:
         "max_position_embeddings": c.int("max_position_embeddings"),
         "tie_word_embeddings": bool(c.get("tie_word_embeddings", c.model_type not in KNOWN_TYPES)),
         "rms_norm_eps": float(c.get("rms_norm_eps", c.get("layer_norm_eps", 1e-5))),
-        "rope_theta": float(c.get("rope_theta", rope.get("rope_theta", 10000.0))),
-        "rope_scaling": c.get("rope_scaling")
-        or (rope if rope.get("rope_type", "default") != "default" else None),
+        **_rope_fields(c),
+        # Gemma's MLP reads hidden_activation first (transformers' Gemma2MLP)
+        "hidden_act": str(c.get("hidden_activation") or c.get("hidden_act")
+                          or c.get("activation_function") or "silu"),
         "bos_token_id": c.get("bos_token_id"),
         "eos_token_ids": tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
         "qkv_bias": bool(c.get("attention_bias", False)),
         "o_bias": bool(c.get("attention_bias", False)),
         "mlp_bias": bool(c.get("mlp_bias", False)),
-        "hidden_act": str(c.get("hidden_act") or c.get("hidden_activation")
-                          or c.get("activation_function") or "silu"),
         "weights_dtype": "fp8"
         if quant.get("quant_method") == "fp8"
         else _TORCH_DTYPES.get(str(dtype), "bf16"),
         "source": str(path),
+    }
+
+
+_ROPE_KEYS_NOT_SCALING = ("rope_theta", "partial_rotary_factor")
+
+
+def _rope_fields(c: _Config) -> dict:
+    """RoPE base, scaling, local base and rotary share, from transformers 4's top-level keys
+    (``rope_theta``, ``rope_scaling``, ``rope_local_base_freq``, ``partial_rotary_factor``,
+    ``original_max_position_embeddings``) or transformers 5's ``rope_parameters`` (one dict,
+    or one per layer kind, ``full_attention`` / ``sliding_attention``, for Gemma 3).
+
+    ``rope_scaling`` comes out with ``rope_type`` (``type`` renamed, LongRoPE's old name
+    ``su`` -> ``longrope``) and the pre-scaling context, None for the default type."""
+    params = c.get("rope_parameters") or {}
+    by_kind = any(k in params for k in (FULL, SLIDING))
+    full = (params.get(FULL) or {}) if by_kind else params
+    local = (params.get(SLIDING) or {}) if by_kind else {}
+    theta = full.get("rope_theta", c.get("rope_theta", 10000.0))
+    scaling = dict(c.get("rope_scaling") or {k: v for k, v in full.items()
+                                            if k not in _ROPE_KEYS_NOT_SCALING})
+    kind = scaling.pop("type", None)
+    kind = scaling.setdefault("rope_type", kind or "default")
+    if kind == "su":
+        scaling["rope_type"] = "longrope"
+    if c.get("original_max_position_embeddings") is not None:
+        scaling.setdefault("original_max_position_embeddings",
+                           c.get("original_max_position_embeddings"))
+    local_theta = local.get("rope_theta", c.get("rope_local_base_freq"))
+    return {
+        "rope_theta": float(theta),
+        "rope_scaling": None if scaling["rope_type"] == "default" else scaling,
+        "rope_local_base_freq": None if local_theta is None else float(local_theta),
+        "partial_rotary_factor": float(full.get("partial_rotary_factor",
+                                                c.get("partial_rotary_factor", 1.0))),
     }
 
 
@@ -244,15 +286,14 @@ def _family_fields(c: _Config, n: int) -> dict:
         return _mla_fields(c, n)
     out: dict = {}
     if mt == "mixtral":
-        out.update(
-            num_experts=c.int("num_local_experts"), moe_intermediate_size=c.int("intermediate_size")
-        )
+        out.update(num_experts=c.int(_experts_key(c)),
+                   moe_intermediate_size=c.int("intermediate_size"))
         out["num_experts_per_tok"] = c.int("num_experts_per_tok")
     elif mt in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
         out.update(_qwen_moe_fields(c, n))
     elif mt == "gpt_oss":
         out.update(
-            num_experts=c.int("num_local_experts"),
+            num_experts=c.int(_experts_key(c)),
             num_experts_per_tok=int(c.get("num_experts_per_tok") or c.req("experts_per_token")),
             moe_intermediate_size=c.int("intermediate_size"),
             router_bias=True,
@@ -265,6 +306,9 @@ def _family_fields(c: _Config, n: int) -> dict:
         out["qk_norm"] = True
     if mt in ("gemma2", "gemma3_text"):
         out["norms_per_layer"] = 4
+        out["query_pre_attn_scalar"] = float(c.req("query_pre_attn_scalar"))
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            out[key] = None if c.get(key) is None else float(c.get(key))
     if mt == "qwen3_next":
         out.update(_linear_attention_fields(c), attn_output_gate=True)
     if mt in ("gpt2", "gpt_neox"):
@@ -275,6 +319,13 @@ def _family_fields(c: _Config, n: int) -> dict:
     return out
 
 
+def _experts_key(c: _Config) -> str:
+    """The key of the routed-expert count: transformers 4 writes ``num_experts`` (Qwen MoE) or
+    ``num_local_experts`` (Mixtral, gpt-oss); transformers 5 writes ``num_local_experts``
+    for all of them."""
+    return "num_local_experts" if "num_local_experts" in c.cfg else "num_experts"
+
+
 def _qwen_moe_fields(c: _Config, n: int) -> dict:
     """Qwen2-MoE / Qwen3-MoE / Qwen3-Next: experts on layers ``(i + 1) % decoder_sparse_step ==
     0`` not listed in ``mlp_only_layers``; an optional gated shared expert."""
@@ -283,7 +334,7 @@ def _qwen_moe_fields(c: _Config, n: int) -> dict:
     dense = sum(1 for i in range(n) if i in dense_only or (i + 1) % step)
     shared = int(c.get("shared_expert_intermediate_size", 0))
     return {
-        "num_experts": c.int("num_experts"),
+        "num_experts": c.int(_experts_key(c)),
         "num_experts_per_tok": c.int("num_experts_per_tok"),
         "moe_intermediate_size": c.int("moe_intermediate_size"),
         "num_shared_experts": 1 if shared else 0,

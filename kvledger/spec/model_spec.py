@@ -22,10 +22,6 @@ SLIDING = "sliding_attention"
 MLA = "mla"
 LINEAR = "linear_attention"
 
-# model types with the Llama decoder (RMSNorm, RoPE, GQA, SwiGLU), which the engine runs; their
-# GGUF ``general.architecture`` names are the same strings
-LLAMA_FAMILY_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -48,9 +44,16 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
+    rope_scaling: dict | None = None  # HF names, ``rope_type`` always set; full layers only
+    # when ``rope_local_base_freq`` is set (Gemma 3)
+    rope_local_base_freq: float | None = None  # RoPE base of the sliding layers (Gemma 3)
+    partial_rotary_factor: float = 1.0  # share of head_dim RoPE turns (Phi-4-mini: 0.75)
     layer_types: tuple[str, ...] = ()
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # W: query i sees key j when i - j < W
+    hidden_act: str = "silu"  # the MLP activation, an ACT2FN name (Gemma: gelu_pytorch_tanh)
+    query_pre_attn_scalar: float | None = None  # scores scaled by its -0.5 power (Gemma)
+    attn_logit_softcapping: float | None = None  # scores -> c * tanh(s / c) (Gemma 2)
+    final_logit_softcapping: float | None = None  # logits -> c * tanh(z / c) (Gemma 2)
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     # mixture of experts
@@ -62,7 +65,6 @@ class ModelSpec:
     first_k_dense_layers: int = 0  # decoder layers with a dense MLP instead of experts
     # layer structure beyond the Llama defaults (used by the parameter count)
     mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
-    hidden_act: str = "silu"  # the MLP's activation (transformers' ACT2FN name)
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False  # biases on MLP / expert projections
@@ -111,6 +113,26 @@ class ModelSpec:
         if len(self.layer_types) != self.num_layers:
             raise ConfigError(f"{len(self.layer_types)} layer types for {self.num_layers} "
                               f"layers{where}")
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise ConfigError(f"sliding layers need a sliding_window >= 1{where}")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer, the sliding window W of a sliding layer, else None (full attention)."""
+        return tuple(self.sliding_window if kind == SLIDING else None
+                     for kind in self.layer_types)
+
+    @property
+    def attention_scale(self) -> float:
+        """The factor of q . k in attention: ``query_pre_attn_scalar ** -0.5`` when set, else
+        ``head_dim ** -0.5`` (Vaswani et al., 2017)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dimensions of each head that RoPE turns (HF: ``head_dim x
+        partial_rotary_factor``, truncated)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def gqa_group_size(self) -> int:

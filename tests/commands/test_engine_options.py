@@ -45,6 +45,7 @@ NON_DEFAULT = {
     "kv_calibration": ("calib.json", ["--kv-calibration", "calib.json"]),
     "tensor_parallel_size": (3, ["-tp", "3"]),
     "tp_timeout_s": (5.0, ["--tp-timeout-s", "5"]),
+    "load_format": ("dummy", ["--load-format", "dummy"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvledger.cli import app
+from kvledger.data import config_path
 
 runner = CliRunner()
 
@@ -142,3 +143,33 @@ def test_sinks_holds_at_most_its_bound():
     assert m["kv_policy"].startswith("sinks (4 sinks + 16 recent)")
     assert m["kv_blocks_held"] <= 3  # 4 sinks + 15 recent + 1 new in blocks of 16
     assert m["kv_bytes_held"] <= m["kv_bytes_ledger_blocks"]
+
+
+@pytest.mark.parametrize("model_id,model_type", [
+    ("openai-community/gpt2", "gpt2"), ("togethercomputer/RedPajama-INCITE-Chat-3B-v1", "gpt_neox"),
+    ("deepseek-ai/DeepSeek-V3", "deepseek_v3")])
+def test_plan_only_families_are_refused_by_name_in_one_line(model_id, model_type):
+    result = _invoke("hi", "--model", model_id, "--load-format", "dummy")
+    assert result.exit_code == 2
+    line, = result.output.strip().splitlines()
+    assert f"model_type '{model_type}'" in line
+    assert "it runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text" in line
+
+
+def test_a_folder_of_an_unsupported_family_is_refused_before_its_weights(tmp_path):
+    (tmp_path / "config.json").write_text(
+        (config_path("mistralai__Mixtral-8x7B-v0.1")).read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"not read")
+    result = _invoke("hi", "--model", str(tmp_path))
+    assert result.exit_code == 2 and "model_type 'mixtral'" in result.output
+
+
+def test_dummy_weights_from_a_config_say_whose_tokenizer_runs(tmp_path):
+    raw = json.loads(config_path("google__gemma-3-1b-it").read_text())
+    raw.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    result = _invoke("hi", "--model", str(tmp_path), "--load-format", "dummy", "--max-tokens",
+                     "2", "--num-blocks", "4", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output.strip().splitlines()[-1])
+    assert "bundled" in doc["tokenizer_note"] and len(doc["token_ids"]) == 2

@@ -34,3 +34,19 @@ def test_probe_rejects_bad_threads():
     r = CliRunner().invoke(app, ["probe", "--threads", "0"])
     assert r.exit_code == 2
     assert "--threads must be positive" in r.output
+
+
+def test_probe_of_a_kquant_gguf_picks_among_the_kquant_formats(tmp_path, monkeypatch):
+    """Every class of a K-quant GGUF (held as its blocks) is offered only the kquant formats."""
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("KVLEDGER_CACHE", str(tmp_path / "cache"))
+    fixture = Path(__file__).parents[1] / "model" / "fixtures" / "tiny-q4_k_m.gguf"
+    r = CliRunner().invoke(app, ["probe", "--buffer-mib", "4", "--matmul-n", "64", "--repeats",
+                                 "1", "--model", str(fixture), "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    picks = [line.rsplit("-> ", 1)[1] for line in r.stdout.splitlines()
+             if line.strip().split(" ", 1)[0] in ("qkv", "o", "gate_up", "down", "lm_head")]
+    assert len(picks) == 5 and all(p.startswith("kquant-") for p in picks), r.stdout

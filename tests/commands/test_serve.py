@@ -3,6 +3,7 @@
 import socket
 from types import SimpleNamespace
 
+import pytest
 from typer.testing import CliRunner
 
 import kvledger.engine.engine as engine_module
@@ -54,3 +55,12 @@ def test_a_missing_model_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["serve", "--model", str(tmp_path / "nope.gguf")])
     assert result.exit_code == 2
     assert "error: model path not found" in result.output
+
+
+@pytest.mark.parametrize("model_id,model_type", [("openai-community/gpt2", "gpt2"),
+                                                 ("deepseek-ai/DeepSeek-V3", "deepseek_v3")])
+def test_a_plan_only_family_is_refused_by_name(model_id, model_type):
+    result = CliRunner().invoke(app, ["serve", "--model", model_id, "--load-format", "dummy"])
+    assert result.exit_code == 2
+    line, = result.output.strip().splitlines()
+    assert f"model_type '{model_type}'" in line and "it runs llama" in line

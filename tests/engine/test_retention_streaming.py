@@ -96,9 +96,9 @@ def _count_one_token_block_reads(engine) -> dict:
     if kernel is None:
         return calls
 
-    def counting(q, keys, values, paged):
+    def counting(q, keys, values, paged, *layer):
         calls["calls"] += keys.shape[1] == 1
-        return kernel(q, keys, values, paged)
+        return kernel(q, keys, values, paged, *layer)
 
     backend.kernel = counting
     counting.accepts = kernel.accepts

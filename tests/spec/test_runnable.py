@@ -9,15 +9,26 @@ import pytest
 
 from kvledger.errors import UnsupportedModelError
 from kvledger.spec import ModelSpec, check_runnable
-from kvledger.spec.runnable import IMPLEMENTED, NOT_FORWARD, ONLY_AT
+from kvledger.spec.runnable import FAMILY_RUNS, FAMILY_TYPES, IMPLEMENTED, NOT_FORWARD, ONLY_AT
 
 LLAMA = ModelSpec(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
                   num_attention_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
                   vocab_size=128, max_position_embeddings=128)
-# a value the engine does not run, for each field of ONLY_AT
-OFF = {"model_type": "qwen3", "layer_types": ("sliding_attention", "full_attention"),
-       "sliding_window": 64, "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False,
-       "norms_per_layer": 4, "position_embeddings": 128}
+# one spec each engine family runs
+BASE = {"llama": LLAMA, "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", qk_norm=True),
+        "phi3": dataclasses.replace(LLAMA, model_type="phi3", partial_rotary_factor=0.5),
+        "gemma": dataclasses.replace(LLAMA, model_type="gemma2", hidden_act="gelu_pytorch_tanh",
+                                     norms_per_layer=4, attn_logit_softcapping=50.0)}
+# a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
+OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
+       "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,
+       "position_embeddings": 128, "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+       "rope_local_base_freq": 10000.0, "partial_rotary_factor": 0.5}
+
+
+def _off(spec, name):
+    default = getattr(spec, name)
+    return OFF.get(name, (not default) if isinstance(default, bool) else 7)
 
 
 def test_every_field_is_in_exactly_one_list():
@@ -27,16 +38,31 @@ def test_every_field_is_in_exactly_one_list():
     twice = [n for n in names if sum(n in lst for lst in lists) > 1]
     assert not unlisted, f"decide whether the engine implements or refuses: {unlisted}"
     assert not twice and set().union(*lists) == set(names)
+    assert set(FAMILY_RUNS) == set(FAMILY_TYPES) == set(BASE)
+    assert all(set(runs) <= set(ONLY_AT) for runs in FAMILY_RUNS.values())
 
 
-def test_the_llama_defaults_run():
-    check_runnable(LLAMA)
+def test_the_defaults_run():
+    assert check_runnable(LLAMA) == "llama"
     check_runnable(dataclasses.replace(LLAMA, model_type="qwen2", qkv_bias=True))
+    for family, spec in BASE.items():
+        assert check_runnable(spec) == family
 
 
-@pytest.mark.parametrize("name", sorted(ONLY_AT))
-def test_each_other_value_is_refused_by_name(name):
-    default = getattr(LLAMA, name)
-    value = OFF.get(name, (not default) if isinstance(default, bool) else 7)
+@pytest.mark.parametrize(("family", "name"), [
+    (family, name) for family in sorted(FAMILY_RUNS) for name in sorted(ONLY_AT)
+    if name not in FAMILY_RUNS[family] or name in ("layer_types", "hidden_act",
+                                                    "norms_per_layer", "rope_scaling")])
+def test_each_other_value_is_refused_by_name(family, name):
+    spec = BASE[family]
     with pytest.raises(UnsupportedModelError, match=name):
-        check_runnable(dataclasses.replace(LLAMA, **{name: value}))
+        check_runnable(dataclasses.replace(spec, **{name: _off(spec, name)}))
+
+
+def test_a_family_runs_the_values_it_lists():
+    for spec in (dataclasses.replace(LLAMA, model_type="mistral", sliding_window=16,
+                                     layer_types=("sliding_attention",) * 2),
+                 dataclasses.replace(BASE["phi3"], rope_scaling={"rope_type": "longrope"}),
+                 dataclasses.replace(BASE["gemma"], rope_local_base_freq=10000.0, qk_norm=True,
+                                     query_pre_attn_scalar=7.0, final_logit_softcapping=30.0)):
+        check_runnable(spec)

@@ -20,9 +20,10 @@ class CpuDevice:
         """:func:`kvledger.device.cpu.kernel_probe.choose_attention`."""
         return kernel_probe.choose_attention(spec, quantized)
 
-    def weight_formats(self, spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
+    def weight_formats(self, spec: ModelSpec, q4_classes: set[str],
+                       kquant_classes: set[str] = frozenset()) -> dict[str, str]:
         """:func:`kvledger.device.cpu.kernel_probe.choose_formats`."""
-        return kernel_probe.choose_formats(spec, q4_classes)
+        return kernel_probe.choose_formats(spec, q4_classes, kquant_classes)
 
     def gemm_paths(self, spec: ModelSpec, formats: dict[str, str]
                    ) -> dict[str, tuple[int, str] | None]:

@@ -34,7 +34,7 @@ class NativeOps(TorchOps):
                           for dtype, rows in by_dtype.items()}
         ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         self._norm = lib.kvl_add_rms_norm
-        self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32]
+        self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32, i32]
         self._rope = lib.kvl_rope
         self._rope.argtypes = [ptr, i64, i32, i32, i32, ptr, ptr, ptr, i32]
         self._silu = lib.kvl_silu_mul
@@ -48,21 +48,24 @@ class NativeOps(TorchOps):
 
     def add_rms_norm(self, h, delta, weight, eps):
         """In place: ``h`` itself becomes h + delta (h must be a tensor the caller owns)."""
-        if not (h.dtype in DTYPE_CODES and h.is_contiguous() and weight.dtype == h.dtype
+        if not (h.dtype in DTYPE_CODES and h.is_contiguous()
+                and weight.dtype in (h.dtype, torch.float32)
                 and (delta is None or (delta.dtype == h.dtype and delta.is_contiguous()))
                 and not self._too_many("add_rms_norm", h)):
             return super().add_rms_norm(h, delta, weight, eps)
         out = torch.empty_like(h)
         rows, dim = h.shape
         self._norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
-                   out.data_ptr(), rows, dim, eps, DTYPE_CODES[h.dtype])
+                   out.data_ptr(), rows, dim, eps, DTYPE_CODES[h.dtype],
+                   DTYPE_CODES[weight.dtype])
         return h, out
 
     def rope_(self, qk, positions, rope):
-        """In place on qk [T, heads, D] whose heads are contiguous within each token's row."""
+        """In place on qk [T, heads, D] whose heads are contiguous within each token's row and
+        turn whole (a partial rotary factor takes the PyTorch op)."""
         tokens, heads, dim = qk.shape
         if (qk.dtype not in DTYPE_CODES or qk.stride(2) != 1 or qk.stride(1) != dim
-                or positions.dtype != torch.int64):
+                or positions.dtype != torch.int64 or rope.rotary_dim != dim):
             return super().rope_(qk, positions, rope)
         positions = positions.contiguous()
         rope.cover(positions)

@@ -21,7 +21,9 @@ new CPU, torch, model or kernel re-probes, and the same key always gives the sam
 corrupt file is ignored with a warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
 ``class=format,...``), ``KVLEDGER_GEMM`` (the many-row path, :func:`forced_gemm`) and
 ``KVLEDGER_ATTENTION`` override the probe; ``int4`` and ``w4a8`` apply only to
-weights the GGUF stores as Q4 (others stay dense; ``w4a8`` without the native library is ``int4``).
+weights the GGUF stores as Q4 (others stay dense; ``w4a8`` without the native library is ``int4``),
+the ``kquant`` formats only to weights held as a K-quant GGUF's blocks (whose native paths the
+probe times on Q4_K blocks of each class's shape; any other format dequantizes them at load).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 from kvledger.device.cpu import probe_timing
 from kvledger.device.cpu.probe_timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
 from kvledger.errors import InvalidParameterError
-from kvledger.model.linear import FORMATS, GEMM_PATHS, Q4_FORMATS
+from kvledger.model.linear import FORMATS, GEMM_PATHS, KQUANT_FORMATS, Q4_FORMATS
 from kvledger.paths import cache_dir
 from kvledger.spec import ModelSpec
 
@@ -47,8 +49,10 @@ GEMM_CLASSES = CLASSES[:4]
 """The classes with a many-row GEMM path (the LM head sees one row per sampled sequence)."""
 REFERENCE_REQUEST = (512, 128)
 """(prompt tokens, new tokens) of the request whose matmul time picks each class's format."""
-NOT_Q4_FORMATS = tuple(f for f in FORMATS if f not in Q4_FORMATS)
-"""The formats of a weight the GGUF does not store as Q4."""
+DENSE_FORMATS = tuple(f for f in FORMATS if f not in KQUANT_FORMATS)
+"""The formats of a weight held dense or as Q4 parts (not as a GGUF's blocks)."""
+NOT_Q4_FORMATS = tuple(f for f in DENSE_FORMATS if f not in Q4_FORMATS)
+"""The formats of a dense weight the GGUF does not store as Q4."""
 @dataclass
 class ProbeResult:
     """What the probe measured and chose.
@@ -244,20 +248,33 @@ def forced_formats() -> dict[str, str]:
     return forced
 
 
-def choose_formats(spec: ModelSpec, q4_classes: set[str]) -> dict[str, str]:
-    """Format per class: forced ones, the rest from the probe (``int4`` only for Q4 weights)."""
+def choose_formats(spec: ModelSpec, q4_classes: set[str],
+                   kquant_classes: set[str] = frozenset()) -> dict[str, str]:
+    """Format per class: forced ones, the rest from the probe (``int4`` only for Q4 weights;
+    the fastest native ``kquant`` path for weights held as GGUF blocks, ``kquant-torch`` where
+    none was timed)."""
     forced = forced_formats()
     result = None if set(forced) == set(CLASSES) else probe(spec)
     chosen = {}
     for cls in CLASSES:
-        chosen[cls] = forced.get(cls) or result.weight_format(cls, candidates(cls, q4_classes))
+        if cls in forced:
+            chosen[cls] = forced[cls]
+            continue
+        available = candidates(cls, q4_classes, kquant_classes)
+        timed = result.matmul_us.get(cls, {})
+        chosen[cls] = result.weight_format(cls, available) \
+            if any(f in timed for f in available) else available[-1]
     return chosen
 
 
-def candidates(shape_class: str, q4_classes: set[str]) -> tuple[str, ...]:
-    """The formats the probe may choose for ``shape_class`` (``int4`` and ``w4a8`` only for Q4
-    weights)."""
-    return FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
+def candidates(shape_class: str, q4_classes: set[str],
+               kquant_classes: set[str] = frozenset()) -> tuple[str, ...]:
+    """The formats the probe may choose for ``shape_class``: the ``kquant`` ones for weights
+    held as GGUF blocks (:data:`~kvledger.model.linear.KQUANT_FORMATS`, the fallback last),
+    ``int4`` and ``w4a8`` only for Q4 weights."""
+    if shape_class in kquant_classes:
+        return KQUANT_FORMATS
+    return DENSE_FORMATS if shape_class in q4_classes else NOT_Q4_FORMATS
 
 
 def forced_gemm() -> dict[str, tuple[int, str] | None]:

@@ -4,7 +4,7 @@ built on first use by :mod:`.native`, with a handle per kernel (None where it ca
 
 from __future__ import annotations
 
-from kvledger.device.cpu import fused, kv_encode, native, omp, w8a8
+from kvledger.device.cpu import fused, kquant, kv_encode, native, omp, w8a8
 
 
 class CpuKernels:
@@ -21,6 +21,10 @@ class CpuKernels:
     def w8a8(self) -> w8a8.W8A8Kernel | None:
         """:func:`kvledger.device.cpu.w8a8.kernel`."""
         return w8a8.kernel()
+
+    def kquant(self) -> kquant.KQuantKernel | None:
+        """:func:`kvledger.device.cpu.kquant.kernel`."""
+        return kquant.kernel()
 
     def kv_encoder(self) -> kv_encode.NativeIntEncoder | None:
         """:func:`kvledger.device.cpu.kv_encode.encoder`."""

@@ -3,7 +3,9 @@
 (``fused_ops.cpp``, :mod:`kvledger.device.cpu.fused`), the decode products with int8
 activations (``int8_gemv.cpp`` and the headers it includes, :mod:`kvledger.device.cpu.w8a8`),
 the bf16 dequantization of their weights for a prefill's GEMM (``dequant_bf16.cpp``, also
-:mod:`kvledger.device.cpu.w8a8`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
+:mod:`kvledger.device.cpu.w8a8`), the products with weights in GGUF's own K-quant and 32-weight
+blocks and their dequantization (``kquant_gemv.cpp`` and its ``kquant_*.h``,
+:mod:`kvledger.device.cpu.kquant`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
 :mod:`kvledger.device.cpu.kv_encode`).
 
 The sources make one plain shared library (no Python or torch headers), built on first use with
@@ -40,7 +42,9 @@ log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain.h",
            "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
-           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp")
+           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp",
+           "kquant_gemv.cpp", "kquant_blocks.h", "kquant_activations.h", "kquant_scalar.h",
+           "kquant_avx2.h", "kquant_avx512.h")
 """Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files
 are compiled, the ``.h`` files they include are written beside them (one folder, so the names
 are unique), and all of them are hashed, in this order, into the build and probe keys."""
@@ -185,7 +189,8 @@ class PagedKernel:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.kvl_paged_attention
         i32, ptr = ctypes.c_int, ctypes.c_void_p
-        self._fn.argtypes = [ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32] + [ptr] * 4
+        self._fn.argtypes = ([ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32, i32]
+                             + [ptr] * 4)
         self._fn.restype = None
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
         self.dim_multiple = lib.kvl_head_dim_multiple()
@@ -207,22 +212,26 @@ class PagedKernel:
                 and store.block_size <= self.max_block)
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
-                 paged) -> torch.Tensor:
-        """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D]."""
+                 paged, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+        """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D];
+        scores scaled by ``scale`` (default 1/sqrt(D)), over the last ``window`` positions of
+        each context when given."""
         _, block_size, kv_heads, _ = key_blocks.shape
         return self._launch(q, kv_heads, block_size, paged, key_blocks.data_ptr(),
-                            value_blocks.data_ptr(), None)
+                            value_blocks.data_ptr(), None, scale, window)
 
     def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
                   residual_of: torch.Tensor, block_size: int, kv_heads: int,
-                  paged) -> torch.Tensor:
+                  paged, scale: float | None = None, window: int | None = None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
-        :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1)."""
+        :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
+        ``scale`` and ``window`` as in :meth:`__call__`."""
         return self._launch(q, kv_heads, block_size, paged, None, None,
                             (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
-                             residual_of.data_ptr()))
+                             residual_of.data_ptr()), scale, window)
 
-    def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant) -> torch.Tensor:
+    def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant, scale,
+                window) -> torch.Tensor:
         q = q.contiguous()
         out = torch.empty_like(q)
         n, heads, dim = q.shape
@@ -234,7 +243,8 @@ class PagedKernel:
             partial = torch.empty(n * heads * parts * (dim + 2), dtype=torch.float32)
         self._fn(q.data_ptr(), k_ptr, v_ptr, out.data_ptr(),
                  tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
-                 block_size, tables.shape[1], 1.0 / dim ** 0.5, DTYPE_CODES[q.dtype], threads,
+                 block_size, tables.shape[1], dim ** -0.5 if scale is None else scale,
+                 window or 0, DTYPE_CODES[q.dtype], threads,
                  parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3))
         return out
 

@@ -20,7 +20,15 @@ from pathlib import Path
 
 import torch
 
-from kvledger.model.linear import FORMATS, GEMM_PATHS, Q4_FORMATS, Linear, int4_shape_ok
+from kvledger.model.kquant import NATIVE_FORMATS, KQuantLinear, random_matrix
+from kvledger.model.linear import (
+    FORMATS,
+    GEMM_PATHS,
+    KQUANT_FORMATS,
+    Q4_FORMATS,
+    Linear,
+    int4_shape_ok,
+)
 from kvledger.spec import ModelSpec
 
 REPEATS = 20
@@ -54,7 +62,8 @@ def best_us(candidates: dict, repeats: int = REPEATS, before=None) -> dict[str, 
 
 
 def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
-    """One Linear per format of a random [out_f, in_f] weight (int4 where its shape allows)."""
+    """One Linear per format of a random [out_f, in_f] weight (int4 where its shape allows;
+    the native ``kquant`` paths on Q4_K blocks where the width is whole super-blocks)."""
     gen = torch.Generator().manual_seed(0)
     dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
     q4 = None
@@ -62,8 +71,11 @@ def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
     layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
-              if fmt not in Q4_FORMATS or q4 is not None}
-    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # w8a8/w4a8: native
+              if fmt not in Q4_FORMATS + KQUANT_FORMATS or (fmt in Q4_FORMATS and q4 is not None)}
+    if in_f % 256 == 0:
+        blocks = random_matrix("Q4_K", out_f, in_f, gen)
+        layers.update({fmt: KQuantLinear([blocks], None, fmt) for fmt in NATIVE_FORMATS})
+    return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # native ones built
 
 
 def last_level_cache_bytes() -> int | None:

@@ -1,7 +1,8 @@
 """Paged backends: attention read straight from the block pool by block table.
 
-Both compute, for each query, softmax(q . K^T / sqrt(D)) V over the first ``context_len``
-positions of its sequence, one chunk of blocks at a time with an *online softmax* (a running
+Both compute, for each query, softmax(scale x q . K^T) V over the first ``context_len``
+positions of its sequence (the last W of them in a sliding layer: the query is at position
+``context_len - 1``, :mod:`.layer`), one chunk of blocks at a time with an *online softmax* (a running
 maximum m, normaliser l and weighted sum acc per query head, rescaled by exp(m_old - m_new) when
 a chunk raises the maximum; Milakov & Gimelshein, arXiv:1805.02867). Queries of a KV head's
 group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are never repeated.
@@ -10,8 +11,9 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   (each chunk is an ``index_select`` of whole blocks, so memory stays bounded at any context).
   It needs no compiler and is the fallback when the native kernel cannot be built.
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
-  place one block at a time, no copy at all. Over a quantized store (fp8, int8, int4) it
-  reads the codes themselves, the scales folded into the query and the probabilities.
+  place one block at a time, no copy at all, from the window's first block. Over a quantized
+  store (fp8, int8, int4) it reads the codes themselves, the scales folded into the query and
+  the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
 dequantises there, per block).
@@ -42,7 +44,7 @@ class _Paged(AttentionBackend):
     def attend_slots(self, layer: int, q: torch.Tensor, group, store: KVStore) -> torch.Tensor:
         """Output [num_seqs, heads, D] of a decode group whose contexts are any slot lists
         (``DecodeGroup.slot_view``); here by gather + SDPA, as the reference backend."""
-        return gathered_decode(layer, q, group, store)
+        return gathered_decode(layer, q, group, store, self.how(layer, q.shape[-1]))
 
     def prefill_after_prefix(self, layer, q, seg, store):
         return self.attend(layer, q, seg.paged(store.block_size), store)
@@ -69,29 +71,34 @@ class PagedTorchBackend(_Paged):
         n, heads, dim = q.shape
         bs = store.block_size
         kv_heads = store.num_kv_heads
-        qg = q.reshape(n, kv_heads, heads // kv_heads, dim).float() / math.sqrt(dim)
+        how = self.how(layer, dim)
+        qg = q.reshape(n, kv_heads, heads // kv_heads, dim).float() * how.scale
         tables = paged.block_tables.long()
         shared = tables.shape[0] == 1  # one sequence's segment: read its blocks once
         if not shared:
             tables = tables.index_select(0, paged.seq_of_query.long())
         lens = paged.context_lens.long()
+        starts = (lens - how.window).clamp(min=0) if how.window else torch.zeros_like(lens)
         used_blocks = -(-int(lens.max()) // bs)
         m = torch.full((n, kv_heads, heads // kv_heads, 1), -math.inf)
         l_sum = torch.zeros_like(m)
         acc = torch.zeros(n, kv_heads, heads // kv_heads, dim)
-        for first in range(0, used_blocks, CHUNK_BLOCKS):
+        for first in range(int(starts.min()) // bs, used_blocks, CHUNK_BLOCKS):
             ids = tables[:, first: min(first + CHUNK_BLOCKS, used_blocks)]
             keys, values = read_blocks(store, layer, ids)  # [S, C, bs, kv_heads, D]
             s_rows = keys.shape[0]
             keys = keys.reshape(s_rows, -1, kv_heads, dim).permute(0, 2, 3, 1).float()
             values = values.reshape(s_rows, -1, kv_heads, dim).transpose(1, 2).float()
             scores = qg @ keys  # [N, kv_heads, G, C * bs]
+            if how.softcap is not None:
+                scores = torch.tanh(scores / how.softcap) * how.softcap
             pos = torch.arange(first * bs, first * bs + scores.shape[-1])
-            scores = scores.masked_fill((pos[None, :] >= lens[:, None])[:, None, None, :],
-                                        -math.inf)
+            hidden = (pos[None, :] >= lens[:, None]) | (pos[None, :] < starts[:, None])
+            scores = scores.masked_fill(hidden[:, None, None, :], -math.inf)
             m_new = torch.maximum(m, scores.amax(-1, keepdim=True))
-            corr = torch.exp(m - m_new)
-            p = torch.exp(scores - m_new)
+            m_safe = m_new.masked_fill(m_new == -math.inf, 0.0)  # no key seen yet
+            corr = torch.exp(m - m_safe)
+            p = torch.exp(scores - m_safe)
             l_sum = l_sum * corr + p.sum(-1, keepdim=True)
             acc = acc * corr + p @ values
             m = m_new
@@ -110,26 +117,34 @@ class PagedNativeBackend(_Paged):
         self._fallback = PagedTorchBackend()
         self._sides_of: tuple[object, dict] | None = None  # (store, layer -> kernel's view)
 
+    def set_layers(self, layers) -> None:
+        super().set_layers(layers)
+        self._fallback.set_layers(layers)
+
     def attend(self, layer, q, paged, store):
+        how = self.how(layer, q.shape[-1])
+        if how.softcap is not None:
+            return self._fallback.attend(layer, q, paged, store)
         if store.quantized:
             sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
             if sides is None:
                 return self._fallback.attend(layer, q, paged, store)
             return self.kernel.quantized(q, sides[0], store.residual_of, store.block_size,
-                                         store.num_kv_heads, paged)
+                                         store.num_kv_heads, paged, how.scale, how.window)
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
-        return self.kernel(q, keys, values, paged)
+        return self.kernel(q, keys, values, paged, how.scale, how.window)
 
     def attend_slots(self, layer, q, group, store):
         """The kernel over the pool viewed as blocks of one slot ([blocks * bs, 1, kv_heads,
         D], no copy): a token-granular block table, read in place."""
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
-        if store.quantized or not self.kernel.accepts(q, keys):
+        how = self.how(layer, q.shape[-1])
+        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window:
             return super().attend_slots(layer, q, group, store)
         one = (-1, 1, *keys.shape[2:])
-        return self.kernel(q, keys.view(one), values.view(one), group.paged(1))
+        return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale)
 
     def _sides(self, store, layer: int):
         """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per

@@ -14,15 +14,20 @@ context's slots into a dense tensor (``index_select``) and calls SDPA: simple, a
 paged backends are tested against. Decoding sequences are sorted by context length and grouped
 by the runner so padding wastes little gather and attention work. Without a KV store
 (``slot_mapping is None``: the no-cache mode of seed §1.3) every segment is a whole sequence
-recomputed from position 0. GQA via SDPA's ``enable_gqa``; softmax scale 1/sqrt(head_dim)
-(Vaswani et al., 2017).
+recomputed from position 0. GQA via SDPA's ``enable_gqa``. Each layer's score scale, sliding
+window and soft-cap come from :meth:`AttentionBackend.set_layers` (:mod:`.layer`; by default
+1/sqrt(head_dim), Vaswani et al., 2017): the window narrows the masks here, and a soft-capped
+layer is attended without SDPA (it cannot take the tanh).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
+from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
 from kvledger.model.rope import RotaryEmbedding
@@ -32,6 +37,15 @@ class AttentionBackend:
     """One step of attention for one layer; subclasses say how cached K/V are read."""
 
     name = "abstract"
+    layers: tuple[LayerAttention, ...] = ()
+
+    def set_layers(self, layers) -> None:
+        """Take the model's per-layer attention parameters (:func:`.layer.layers_of`)."""
+        self.layers = tuple(layers)
+
+    def how(self, layer: int, head_dim: int) -> LayerAttention:
+        """Layer ``layer``'s parameters; plain 1/sqrt(head_dim) attention when none were set."""
+        return self.layers[layer] if self.layers else LayerAttention(head_dim ** -0.5)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata, store: KVStore | None) -> torch.Tensor:
@@ -46,16 +60,16 @@ class AttentionBackend:
             # holds, as a later hit will (decodes and prefixed segments read the store itself)
             if store.lossy and any(seg.slots is None for seg in meta.prefills):
                 k, v = store.gather(layer, meta.slot_mapping)
-        parts = []
+        parts, how = [], self.how(layer, q.shape[-1])
         for group in meta.decodes:
             span = slice(group.start, group.start + group.num_seqs)
             parts.append(self.decode(layer, q[span], group, store))
         for seg in meta.prefills:
             span = slice(seg.start, seg.start + seg.length)
             if seg.slots is None:
-                parts.append(_sdpa(q[span], k[span], v[span], None, causal=True))
+                parts.append(_sdpa(q[span], k[span], v[span], None, causal=True, how=how))
             elif seg.gathered:
-                parts.append(gathered_prefill(layer, q[span], seg, store))
+                parts.append(gathered_prefill(layer, q[span], seg, store, how))
             else:
                 parts.append(self.prefill_after_prefix(layer, q[span], seg, store))
         for observer in meta.observers:
@@ -79,38 +93,75 @@ class ReferenceBackend(AttentionBackend):
     name = "reference"
 
     def decode(self, layer, q, group, store):
-        return gathered_decode(layer, q, group, store)
+        return gathered_decode(layer, q, group, store, self.how(layer, q.shape[-1]))
 
     def prefill_after_prefix(self, layer, q, seg, store):
-        return gathered_prefill(layer, q, seg, store)
+        how = self.how(layer, q.shape[-1])
+        if how.window is not None:  # the segment's positions are its context's last ones
+            context = seg.slots.shape[0]
+            positions = torch.arange(context)
+            seg = dataclasses.replace(seg, mask=seg.mask & how.visible(
+                positions[context - seg.length:], positions))
+        return gathered_prefill(layer, q, seg, store, how)
 
 
-def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup,
-                    store: KVStore) -> torch.Tensor:
-    """[num_seqs, heads, D] output of a decode group's queries over its ``slots`` gathered."""
+def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup, store: KVStore,
+                    how: LayerAttention | None = None) -> torch.Tensor:
+    """[num_seqs, heads, D] output of a decode group's queries over its ``slots`` gathered;
+    with a window (``how``), over the last W of a context of block-table slots."""
     keys, values = store.gather(layer, group.slots)  # [B, L, kv_heads, D]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=group.mask, enable_gqa=True)
-    return out.squeeze(2)
+    mask = group.mask
+    if how is not None and how.window is not None:
+        assert not group.slot_view, "a sliding window over a retained slot list"
+        width = group.slots.shape[1]
+        lens = torch.full((group.num_seqs,), width) if mask is None else mask.reshape(
+            group.num_seqs, -1).sum(-1)
+        seen = torch.arange(width)[None, :] >= (lens - how.window)[:, None]
+        mask = seen[:, None, None, :] if mask is None else mask & seen[:, None, None, :]
+    return _attend(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), mask, False,
+                   how).squeeze(2)
 
 
-def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment,
-                     store: KVStore) -> torch.Tensor:
+def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment, store: KVStore,
+                     how: LayerAttention | None = None) -> torch.Tensor:
     """[length, heads, D] output of a segment's queries over its ``slots`` gathered, under its
-    ``mask`` [length, context]; every query must see at least one key. The rows of
-    ``seg.key_turn`` are rotated (RoPE) after the gather, in the gathered copy only."""
+    ``mask`` [length, context] (which holds any window); every query must see at least one
+    key. The rows of ``seg.key_turn`` are rotated (RoPE) after the gather, in the gathered
+    copy only."""
     keys, values = store.gather(layer, seg.slots)
     if seg.key_turn is not None:
         rows, cos, sin = seg.key_turn
         keys[rows] = RotaryEmbedding.apply(keys[rows], cos, sin)
-    return _sdpa(q, keys, values, seg.mask, causal=False)
+    return _sdpa(q, keys, values, seg.mask, causal=False, how=how)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-          causal: bool) -> torch.Tensor:
-    """SDPA of one sequence: q [n, heads, D], k/v [L, kv_heads, D] -> [n, heads, D]."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=causal, enable_gqa=True)
+          causal: bool, how: LayerAttention | None = None) -> torch.Tensor:
+    """Attention of one sequence: q [n, heads, D], k/v [L, kv_heads, D] -> [n, heads, D];
+    ``causal`` (k and v are the n queries' own) narrowed by the window of ``how``."""
+    if causal and how is not None and how.window is not None:
+        positions = torch.arange(q.shape[0])
+        mask = (positions[None, :] <= positions[:, None]) & how.visible(positions, positions)
+        causal = False
+    out = _attend(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                  v.transpose(0, 1).unsqueeze(0), mask, causal, how)
     return out[0].transpose(0, 1)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            causal: bool, how: LayerAttention | None) -> torch.Tensor:
+    """Attention over [B, heads, n, D] queries, [B, kv_heads, L, D] keys and values (GQA)
+    under ``mask`` (True = attend) or ``causal``: SDPA with the layer's scale, or the scores
+    written out when the layer soft-caps them (as transformers' eager Gemma 2 attention)."""
+    scale = None if how is None else how.scale
+    if how is None or how.softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=scale, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / how.softcap) * how.softcap
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v

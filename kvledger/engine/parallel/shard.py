@@ -18,7 +18,9 @@ Per layer, rank ``r`` of ``tp`` holds:
 Weights use Hugging Face names ([out, in] projections). A GGUF's Q4 parts (``.q4_codes``
 [out, in], ``.q4_scale`` / ``.q4_zero`` [out, in / 32]) are split with their dense rows, and
 along columns only at whole groups of 32; otherwise they are dropped and the rank keeps the
-dense weight (the Q4 kernel is a bf16 speed format, never needed for exactness).
+dense weight (the Q4 kernel is a bf16 speed format, never needed for exactness). A K-quant
+GGUF's blocks (:class:`~kvledger.model.kquant.GGMLMatrix`) are split by rows as they are, by
+columns at whole blocks (else dequantized, :meth:`~kvledger.model.kquant.GGMLMatrix.columns`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,15 @@ import torch
 
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_heads_per_rank
+from kvledger.model.kquant import GGMLMatrix
 from kvledger.model.q4 import GROUP
 from kvledger.spec import ModelSpec
 
 Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
+NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
+         "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+         "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+"""A layer's norms, each held whole by every rank (q / k norms act per head)."""
 
 
 def check_divisible(spec: ModelSpec, tp: int) -> None:
@@ -93,8 +100,9 @@ def shard_weights(weights: dict[str, torch.Tensor], spec: ModelSpec, tp: int, ra
     out: dict[str, torch.Tensor] = {}
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
-        for name in ("input_layernorm.weight", "post_attention_layernorm.weight"):
-            out[p + name] = weights[p + name]
+        for name in NORMS:
+            if p + name in weights:
+                out[p + name] = weights[p + name]
         for proj, rows in (("self_attn.q_proj", q), ("self_attn.k_proj", kv),
                            ("self_attn.v_proj", kv), ("mlp.gate_proj", mlp),
                            ("mlp.up_proj", mlp)):
@@ -122,7 +130,11 @@ def _rows(src: dict, out: dict, stem: str, rows: range) -> None:
 
 
 def _columns(src: dict, out: dict, stem: str, cols: range) -> None:
-    out[stem + ".weight"] = src[stem + ".weight"][:, cols.start:cols.stop]
+    weight = src[stem + ".weight"]
+    if isinstance(weight, GGMLMatrix):
+        out[stem + ".weight"] = weight.columns(cols.start, cols.stop)
+        return
+    out[stem + ".weight"] = weight[:, cols.start:cols.stop]
     if stem + Q4_PARTS[0] in src and cols.start % GROUP == 0 and cols.stop % GROUP == 0:
         out[stem + ".q4_codes"] = src[stem + ".q4_codes"][:, cols.start:cols.stop]
         for part in Q4_PARTS[1:]:
@@ -134,4 +146,7 @@ def _head_rows(head: torch.Tensor, spec: ModelSpec, tp: int, rank: int) -> torch
     part = head[rank * rows:(rank + 1) * rows]
     if part.shape[0] == rows:
         return part
+    if isinstance(part, GGMLMatrix):  # zero bytes: blocks of scale 0, weights 0
+        data = part.data.new_zeros(rows - part.shape[0], part.data.shape[1])
+        return GGMLMatrix(part.type_name, torch.cat([part.data, data]), part.in_features)
     return torch.cat([part, part.new_zeros(rows - part.shape[0], head.shape[1])])

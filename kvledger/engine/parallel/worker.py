@@ -49,7 +49,7 @@ def serve(group: RankGroup) -> None:
     config = EngineConfig(**setup["config"])
     dtype = setup["dtype"]
     try:
-        spec, weights = load_weights(config.model, dtype)
+        spec, weights = load_weights(config.model, dtype, config.load_format)
         model = build_rank_model(spec, weights, dtype, group, setup["attention"],
                                  setup["formats"])
         del weights

@@ -1,7 +1,15 @@
-"""GGUF tensors -> a Hugging Face Llama-named fp32 state dict.
+"""GGUF tensors -> a Hugging Face-named fp32 state dict.
 
-Each tensor of a llama-family GGUF is dequantized with ``gguf.quants.dequantize`` (numpy) and
-renamed to the Hugging Face ``LlamaForCausalLM`` parameter name. GGUF stores dimensions
+Each tensor of a GGUF (the architectures of ``kvledger.spec.GGUF_MODEL_TYPES``) is dequantized
+with ``gguf.quants.dequantize`` (numpy) and renamed to its Hugging Face parameter name, per
+architecture as llama.cpp's ``convert_hf_to_gguf`` named it (gguf-py's ``tensor_mapping``):
+the Llama names, except that Gemma 2/3 write ``post_attention_layernorm`` as
+``post_attention_norm``, ``pre_feedforward_layernorm`` as ``ffn_norm`` and
+``post_feedforward_layernorm`` as ``post_ffw_norm``, and Phi-3 keeps its fused ``attn_qkv``
+and ``ffn_up`` (gate and up rows); :mod:`.names` splits those. Gemma's converter stores every
+norm weight as ``1 + w`` (its RMSNorm's form): 1 is subtracted back, exactly for weights
+>= 0.5. Phi-3's ``rope_factors_long`` / ``_short`` belong to the spec (``rope_scaling``), not
+to the weights. GGUF stores dimensions
 innermost-first (``ne0`` = columns), so a dequantized matrix already comes out as ``[out, in]``
 like ``nn.Linear.weight``; the embedding comes out as ``[vocab, hidden]``.
 
@@ -13,10 +21,17 @@ is what ggml's normal RoPE rotates)::
     permute(w, n_head) = w.reshape(n_head, 2, d // 2, ...).swapaxes(1, 2).reshape(w.shape)
 
 with ``d = rows / n_head`` (``n_head = n_kv_heads`` for K). :func:`unpermute_rotary` is its
-inverse. Qwen2/Qwen3 GGUFs use NEOX RoPE (the HF layout) and are not permuted.
+inverse. Qwen2/Qwen3, Phi-3 and Gemma 2/3 GGUFs use NEOX RoPE (the HF layout; llama.cpp's
+``llama_model_rope_type``) and are not permuted.
+
+A K-quant file (:func:`is_kquant_file`) is read by :func:`gguf_block_state` instead: each
+matrix of :data:`kvledger.model.kquant.BLOCK_TYPES` is kept as the file's blocks
+(:class:`~kvledger.model.kquant.GGMLMatrix`, attn_q / attn_k rows un-permuted as whole rows of
+blocks), F32 vectors (the norms) stay fp32 as stored, and only what is left (a matrix of another
+type) is dequantized, so the bytes held are the file's.
 
 Errors: a tensor type outside :data:`SUPPORTED_TYPES` -> UnsupportedModelError naming the type and
-the tensor; a tensor name the Llama family does not have -> UnsupportedModelError.
+the tensor; a tensor name the architecture does not have -> UnsupportedModelError.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import numpy as np
 import torch
 
 from kvledger.errors import UnsupportedModelError
+from kvledger.model.kquant import BLOCK_TYPES, KQUANT_TYPES, GGMLMatrix
 from kvledger.model.q4 import Q4_TYPES, q4_parts
 from kvledger.spec import ModelSpec
 
@@ -56,25 +72,37 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+_ARCH_BLOCK_NAMES = {
+    "gemma2": {"post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+_ARCH_BLOCK_NAMES["gemma3"] = _ARCH_BLOCK_NAMES["gemma2"]
+NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
+"""Architectures whose converter stores norm weights as ``1 + w``."""
+SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
+"""Tensors the spec reader takes (LongRoPE's factors), not weights."""
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str:
-    """Hugging Face parameter name of a GGUF tensor name (``blk.3.attn_q.weight`` ->
-    ``model.layers.3.self_attn.q_proj.weight``).
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """Hugging Face parameter name of a GGUF tensor name of architecture ``arch``
+    (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``).
 
     Raises:
-        UnsupportedModelError: the name is not part of a llama-family decoder.
+        UnsupportedModelError: the name is not part of the architecture's decoder.
     """
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_BLOCK_NAMES, **_ARCH_BLOCK_NAMES.get(arch, {})}
     m = _BLOCK_RE.match(gguf_name)
-    if m is None or m.group(2) not in _BLOCK_NAMES:
+    if m is None or m.group(2) not in names:
         raise UnsupportedModelError(
-            f"unsupported GGUF tensor {gguf_name!r} (not a Llama-family weight)"
+            f"unsupported GGUF tensor {gguf_name!r} (not a weight of a {arch} decoder)"
         )
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -108,6 +136,74 @@ def dequantize(tensor) -> np.ndarray:
     return gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
+def _names(tensor, arch: str) -> tuple[str, str] | None:
+    """(Hugging Face name, GGUF part such as ``attn_q``; "" outside the layers) of a tensor of
+    architecture ``arch``; None for a tensor the spec reader takes (:data:`SPEC_TENSORS`).
+
+    Raises:
+        UnsupportedModelError: llama3 RoPE factors (``rope_freqs``, not implemented) or a name
+            the architecture does not have.
+    """
+    if tensor.name == "rope_freqs.weight":
+        raise UnsupportedModelError(
+            "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
+        )
+    if tensor.name in SPEC_TENSORS:
+        return None
+    part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+    return hf_name(tensor.name, arch), part
+
+
+KQUANT_ARCHS = frozenset({"llama", "mistral", "qwen2"})
+"""Architectures whose K-quant matrices are held as blocks (checked against their dequantized
+file); the other families' K-quant files are dequantized at load."""
+
+
+def is_kquant_file(reader, spec: ModelSpec) -> bool:
+    """Whether the open GGUF holds a K-quant matrix (Q4_K, Q5_K or Q6_K) of an architecture
+    whose blocks are held as stored (:data:`KQUANT_ARCHS`)."""
+    return (spec.extra.get("gguf_architecture", spec.model_type) in KQUANT_ARCHS
+            and any(t.tensor_type.name in KQUANT_TYPES for t in reader.tensors))
+
+
+def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
+                     ) -> dict[str, torch.Tensor | GGMLMatrix]:
+    """The tensors of an open K-quant GGUF under Hugging Face names: matrices of
+    :data:`~kvledger.model.kquant.BLOCK_TYPES` as :class:`~kvledger.model.kquant.GGMLMatrix`
+    (read from ``path`` into memory, never through a memory map, so no page of the file stays
+    resident beside them), F32 vectors in fp32, the rest dequantized to ``dtype``.
+
+    Raises:
+        UnsupportedModelError: as :func:`gguf_state_dict`.
+    """
+    arch = spec.extra.get("gguf_architecture", spec.model_type)
+    permuted = arch in PERMUTED_ARCHS
+    heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
+    state: dict[str, torch.Tensor | GGMLMatrix] = {}
+    with open(path, "rb") as f:
+        for tensor in reader.tensors:
+            names, type_name = _names(tensor, arch), tensor.tensor_type.name
+            if names is None:
+                continue
+            name, part = names
+            if type_name in BLOCK_TYPES and len(tensor.shape) == 2:
+                rows = int(tensor.shape[1])
+                data = torch.empty(rows, int(tensor.n_bytes) // rows, dtype=torch.uint8)
+                f.seek(int(tensor.data_offset))
+                f.readinto(data.numpy())
+                if permuted and part in heads:
+                    data = torch.from_numpy(np.ascontiguousarray(
+                        unpermute_rotary(data.numpy(), heads[part])))
+                state[name] = GGMLMatrix(type_name, data, int(tensor.shape[0]))
+                continue
+            array = dequantize(tensor)
+            if permuted and part in heads:
+                array = unpermute_rotary(array, heads[part])
+            held = torch.float32 if type_name == "F32" and array.ndim == 1 else dtype
+            state[name] = torch.from_numpy(np.ascontiguousarray(array)).to(held)
+    return state
+
+
 def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of an open GGUF into HF-named contiguous fp32 torch tensors.
 
@@ -122,23 +218,24 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
         UnsupportedModelError: unsupported tensor type or tensor name, or llama3 RoPE factors
             stored as a ``rope_freqs`` tensor (not implemented).
     """
-    permuted = spec.extra.get("gguf_architecture", spec.model_type) in PERMUTED_ARCHS
+    arch = spec.extra.get("gguf_architecture", spec.model_type)
+    permuted = arch in PERMUTED_ARCHS
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            raise UnsupportedModelError(
-                "GGUF tensor 'rope_freqs.weight' (llama3 RoPE frequency factors) is not supported"
-            )
-        name = hf_name(tensor.name)
+        names = _names(tensor, arch)
+        if names is None:
+            continue
+        name, part = names
         arrays = {name: dequantize(tensor)}
+        if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+            arrays[name] -= 1.0
         if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
             rows = arrays[name].shape[0]
             stem = name.removesuffix(".weight")
             q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)
             arrays.update({stem + ".q4_codes": q, stem + ".q4_scale": scale,
                            stem + ".q4_zero": zero})
-        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         for key, array in arrays.items():
             if permuted and part in heads:
                 array = unpermute_rotary(array, heads[part])

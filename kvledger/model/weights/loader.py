@@ -1,12 +1,17 @@
-"""Model weights and tokenizer from a GGUF file or a Hugging Face folder.
+"""Model weights and tokenizer from a GGUF file or a Hugging Face folder (or dummy weights).
 
 ``load_weights`` returns the ModelSpec and a state dict with Hugging Face ``LlamaForCausalLM``
 parameter names (``model.embed_tokens.weight`` [vocab, hidden], ``model.layers.{i}.self_attn.
 {q,k,v,o}_proj.weight`` [out, in], ..., ``model.norm.weight``; ``lm_head.weight`` only when the
-head is untied; optional ``*_proj.bias`` and ``q_norm``/``k_norm`` when the checkpoint has them).
+head is untied; the biases and extra norms of :func:`.names.tensor_shapes` when the spec has
+them), every family brought to those names by :func:`.names.to_llama_names`. A model type no
+family of the engine runs exactly is refused (``kvledger.spec.check_runnable``) before any
+tensor is read. ``load_format="dummy"``: :mod:`.dummy`.
 
 Sources:
-  * GGUF file: tensors dequantized by :mod:`kvledger.model.weights.gguf_tensors` (fp32, Q/K rows
+  * K-quant GGUF file (Q4_K, Q5_K, Q6_K matrices): matrices kept as the file's blocks, read
+    at each load (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`).
+  * Other GGUF file: tensors dequantized by :mod:`kvledger.model.weights.gguf_tensors` (fp32, Q/K rows
     un-permuted). Dequantizing and parsing the header take seconds, so the state dict in the
     requested dtype and the spec (as JSON in the safetensors metadata) are cached under
     ``cache_dir()/weights/<key>-<dtype>.safetensors`` (one file per dtype, so a hit is a plain
@@ -40,12 +45,13 @@ from pathlib import Path
 
 import torch
 
-from kvledger.errors import ConfigError, ModelNotFoundError
+from kvledger.errors import ConfigError, InvalidParameterError, ModelNotFoundError
+from kvledger.model.weights.names import tensor_shapes, to_llama_names
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v3"  # v3: specs with o_bias / mlp_bias read
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+CACHE_VERSION = "kvledger-weights-v4"  # v3: o_bias / mlp_bias; v4: the families' fields
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
 
@@ -61,21 +67,38 @@ def file_key(path: Path, purpose: str = CACHE_VERSION) -> str:
 
 
 def load_weights(
-    path: str | os.PathLike, dtype: torch.dtype = torch.float32
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, load_format: str = "auto"
 ) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """Load a model's spec and HF-named weights (contiguous tensors of ``dtype`` on the CPU).
 
     Args:
-        path: a GGUF file, a Hugging Face folder, or ``"default"`` (the bundled model).
+        path: a GGUF file, a Hugging Face folder, or ``"default"`` (the bundled model); with
+            ``load_format="dummy"`` also a catalogue id (:func:`.dummy.dummy_spec`).
         dtype: torch dtype of every returned tensor (e.g. torch.float32, torch.bfloat16).
+        load_format: ``auto`` (the checkpoint) or ``dummy`` (:mod:`.dummy`).
     Raises:
         ModelNotFoundError, ConfigError, UnsupportedModelError: see the module docstring.
+        InvalidParameterError: an unknown ``load_format``.
     """
+    from kvledger.engine.config import LOAD_FORMATS
+    from kvledger.model.families import model_class
+    from kvledger.model.weights.dummy import dummy_spec, dummy_weights
+
+    if load_format not in LOAD_FORMATS:
+        raise InvalidParameterError(f"--load-format must be one of {', '.join(LOAD_FORMATS)}, "
+                                    f"got {load_format!r}")
+    if load_format == "dummy":
+        spec = dummy_spec(str(path))
+        return spec, dummy_weights(spec, dtype, model_class(spec).NORM_OFFSET)
     path = resolve_model_path(path)
     if path.is_dir():
         spec, state = _load_hf_folder(path)
+    elif (blocks := _load_gguf_blocks(path, dtype)) is not None:
+        _check_complete(*blocks)
+        return blocks
     else:
         spec, state = _load_gguf_cached(path, dtype)
+    to_llama_names(state, spec)
     _check_complete(spec, state)
     cast = {name: _cast(t, dtype) for name, t in state.items()}
     if isinstance(state, MappedWeights):  # same dtype as cached: the same mapped tensors
@@ -114,6 +137,23 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
     state = {name: _cast(t, dtype) for name, t in state.items()}
     _save_atomically(state, {"spec": _spec_to_json(spec)}, cached)
     return spec, state
+
+
+def _load_gguf_blocks(path: Path, dtype: torch.dtype
+                      ) -> tuple[ModelSpec, dict[str, torch.Tensor]] | None:
+    """Spec and tensors of a K-quant GGUF with its matrices held as the file's blocks
+    (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`: read in seconds, so not
+    cached); None for another GGUF."""
+    from kvledger.model.weights.gguf_tensors import gguf_block_state, is_kquant_file
+    from kvledger.spec import check_gguf_magic, check_runnable, open_gguf, spec_from_gguf_reader
+
+    check_gguf_magic(path)
+    reader = open_gguf(path)
+    spec = spec_from_gguf_reader(reader, path)
+    if not is_kquant_file(reader, spec):
+        return None
+    check_runnable(spec)  # before any block is read
+    return spec, gguf_block_state(reader, path, spec, dtype)
 
 
 class MappedWeights(dict):
@@ -235,25 +275,14 @@ def _safetensors_shards(folder: Path) -> list[Path]:
 
 
 def _check_complete(spec: ModelSpec, state: dict[str, torch.Tensor]) -> None:
-    """Raise ConfigError naming the first Llama weight the state dict lacks."""
-    names = ["model.embed_tokens.weight", "model.norm.weight"]
-    if not spec.tie_word_embeddings:
-        names.append("lm_head.weight")
-    per_layer = (
-        "input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
-        "mlp.down_proj", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj",
-    )
-    names += [f"model.layers.{i}.{p}.weight" for i in range(spec.num_layers) for p in per_layer]
-    for name in names:
+    """Raise ConfigError naming the first tensor of :func:`.names.tensor_shapes` the state
+    dict lacks, or holds at another shape."""
+    for name, shape in tensor_shapes(spec).items():
         if name not in state:
             raise ConfigError(f"weights of {spec.source} lack the tensor {name!r}")
-    embed = tuple(state["model.embed_tokens.weight"].shape)
-    if embed != (spec.vocab_size, spec.hidden_size):
-        raise ConfigError(
-            f"{spec.source}: embedding is {list(embed)}, config says "
-            f"[{spec.vocab_size}, {spec.hidden_size}]"
-        )
+        if tuple(state[name].shape) != shape:
+            raise ConfigError(f"{spec.source}: tensor {name!r} is {list(state[name].shape)}, "
+                              f"the config says {list(shape)}")
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -266,8 +295,8 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     path = resolve_model_path(path)
-    if path.is_dir() and not any((path / n).is_file() for n in _TOKENIZER_FILES):
-        raise ConfigError(f"no tokenizer in {path} (expected one of {', '.join(_TOKENIZER_FILES)})")
+    if path.is_dir() and not any((path / n).is_file() for n in TOKENIZER_FILES):
+        raise ConfigError(f"no tokenizer in {path} (expected one of {', '.join(TOKENIZER_FILES)})")
     try:
         if path.is_dir():
             return AutoTokenizer.from_pretrained(str(path))
@@ -295,3 +324,18 @@ def _gguf_tokenizer(path: Path, auto_tokenizer):
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return tokenizer
+
+
+def load_tokenizer_or_bundled(model: str):
+    """(tokenizer, note) for dummy weights: the model's own (a GGUF's, or a folder's with a
+    tokenizer file) and None, else the bundled model's and
+    :data:`.dummy.BUNDLED_TOKENIZER_NOTE`."""
+    from kvledger.model.weights.dummy import BUNDLED_TOKENIZER_NOTE
+
+    path = Path(model).expanduser()
+    if model == "default" or (path.is_file() and path.suffix == ".gguf"):
+        return load_tokenizer(model), None
+    folder = path if path.is_dir() else path.parent
+    if path.exists() and any((folder / n).is_file() for n in TOKENIZER_FILES):
+        return load_tokenizer(folder), None
+    return load_tokenizer("default"), BUNDLED_TOKENIZER_NOTE

@@ -122,11 +122,13 @@ def test_tiny_gguf_loads_hf_names_and_values(tmp_path, gguf_kit):
 def test_qwen2_gguf_is_not_unpermuted_and_keeps_biases(tmp_path, gguf_kit):
     hf = gguf_kit.hf_weights()
     tensors = gguf_kit.to_gguf(hf)
-    # qwen2 GGUFs keep the HF row order (NEOX RoPE): write q/k unpermuted, plus a q bias.
+    # qwen2 GGUFs keep the HF row order (NEOX RoPE): write q/k unpermuted, plus q/k/v biases.
     tensors["blk.0.attn_q.weight"] = hf["model.layers.0.self_attn.q_proj.weight"]
     tensors["blk.0.attn_k.weight"] = hf["model.layers.0.self_attn.k_proj.weight"]
     bias = np.arange(gguf_kit.TINY["hidden"], dtype=np.float32)
     tensors["blk.0.attn_q.bias"] = bias
+    kv_rows = gguf_kit.TINY["kv_heads"] * gguf_kit.TINY["hidden"] // gguf_kit.TINY["heads"]
+    tensors["blk.0.attn_k.bias"] = tensors["blk.0.attn_v.bias"] = np.ones(kv_rows, np.float32)
     path = gguf_kit.write(tmp_path / "q.gguf", tensors, arch="qwen2")
     spec, state = load_weights(path, torch.float32)
     assert spec.model_type == "qwen2" and spec.qkv_bias and "lm_head.weight" not in state

@@ -64,8 +64,8 @@ inline float exp_f32(float x) {
     return p * scale;
 }
 
-template <typename T>
-void add_rms_norm(T* h, const T* delta, const T* w, T* out, int rows, int dim, float eps) {
+template <typename T, typename W>
+void add_rms_norm(T* h, const T* delta, const W* w, T* out, int rows, int dim, float eps) {
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(rows) * dim >= PARALLEL_MIN)
     for (int r = 0; r < rows; ++r) {
         T* x = h + static_cast<int64_t>(r) * dim;
@@ -125,13 +125,18 @@ void silu_mul(const T* gate_up, T* out, int rows, int f) {
 
 extern "C" {
 
-// delta may be null (no residual add). is_bf16: 0 = fp32, 1 = bf16, for every tensor argument.
+// delta may be null (no residual add). is_bf16: 0 = fp32, 1 = bf16, for every tensor argument
+// but the weight, which is bf16 when weight_bf16, else fp32 (a GGUF's F32 norm beside bf16 rows).
 void kvl_add_rms_norm(void* h, const void* delta, const void* weight, void* out, int rows,
-                      int dim, float eps, int is_bf16) {
-    if (is_bf16)
+                      int dim, float eps, int is_bf16, int weight_bf16) {
+    if (is_bf16 && weight_bf16)
         add_rms_norm(static_cast<uint16_t*>(h), static_cast<const uint16_t*>(delta),
                      static_cast<const uint16_t*>(weight), static_cast<uint16_t*>(out), rows,
                      dim, eps);
+    else if (is_bf16)
+        add_rms_norm(static_cast<uint16_t*>(h), static_cast<const uint16_t*>(delta),
+                     static_cast<const float*>(weight), static_cast<uint16_t*>(out), rows, dim,
+                     eps);
     else
         add_rms_norm(static_cast<float*>(h), static_cast<const float*>(delta),
                      static_cast<const float*>(weight), static_cast<float*>(out), rows, dim, eps);

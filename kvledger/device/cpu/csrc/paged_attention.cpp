@@ -5,7 +5,10 @@
 // Layout (kvledger.engine.kv): a layer's keys and values are [num_blocks, block_size, kv_heads,
 // head_dim], contiguous. Queries q and the output are [num_queries, heads, head_dim], contiguous.
 // Query i belongs to sequence seq_of_query[i] (a row of block_tables, [num_seqs, max_blocks]
-// int32) and sees the first context_lens[i] positions of it. Element type: fp32 or bf16 (raw
+// int32) and sees the first context_lens[i] positions of it; with a sliding window W > 0 only
+// the last W of them (the query is at position context_lens[i] - 1 and sees key j when
+// i - j < W): its blocks before the window are not read, the window's first block from the
+// window's first row on. Element type: fp32 or bf16 (raw
 // uint16 bits); arithmetic in fp32.
 //
 // Quantized KV (kvledger.engine.kv.codecs, QuantizedKVStore): K and V are each described by a
@@ -57,6 +60,7 @@ struct Args {
     const int32_t* block_tables; const int32_t* seq_of_query; const int32_t* context_lens;
     int num_queries, heads, kv_heads, head_dim, block_size, max_blocks, parts;
     float scale;
+    int window;  // > 0: each query sees its context's last `window` positions only
     float* partial;  // [num_queries, kv_heads, parts, group, head_dim + 2] when parts > 1
     const KVSide* ks; const KVSide* vs;  // quantized K and V (null: k and v are plain blocks)
     const int64_t* residual_of;          // [blocks]: residual slot of a partial block, or -1
@@ -87,15 +91,23 @@ void finish_item(const Args& a, const State& st, int qi, int kh, int part, int n
     }
 }
 
-// The blocks [begin, end) of query qi's context that part `part` of a.parts covers, its
-// context length and its block table row.
-struct PartSpan { int L, begin, end; const int32_t* table; };
+// The blocks [begin, end) of query qi's visible context that part `part` of a.parts covers,
+// its context length, its first visible position and its block table row.
+struct PartSpan { int L, first, begin, end; const int32_t* table; };
 
 inline PartSpan part_span(const Args& a, int qi, int part) {
     const int L = a.context_lens[qi], blocks = (L + a.block_size - 1) / a.block_size;
-    return {L, static_cast<int>(static_cast<int64_t>(blocks) * part / a.parts),
-            static_cast<int>(static_cast<int64_t>(blocks) * (part + 1) / a.parts),
+    const int first = a.window > 0 && L > a.window ? L - a.window : 0;
+    const int b0 = first / a.block_size;
+    const int64_t span = blocks - b0;
+    return {L, first, b0 + static_cast<int>(span * part / a.parts),
+            b0 + static_cast<int>(span * (part + 1) / a.parts),
             a.block_tables + static_cast<int64_t>(a.seq_of_query[qi]) * a.max_blocks};
+}
+
+// Rows of the block starting at position `start` that lie before the window.
+inline int rows_before(const PartSpan& span, int start) {
+    return span.first > start ? span.first - start : 0;
 }
 
 // Pairs per row of the pair-order loop (paged_plain.h) for plain blocks of DV vectors per
@@ -132,9 +144,11 @@ void attend_plain(const Args& a, int qi, int kh0, int nh, int part) {
             const int64_t next = static_cast<int64_t>(table[b + 1]) * bs * token_stride;
             prefetch_rows(k + next, v + next, token_stride, bs, row_bytes);
         }
-        const int64_t base = static_cast<int64_t>(table[b]) * bs * token_stride;
+        const int skip = rows_before(span, start);
+        const int64_t base = (static_cast<int64_t>(table[b]) * bs + skip) * token_stride;
         for (int h = 0; h < nh; ++h)
-            attend_pairs<T, NP>(states[h], k + base + h * D, v + base + h * D, token_stride, n, G);
+            attend_pairs<T, NP>(states[h], k + base + h * D, v + base + h * D, token_stride,
+                                n - skip, G);
     }
     for (int h = 0; h < nh; ++h) {
         natural_order<T, NP>(states[h], G);
@@ -182,19 +196,20 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     for (int b = b_begin; b < b_end; ++b) {
         const int start = b * bs;
         const int n = L - start < bs ? L - start : bs;
+        const int skip = rows_before(span, start);
         const int64_t id = table[b];
         const int64_t slot = KIND ? a.residual_of[id] : id;
         if (!KIND || slot >= 0) {  // plain blocks, or a partial block's residual buffer
             const T* kc = static_cast<const T*>(KIND ? a.ks->residual : a.k);
             const T* vc = static_cast<const T*>(KIND ? a.vs->residual : a.v);
-            const int64_t base = slot * bs * token_stride + kh * D;
-            attend_block<T, DV>(st, kc + base, vc + base, token_stride, n, G, nv);
+            const int64_t base = (slot * bs + skip) * token_stride + kh * D;
+            attend_block<T, DV>(st, kc + base, vc + base, token_stride, n - skip, G, nv);
         } else {
             constexpr int K = KIND ? KIND : kInt8;  // (KIND 0 never gets here)
             open_block<K>(*a.ks, id, kh, a.kv_heads, D, bs, kb);
             open_block<K>(*a.vs, id, kh, a.kv_heads, D, bs, vb);
             attend_quantized<K, DV>(st, *a.ks, kb, vb, id * bs * a.kv_heads + kh, kh,
-                                    a.kv_heads, n, G, nv);
+                                    a.kv_heads, n, G, nv, skip);
         }
     }
     finish_item<T>(a, st, qi, kh, part, nv);
@@ -283,15 +298,16 @@ int kvl_max_block_size() { return kMaxBlock; }
 // parts > 1 cuts every context into that many runs of blocks (partial: scratch of
 // num_queries * kv_heads * parts * (heads / kv_heads) * (head_dim + 2) floats).
 // ks, vs, residual_of: a quantized store's K and V sides (k and v are then unused), or null.
+// window > 0: a sliding layer's window W (each query sees the last W positions of its context).
 void kvl_paged_attention(const void* q, const void* k, const void* v, void* out,
                          const int32_t* block_tables, const int32_t* seq_of_query,
                          const int32_t* context_lens, int num_queries, int heads, int kv_heads,
-                         int head_dim, int block_size, int max_blocks, float scale, int is_bf16,
-                         int num_threads, int parts, float* partial, const KVSide* ks,
-                         const KVSide* vs, const int64_t* residual_of) {
+                         int head_dim, int block_size, int max_blocks, float scale, int window,
+                         int is_bf16, int num_threads, int parts, float* partial,
+                         const KVSide* ks, const KVSide* vs, const int64_t* residual_of) {
     Args a{q, k, v, out, block_tables, seq_of_query, context_lens, num_queries, heads, kv_heads,
-           head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, partial, ks, vs,
-           residual_of};
+           head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, window, partial, ks,
+           vs, residual_of};
     const int dv = head_dim / kLanes;  // common head sizes get their own unrolled code
     if (is_bf16) {
         if (dv == 8) run<uint16_t, 8>(a, num_threads);

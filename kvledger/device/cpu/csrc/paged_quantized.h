@@ -207,7 +207,7 @@ inline __attribute__((always_inline)) void dequantize_row(const QBlock& b, int t
 template <int KIND, int DV>
 inline __attribute__((always_inline)) void attend_quantized(
         State& st, const KVSide& ks, const QBlock& kb, const QBlock& vb, int64_t row0,
-        int kh, int kv_heads, int n, int G, int nv_dynamic) {
+        int kh, int kv_heads, int n, int G, int nv_dynamic, int skip) {
     const int nv = DV ? DV : nv_dynamic;
     const bool fold = KIND == kFp8 || kb.tscale == nullptr;
     float kc[kMaxGroup] = {};
@@ -247,6 +247,8 @@ inline __attribute__((always_inline)) void attend_quantized(
             }
         }
     }
+    for (int g = 0; g < G; ++g)  // rows before a sliding window: no weight (skip < n)
+        for (int t = 0; t < skip; ++t) st.s[g][t] = -INFINITY;
     softmax_block(st, n, G, nv);
     const auto codes = [&](int t, int j) { return codes_vec<KIND>(vb.codes + t * vb.stride, j); };
     const int nl = (n + kLanes - 1) / kLanes;

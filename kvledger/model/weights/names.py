@@ -1,0 +1,93 @@
+"""One naming of the weights for every family: Hugging Face ``LlamaForCausalLM`` names plus the
+norms some families add, and the tensors (with shapes) a spec needs.
+
+Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
+
+- a multimodal Gemma 3 folder's text model, ``language_model.model.*`` (transformers 4) or
+  ``model.language_model.*`` (transformers 5) -> ``model.*``, ``language_model.lm_head`` ->
+  ``lm_head``; the vision tower and the projector are dropped;
+- Phi-3's fused ``self_attn.qkv_proj`` (q, k, v rows) and ``mlp.gate_up_proj`` (gate rows,
+  then up, as ``Phi3MLP`` chunks them) -> the separate projections, as row views (a GGUF's
+  4-bit parts are split with their rows).
+
+:func:`tensor_shapes` lists what a model of the spec holds: per layer the q/k/v/o and gate/up/
+down projections, ``input_layernorm``, ``post_attention_layernorm``, Gemma's
+``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
+``k_norm`` and q/k/v biases when the spec has them; the embedding, the final norm and an
+untied ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvledger.spec import ModelSpec
+
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+             "model.multi_modal_projector.")
+_Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
+
+
+def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
+    """Rename and split ``state`` in place into the names of :func:`tensor_shapes` (see the
+    module docstring); the dict keeps its type (a memory-mapped cache stays one)."""
+    for name in list(state):
+        if name.startswith(_NOT_TEXT):
+            del state[name]
+            continue
+        for old, new in _TEXT_PREFIXES:
+            if name.startswith(old):
+                state[new + name[len(old):]] = state.pop(name)
+                break
+    d, q, kv = spec.head_dim, spec.num_attention_heads, spec.num_kv_heads
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        _split(state, p + "self_attn.qkv_proj", [(p + f"self_attn.{n}_proj", rows) for n, rows
+                                                 in (("q", q * d), ("k", kv * d), ("v", kv * d))])
+        f = spec.intermediate_size
+        _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
+
+
+def _split(state: dict, fused: str, parts: list[tuple[str, int]]) -> None:
+    """Replace the fused projection ``fused`` (weight, bias, 4-bit parts) by row views."""
+    for suffix in (".weight", ".bias", *_Q4_PARTS):
+        tensor = state.pop(fused + suffix, None)
+        if tensor is None:
+            continue
+        start = 0
+        for stem, rows in parts:
+            state[stem + suffix] = tensor[start: start + rows]
+            start += rows
+
+
+def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Name -> shape ([out, in] for projections) of every tensor a model of ``spec`` holds."""
+    h, d, f = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q, kv = spec.num_attention_heads * d, spec.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h),
+                                          "model.norm.weight": (h,)}
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if spec.norms_per_layer == 4:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {f"{p}{n}.weight": (h,) for n in norms}
+        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+                   p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
+                   p + "mlp.down_proj.weight": (h, f)}
+        if spec.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        if spec.qkv_bias:
+            shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
+                       for n, rows in (("q", q), ("k", kv), ("v", kv))}
+    return shapes
+
+
+def is_norm(name: str) -> bool:
+    """Whether tensor ``name`` is an RMSNorm weight (its identity is 1, or 0 in Gemma's form)."""
+    return name.endswith("norm.weight")

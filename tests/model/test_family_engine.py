@@ -1,0 +1,112 @@
+"""Every family through the engine (issue 34, item 8): greedy tokens equal transformers' for
+prompts of 1, W - 1, W, W + 1 and 3W + 5 tokens (W = 16, the tiny models' window), alone,
+batched, on prefix-cache hits, under preemption and with chunked prefill, and the KV blocks a
+sequence holds equal the ledger's figure at every length between steps.
+
+The oracle is transformers' greedy choice recomputing the whole sequence each step
+(``family_kit.hf_greedy``). ``phi3-long`` is left out: below its 64 original positions
+transformers takes LongRoPE's short factors where the engine, whose max length is past them,
+took the long ones for good (``kvledger.model.rope``); its logits are checked past 64 positions
+in test_family_oracle.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_kit import W, hf_greedy, make_tiny
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.engine import LLMEngine
+from kvledger.engine.sampling_params import SamplingParams
+from kvledger.ledger.kv import kv_bytes_per_sequence
+from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.model.weights.loader import load_weights
+
+FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3"]
+LENGTHS = (1, W - 1, W, W + 1, 3 * W + 5)
+STEPS = 16
+GREEDY = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
+FP32 = KVFormatSpec("fp32")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    """(name, folder, spec, weights, transformers' greedy tokens per prompt)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    hf = make_tiny(request.param, folder)
+    spec, weights = load_weights(folder, torch.float32)
+    prompts = [torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in LENGTHS]
+    return request.param, folder, spec, weights, prompts, [hf_greedy(hf, p, STEPS)
+                                                           for p in prompts]
+
+
+def _engine(family, **options) -> LLMEngine:
+    _, folder, spec, weights, _, _ = family
+    options.setdefault("attention", "paged-native")
+    return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", **options), spec=spec,
+                     weights=weights)
+
+
+def _run(engine, prompts, first: int = 0) -> list[list[int]]:
+    """Greedy tokens of ``prompts`` run together; between steps every running sequence holds
+    the ledger's whole blocks for its computed tokens."""
+    spec, block = engine.spec, engine.config.block_size
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{first + i}", p, GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.token_ids
+        for req in engine.scheduler.running:
+            held = len(req.block_table) * engine.bytes_per_block
+            assert held == kv_bytes_per_sequence(spec, FP32, 1, block, req.num_computed_tokens,
+                                                 window_aware=False, paged=True)
+    return [done[f"r{first + i}"] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("attention", ["reference", "paged-native"])
+def test_alone_matches_transformers(family, attention):
+    _, _, _, _, prompts, want = family
+    for prompt, tokens in zip(prompts, want):
+        assert _run(_engine(family, attention=attention), [prompt]) == [tokens], len(prompt)
+
+
+def test_batched_and_prefix_hits_match_transformers(family):
+    _, _, _, _, prompts, want = family
+    engine = _engine(family)
+    assert _run(engine, prompts) == want
+    assert _run(engine, prompts, first=len(prompts)) == want  # every full block now a hit
+    # a hit never covers a prompt's last token: whole blocks of the first n - 1
+    assert engine.stats()["prefix_cache_hit_tokens"] == sum((n - 1) // 16 * 16 for n in LENGTHS)
+
+
+def test_preempted_matches_transformers(family):
+    """A pool of 6 blocks for 15 blocks of demand."""
+    _, _, _, _, prompts, want = family
+    engine = _engine(family, num_blocks=6)
+    assert _run(engine, prompts) == want
+    assert engine.stats()["num_preemptions"] > 0
+
+
+def test_chunked_prefill_matches_transformers(family):
+    """Steps of at most 7 tokens: prompts prefilled in chunks that cross blocks and windows."""
+    _, _, _, _, prompts, want = family
+    assert _run(_engine(family, max_num_batched_tokens=7), prompts) == want
+
+
+def test_retention_on_sliding_layers_is_refused(family):
+    """The retention paths gather slot lists without a window: refused at start and per
+    request (HTTP 400), with the layout named."""
+    from kvledger.errors import InvalidParameterError
+    from kvledger.ledger.retention import RetentionSpec
+
+    _, _, spec, _, prompts, _ = family
+    with pytest.raises(InvalidParameterError, match=rf"{spec.model_type}: \d+ of "
+                                                    rf"{spec.num_layers} layers slide"):
+        _engine(family, kv_policy="window", kv_window=32)
+    params = SamplingParams(max_tokens=2, kv_policy=RetentionSpec("sinks", window=32, sinks=4))
+    with pytest.raises(InvalidParameterError, match="sliding-window layers"):
+        _engine(family).add_request("r", prompts[0], params)
