@@ -104,8 +104,9 @@ def test_window_cache_positions_change_nothing(tiny_engine_factory):
                                            "positions": "original"})
     b = generate(engine, PROMPT[:60], 40, {"policy": "window", "window": 12,
                                            "positions": "cache"})
-    assert a.token_ids == b.token_ids
-    assert [lp.logprob for lp in a.logprobs] == [lp.logprob for lp in b.logprobs]
+    assert a.token_ids == b.token_ids  # logprobs to float rounding: RoPE of other angles
+    got = torch.tensor([lp.logprob for lp in b.logprobs])
+    assert (got - torch.tensor([lp.logprob for lp in a.logprobs])).abs().max() < 1e-5
 
 
 def test_cache_positions_leave_the_prefix_cache_as_full_retention(tiny_engine_factory):
