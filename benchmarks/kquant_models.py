@@ -1,5 +1,5 @@
 """Random-weight GGUFs of a real shape, converted and quantized with llama.cpp's own tools
-(issue 42's benchmark models; ``../shared/PEERS.md`` describes the route).
+(issue 42's benchmark models).
 
 1. A Llama of Llama-3.2-1B's sizes (hidden 2048, 16 layers, MLP 8192, 32 query / 8 KV heads,
    head_dim 64, tied embeddings; no llama3 RoPE scaling, which the engine does not run) with the
