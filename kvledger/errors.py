@@ -11,7 +11,7 @@ class KVLedgerError(Exception):
     """Base class of errors caused by the user's input (CLI exit code 2, HTTP 4xx)."""
 
     http_status = 400
-    code = "invalid_request_error"
+    code: str | None = None  # a bad value: no code, as OpenAI sends (the type says invalid)
 
 
 class ConfigError(KVLedgerError):

@@ -24,6 +24,7 @@ from kvledger.server.routes import (
     _check_request,
     _warn_unknown,
     compile_output,
+    request_field,
 )
 from kvledger.server.streaming import (
     ClientGone,
@@ -172,8 +173,9 @@ async def _structured_output(server, body: ResponsesRequest, model: str, params)
         raise InvalidParameterError(
             f"tools on /v1/responses need a model that writes Hermes <tool_call> blocks; "
             f"{model}'s template writes {plan.fmt.name} calls (use /v1/chat/completions)")
-    params.structured_outputs = output_constraint(schema, None, plan)
-    await compile_output(server, params.structured_outputs, plan)
+    with request_field("text.format" if schema is not None else "tools"):
+        params.structured_outputs = output_constraint(schema, None, plan)
+        await compile_output(server, params.structured_outputs, plan)
     return plan
 
 

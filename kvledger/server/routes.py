@@ -16,6 +16,7 @@ import functools
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -182,6 +183,18 @@ async def compile_constraint(state, constraint) -> None:
     await asyncio.wrap_future(state.grammars.submit(constraint))
 
 
+@contextmanager
+def request_field(param: str):
+    """Name ``param`` (the request field a constraint came from) on an InvalidParameterError
+    raised inside that names none."""
+    try:
+        yield
+    except InvalidParameterError as exc:
+        if getattr(exc, "param", None) is None:
+            exc.param = param
+        raise
+
+
 async def compile_output(state, constraint, plan) -> None:
     """Compile a request's constraint; each tool's parameters first, so that a schema the
     grammar cannot enforce is named by its tool.
@@ -213,8 +226,10 @@ async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
                           state.tokenizer, model)
         messages, tools = template_messages(body.messages, plan, state.tokenizer, model)
         prompts = [messages]
-    params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
-    await compile_output(state, params.structured_outputs, plan)
+    with request_field("structured_outputs" if body.structured_outputs is not None else
+                       "response_format" if schema is not None else "tools"):
+        params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
+        await compile_output(state, params.structured_outputs, plan)
     return [await state.loop.tokenize(prompt, tools) for prompt in prompts], plan
 
 

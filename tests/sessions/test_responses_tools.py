@@ -121,6 +121,15 @@ def test_bad_input_is_a_400(serve, body, words):
     assert oc.responses.create(model="fake-model", input="hi").output_text == "ok"
 
 
+def test_a_schema_the_grammar_refuses_names_text_format(serve):
+    oc, _, _ = serve("ok")
+    with pytest.raises(openai.BadRequestError) as caught:
+        oc.responses.create(model="fake-model", input="hi", text={"format": {
+            "type": "json_schema", "name": "x", "schema": {"$ref": "https://example.com/s"}}})
+    error = caught.value.body
+    assert (error["param"], error["code"]) == ("text.format", None), error
+
+
 def test_a_call_output_must_answer_a_call_of_the_previous_response(serve):
     oc, _, _ = serve(HERMES.call_text("get_weather", ARGS))
     first = oc.responses.create(model="fake-model", input="Weather?", tools=[TOOL],
