@@ -40,7 +40,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
@@ -152,6 +159,13 @@ class ChatMessage(_Part):
     content: Text | list[TextPart] | None = None
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: Text | None = None
+
+    @model_validator(mode="after")
+    def _tool_turn_names_its_call(self) -> ChatMessage:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a 'tool' message needs 'tool_call_id', the id of the call it "
+                             "answers")
+        return self
 
     def as_template_dict(self) -> dict[str, str]:
         """The ``{"role", "content"}`` dict a Hugging Face chat template expects."""
@@ -340,6 +354,18 @@ class ChatCompletionRequest(_SamplingBody):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
         return self
+
+    @field_validator("messages")
+    @classmethod
+    def _tool_turns_answer_earlier_calls(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        called: set[str] = set()
+        for i, m in enumerate(messages):
+            called.update(call.id for call in m.tool_calls or ())
+            if m.role == "tool" and m.tool_call_id not in called:
+                raise ValueError(
+                    f"messages[{i}] answers tool_call_id {m.tool_call_id!r}, which no earlier "
+                    "assistant message's 'tool_calls' made (OpenAI's rule)")
+        return messages
 
     def template_messages(self) -> list[dict[str, str]]:
         """Messages as chat-template dicts."""

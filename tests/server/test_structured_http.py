@@ -143,6 +143,9 @@ def test_a_reply_without_calls_is_content(serve):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "'nope'"),
     ({"tool_choice": "required"}, "tool_choice", "no 'tools'"),
+    ({"messages": ASK + [{"role": "tool", "content": "21 C"}]}, "messages", "tool_call_id"),
+    ({"messages": ASK + [{"role": "tool", "tool_call_id": "c9", "content": "21 C"}]},
+     "messages", "no earlier assistant message"),
     ({"tools": [WEATHER], "tool_choice": "required", "response_format": {
         "type": "json_object"}}, "tool_choice", "conflicts with the JSON response format"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {
