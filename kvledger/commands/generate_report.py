@@ -69,8 +69,6 @@ def print_summary(engine, results, load_s: float) -> None:
               if set(formats.values()) != {"dense"} else "")
     console.print(f"[bold]{engine.model_name}[/bold] · {engine.config.dtype}{packed} · KV "
                   f"{engine.kv_layout.describe()}, {engine.bytes_per_token:,} B/token · load {load_s:.2f} s")
-    if engine.tokenizer_note:
-        console.print(f"[yellow]{engine.tokenizer_note}[/yellow]")
     for i, o in enumerate(results):
         if len(results) > 1:
             print(f"--- [{i}] {o.text}")

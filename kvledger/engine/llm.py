@@ -57,6 +57,25 @@ class LLM:
                 final[out.request_id] = out
         return [final[i] for i in ids]
 
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | list[SamplingParams] | None = None
+             ) -> list[RequestOutput]:
+        """vLLM's ``LLM.chat``: one conversation (``{"role", "content"}`` dicts) or a list of
+        them, each through the model's chat template with the generation prompt appended.
+
+        Raises:
+            InvalidParameterError: ``messages`` is neither, or what :meth:`generate` raises.
+        """
+        one = isinstance(messages, list) and messages and all(isinstance(m, dict)
+                                                              for m in messages)
+        many = isinstance(messages, list) and messages and all(
+            isinstance(c, list) and c and all(isinstance(m, dict) for m in c) for c in messages)
+        if not (one or many):
+            raise InvalidParameterError(
+                "chat() takes a conversation (a list of {'role': ..., 'content': ...} dicts) "
+                "or a list of conversations")
+        return self.generate(messages, sampling_params)
+
     def stream(self, prompts: Prompt | list[Prompt],
                sampling_params: SamplingParams | list[SamplingParams] | None = None,
                request_ids: list[str] | None = None) -> Iterator[RequestOutput]:

@@ -48,6 +48,17 @@ class RequestMetrics:
         return self.first_scheduled_time - self.arrival_time
 
 
+@dataclass(frozen=True)
+class CompletionOutput:
+    """vLLM's per-sample view of a request's output (``RequestOutput.outputs[0]``)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None
+
+
 @dataclass
 class RequestOutput:
     """Progress of one request after an engine step.
@@ -71,6 +82,12 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: str | None = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """The one sample as vLLM's ``outputs`` list, so ``out.outputs[0].text`` works."""
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason,
+                                 self.logprobs)]
 
     @property
     def tpot_s(self) -> float | None:

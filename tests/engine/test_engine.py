@@ -256,3 +256,20 @@ def test_kv_bytes_predicted_counts_a_shared_prefix_once(tiny_engine_factory):
                           for r in engine.scheduler.requests.values() if b in r.block_table)
         assert s["kv_bytes_predicted"] == tokens * engine.bytes_per_token
     assert all(p <= a for p, a in seen) and seen[0][0] > 0
+
+
+def test_chat_and_outputs_as_vllm_spells_them(bundled_llm):
+    """``LLM.chat`` renders through the tokenizer's own template (transformers'
+    ``apply_chat_template`` is the reference); ``outputs[0]`` mirrors the request's output."""
+    conversation = [{"role": "user", "content": "Name a prime number."}]
+    ids = list(bundled_llm.tokenizer.apply_chat_template(
+        conversation, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    by_ids = bundled_llm.generate(ids, params)[0]
+    one = bundled_llm.chat(conversation, params)
+    two = bundled_llm.chat([conversation, conversation], params)
+    assert one[0].prompt_token_ids == ids
+    assert [o.outputs[0].token_ids for o in one + two] == [by_ids.token_ids] * 3
+    assert one[0].outputs[0].text == by_ids.text and one[0].outputs[0].index == 0
+    with pytest.raises(InvalidParameterError, match="conversation"):
+        bundled_llm.chat("Name a prime number.", params)
