@@ -29,7 +29,7 @@ from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
-from kvledger.engine.request import Request
+from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.engine.retention.build import retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
@@ -433,13 +433,15 @@ class LLMEngine:
 
     def _distinct_kv_tokens(self) -> int:
         """Tokens with K/V in the cache (kept ones, under an evicting policy), each shared
-        block counted once."""
+        block counted once; a model of several layer groups counts each group's blocks
+        (a page is one group's block, so a token there costs ``bytes_per_token / groups``)."""
         bs, filled = self.config.block_size, {}
         for req in self.scheduler.requests.values():
             held = req.retention.held_per_block(req.num_computed_tokens, bs)
-            for block, n in zip(req.block_table, held):
-                if n > 0:
-                    filled[block] = max(filled.get(block, 0), n)
+            for table in req.block_tables:
+                for block, n in zip(table, held):
+                    if n > 0 and block != NULL_BLOCK:
+                        filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())
 
     def stats(self) -> dict:
@@ -453,7 +455,7 @@ class LLMEngine:
         in_use = s["kv_blocks_total"] - s["kv_blocks_free"]
         held = self._distinct_kv_tokens()
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
-        s["kv_bytes_predicted"] = held * self.bytes_per_token
+        s["kv_bytes_predicted"] = held * self.bytes_per_token // max(1, len(self.kv_layout.groups))
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)

@@ -11,7 +11,8 @@ Each ``schedule()`` builds one step of at most ``max_num_batched_tokens`` tokens
    the very block a running request is computing now (same hash: e.g. a burst of requests with
    one system prompt) waits a step and then hits it instead of computing it twice. A request
    whose chunk does not fit the free blocks now is skipped so a later smaller one can start (no
-   head-of-line blocking). Starvation guard: once
+   head-of-line blocking); on a model with sliding layers, whose chunk of C makes each sliding
+   group hold W + C - 1 positions, it starts with the part that fits instead. Starvation guard: once
    a waiting request has been passed over for lack of blocks in ``HEAD_SKIP_LIMIT`` steps,
    nothing behind it is admitted until it is; running requests finish and free blocks, so it
    gets in. (Being held back by the long-request share does not count: admitting short requests
@@ -300,6 +301,11 @@ class Scheduler:
             n = min(req.num_tokens - len(hit_blocks[0]) * self.block_size, budget,
                     req.retention.chunk_tokens)
             growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
+            if from_free > self.kv.pool.num_free and self.kv.sliding:
+                # a chunk makes a sliding group hold W + C - 1 positions, more than the request
+                # holds between steps: admit the part that fits (a lone request always fits)
+                n = self.kv.tokens_that_fit(req, n, self.kv.pool.num_free, hit_blocks) or n
+                growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
             if req.is_long and self._long_blocks_held() + growth > self.long_budget.max_blocks:
                 continue
             if from_free > self.kv.pool.num_free:

@@ -35,7 +35,7 @@ def _request_row(seq: Any, state: str, block_size: int, bytes_per_block: int,
                  bytes_per_token: int) -> dict:
     """One request: token counts, KV held (allocated blocks and the ledger's figure), the most
     KV it may reach (prompt + max_tokens, in blocks), preemptions. No text."""
-    blocks = len(seq.block_table)
+    blocks = seq.num_blocks_held
     return {
         "id": seq.request_id,
         "state": state,

@@ -94,15 +94,18 @@ class KVCacheManager:
             revived += sum(1 for b in live_hits if self.pool.is_free(b))
         return growth, new + revived
 
-    def tokens_that_fit(self, req: Request, n: int, free_blocks: int) -> int:
-        """Most of the next ``n`` tokens of a running ``req`` that ``free_blocks`` can hold."""
-        if len(self.groups) == 1:
+    def tokens_that_fit(self, req: Request, n: int, free_blocks: int,
+                        hit: list[list[int]] | None = None) -> int:
+        """Most of the next ``n`` tokens of ``req`` (after ``hit``, at admission) that
+        ``free_blocks`` can hold."""
+        if len(self.groups) == 1 and not hit:
             slack = len(req.block_table) * self.block_size - req.num_kv_slots
             return max(0, min(n, slack + free_blocks * self.block_size))
         lo, hi = 0, n  # blocks_needed grows with the tokens
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.blocks_needed(req, mid)[1] <= free_blocks else (lo, mid - 1)
+            fits = self.blocks_needed(req, mid, hit)[1] <= free_blocks
+            lo, hi = (mid, hi) if fits else (lo, mid - 1)
         return lo
 
     def allocate_slots(
