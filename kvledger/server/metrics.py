@@ -92,8 +92,7 @@ class ServerMetrics:
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
             ("prefix_cache_requeries", "Tokens looked up again on re-admission after preemption."),
             ("prefix_cache_rehits", "Tokens found again on re-admission after preemption."),
-            ("prefix_cache_missed", "Prompt tokens the full-attention layers held in the prefix "
-             "cache but no hit took: a sliding-window layer group's blocks were evicted."),
+            ("prefix_cache_missed", "Prompt tokens a sliding layer group's evictions kept from a hit."),
             ("num_preemptions", "Preemptions of running requests."),
             ("prompt_tokens", "Prefilled prompt tokens."),
             ("generation_tokens", "Generated tokens."),

@@ -150,6 +150,6 @@ def test_a_hit_is_the_longest_prefix_every_group_holds_and_a_miss_is_counted():
 def test_peak_pages_are_the_most_held_one_token_at_a_time(window):
     spec = dataclasses.replace(_gemma3_1b(), sliding_window=window)
     groups = kv_groups(spec)
-    for n in range(0, 3 * window + 40):
+    for n in range(3 * window + 40):
         brute = max((sequence_blocks(groups, t, BS, 1) for t in range(n)), default=0)
         assert peak_blocks(groups, n, BS) == brute, n
