@@ -192,9 +192,7 @@ class ModelRunner:
         """Slots [length] of positions 0..length-1 of ``req`` through its block table of
         layer group ``group`` (a ``NULL_BLOCK`` entry reads block 0)."""
         table = req.block_tables[group][: -(-length // self.block_size)]
-        blocks = torch.tensor(table, dtype=torch.int64)
-        if group:
-            blocks.clamp_(min=0)
+        blocks = torch.tensor(table, dtype=torch.int64).clamp_(min=0)
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
 
 

@@ -70,7 +70,7 @@ def engine_snapshot(engine: Any) -> dict:
     listed += [(s, "waiting") for s in scheduler.waiting]
     owner: dict[int, int] = {}
     for index, (seq, _) in enumerate(listed):
-        for block_id in seq.block_table:
+        for block_id in (b for table in seq.block_tables for b in table if b >= 0):
             owner[block_id] = SHARED if block_id in owner else index
     blocks = [owner.get(b.block_id, SHARED) if b.ref_cnt
               else CACHED if b.block_hash is not None else FREE for b in pool.blocks]
