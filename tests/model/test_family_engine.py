@@ -68,7 +68,8 @@ def _run(engine, prompts, first: int = 0) -> list[list[int]]:
             in_use = [b for table in req.block_tables for b in table if b != NULL_BLOCK]
             assert not any(pool.is_free(b) for b in in_use)
             assert len(in_use) * engine.bytes_per_block == kv_bytes_per_sequence(
-                spec, FP32, 1, block, req.num_computed_tokens, window_aware=True, paged=True)
+                spec, engine.kv_layout.fmt, 1, block, req.num_computed_tokens,
+                window_aware=True, paged=True)
     return [done[f"r{first + i}"] for i in range(len(prompts))]
 
 
@@ -102,6 +103,20 @@ def test_chunked_prefill_matches_transformers(family):
     """Steps of at most 7 tokens: prompts prefilled in chunks that cross blocks and windows."""
     _, _, _, _, prompts, want = family
     assert _run(_engine(family, max_num_batched_tokens=7), prompts) == want
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4"])
+def test_quantized_kv_pages_hold_the_ledgers_bytes_under_preemption_and_chunks(family, kv_format):
+    """int8 / int4 pages in every layer group: the pool holds exactly the ledger's bytes, and
+    with chunks of 7 and a pool for the longest request alone every request completes, each
+    holding the ledger's blocks between steps (tokens are not compared: the format is lossy)."""
+    _, _, spec, _, prompts, _ = family
+    longest = max(map(len, prompts)) + STEPS - 1
+    blocks = peak_blocks(kv_groups(spec), longest, 16)
+    engine = _engine(family, kv_cache_dtype=kv_format, num_blocks=blocks,
+                     max_num_batched_tokens=7)
+    assert engine.store.nbytes == blocks * engine.bytes_per_block + engine.kv_layout.reserved_bytes
+    assert all(len(tokens) == STEPS for tokens in _run(engine, prompts))
 
 
 def test_retention_on_sliding_layers_is_refused(family):
