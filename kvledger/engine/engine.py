@@ -29,7 +29,7 @@ from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
-from kvledger.engine.request import Request
+from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.engine.retention.build import retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
@@ -42,6 +42,7 @@ from kvledger.engine.structured.masks import advance_grammar
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
+from kvledger.ledger.kv_groups import KVGroup, describe_groups, peak_blocks
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.model.families import model_class
 from kvledger.spec import SLIDING, ModelSpec
@@ -109,7 +110,7 @@ def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> N
 
     layout = resolve_layout(config, spec, dtype)
     blocks = pool_blocks(config, layout.bytes_per_block, spec.max_position_embeddings,
-                         layout.reserved_bytes)
+                         layout.reserved_bytes, layout.groups)
     weights = spec_weight_bytes(spec, config.dtype) // config.tensor_parallel_size
     kv = blocks * layout.bytes_per_block + layout.reserved_bytes
     available = available_memory_bytes()
@@ -122,10 +123,11 @@ def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> N
 
 
 def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
-                reserved_bytes: int = 0) -> int:
+                reserved_bytes: int = 0, groups: tuple[KVGroup, ...] = ()) -> int:
     """KV pool size in blocks: ``num_blocks``, else ``kv_cache_gib`` (less ``reserved_bytes``,
     a quantized format's residual blocks) turned into whole blocks, else ``max_num_seqs``
-    full-context sequences capped at ``DEFAULT_POOL_CAP_BYTES`` (less ``reserved_bytes``).
+    full-context sequences (in pages of the layer ``groups``, ``kv_groups.peak_blocks``)
+    capped at ``DEFAULT_POOL_CAP_BYTES`` (less ``reserved_bytes``).
 
     Raises:
         KVBudgetError: the pool has no room for one block.
@@ -136,7 +138,8 @@ def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
     elif c.kv_cache_gib is not None:
         blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)) - reserved_bytes, bytes_per_block)
     else:
-        per_seq = blocks_for_kv_tokens(max_model_len, c.block_size)
+        per_seq = (peak_blocks(groups, max_model_len, c.block_size) if groups
+                   else blocks_for_kv_tokens(max_model_len, c.block_size))
         blocks = min(per_seq * c.max_num_seqs,
                      blocks_for(DEFAULT_POOL_CAP_BYTES - reserved_bytes, bytes_per_block))
     if blocks < 1:
@@ -197,7 +200,7 @@ class LLMEngine:
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token
         num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
-                                 self.kv_layout.reserved_bytes)
+                                 self.kv_layout.reserved_bytes, self.kv_layout.groups)
         self.store = None
         if config.use_kv_cache:
             self.store = self.kv_layout.build_store(num_blocks, outlier_index(config, spec,
@@ -210,13 +213,14 @@ class LLMEngine:
         # through the runner to every rank's store
         store_ops = self.store if self.parallel is None or self.store is None else self.runner
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
-                                   self.max_model_len, store_ops)
+                                   self.max_model_len, store_ops, self.kv_layout.groups)
         self._check_retention(config.retention)
         if self.store is not None:
             self.scheduler.kv.pool.on_release = store_ops.release
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
-                 "blocks)", self.kv_layout.describe(), num_blocks, config.block_size,
-                 self.bytes_per_block, self.kv_layout.reserved_bytes)
+                 "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
+                 self.bytes_per_block, self.kv_layout.reserved_bytes,
+                 describe_groups(self.kv_layout.groups))
         self.grammars = (GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids)
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
@@ -327,7 +331,8 @@ class LLMEngine:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "
                 f"yet ({self.spec.model_type}: {self.spec.layer_types.count(SLIDING)} of "
-                f"{self.spec.num_layers} layers slide); use kv_policy full")
+                f"{self.spec.num_layers} layers slide, KV layout of "
+                f"{describe_groups(self.kv_layout.groups)}); use kv_policy full")
         if spec.evicts and self.store is None:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
@@ -428,13 +433,15 @@ class LLMEngine:
 
     def _distinct_kv_tokens(self) -> int:
         """Tokens with K/V in the cache (kept ones, under an evicting policy), each shared
-        block counted once."""
+        block counted once; a model of several layer groups counts each group's blocks
+        (a page is one group's block, so a token there costs ``bytes_per_token / groups``)."""
         bs, filled = self.config.block_size, {}
         for req in self.scheduler.requests.values():
             held = req.retention.held_per_block(req.num_computed_tokens, bs)
-            for block, n in zip(req.block_table, held):
-                if n > 0:
-                    filled[block] = max(filled.get(block, 0), n)
+            for table in req.block_tables:
+                for block, n in zip(table, held):
+                    if n > 0 and block != NULL_BLOCK:
+                        filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())
 
     def stats(self) -> dict:
@@ -448,7 +455,7 @@ class LLMEngine:
         in_use = s["kv_blocks_total"] - s["kv_blocks_free"]
         held = self._distinct_kv_tokens()
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
-        s["kv_bytes_predicted"] = held * self.bytes_per_token
+        s["kv_bytes_predicted"] = held * self.bytes_per_token // max(1, len(self.kv_layout.groups))
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)

@@ -9,7 +9,8 @@ the registry (``status`` WAITING or RUNNING).
 Tokens: the prompt, then the tokens generated so far; ``num_computed_tokens`` of them already
 have their K/V in the paged cache. Tokens ``[0, num_computed_tokens)`` live in the blocks of
 ``block_table`` (token ``pos`` in block ``block_table[pos // block_size]`` at offset
-``pos % block_size``); tokens ``[num_computed_tokens, num_tokens)`` still need a forward pass.
+``pos % block_size``), one table per layer group (``block_tables``, ``ledger/kv_groups.py``;
+a sliding group's blocks before its window are ``NULL_BLOCK``); tokens ``[num_computed_tokens, num_tokens)`` still need a forward pass.
 After a decode step the newly sampled token is appended without KV, so a running request always
 has at least one uncomputed token until it finishes.
 
@@ -26,6 +27,10 @@ import enum
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+NULL_BLOCK = -1
+"""A block-table entry a sliding layer group gave back (vLLM's null block); read as block 0,
+masked by the window."""
 
 import torch
 
@@ -62,7 +67,12 @@ class Request:
         output_token_ids: generated tokens, in order.
         status: WAITING, RUNNING or FINISHED.
         num_computed_tokens: tokens whose K/V is in the cache (prefix-cache hits included).
-        block_table: KV block ids, block i holds tokens ``[i*block_size, (i+1)*block_size)``.
+        block_tables: per layer group (``ledger/kv_groups.py``), KV block ids: block i holds
+            tokens ``[i*block_size, (i+1)*block_size)``; ``NULL_BLOCK`` where a sliding group
+            gave the block back (before its window). ``block_table`` is the first group's.
+        num_dropped_blocks: leading entries of the sliding groups' tables given back.
+        missed_hit_tokens: prompt tokens the full layer groups held in the prefix cache beyond
+            the hit taken, for lack of a sliding group's blocks (set at each lookup).
         block_hashes: chained hashes of its full blocks, computed lazily by the prefix cache;
             they depend on tokens only, so they survive preemption.
         num_hashed_blocks: leading blocks of ``block_table`` already registered in the prefix
@@ -92,7 +102,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=lambda: [[]])
+    num_dropped_blocks: int = 0
+    missed_hit_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
     num_hashed_blocks: int = 0
     num_cached_tokens: int = 0
@@ -114,6 +126,21 @@ class Request:
             prompt_logprobs=[None] if self.params.prompt_logprobs is not None else None,
             metrics=RequestMetrics(arrival_time=time.perf_counter(),
                                    num_prompt_tokens=len(self.prompt_token_ids)))
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first layer group's block table (the only one of a model of one kind)."""
+        return self.block_tables[0]
+
+    @block_table.setter
+    def block_table(self, table: list[int]) -> None:
+        self.block_tables[0] = table
+
+    @property
+    def num_blocks_held(self) -> int:
+        """Blocks (pages) its tables hold, ``NULL_BLOCK`` entries excluded."""
+        return sum(len(t) for t in self.block_tables) - sum(
+            1 for t in self.block_tables for b in t[:self.num_dropped_blocks] if b < 0)
 
     @property
     def metrics(self) -> RequestMetrics:

@@ -14,6 +14,11 @@ causality and the policy's per-query visibility, its keys turned as the context 
 positions) and an attention observer when its queries are scored; a one-token decode that sees
 every held key, unturned and unscored, is a decode group read in place (``slot_view``).
 
+Layer groups (``ledger/kv_groups.py``): when the store's layers read more than one block table
+(``store.group_of_layer``), each group gets its own metadata (``AttentionMetadata.groups``:
+the same queries, the slots of that group's table; a sliding group's ``NULL_BLOCK`` entries
+read block 0, masked by the window).
+
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
 """
@@ -93,7 +98,8 @@ class ModelRunner:
             last_of[id(c)] = len(ids) - 1
 
         decodes.sort(key=lambda c: c.request.num_computed_tokens)
-        for group in length_groups(decodes, lambda c: c.request.num_computed_tokens):
+        decode_groups = length_groups(decodes, lambda c: c.request.num_computed_tokens)
+        for group in decode_groups:
             contexts = [self._context_slots(c.request, c.request.num_computed_tokens + 1) for c in group]
             meta.decodes.append(_decode_group(len(ids), contexts))
             for c, ctx in zip(group, contexts):
@@ -124,7 +130,35 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             last_of[id(c)] = len(ids) - 1
         meta.slot_mapping = torch.cat(slot_chunks)
+        layer_groups = getattr(self.store, "group_of_layer", None)
+        if layer_groups is not None:
+            meta.group_of_layer = layer_groups
+            meta.groups = [meta] + [self._group_meta(g, decode_groups, prefills, meta)
+                                    for g in range(1, max(layer_groups) + 1)]
         return _as_tensor(ids), _as_tensor(pos), meta, _wanted_rows(chunks, last_of)
+
+    def _group_meta(self, g: int, decode_groups: list[list], prefills: list,
+                    first: AttentionMetadata) -> AttentionMetadata:
+        """Layer group ``g``'s metadata: ``first``'s decode groups and prefill segments
+        over the slots of each request's table ``g``."""
+        meta = AttentionMetadata(slot_mapping=None)
+        slots = []
+        for group, made in zip(decode_groups, first.decodes):
+            contexts = [self._context_slots(c.request, c.request.num_computed_tokens + 1, g)
+                        for c in group]
+            meta.decodes.append(_decode_group(made.start, contexts))
+            slots.extend(int(ctx[-1]) for ctx in contexts)
+        slot_chunks = [torch.tensor(slots, dtype=torch.int64)]
+        for c, made in zip(prefills, first.prefills):
+            start, n = c.request.num_computed_tokens, c.num_new_tokens
+            ctx = self._context_slots(c.request, start + n, g)
+            seg = PrefillSegment(start=made.start, length=n)
+            if start > 0:
+                seg.slots, seg.mask = ctx, made.mask
+            meta.prefills.append(seg)
+            slot_chunks.append(ctx[start:])
+        meta.slot_mapping = torch.cat(slot_chunks)
+        return meta
 
     def _no_cache_batch(self, chunks: Seq):
         ids, pos, last_of = [], [], {}
@@ -154,9 +188,11 @@ class ModelRunner:
             meta.observers.append(observer)
         return context.new_slots
 
-    def _context_slots(self, req, length: int) -> torch.Tensor:
-        """Slots [length] of positions 0..length-1 of ``req`` through its block table."""
-        blocks = torch.tensor(req.block_table[: -(-length // self.block_size)], dtype=torch.int64)
+    def _context_slots(self, req, length: int, group: int = 0) -> torch.Tensor:
+        """Slots [length] of positions 0..length-1 of ``req`` through its block table of
+        layer group ``group`` (a ``NULL_BLOCK`` entry reads block 0)."""
+        table = req.block_tables[group][: -(-length // self.block_size)]
+        blocks = torch.tensor(table, dtype=torch.int64).clamp_(min=0)
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
 
 

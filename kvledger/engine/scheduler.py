@@ -11,7 +11,8 @@ Each ``schedule()`` builds one step of at most ``max_num_batched_tokens`` tokens
    the very block a running request is computing now (same hash: e.g. a burst of requests with
    one system prompt) waits a step and then hits it instead of computing it twice. A request
    whose chunk does not fit the free blocks now is skipped so a later smaller one can start (no
-   head-of-line blocking). Starvation guard: once
+   head-of-line blocking); on a model with sliding layers, whose chunk of C makes each sliding
+   group hold W + C - 1 positions, it starts with the part that fits instead. Starvation guard: once
    a waiting request has been passed over for lack of blocks in ``HEAD_SKIP_LIMIT`` steps,
    nothing behind it is admitted until it is; running requests finish and free blocks, so it
    gets in. (Being held back by the long-request share does not count: admitting short requests
@@ -51,9 +52,9 @@ from __future__ import annotations
 from collections import deque
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.kv.manager import KVCacheManager
+from kvledger.engine.kv.manager import ONE_TABLE, KVCacheManager
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.request import Request, RequestStatus
+from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.engine.schedule_output import ScheduledChunk, SchedulerOutput
 from kvledger.errors import (
     ContextLengthError,
@@ -61,6 +62,7 @@ from kvledger.errors import (
     KVBudgetError,
 )
 from kvledger.ledger.admission import RequestBudget
+from kvledger.ledger.kv_groups import KVGroup, is_hybrid
 
 HEAD_SKIP_LIMIT = 32
 """Steps a waiting request may be passed over for lack of blocks before admission stops
@@ -87,19 +89,22 @@ class Scheduler:
         bytes_per_block: int,
         max_model_len: int,
         store: KVStore | None = None,
+        groups: tuple[KVGroup, ...] = ONE_TABLE,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
-        self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store)
+        self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
+                                 groups)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         quota = config.max_kv_tokens_per_request
-        self.budget = RequestBudget(block_size, num_blocks, max_model_len, quota)
+        paged = groups if is_hybrid(groups) or groups[0].window else ()  # else ceil(n / B)
+        self.budget = RequestBudget(block_size, num_blocks, max_model_len, quota, paged)
         long_blocks = int(config.long_kv_share * num_blocks)  # used only with long_prompt_tokens
-        self.long_budget = RequestBudget(block_size, long_blocks, max_model_len, quota)
+        self.long_budget = RequestBudget(block_size, long_blocks, max_model_len, quota, paged)
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -241,8 +246,7 @@ class Scheduler:
         free_blocks = self.kv.pool.num_free
         if req.is_long:
             free_blocks = min(free_blocks, self.long_budget.max_blocks - self._long_blocks_held())
-        slack = len(req.block_table) * self.block_size - req.num_kv_slots
-        return max(0, min(n, slack + free_blocks * self.block_size))
+        return self.kv.tokens_that_fit(req, n, free_blocks)
 
     def _victim(self, req: Request) -> Request:
         """Newest running request, scheduled in this step or not (long ones only if ``req`` is
@@ -292,11 +296,16 @@ class Scheduler:
                 self._fail(req, out)
                 continue
             hit_blocks = self.kv.find_longest_cache_hit(req)
-            if self._next_block_hash(req, len(hit_blocks)) in in_flight:
+            if self._next_block_hash(req, len(hit_blocks[0])) in in_flight:
                 continue  # a running request is computing this very block: hit it next step
-            n = min(req.num_tokens - len(hit_blocks) * self.block_size, budget,
+            n = min(req.num_tokens - len(hit_blocks[0]) * self.block_size, budget,
                     req.retention.chunk_tokens)
             growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
+            if from_free > self.kv.pool.num_free and self.kv.sliding:
+                # a chunk makes a sliding group hold W + C - 1 positions, more than the request
+                # holds between steps: admit the part that fits (a lone request always fits)
+                n = self.kv.tokens_that_fit(req, n, self.kv.pool.num_free, hit_blocks) or n
+                growth, from_free = self.kv.blocks_needed(req, n, hit_blocks)
             if req.is_long and self._long_blocks_held() + growth > self.long_budget.max_blocks:
                 continue
             if from_free > self.kv.pool.num_free:
@@ -333,7 +342,7 @@ class Scheduler:
         return self.kv.prefix.block_hash(req, index)[0]
 
     def _long_blocks_held(self) -> int:
-        return sum(len(r.block_table) for r in self.running if r.is_long)
+        return sum(r.num_blocks_held for r in self.running if r.is_long)
 
     # ------------------------------------------------------------------ after the model ran
 
@@ -365,8 +374,11 @@ class Scheduler:
         for req in self.running:
             assert req.status is RequestStatus.RUNNING
             assert len(req.block_table) * self.block_size >= req.num_kv_slots
-            for block_id in req.block_table:
-                holders[block_id] += 1
+            for g, table in enumerate(req.block_tables):
+                dropped = req.num_dropped_blocks if g in self.kv.sliding else 0
+                assert all(b == NULL_BLOCK for b in table[:dropped])
+                for block_id in table[dropped:]:
+                    holders[block_id] += 1
         assert [b.ref_cnt for b in pool.blocks] == holders, "refcount != block-table holders"
         for req in self.waiting:
             assert req.status is RequestStatus.WAITING
@@ -387,6 +399,7 @@ class Scheduler:
             "prefix_cache_hit_tokens": self.kv.prefix.hit_tokens,
             "prefix_cache_requeried_tokens": self.kv.prefix.requeried_tokens,
             "prefix_cache_rehit_tokens": self.kv.prefix.rehit_tokens,
+            "prefix_cache_missed_tokens": self.kv.prefix.missed_tokens,
             "num_preemptions": self.num_preemptions,
             "num_running": len(self.running),
             "num_waiting": len(self.waiting),

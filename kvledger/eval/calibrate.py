@@ -93,8 +93,11 @@ def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration
     blocks_seen: list[list[torch.Tensor]] = [[] for _ in range(layers)]
 
     def inspect(req) -> None:
-        full = torch.tensor(req.block_table[: req.num_computed_tokens // store.block_size])
-        for layer in range(layers):
+        filled = req.num_computed_tokens // store.block_size
+        for layer in range(layers):  # each layer through its group's table (kv_groups.py)
+            group = 0 if store.group_of_layer is None else store.group_of_layer[layer]
+            full = torch.tensor([b for b in req.block_tables[group][:filled] if b >= 0],
+                                dtype=torch.int64)
             k, v = store.read_blocks(layer, full)
             absmax[0][layer] = torch.maximum(absmax[0][layer], k.abs().amax(dim=(0, 1)).float())
             absmax[1][layer] = torch.maximum(absmax[1][layer], v.abs().amax(dim=(0, 1)).float())

@@ -14,7 +14,9 @@ within this limit. The engine's admission, its "up to the limit" max_tokens, its
 messages and its failure of a request that outgrows the pool all read it from here; a
 retention policy bounds the KV by its own figure (``ledger/retention.py``: ``kv_blocks_of`` and
 ``exceeded_by`` take it), a KV format changes the bytes per block and so ``max_blocks`` (``costs.blocks_for(pool_bytes, block_bytes)``), and
-nothing else has to follow.
+nothing else has to follow. A model of several layer groups (full and sliding layers,
+``kv_groups.py``) counts pages by ``kv_groups.peak_blocks`` instead of ``ceil(n / block_size)``:
+its sliding groups hold a window's blocks at any length.
 
 Pure integers, no torch.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvledger.ledger.kv_groups import KVGroup, peak_blocks
 from kvledger.ledger.retention import RetentionSpec
 
 
@@ -48,12 +51,22 @@ class RequestBudget:
         max_blocks: most blocks the request may hold at once (pool size, or its share of it).
         context_tokens: the model's context limit in tokens.
         quota_tokens: per-request limit on prompt + output tokens (None = no quota).
+        groups: the model's layer groups (``kv_groups.kv_groups``); blocks are then pages,
+            counted by ``kv_groups.peak_blocks``. Empty: one table of full attention.
     """
 
     block_size: int
     max_blocks: int
     context_tokens: int
     quota_tokens: int | None = None
+    groups: tuple[KVGroup, ...] = ()
+
+    def blocks_for(self, num_kv_tokens: int) -> int:
+        """Most blocks (pages) a request holds while it fills ``num_kv_tokens`` K/V slots
+        under full retention."""
+        if not self.groups:
+            return blocks_for_kv_tokens(num_kv_tokens, self.block_size)
+        return peak_blocks(self.groups, num_kv_tokens, self.block_size)
 
     def kv_blocks_of(self, total_tokens: int, retention: RetentionSpec | None = None,
                      num_prompt_tokens: int = 0) -> int:
@@ -61,17 +74,24 @@ class RequestBudget:
         retention's ``ceil((total - 1) / block_size)``, or the bounded figure of an evicting
         ``retention`` policy (``RetentionSpec.max_kv_blocks``)."""
         if retention is None or not retention.evicts:
-            return blocks_for_kv_tokens(kv_tokens_of(total_tokens), self.block_size)
+            return self.blocks_for(kv_tokens_of(total_tokens))
         return retention.max_kv_blocks(num_prompt_tokens, total_tokens, self.block_size)
 
     def holds_kv_tokens(self, num_kv_tokens: int) -> bool:
         """True when ``num_kv_tokens`` K/V slots fit in ``max_blocks`` blocks."""
-        return blocks_for_kv_tokens(num_kv_tokens, self.block_size) <= self.max_blocks
+        return self.blocks_for(num_kv_tokens) <= self.max_blocks
 
     @property
     def max_kv_tokens(self) -> int:
-        """Most K/V slots the request may fill: ``max_blocks * block_size``."""
-        return self.max_blocks * self.block_size
+        """Most K/V slots the request may fill: ``max_blocks * block_size`` (with layer
+        groups: the most whose :meth:`blocks_for` fits, at most the context)."""
+        if not self.groups:
+            return self.max_blocks * self.block_size
+        lo, hi = 0, self.context_tokens  # blocks_for grows with the tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.holds_kv_tokens(mid) else (lo, mid - 1)
+        return lo
 
     @property
     def max_total_tokens(self) -> int:

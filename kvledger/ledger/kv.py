@@ -10,7 +10,7 @@ What one token stores in one layer (seed §2.1-§2.2, §5.2):
 
 A sliding layer keeps at most ``sliding_window`` tokens; in the window-aware mode (a hybrid
 allocator) it is capped there, in whole blocks the blocks its next queries can still see
-(:func:`window_blocks`), otherwise it is sized as full attention (what an engine without a
+(``kv_groups.group_blocks``, what the engine's KV manager holds), otherwise it is sized as full attention (what an engine without a
 hybrid allocator reserves).
 
 Every function takes ``(spec, fmt, tp, block_size)``: the model, the KV format with its options
@@ -39,6 +39,7 @@ from kvledger.ledger.kv_format import (
     KVFormatSpec,
     resolve_group_size,
 )
+from kvledger.ledger.kv_groups import group_blocks, is_hybrid, kv_groups
 from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
 
 
@@ -183,17 +184,6 @@ def layer_tokens(spec: ModelSpec, layer_kind: str, tokens: int, window_aware: bo
     return tokens
 
 
-def window_blocks(tokens: int, window: int, block_size: int, new_tokens: int = 0) -> int:
-    """Blocks a sliding layer of window ``W`` holds at length ``t = tokens``: those covering the
-    positions its next queries can still see, ``max(0, t - W + 1) .. t + new_tokens - 1``
-    (query i sees key j when i - j < W). Between steps (``new_tokens`` 0) that is up to W - 1
-    positions, during a chunk of ``C = new_tokens`` queries up to W + C - 1; the blocks before
-    go back to the pool (vLLM's ``SlidingWindowManager.remove_skipped_blocks``). A window
-    that is not block-aligned straddles one block more than ``ceil(W / block_size)``."""
-    first, last = max(0, tokens - window + 1), tokens + new_tokens - 1
-    return 0 if last < first else last // block_size - first // block_size + 1
-
-
 def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
                           tokens: int, window_aware: bool = True, paged: bool = False) -> int:
     """Bytes of per-token KV one sequence of ``tokens`` holds (fixed state excluded).
@@ -202,7 +192,7 @@ def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_siz
         tokens: sequence length (prompt + generated), >= 0.
         window_aware: cap sliding layers at their window (hybrid allocator) or not.
         paged: each layer holds whole blocks of :func:`layer_block_bytes`, as a paged engine
-            allocates (a window-aware sliding layer: :func:`window_blocks`); else tokens x
+            allocates (a window-aware sliding layer: ``kv_groups.group_blocks``); else tokens x
             :func:`layer_bytes_per_token` (the block's metadata spread per token).
 
     See :func:`fixed_state_bytes` for the per-sequence state of linear-attention layers and
@@ -210,17 +200,33 @@ def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_siz
     """
     if tokens < 0:
         raise InvalidParameterError(f"token count must be >= 0, got {tokens}")
+    held = {}  # layer -> blocks, for the layers the engine's KV manager pages by group
+    if paged and window_aware:
+        held = {layer: group_blocks(g, tokens, block_size)
+                for g in kv_groups(spec) for layer in g.layers}
     total = 0
-    for kind in spec.layer_types:
-        kept = layer_tokens(spec, kind, tokens, window_aware)
+    for layer, kind in enumerate(spec.layer_types):
         if paged:
-            slides = window_aware and kind == SLIDING and spec.sliding_window
-            blocks = (window_blocks(tokens, spec.sliding_window, block_size) if slides
-                      else math.ceil(kept / block_size))
+            blocks = held.get(layer, math.ceil(tokens / block_size))
             total += blocks * layer_block_bytes(spec, fmt, tp, block_size, kind)
         else:
+            kept = layer_tokens(spec, kind, tokens, window_aware)
             total += kept * layer_bytes_per_token(spec, fmt, tp, block_size, kind)
     return total
+
+
+def kv_bytes_per_page(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int) -> int:
+    """Bytes of one page of the engine's pool: a block of ``block_size`` tokens in one layer
+    group (``kv_groups``), :func:`kv_bytes_per_block` when the model is one group.
+
+    Raises:
+        InvalidParameterError: see :func:`kv_bytes_per_block`.
+    """
+    groups = kv_groups(spec)
+    if not is_hybrid(groups):
+        return kv_bytes_per_block(spec, fmt, tp, block_size)
+    return sum(layer_block_bytes(spec, fmt, tp, block_size, spec.layer_types[layer])
+               for layer in groups[0].layers)
 
 
 def fixed_state_bytes(

@@ -35,7 +35,7 @@ def _request_row(seq: Any, state: str, block_size: int, bytes_per_block: int,
                  bytes_per_token: int) -> dict:
     """One request: token counts, KV held (allocated blocks and the ledger's figure), the most
     KV it may reach (prompt + max_tokens, in blocks), preemptions. No text."""
-    blocks = len(seq.block_table)
+    blocks = seq.num_blocks_held
     return {
         "id": seq.request_id,
         "state": state,
@@ -70,7 +70,7 @@ def engine_snapshot(engine: Any) -> dict:
     listed += [(s, "waiting") for s in scheduler.waiting]
     owner: dict[int, int] = {}
     for index, (seq, _) in enumerate(listed):
-        for block_id in seq.block_table:
+        for block_id in (b for table in seq.block_tables for b in table if b >= 0):
             owner[block_id] = SHARED if block_id in owner else index
     blocks = [owner.get(b.block_id, SHARED) if b.ref_cnt
               else CACHED if b.block_hash is not None else FREE for b in pool.blocks]

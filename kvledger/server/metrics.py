@@ -63,6 +63,7 @@ STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
     "prefix_cache_hits": "prefix_cache_hit_tokens",
     "prefix_cache_requeries": "prefix_cache_requeried_tokens",
     "prefix_cache_rehits": "prefix_cache_rehit_tokens",
+    "prefix_cache_missed": "prefix_cache_missed_tokens",
     "num_preemptions": "num_preemptions",
 }
 
@@ -91,6 +92,7 @@ class ServerMetrics:
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
             ("prefix_cache_requeries", "Tokens looked up again on re-admission after preemption."),
             ("prefix_cache_rehits", "Tokens found again on re-admission after preemption."),
+            ("prefix_cache_missed", "Prompt tokens a sliding layer group's evictions kept from a hit."),
             ("num_preemptions", "Preemptions of running requests."),
             ("prompt_tokens", "Prefilled prompt tokens."),
             ("generation_tokens", "Generated tokens."),

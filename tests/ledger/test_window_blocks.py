@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.ledger.kv import kv_bytes_per_sequence, layer_block_bytes, window_blocks
+from kvledger.ledger.kv import kv_bytes_per_sequence, layer_block_bytes
 from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.ledger.kv_groups import window_blocks
 from kvledger.spec import FULL, SLIDING
 
 BF16 = KVFormatSpec("bf16")

@@ -1,7 +1,8 @@
 """Every family through the engine (issue 34, item 8): greedy tokens equal transformers' for
 prompts of 1, W - 1, W, W + 1 and 3W + 5 tokens (W = 16, the tiny models' window), alone,
 batched, on prefix-cache hits, under preemption and with chunked prefill, and the KV blocks a
-sequence holds equal the ledger's figure at every length between steps.
+sequence holds equal the ledger's window-aware figure at every length between steps (a
+sliding layer holds the blocks of its last W - 1 positions, issue 34 item 6).
 
 The oracle is transformers' greedy choice recomputing the whole sequence each step
 (``family_kit.hf_greedy``). ``phi3-long`` is left out: below its 64 original positions
@@ -18,9 +19,11 @@ from family_kit import W, hf_greedy, make_tiny
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
+from kvledger.engine.request import NULL_BLOCK
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.kv import kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.ledger.kv_groups import kv_groups, peak_blocks
 from kvledger.model.weights.loader import load_weights
 
 FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3"]
@@ -51,7 +54,7 @@ def _engine(family, **options) -> LLMEngine:
 
 def _run(engine, prompts, first: int = 0) -> list[list[int]]:
     """Greedy tokens of ``prompts`` run together; between steps every running sequence holds
-    the ledger's whole blocks for its computed tokens."""
+    in use the ledger's whole blocks for its computed tokens, sliding layers' windows only."""
     spec, block = engine.spec, engine.config.block_size
     for i, p in enumerate(prompts):
         engine.add_request(f"r{first + i}", p, GREEDY)
@@ -60,10 +63,13 @@ def _run(engine, prompts, first: int = 0) -> list[list[int]]:
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out.token_ids
+        pool = engine.scheduler.kv.pool
         for req in engine.scheduler.running:
-            held = len(req.block_table) * engine.bytes_per_block
-            assert held == kv_bytes_per_sequence(spec, FP32, 1, block, req.num_computed_tokens,
-                                                 window_aware=False, paged=True)
+            in_use = [b for table in req.block_tables for b in table if b != NULL_BLOCK]
+            assert not any(pool.is_free(b) for b in in_use)
+            assert len(in_use) * engine.bytes_per_block == kv_bytes_per_sequence(
+                spec, engine.kv_layout.fmt, 1, block, req.num_computed_tokens,
+                window_aware=True, paged=True)
     return [done[f"r{first + i}"] for i in range(len(prompts))]
 
 
@@ -84,9 +90,11 @@ def test_batched_and_prefix_hits_match_transformers(family):
 
 
 def test_preempted_matches_transformers(family):
-    """A pool of 6 blocks for 15 blocks of demand."""
-    _, _, _, _, prompts, want = family
-    engine = _engine(family, num_blocks=6)
+    """A pool just large enough for the longest request alone (the ledger's peak in pages of
+    the layer groups), for every request of the batch."""
+    _, _, spec, _, prompts, want = family
+    longest = max(map(len, prompts)) + STEPS - 1
+    engine = _engine(family, num_blocks=peak_blocks(kv_groups(spec), longest, 16))
     assert _run(engine, prompts) == want
     assert engine.stats()["num_preemptions"] > 0
 
@@ -95,6 +103,20 @@ def test_chunked_prefill_matches_transformers(family):
     """Steps of at most 7 tokens: prompts prefilled in chunks that cross blocks and windows."""
     _, _, _, _, prompts, want = family
     assert _run(_engine(family, max_num_batched_tokens=7), prompts) == want
+
+
+@pytest.mark.parametrize("kv_format", ["int8", "int4"])
+def test_quantized_kv_pages_hold_the_ledgers_bytes_under_preemption_and_chunks(family, kv_format):
+    """int8 / int4 pages in every layer group: the pool holds exactly the ledger's bytes, and
+    with chunks of 7 and a pool for the longest request alone every request completes, each
+    holding the ledger's blocks between steps (tokens are not compared: the format is lossy)."""
+    _, _, spec, _, prompts, _ = family
+    longest = max(map(len, prompts)) + STEPS - 1
+    blocks = peak_blocks(kv_groups(spec), longest, 16)
+    engine = _engine(family, kv_cache_dtype=kv_format, num_blocks=blocks,
+                     max_num_batched_tokens=7)
+    assert engine.store.nbytes == blocks * engine.bytes_per_block + engine.kv_layout.reserved_bytes
+    assert all(len(tokens) == STEPS for tokens in _run(engine, prompts))
 
 
 def test_retention_on_sliding_layers_is_refused(family):

@@ -114,3 +114,11 @@ class AttentionMetadata:
     observers: list = field(default_factory=list)
     """Objects with ``observe(layer, q, store)``, called after each layer's attention
     (retention scores, ``engine/retention/observe.py``)."""
+    group_of_layer: tuple[int, ...] | None = None
+    """Per layer, its layer group (``ledger/kv_groups.py``); None: one group."""
+    groups: list[AttentionMetadata] = field(default_factory=list)
+    """Per layer group, its metadata (this object first): same queries, its own slots."""
+
+    def of_layer(self, layer: int) -> AttentionMetadata:
+        """The metadata layer ``layer`` attends with (its group's)."""
+        return self if self.group_of_layer is None else self.groups[self.group_of_layer[layer]]

@@ -54,6 +54,7 @@ class AttentionBackend:
         k, v: [T, kv_heads, head_dim], the new tokens' keys (rotated) and values; they are
         written to the store before attending, so a sequence's new tokens are in its context.
         """
+        meta = meta.of_layer(layer)
         if meta.slot_mapping is not None:
             store.write(layer, meta.slot_mapping, k, v)
             # a prefill without a prefix attends over the step's own k, v: over what the cache

@@ -16,12 +16,13 @@ import torch
 from kvledger.engine.kv.store import KV_FORMAT_OF_DTYPE, STORAGE_DTYPES, KVStore
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import (
-    kv_bytes_per_block,
+    kv_bytes_per_page,
     kv_bytes_per_token,
     kv_heads_per_rank,
     residual_bytes,
 )
 from kvledger.ledger.kv_format import KVFormatSpec, resolve_group_size
+from kvledger.ledger.kv_groups import KVGroup, kv_groups, layer_places
 from kvledger.spec import ModelSpec
 
 
@@ -55,9 +56,15 @@ class KVLayout:
         return self.fmt.quantized
 
     @property
+    def groups(self) -> tuple[KVGroup, ...]:
+        """The model's layer groups, one block table each (``ledger/kv_groups.py``)."""
+        return kv_groups(self.spec)
+
+    @property
     def bytes_per_block(self) -> int:
-        """The ledger's bytes per block: what each pool block's tensors hold."""
-        return kv_bytes_per_block(self.spec, self.fmt, self.tp, self.block_size)
+        """The ledger's bytes per block (a page: one group's block, ``kv_bytes_per_page``):
+        what each pool block's tensors hold."""
+        return kv_bytes_per_page(self.spec, self.fmt, self.tp, self.block_size)
 
     @property
     def bytes_per_token(self) -> int:
@@ -94,9 +101,10 @@ class KVLayout:
         long: the calibrated outlier channels of every KV head of the whole model."""
         s, f = self.spec, self.fmt
         heads = kv_heads_per_rank(s, self.tp)
+        places = layer_places(self.groups, s.num_layers)
         if not f.quantized:
             return KVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                           STORAGE_DTYPES[f.name], self.compute_dtype)
+                           STORAGE_DTYPES[f.name], self.compute_dtype, places)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
 
@@ -108,7 +116,8 @@ class KVLayout:
         keys, values = make_codecs(f.name, self.block_size, heads, s.head_dim,
                                    f.group_size or s.head_dim, f.key_quant, outlier_index)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                                f.name, keys, values, self.compute_dtype, self.residual_slots)
+                                f.name, keys, values, self.compute_dtype,
+                                self.residual_slots * len(self.groups), places=places)
 
 
 def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:

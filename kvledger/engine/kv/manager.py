@@ -19,91 +19,137 @@ computes, and a policy never writes into a block another sequence holds or the c
 
 from __future__ import annotations
 
+import logging
+
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.request import Request
-from kvledger.ledger.admission import blocks_for_kv_tokens
+from kvledger.engine.request import NULL_BLOCK, Request
+from kvledger.ledger.kv_groups import KVGroup, first_live_block
+from kvledger.spec import FULL
+
+ONE_TABLE = (KVGroup(FULL, None, ()),)
+"""The groups of a model of one kind as the manager sees them: one table, never dropped."""
+log = logging.getLogger("kvledger.engine")
 
 
 class KVCacheManager:
     """Block tables of requests over one BlockPool, with the prefix cache.
 
     Args:
-        num_blocks: blocks in the pool.
+        num_blocks: blocks in the pool (pages, one group's block each: ``ledger/kv_groups.py``).
         block_size: tokens per block.
         enable_prefix_caching: False disables hashing and hits.
         store: where retention compaction copies K/V, through ``copy_slots(src, dst)``: the
             KV store, or under tensor parallelism the runner that has every rank copy (None: no
             compaction).
+        groups: the model's layer groups, one block table each (default: one full table).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 store: KVStore | None = None):
+                 store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE):
         self.block_size = block_size
         self.store = store
+        self.groups = groups
+        self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
         self.pool = BlockPool(num_blocks)
-        self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching)
+        self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching, groups)
 
     def _required_blocks(self, num_tokens: int) -> int:
-        return blocks_for_kv_tokens(num_tokens, self.block_size)
+        return -(-num_tokens // self.block_size)
 
-    def find_longest_cache_hit(self, req: Request) -> list[int]:
-        """Prefix-cache blocks ``req`` may start from (only for a request holding no blocks).
-
-        Takes no references and counts nothing; pass the result to ``allocate_slots``.
-        The hit covers ``len(result) * block_size`` tokens.
+    def find_longest_cache_hit(self, req: Request) -> list[list[int]]:
+        """Prefix-cache blocks ``req`` may start from, per group (only for a request holding
+        no blocks): as many entries in every group, ``NULL_BLOCK`` before a sliding group's
+        window. Sets ``req.missed_hit_tokens``; takes no references and counts nothing: pass
+        the result to ``allocate_slots``. The hit covers ``len(result[0]) * block_size``
+        tokens.
         """
         assert not req.block_table, "prefix lookup is for requests holding no blocks"
+        req.missed_hit_tokens = 0
         if req.params.prompt_logprobs is not None:
-            return []  # every prompt position's logits are wanted (engine/prompt_logprobs.py)
-        hits = self.prefix.find_longest_cache_hit(req)
-        return hits[: req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size]
+            return [[] for _ in self.groups]  # every prompt position's logits are wanted
+        limit = req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size
+        hits, missed = self.prefix.find_longest_cache_hit(req, limit)
+        req.missed_hit_tokens = missed * self.block_size
+        return hits
 
     def blocks_needed(
-        self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
+        self, req: Request, num_new_tokens: int, hit: list[list[int]] | None = None
     ) -> tuple[int, int]:
-        """(growth of ``req``'s block table, blocks taken off the free list) for this allocation.
+        """(blocks ``req``'s tables gain, blocks taken off the free list) for this allocation.
 
         The two differ by the hit blocks that are already in use by another request (shared,
-        they grow the table but take nothing from the free list).
+        they grow the tables but take nothing from the free list).
         """
-        hit_blocks = hit_blocks or []
-        num_computed = req.num_kv_slots + len(hit_blocks) * self.block_size
+        hit = hit or [[] for _ in self.groups]
+        num_computed = req.num_kv_slots + len(hit[0]) * self.block_size
         required = self._required_blocks(num_computed + num_new_tokens)
-        growth = max(0, required - len(req.block_table))
-        new = max(0, growth - len(hit_blocks))
-        revived = sum(1 for b in hit_blocks if self.pool.is_free(b))
+        growth = new = revived = 0
+        for table, hits in zip(self._tables(req), hit):
+            added = max(0, required - max(len(table), len(hits)))
+            live_hits = [b for b in hits if b != NULL_BLOCK]
+            growth += added + len(live_hits)
+            new += added
+            revived += sum(1 for b in live_hits if self.pool.is_free(b))
         return growth, new + revived
 
-    def allocate_slots(
-        self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None
-    ) -> bool:
-        """Give ``req`` slots for its next ``num_new_tokens`` tokens; all or nothing.
+    def tokens_that_fit(self, req: Request, n: int, free_blocks: int,
+                        hit: list[list[int]] | None = None) -> int:
+        """Most of the next ``n`` tokens of ``req`` (after ``hit``, at admission) that
+        ``free_blocks`` can hold."""
+        if len(self.groups) == 1 and not hit:
+            slack = len(req.block_table) * self.block_size - req.num_kv_slots
+            return max(0, min(n, slack + free_blocks * self.block_size))
+        lo, hi = 0, n  # blocks_needed grows with the tokens
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            fits = self.blocks_needed(req, mid, hit)[1] <= free_blocks
+            lo, hi = (mid, hi) if fits else (lo, mid - 1)
+        return lo
 
-        With ``hit_blocks`` (admission of a request holding no blocks): take a reference
-        on each hit block, put them first in the table, set ``num_computed_tokens`` to the hit
-        length and record the lookup in the prefix-cache counters.
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, hit: list[list[int]] | None = None
+    ) -> bool:
+        """Give ``req`` slots for its next ``num_new_tokens`` tokens in every group; all or
+        nothing.
+
+        With ``hit`` (admission of a request holding no blocks): take a reference on each hit
+        block, put them first in the tables, set ``num_computed_tokens`` to the hit length
+        and record the lookup in the prefix-cache counters.
 
         Returns:
             False, changing nothing, when the pool lacks free blocks.
         """
-        _, from_free = self.blocks_needed(req, num_new_tokens, hit_blocks)
+        _, from_free = self.blocks_needed(req, num_new_tokens, hit)
         if from_free > self.pool.num_free:
             return False
         if not req.block_table:
-            hit_blocks = hit_blocks or []
-            hit_tokens = len(hit_blocks) * self.block_size
+            hit = hit or [[] for _ in self.groups]
+            hit_tokens = len(hit[0]) * self.block_size
             self.prefix.record(req, hit_tokens)
-            self.pool.touch(hit_blocks)
-            req.block_table = list(hit_blocks)
+            for hits in hit:
+                self.pool.touch(b for b in hits if b != NULL_BLOCK)
+            req.block_tables = [list(hits) for hits in hit]
             req.num_computed_tokens = hit_tokens
-            req.num_hashed_blocks = len(hit_blocks)
+            req.num_hashed_blocks = len(hit[0])
+            req.num_dropped_blocks = self._first_live(hit_tokens)
             req.retention.reset(hit_tokens)
         required = self._required_blocks(req.num_kv_slots + num_new_tokens)
-        req.block_table += self.pool.allocate(max(0, required - len(req.block_table)))
-        req.peak_num_blocks = max(req.peak_num_blocks, len(req.block_table))
+        for table in req.block_tables:
+            table += self.pool.allocate(max(0, required - len(table)))
+        req.peak_num_blocks = max(req.peak_num_blocks, req.num_blocks_held)
         return True
+
+    def _tables(self, req: Request) -> list[list[int]]:
+        """``req``'s block tables, one (empty) per group when it holds no blocks."""
+        return req.block_tables if req.block_table else [[] for _ in self.groups]
+
+    def _first_live(self, num_tokens: int) -> int:
+        """First block the sliding groups still hold at ``num_tokens`` (0 without any)."""
+        if not self.sliding:
+            return 0
+        return first_live_block(self.groups[self.sliding[0]], num_tokens, self.block_size)
 
     def cache_full_blocks(self, req: Request) -> None:
         """Put the full blocks of ``req``'s computed tokens in the prefix cache (after compute)."""
@@ -112,13 +158,24 @@ class KVCacheManager:
 
     def retain(self, req: Request) -> None:
         """After a step of ``req``: give back (or compact) the blocks its retention frees
-        (none under full retention)."""
+        (none under full retention), and the sliding groups' blocks that left their window
+        (to the pool as evictable cached blocks when hashed)."""
         req.block_table = req.retention.retain(req.block_table, req.num_computed_tokens,
                                                req.num_prompt_tokens, self.pool, self.store)
+        first = self._first_live(req.num_computed_tokens)
+        if first > req.num_dropped_blocks:
+            for g in self.sliding:
+                table = req.block_tables[g]
+                dropped = table[req.num_dropped_blocks:first]
+                self.pool.free(reversed([b for b in dropped if b != NULL_BLOCK]))
+                table[req.num_dropped_blocks:first] = [NULL_BLOCK] * len(dropped)
+            req.num_dropped_blocks = first
 
     def free(self, req: Request) -> None:
-        """Drop ``req``'s references tail-first and empty its block table."""
-        self.pool.free(reversed(req.block_table))
-        req.block_table = []
+        """Drop ``req``'s references tail-first and empty its block tables."""
+        for table in req.block_tables:
+            self.pool.free(b for b in reversed(table) if b != NULL_BLOCK)
+        req.block_tables = [[] for _ in self.groups]
         req.num_hashed_blocks = 0
+        req.num_dropped_blocks = 0
         req.retention.reset()

@@ -22,7 +22,7 @@ evictable ones and evictable blocks are evicted least-recently-freed first. Sequ
 blocks tail-first, so a request's deepest prefix block is evicted before its parents. The free
 list is an ``OrderedDict`` (O(1) pop-front, append, move-to-front and removal from the middle).
 
-Block hashes are opaque ``bytes`` computed by ``engine/kv/prefix.py``; the pool keeps the
+Block hashes are opaque keys (``bytes``, or ``(group, bytes)`` for a later layer group) computed by ``engine/kv/prefix.py``; the pool keeps the
 hash -> block map (every cached block, in use or evictable) because eviction happens here.
 """
 

@@ -21,6 +21,15 @@ lookups of a re-admission after a preemption (prompt + output so far) are counte
 (``requeried_tokens``, ``rehit_tokens``). With ``enabled=False`` nothing is hashed, looked up
 or counted.
 
+Layer groups (``ledger/kv_groups.py``): each group's block i is cached on its own, under
+``h_i`` in the first group and ``(g, h_i)`` in group g (the pool's keys are opaque), so a model
+of one kind keys its blocks exactly as before. A hit is the longest prefix of L blocks for
+which every group holds what the next token needs (vLLM's hybrid rule): each full group blocks
+0 .. L-1, each sliding group the blocks of positions ``max(0, L*B - W + 1) .. L*B - 1``.
+Nothing is recomputed to make a hit. When the full groups held more than the hit taken (a
+sliding group's blocks were evicted), the tokens lost are counted in ``missed_tokens`` and
+logged.
+
 Words: a block is *cached* when it is in the prefix cache (hash-addressable, in use or free);
 a free cached block is *evictable*; a request's ``num_cached_tokens`` are the tokens it took from
 the cache. The hash -> block map lives in the BlockPool (eviction happens there); this module
@@ -30,9 +39,14 @@ computes hashes and decides hits.
 from __future__ import annotations
 
 import hashlib
+import logging
 
 from kvledger.engine.kv.pool import BlockPool
-from kvledger.engine.request import Request
+from kvledger.engine.request import NULL_BLOCK, Request
+from kvledger.ledger.kv_groups import KVGroup, first_live_block
+from kvledger.spec import FULL
+
+log = logging.getLogger("kvledger.engine")
 
 
 def block_hash_key(parent: bytes | None, token_ids: list[int], extra_keys: tuple) -> tuple:
@@ -52,12 +66,16 @@ class PrefixCache:
         pool: the block pool holding the hash -> block map.
         block_size: tokens per block.
         enabled: False turns the prefix cache off (``--no-prefix-caching``).
+        groups: the model's layer groups (default: one full group).
     """
 
-    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True) -> None:
+    def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True,
+                 groups: tuple[KVGroup, ...] = (KVGroup(FULL, None, ()),)) -> None:
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
+        self.groups = groups
+        self.missed_tokens = 0
         self.queried_tokens = 0
         self.hit_tokens = 0
         self.requeried_tokens = 0
@@ -84,22 +102,55 @@ class PrefixCache:
             req.block_hashes.append(hash_block_key(key))
         return req.block_hashes[index], key
 
-    def find_longest_cache_hit(self, req: Request) -> list[int]:
-        """Block ids of the longest verified cached prefix of ``req`` (no references taken).
+    @staticmethod
+    def _pool_key(group: int, block_hash: bytes):
+        return block_hash if group == 0 else (group, block_hash)
 
-        At most ``(req.num_tokens - 1) // block_size`` blocks. Does not touch the counters:
-        call ``record`` when the hit is actually used.
+    def _cached(self, req: Request, group: int, index: int) -> int | None:
+        """Block id of group ``group``'s block ``index`` of ``req`` in the cache, verified."""
+        block_hash, key = self.block_hash(req, index)
+        block = self.pool.lookup(self._pool_key(group, block_hash))
+        return None if block is None or block.hash_key != key else block.block_id
+
+    def find_longest_cache_hit(self, req: Request, limit: int | None = None
+                               ) -> tuple[list[list[int]], int]:
+        """(block ids per group of the longest verified hit, blocks the full groups held
+        beyond it); no references taken.
+
+        At most ``(req.num_tokens - 1) // block_size`` blocks (and ``limit``). Each group's
+        list has the hit's length, ``NULL_BLOCK`` before a sliding group's window. Does not
+        touch the counters: call ``record`` when the hit is actually used.
         """
-        if not self.enabled:
-            return []
-        hits = []
-        for i in range((req.num_tokens - 1) // self.block_size):
-            block_hash, key = self.block_hash(req, i)
-            block = self.pool.lookup(block_hash)
-            if block is None or block.hash_key != key:
+        most = (req.num_tokens - 1) // self.block_size
+        most = most if limit is None else min(most, limit)
+        if not self.enabled or most <= 0:
+            return [[] for _ in self.groups], 0
+        found = [[] for _ in self.groups]  # per group, block id or None per index
+        full = [g for g, grp in enumerate(self.groups) if grp.window is None]
+        reach = most  # the full groups' longest hit
+        for i in range(most):
+            ids = [self._cached(req, g, i) for g in full]
+            if None in ids:
+                reach = i
                 break
-            hits.append(block.block_id)
-        return hits
+            for g, block_id in zip(full, ids):
+                found[g].append(block_id)
+        sliding = [g for g in range(len(self.groups)) if g not in full]
+        for g in sliding:
+            found[g] = [self._cached(req, g, i) for i in range(reach)]
+        hit = reach
+        while hit > 0 and not all(self._window_held(found[g], g, hit) for g in sliding):
+            hit -= 1
+        tables = []
+        for g, ids in enumerate(found):
+            first = first_live_block(self.groups[g], hit * self.block_size, self.block_size)
+            tables.append([NULL_BLOCK] * first + ids[first:hit])
+        return tables, reach - hit if full else 0
+
+    def _window_held(self, ids: list[int | None], group: int, hit: int) -> bool:
+        """True when a sliding group holds the blocks the token after ``hit`` blocks sees."""
+        first = first_live_block(self.groups[group], hit * self.block_size, self.block_size)
+        return None not in ids[first:hit]
 
     def record(self, req: Request, num_hit_tokens: int) -> None:
         """Count one admission's lookup of ``req`` with ``num_hit_tokens`` reused: its prompt
@@ -109,6 +160,11 @@ class PrefixCache:
         if req.num_preemptions == 0:
             self.queried_tokens += req.num_prompt_tokens
             self.hit_tokens += min(num_hit_tokens, req.num_prompt_tokens)
+            if req.missed_hit_tokens:
+                self.missed_tokens += req.missed_hit_tokens
+                log.info("prefix cache: request %s hit %d tokens, not %d: a sliding window "
+                         "layer group's blocks were evicted", req.request_id, num_hit_tokens,
+                         num_hit_tokens + req.missed_hit_tokens)
         else:
             self.requeried_tokens += req.num_tokens
             self.rehit_tokens += num_hit_tokens
@@ -127,5 +183,8 @@ class PrefixCache:
         if not self.enabled or num_full <= num_done:
             return num_done
         for i in range(num_done, num_full):
-            self.pool.cache_block(req.block_table[i], *self.block_hash(req, i))
+            block_hash, key = self.block_hash(req, i)
+            for g, table in enumerate(req.block_tables):
+                if table[i] != NULL_BLOCK:
+                    self.pool.cache_block(table[i], self._pool_key(g, block_hash), key)
         return num_full

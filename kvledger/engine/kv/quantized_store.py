@@ -27,7 +27,7 @@ import torch
 
 from kvledger.device.cpu.kernels import KERNELS
 from kvledger.engine.kv.codecs import BlockCodec
-from kvledger.engine.kv.store import lazy_zeros
+from kvledger.engine.kv.store import distinct, group_layout, lazy_zeros
 
 
 class _WritePlan(NamedTuple):
@@ -57,7 +57,8 @@ class QuantizedKVStore:
         kv_format: fp8, int8 or int4 (for logs and stats).
         key_codecs: one codec per layer, or one for all; value_codec: one for all layers.
         compute_dtype: dtype of the residual blocks and of what reads return.
-        residual_slots: most partial blocks at once (the engine's ``max_num_seqs``).
+        residual_slots: most partial blocks at once (the engine's ``max_num_seqs`` x the
+            layer groups: a sequence has one partial block per group).
         use_native: encode filled int8 / int4 blocks with the native encoder
             (``kvledger.device.Kernels.kv_encoder``, same bytes) when it builds.
     """
@@ -67,22 +68,30 @@ class QuantizedKVStore:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, kv_format: str, key_codecs: list[BlockCodec] | BlockCodec,
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
-                 residual_slots: int, use_native: bool = True) -> None:
+                 residual_slots: int, use_native: bool = True,
+                 places: tuple[tuple[int, int], ...] | None = None) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
         self.num_kv_heads = num_kv_heads
         self.compute_dtype = compute_dtype
         if not isinstance(key_codecs, list):
             key_codecs = [key_codecs] * num_layers
         self.key_codecs, self.value_codec = key_codecs, value_codec
-        self.key_parts = [self._alloc(c) for c in key_codecs]
-        self.value_parts = [self._alloc(value_codec) for _ in range(num_layers)]
+        # layers at the same index of different groups share tensors (store.py); per-layer
+        # key codecs keep their own fields' shapes, which outlier counts make equal
+        self.group_of_layer, index = group_layout(num_layers, places)
+        width = max(index) + 1
         shape = (residual_slots, block_size, num_kv_heads, head_dim)
-        self.residual_keys = [lazy_zeros(shape, compute_dtype) for _ in range(num_layers)]
-        self.residual_values = [lazy_zeros(shape, compute_dtype) for _ in range(num_layers)]
+        keys = [self._alloc(key_codecs[index.index(i)]) for i in range(width)]
+        values = [self._alloc(value_codec) for _ in range(width)]
+        res_k = [lazy_zeros(shape, compute_dtype) for _ in range(width)]
+        res_v = [lazy_zeros(shape, compute_dtype) for _ in range(width)]
+        self.key_parts, self.value_parts = [keys[i] for i in index], [values[i] for i in index]
+        self.residual_keys = [res_k[i] for i in index]
+        self.residual_values = [res_v[i] for i in index]
         self.residual_of = torch.full((num_blocks,), -1, dtype=torch.int64)
         self._free_residuals = list(range(residual_slots))
-        self._plan_key: torch.Tensor | None = None
-        self._plan = None
+        self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
+        self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
         self._encoder = KERNELS.kv_encoder() if use_native else None
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
@@ -92,8 +101,9 @@ class QuantizedKVStore:
     @property
     def nbytes(self) -> int:
         """Bytes of every codec tensor and residual buffer (what the ledger predicts)."""
-        parts = [t for layer in self.key_parts + self.value_parts for t in layer.values()]
-        return sum(t.nbytes for t in parts + self.residual_keys + self.residual_values)
+        parts = [t for layer in distinct(self.key_parts + self.value_parts)
+                 for t in layer.values()]
+        return sum(t.nbytes for t in parts + distinct(self.residual_keys + self.residual_values))
 
     def release(self, block_id: int) -> None:
         """Block ``block_id`` left every block table: drop its residual buffer, if any."""
@@ -104,9 +114,11 @@ class QuantizedKVStore:
 
     def _write_plan(self, slot_mapping: torch.Tensor) -> _WritePlan:
         """Which blocks a step's slots fill and where partial ones go; computed once per step
-        (the same ``slot_mapping`` object is passed for every layer)."""
-        if self._plan_key is slot_mapping:
-            return self._plan
+        and layer group (the same ``slot_mapping`` object is passed for every layer of a
+        group)."""
+        for key, plan in self._plans:
+            if key is slot_mapping:
+                return plan
         bs = self.block_size
         blocks, offsets = slot_mapping // bs, slot_mapping % bs
         uniq, inverse = torch.unique(blocks, return_inverse=True)
@@ -125,11 +137,12 @@ class QuantizedKVStore:
         self.residual_of[uniq] = new
         filled, kept = _where(full), _where(~full)
         had = _where(old >= 0)
-        self._plan_key = slot_mapping
-        self._plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
-                                filled, uniq[filled], kept, new[kept], had, old[had],
-                                new[_where(old < 0)])
-        return self._plan
+        plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
+                          filled, uniq[filled], kept, new[kept], had, old[had],
+                          new[_where(old < 0)])
+        keep = self._num_groups - 1  # the other groups' plans of this step
+        self._plans = (self._plans[-keep:] if keep else []) + [(slot_mapping, plan)]
+        return plan
 
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor) -> None:

@@ -5,6 +5,11 @@ head_dim]`` (vLLM's layout). A *slot* is ``block_id * block_size + offset``; the
 ``[num_blocks * block_size, kv_heads, head_dim]`` shares the memory, so writing new tokens is
 one ``index_copy_`` by slot mapping and reading a sequence is one gather by slot index.
 
+Layer groups (``ledger/kv_groups.py``): a model of full and sliding layers keeps one tensor
+per index in a group (the group's *width*), shared by the layers at that index of every group;
+``key_blocks[layer]`` is its layer's tensor, and block id p holds the page of whichever group's
+block table holds p. ``group_of_layer`` tells the runner which group's slots a layer reads.
+
 Only K and V are stored, never Q (seed §2.1). The store holds exactly
 ``num_blocks * ledger.kv_bytes_per_block(spec, fmt, tp, block_size)`` bytes; tests check that
 equality. This class stores the full-precision formats (fp32, bf16, fp16; a 16-bit store under
@@ -32,6 +37,19 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)  # keeps the map
 
 
+def group_layout(num_layers: int, places: tuple[tuple[int, int], ...] | None
+                 ) -> tuple[tuple[int, ...] | None, list[int]]:
+    """(group of each layer, or None for one group; the tensor index of each layer)."""
+    if places is None or len({g for g, _ in places}) == 1:
+        return None, list(range(num_layers))
+    return tuple(g for g, _ in places), [i for _, i in places]
+
+
+def distinct(tensors: list) -> list:
+    """``tensors`` without repeats (layers of different groups share a store tensor)."""
+    return list({id(t): t for t in tensors}.values())
+
+
 class KVStore:
     """Per-layer K/V block tensors.
 
@@ -40,18 +58,23 @@ class KVStore:
         dtype: element type of K and V as stored.
         compute_dtype: element type attention computes in (default ``dtype``); ``gather``
             returns it.
+        places: per layer (group, index in the group) (``kv_groups.layer_places``); None:
+            one group of every layer.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, compute_dtype: torch.dtype | None = None
-                 ) -> None:
+                 head_dim: int, dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
+                 places: tuple[tuple[int, int], ...] | None = None) -> None:
         self.block_size, self.num_kv_heads = block_size, num_kv_heads
         self.compute_dtype = compute_dtype or dtype
         self.num_blocks = num_blocks
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
+        self.group_of_layer, index = group_layout(num_layers, places)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.key_blocks = [lazy_zeros(shape, dtype) for _ in range(num_layers)]
-        self.value_blocks = [lazy_zeros(shape, dtype) for _ in range(num_layers)]
+        keys = [lazy_zeros(shape, dtype) for _ in range(max(index) + 1)]
+        values = [lazy_zeros(shape, dtype) for _ in range(max(index) + 1)]
+        self.key_blocks = [keys[i] for i in index]
+        self.value_blocks = [values[i] for i in index]
         flat = (num_blocks * block_size, num_kv_heads, head_dim)
         self._keys = [t.view(flat) for t in self.key_blocks]
         self._values = [t.view(flat) for t in self.value_blocks]
@@ -78,7 +101,7 @@ class KVStore:
     @property
     def nbytes(self) -> int:
         """Bytes held by all K and V tensors (what the ledger must predict exactly)."""
-        return sum(t.nbytes for t in self.key_blocks + self.value_blocks)
+        return sum(t.nbytes for t in distinct(self.key_blocks + self.value_blocks))
 
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor) -> None:

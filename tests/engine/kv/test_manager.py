@@ -37,7 +37,7 @@ def test_shared_hit_blocks_take_nothing_from_the_free_list():
     mgr.cache_full_blocks(a)
     b = Request("b", list(range(8)) + [50, 51, 52])  # shares a's 2 full blocks
     hit = mgr.find_longest_cache_hit(b)
-    assert hit == a.block_table[:2]
+    assert hit == [a.block_table[:2]]
     assert mgr.blocks_needed(b, 3, hit) == (3, 1)  # table +3, only 1 block off the free list
     assert mgr.allocate_slots(b, 3, hit)
     assert b.num_computed_tokens == 8 and b.block_table[:2] == a.block_table[:2]
@@ -68,6 +68,6 @@ def test_revived_cached_blocks_count_against_the_free_list():
     mgr.free(a)
     b = Request("b", list(range(9)))
     hit = mgr.find_longest_cache_hit(b)
-    assert len(hit) == 2
+    assert len(hit[0]) == 2
     assert mgr.blocks_needed(b, 1, hit) == (3, 3)  # 2 revived + 1 new, all from the free list
     assert mgr.allocate_slots(b, 1, hit) and mgr.pool.num_free == 0

@@ -13,7 +13,7 @@ BS = 4
 def computed(mgr: KVCacheManager, req: Request) -> Request:
     """Admit ``req`` with its prefix hit, compute all its tokens, cache its full blocks."""
     hit = mgr.find_longest_cache_hit(req)
-    assert mgr.allocate_slots(req, req.num_tokens - len(hit) * BS, hit)
+    assert mgr.allocate_slots(req, req.num_tokens - len(hit[0]) * BS, hit)
     req.num_computed_tokens = req.num_tokens
     mgr.cache_full_blocks(req)
     return req
@@ -41,17 +41,17 @@ def test_hit_is_capped_before_the_last_token():
     mgr = KVCacheManager(16, BS)
     computed(mgr, Request("a", list(range(12))))  # 3 full blocks cached
     # 8 tokens = exactly 2 cached blocks: only (8 - 1) // 4 = 1 block may hit.
-    assert len(mgr.find_longest_cache_hit(Request("b", list(range(8))))) == 1
-    assert len(mgr.find_longest_cache_hit(Request("c", list(range(9))))) == 2
-    assert len(mgr.find_longest_cache_hit(Request("d", list(range(13))))) == 3
+    assert len(mgr.find_longest_cache_hit(Request("b", list(range(8))))[0]) == 1
+    assert len(mgr.find_longest_cache_hit(Request("c", list(range(9))))[0]) == 2
+    assert len(mgr.find_longest_cache_hit(Request("d", list(range(13))))[0]) == 3
 
 
 def test_salt_isolates_tenants():
     mgr = KVCacheManager(16, BS)
     computed(mgr, Request("a", list(range(9)), cache_salt="x"))
-    assert mgr.find_longest_cache_hit(Request("b", list(range(9)), cache_salt="y")) == []
-    assert mgr.find_longest_cache_hit(Request("c", list(range(9)))) == []
-    assert len(mgr.find_longest_cache_hit(Request("d", list(range(9)), cache_salt="x"))) == 2
+    assert mgr.find_longest_cache_hit(Request("b", list(range(9)), cache_salt="y")) == [[]]
+    assert mgr.find_longest_cache_hit(Request("c", list(range(9)))) == [[]]
+    assert len(mgr.find_longest_cache_hit(Request("d", list(range(9)), cache_salt="x"))[0]) == 2
 
 
 def test_hit_is_verified_against_the_stored_key():
@@ -59,7 +59,7 @@ def test_hit_is_verified_against_the_stored_key():
     a = computed(mgr, Request("a", list(range(9))))
     block = mgr.pool.blocks[a.block_table[0]]
     block.hash_key = (None, (9, 9, 9, 9), ())  # a forged collision: same hash, other tokens
-    assert mgr.find_longest_cache_hit(Request("b", list(range(9)))) == []
+    assert mgr.find_longest_cache_hit(Request("b", list(range(9)))) == [[]]
 
 
 def test_generated_tokens_are_cached_once_computed():
@@ -70,7 +70,7 @@ def test_generated_tokens_are_cached_once_computed():
     a.num_computed_tokens += 3
     mgr.cache_full_blocks(a)
     follow_up = Request("b", [1, 2, 3, 4, 5, 6, 7, 8, 10, 11])  # a multi-turn continuation
-    assert mgr.find_longest_cache_hit(follow_up) == a.block_table[:2]
+    assert mgr.find_longest_cache_hit(follow_up) == [a.block_table[:2]]
 
 
 def test_counters_and_disabled_cache():
@@ -81,5 +81,5 @@ def test_counters_and_disabled_cache():
     assert (mgr.prefix.queried_tokens, mgr.prefix.hit_tokens) == (20, 8)
     off = KVCacheManager(16, BS, enable_prefix_caching=False)
     off.free(computed(off, Request("a", list(range(10)))))
-    assert off.find_longest_cache_hit(Request("b", list(range(10)))) == []
+    assert off.find_longest_cache_hit(Request("b", list(range(10)))) == [[]]
     assert (off.prefix.queried_tokens, off.prefix.hit_tokens, off.pool.num_evictable) == (0, 0, 0)
