@@ -37,6 +37,39 @@ FEATURES = {
                "local rope base 10,000", "global rope 1e6 with linear scaling x 8",
                "tied head"],
 }
+MOE_FEATURES = {
+    "mixtral": ["8 experts, top 2, the softmax over the top 2", "uniform sliding_window",
+                "untied head", "q/k rows permuted in its GGUF (llama architecture)"],
+    "qwen3_moe": ["8 experts, top 3, norm_topk_prob", ("mlp_only_layers [2] (a dense MLP of "
+                                                          "intermediate_size 96 beside experts of 48)"), "per-head q/k RMSNorm",
+                  "explicit head_dim 32", "sliding window on every layer (use_sliding_window)"],
+    "qwen3_moe-step2": ["decoder_sparse_step 2 (layers 1 and 3 route)",
+                        "norm_topk_prob false", "6 experts, top 2"],
+}
+"""The MoE families' tiny models (issue 35): top-k < experts in each."""
+
+
+def _moe_config(family: str, gguf_compatible: bool):
+    """The transformers config of an MoE family's tiny model (``gguf_compatible``: no window,
+    which llama.cpp's converters do not write for these architectures; Qwen3-MoE's top-k
+    renormalised, as llama.cpp's qwen3moe graph always does)."""
+    import transformers as tf
+
+    window = {} if gguf_compatible else {"sliding_window": W}
+    if family == "mixtral":
+        return tf.MixtralConfig(**SHAPE, num_hidden_layers=3, num_local_experts=8,
+                                num_experts_per_tok=2, max_position_embeddings=256,
+                                rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                **(window or {"sliding_window": None}))
+    step2 = family == "qwen3_moe-step2"
+    return tf.Qwen3MoeConfig(**SHAPE, num_hidden_layers=4, head_dim=32, moe_intermediate_size=48,
+                             num_experts=6 if step2 else 8, num_experts_per_tok=2 if step2 else 3,
+                             norm_topk_prob=not step2 or gguf_compatible,
+                             decoder_sparse_step=2 if step2 else 1,
+                             mlp_only_layers=[] if step2 else [2],
+                             use_sliding_window=not gguf_compatible, max_position_embeddings=256,
+                             rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                             **window)
 
 
 def _config(family: str, gguf_compatible: bool = False):
@@ -45,6 +78,8 @@ def _config(family: str, gguf_compatible: bool = False):
     window, which its converter does not write)."""
     import transformers as tf
 
+    if family in MOE_FEATURES:
+        return _moe_config(family, gguf_compatible)
     scalar = 32 if gguf_compatible else 24
     if family == "qwen3":
         # llama.cpp's Qwen3 converter writes no window (real Qwen3 has none): none in a GGUF
