@@ -57,7 +57,7 @@ class MoEModel(LlamaModel):
 
     @staticmethod
     def class_linears(layer: dict, shape_class: str) -> list[Linear]:
-        if "experts" in layer:
+        if shape_class not in layer and "experts" in layer:
             return layer["experts"].linears(shape_class)
         return LlamaModel.class_linears(layer, shape_class)
 
@@ -73,9 +73,8 @@ class MoEModel(LlamaModel):
         experts (a larger batch reads the distinct experts its tokens chose:
         :attr:`Experts.bytes_read`)."""
         k = self.spec.num_experts_per_tok
-        dense = [lin for layer in self.layers for cls in ("qkv", "o", "gate_up", "down")
-                 if "experts" not in layer for lin in self.class_linears(layer, cls)]
-        dense += [layer[cls] for layer in self.layers if "experts" in layer for cls in ("qkv", "o")]
+        dense = [layer[cls] for layer in self.layers for cls in ("qkv", "o", "gate_up", "down")
+                 if cls in layer]
         routed = sum(ex.router.nbytes + k * ex.expert_bytes for ex in self.experts)
         return sum(lin.nbytes for lin in dense) + self.lm_head.nbytes + routed
 

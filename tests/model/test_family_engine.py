@@ -23,7 +23,7 @@ from kvledger.ledger.kv import kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.model.weights.loader import load_weights
 
-FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3"]
+FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3", "mixtral", "qwen3_moe"]
 LENGTHS = (1, W - 1, W, W + 1, 3 * W + 5)
 STEPS = 16
 GREEDY = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
