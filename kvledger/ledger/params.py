@@ -126,7 +126,7 @@ def count_params(spec: ModelSpec) -> ParamCount:
     common += sum(
         attention_params(spec, kind) + spec.norms_per_layer * norm for kind in spec.layer_types
     )
-    moe_layers = spec.num_layers - spec.first_k_dense_layers if spec.num_experts else 0
+    moe_layers = spec.num_layers - len(spec.mlp_only_layers) if spec.num_experts else 0
     dense = (spec.num_layers - moe_layers) * _mlp(spec, spec.intermediate_size)
     total = common + dense + moe_layers * _moe_params(spec, spec.num_experts)
     active = common + dense + moe_layers * _moe_params(spec, spec.num_experts_per_tok)

@@ -96,10 +96,10 @@ class LlamaModel:
         self.final_norm = self.norm_weight(w.pop("model.norm.weight"))
         self.layers = []
         for i in range(spec.num_layers):
-            self.layers.append(self._layer(w, f"model.layers.{i}.", release))
+            self.layers.append(self._layer(w, i, release))
             for cls, choice in gemm.items():
-                if choice is not None and cls in self.layers[-1]:
-                    self.layers[-1][cls].use_gemm(*choice)
+                for linear in self.class_linears(self.layers[-1], cls) if choice else ():
+                    linear.use_gemm(*choice)
         self.ropes = self._ropes()
         self.rope = self.ropes[0]  # the turn of retained keys (retention runs on one RoPE)
         self.q_size = spec.num_attention_heads * spec.head_dim
@@ -125,11 +125,14 @@ class LlamaModel:
                                               spec.rotary_dim)
         return [tables.get(kind, tables[None]) for kind in spec.layer_types]
 
-    def _layer(self, w: dict[str, torch.Tensor], prefix: str, release) -> dict:
-        """One layer's norms and fused Linears (:func:`_fuse_layer`); with sandwich norms the
-        norm before the MLP is ``pre_feedforward_layernorm`` and the two after attention and
-        the MLP are ``attn_out_norm`` / ``mlp_out_norm``."""
-        layer = _fuse_layer(w, prefix, self.formats, release, self.dtype)
+    def _layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
+        """Layer ``i``'s norms, fused attention Linears (:func:`_fuse_attention`) and MLP
+        (:meth:`_mlp_layer`); with sandwich norms the norm before the MLP is
+        ``pre_feedforward_layernorm`` and the two after attention and the MLP are
+        ``attn_out_norm`` / ``mlp_out_norm``."""
+        prefix = f"model.layers.{i}."
+        layer = _fuse_attention(w, prefix, self.formats, release, self.dtype)
+        layer |= self._mlp_layer(w, i, release)
         norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
         if self.spec.norms_per_layer == 4:
             norms = {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
@@ -141,6 +144,23 @@ class LlamaModel:
             dtype = self.dtype if key in ("q_norm", "k_norm") else None
             layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"), dtype)
         return layer
+
+    def _mlp_layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
+        """Layer ``i``'s MLP: ``gate_up`` (gate rows, then up) and ``down`` Linears."""
+        mlp, formats = f"model.layers.{i}.mlp.", self.formats
+        return {"gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"],
+                                         formats.get("gate_up", "dense"), release, self.dtype),
+                "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense"),
+                                      release, self.dtype)}
+
+    def _mlp(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
+        """The MLP's output [T, hidden] of normed hidden states x [T, hidden]."""
+        return layer["down"](self.act(layer["gate_up"](x)))
+
+    @staticmethod
+    def class_linears(layer: dict, shape_class: str) -> list[Linear]:
+        """A layer's Linears of one shape class (``qkv``, ``o``, ``gate_up``, ``down``)."""
+        return [layer[shape_class]] if shape_class in layer else []
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, hidden] of token ids [T] (Gemma scales them)."""
@@ -164,7 +184,7 @@ class LlamaModel:
             if "attn_out_norm" in layer:
                 out = ops.add_rms_norm(out, None, layer["attn_out_norm"], eps)[1]
             h, x = ops.add_rms_norm(h, out, layer["post_norm"], eps)
-            delta = layer["down"](self.act(layer["gate_up"](x)))
+            delta = self._mlp(layer, x)
             if "mlp_out_norm" in layer:
                 delta = ops.add_rms_norm(delta, None, layer["mlp_out_norm"], eps)[1]
         return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
@@ -259,22 +279,19 @@ def _linear(weight, fmt: str, release, dtype: torch.dtype) -> Linear:
     return Linear(weight, fmt=fmt, release=release)
 
 
-def _fuse_layer(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
-                release, dtype: torch.dtype) -> dict:
-    """One layer's fused Linears (GGUF blocks held, or dequantized to ``dtype``); its tensors
-    are removed from ``w`` as they are used and their pages released (``release``, see
-    :class:`kvledger.model.weights.loader.MappedWeights`), so at most one layer exists twice (source and fused) at any time."""
-    attn, mlp = prefix + "self_attn.", prefix + "mlp."
+def _fuse_attention(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, str],
+                    release, dtype: torch.dtype) -> dict:
+    """One layer's fused attention Linears ``qkv`` and ``o`` (GGUF blocks held, or dequantized
+    to ``dtype``); its tensors are removed from ``w`` as they are used and their pages released
+    (``release``, see :class:`kvledger.model.weights.loader.MappedWeights`), so at most one
+    layer exists twice (source and fused) at any time."""
+    attn = prefix + "self_attn."
     qkv = [attn + f"{p}_proj" for p in "qkv"]
     bias = [w.pop(stem + ".bias", None) for stem in qkv]
     return {
         "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release, dtype,
                              torch.cat(bias) if bias[0] is not None else None),
         "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release, dtype),
-        "gate_up": _fused_linear(w, [mlp + "gate_proj", mlp + "up_proj"],
-                                 formats.get("gate_up", "dense"), release, dtype),
-        "down": _fused_linear(w, [mlp + "down_proj"], formats.get("down", "dense"), release,
-                              dtype),
     }
 
 

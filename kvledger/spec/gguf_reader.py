@@ -19,6 +19,10 @@ Invariants:
     local RoPE base is ``{arch}.rope.freq_base_swa``, else 10,000; Phi-3's LongRoPE factors
     are the ``rope_factors_long`` / ``rope_factors_short`` tensors (read from the file, a few
     hundred floats).
+  * Experts (``{arch}.expert_count`` > 0): ``expert_used_count`` per token, each of
+    ``expert_feed_forward_length`` (else ``feed_forward_length``); a layer routes when it has
+    a router tensor ``blk.N.ffn_gate_inp``; the top-k weights are renormalised unless
+    ``{arch}.expert_weights_norm`` is false (llama.cpp's llama and qwen3moe graphs normalise).
   * ``eos_token_ids`` starts with ``tokenizer.ggml.eos_token_id`` and adds
     ``tokenizer.ggml.eot_token_id`` and the chat-end tokens (``<|im_end|>``, ``<|eot_id|>``,
     ``<|end_of_text|>``) that the vocabulary contains.
@@ -40,8 +44,10 @@ from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                    "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text"}
-"""GGUF ``general.architecture`` -> the Hugging Face ``model_type`` this reader reads it as."""
+                    "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text",
+                    "qwen3moe": "qwen3_moe"}
+"""GGUF ``general.architecture`` -> the Hugging Face ``model_type`` this reader reads it as
+(a ``llama`` file with experts is ``mixtral``: llama.cpp's converter writes Mixtral so)."""
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 _SLIDING_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's load_swa_pattern defaults
 GGUF_MAGIC = b"GGUF"
@@ -170,6 +176,23 @@ def _gemma_fields(reader, arch: str, hidden: int, heads: int, head_dim: int,
     return out
 
 
+def _moe_fields(reader, arch: str, num_layers: int, tensor_names: set[str]) -> dict:
+    """The experts' fields of a file with ``{arch}.expert_count`` > 0 (module docstring), else
+    nothing."""
+    experts = int(field_value(reader, f"{arch}.expert_count") or 0)
+    if not experts:
+        return {}
+    inter = field_value(reader, f"{arch}.expert_feed_forward_length") or field_value(
+        reader, f"{arch}.feed_forward_length")
+    norm = field_value(reader, f"{arch}.expert_weights_norm")
+    return {"num_experts": experts,
+            "num_experts_per_tok": int(field_value(reader, f"{arch}.expert_used_count") or 0),
+            "moe_intermediate_size": int(inter),
+            "mlp_only_layers": tuple(i for i in range(num_layers)
+                                     if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names),
+            "norm_topk_prob": True if norm is None else bool(norm)}
+
+
 def _eos_token_ids(reader, tokens: list[str] | None) -> tuple[int, ...]:
     ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
@@ -226,13 +249,16 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     num_layers = int(req("block_count"))
     window = field_value(reader, f"{arch}.attention.sliding_window")
     rotary = field_value(reader, f"{arch}.rope.dimension_count")
-    family = {}
+    family = _moe_fields(reader, arch, num_layers, tensor_names)
     if arch in _GEMMA_27B_LAYERS:
         family = _gemma_fields(reader, arch, hidden, heads, int(head_dim), num_layers)
+    model_type = GGUF_MODEL_TYPES[arch]
+    if arch == "llama" and family.get("num_experts"):
+        model_type = "mixtral"
     return ModelSpec(
         **family,
         name=model_id(path),
-        model_type=GGUF_MODEL_TYPES[arch],
+        model_type=model_type,
         num_layers=num_layers,
         hidden_size=hidden,
         num_attention_heads=heads,

@@ -266,7 +266,8 @@ def _layer_types(c: _Config, n: int) -> tuple[str, ...]:
     if mt in ("mistral", "mixtral", "phi3") and c.get("sliding_window"):
         return (SLIDING,) * n
     if mt.startswith("qwen") and mt != "qwen3_next" and c.get("use_sliding_window", False):
-        first = int(c.get("max_window_layers", 0))
+        # transformers' Qwen3-MoE slides every layer (it has no max_window_layers)
+        first = 0 if mt == "qwen3_moe" else int(c.get("max_window_layers", 0))
         return tuple(SLIDING if i >= first else FULL for i in range(n))
     if mt == "gemma2":
         return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
@@ -286,7 +287,7 @@ def _family_fields(c: _Config, n: int) -> dict:
         return _mla_fields(c, n)
     out: dict = {}
     if mt == "mixtral":
-        out.update(num_experts=c.int(_experts_key(c)),
+        out.update(num_experts=c.int(_experts_key(c)), norm_topk_prob=True,
                    moe_intermediate_size=c.int("intermediate_size"))
         out["num_experts_per_tok"] = c.int("num_experts_per_tok")
     elif mt in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
@@ -297,6 +298,7 @@ def _family_fields(c: _Config, n: int) -> dict:
             num_experts_per_tok=int(c.get("num_experts_per_tok") or c.req("experts_per_token")),
             moe_intermediate_size=c.int("intermediate_size"),
             router_bias=True,
+            norm_topk_prob=True,
             mlp_bias=True,
             attention_sinks=True,
         )
@@ -331,7 +333,7 @@ def _qwen_moe_fields(c: _Config, n: int) -> dict:
     0`` not listed in ``mlp_only_layers``; an optional gated shared expert."""
     step = int(c.get("decoder_sparse_step", 1))
     dense_only = set(c.get("mlp_only_layers", []))
-    dense = sum(1 for i in range(n) if i in dense_only or (i + 1) % step)
+    dense = tuple(i for i in range(n) if i in dense_only or (i + 1) % step)
     shared = int(c.get("shared_expert_intermediate_size", 0))
     return {
         "num_experts": c.int(_experts_key(c)),
@@ -340,7 +342,8 @@ def _qwen_moe_fields(c: _Config, n: int) -> dict:
         "num_shared_experts": 1 if shared else 0,
         "shared_expert_intermediate_size": shared,
         "shared_expert_gate": bool(shared),
-        "first_k_dense_layers": dense,
+        "mlp_only_layers": dense,
+        "norm_topk_prob": bool(c.get("norm_topk_prob", False)),
     }
 
 
@@ -349,7 +352,7 @@ def _mla_fields(c: _Config, n: int) -> dict:
     routed + shared experts every ``moe_layer_freq`` layers (arXiv:2405.04434, 2412.19437)."""
     first_k = int(c.get("first_k_dense_replace", 0))
     freq = int(c.get("moe_layer_freq", 1))
-    dense = sum(1 for i in range(n) if i < first_k or i % freq)
+    dense = tuple(i for i in range(n) if i < first_k or i % freq)
     nope, rope = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim")
     return {
         "layer_types": (MLA,) * n,
@@ -364,7 +367,8 @@ def _mla_fields(c: _Config, n: int) -> dict:
         "moe_intermediate_size": c.int("moe_intermediate_size"),
         "num_shared_experts": int(c.get("n_shared_experts", 0)),
         "shared_expert_intermediate_size": c.int("moe_intermediate_size"),
-        "first_k_dense_layers": dense,
+        "mlp_only_layers": dense,
+        "norm_topk_prob": bool(c.get("norm_topk_prob", False)),
         "router_bias": c.get("topk_method") == "noaux_tc",
     }
 

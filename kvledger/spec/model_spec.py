@@ -62,7 +62,10 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
-    first_k_dense_layers: int = 0  # decoder layers with a dense MLP instead of experts
+    mlp_only_layers: tuple[int, ...] = ()  # MoE model: the layers with a dense MLP instead
+    # of experts (Qwen-MoE: mlp_only_layers and decoder_sparse_step; DeepSeek: the first k)
+    norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum 1 (Mixtral,
+    # gpt-oss: always; Qwen-MoE: its config's norm_topk_prob)
     # layer structure beyond the Llama defaults (used by the parameter count)
     mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
     qkv_bias: bool = False
@@ -133,6 +136,10 @@ class ModelSpec:
         """Leading dimensions of each head that RoPE turns (HF: ``head_dim x
         partial_rotary_factor``, truncated)."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` routes to experts (else its MLP is dense)."""
+        return self.num_experts > 0 and layer not in self.mlp_only_layers
 
     @property
     def gqa_group_size(self) -> int:

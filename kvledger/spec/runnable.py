@@ -24,7 +24,7 @@ from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
 
 FAMILY_TYPES: dict[str, tuple[str, ...]] = {
     "llama": ("llama", "mistral", "qwen2"), "qwen3": ("qwen3",), "phi3": ("phi3",),
-    "gemma": ("gemma2", "gemma3_text")}
+    "gemma": ("gemma2", "gemma3_text"), "moe": ("mixtral", "qwen3_moe")}
 """Engine family (one module of ``kvledger.model``) -> the ``model_type`` values it runs."""
 ENGINE_MODEL_TYPES = tuple(t for types in FAMILY_TYPES.values() for t in types)
 """The families whose decoder the engine runs (others are sized by `kvledger plan` only)."""
@@ -38,6 +38,7 @@ IMPLEMENTED = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
     "rms_norm_eps", "rope_theta", "qkv_bias",
+    "norm_topk_prob",  # read by the routed experts only: num_experts is 0 in the other families
 })
 
 
@@ -83,7 +84,7 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "moe_intermediate_size": _is(0),
     "num_shared_experts": _is(0),
     "shared_expert_intermediate_size": _is(0),
-    "first_k_dense_layers": _is(0),
+    "mlp_only_layers": _is(()),
     "router_bias": _is(False),
     "shared_expert_gate": _is(False),
     "kv_lora_rank": _is(0),
@@ -109,6 +110,9 @@ FAMILY_RUNS: dict[str, dict[str, Callable[[Any], bool]]] = {
               "norms_per_layer": _is(4), "hidden_act": _is("gelu_pytorch_tanh"),
               "rope_local_base_freq": _any, "query_pre_attn_scalar": _any,
               "attn_logit_softcapping": _any, "final_logit_softcapping": _any},
+    "moe": {"layer_types": _kinds, "sliding_window": _any, "qk_norm": _any,
+            "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
+            "mlp_only_layers": _any},  # Mixtral, Qwen3-MoE: routed experts, no shared one
 }
 """Family -> the fields whose values it runs differ from :data:`ONLY_AT` (its own test)."""
 

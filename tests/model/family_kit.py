@@ -37,6 +37,40 @@ FEATURES = {
                "local rope base 10,000", "global rope 1e6 with linear scaling x 8",
                "tied head"],
 }
+MOE_FEATURES = {
+    "mixtral": ["8 experts, top 2, the softmax over the top 2", "uniform sliding_window",
+                "untied head", "q/k rows permuted in its GGUF (llama architecture)"],
+    "qwen3_moe": ["8 experts, top 3, norm_topk_prob", ("mlp_only_layers [2] (a dense MLP of "
+                                                          "intermediate_size 96 beside experts of 48)"), "per-head q/k RMSNorm",
+                  "explicit head_dim 32", "sliding window on every layer (use_sliding_window)"],
+    "qwen3_moe-step2": ["decoder_sparse_step 2 (layers 1 and 3 route)",
+                        "norm_topk_prob false", "6 experts, top 2"],
+}
+"""The MoE families' tiny models (issue 35): top-k < experts in each."""
+
+
+def _moe_config(family: str, gguf_compatible: bool):
+    """The transformers config of an MoE family's tiny model (``gguf_compatible``: no window,
+    which llama.cpp's converters do not write for these architectures; Qwen3-MoE's top-k
+    renormalised, as llama.cpp's qwen3moe graph always does, and every layer routed: its
+    qwen3moe tensors have no dense MLP)."""
+    import transformers as tf
+
+    window = {} if gguf_compatible else {"sliding_window": W}
+    if family == "mixtral":
+        return tf.MixtralConfig(**SHAPE, num_hidden_layers=3, num_local_experts=8,
+                                num_experts_per_tok=2, max_position_embeddings=256,
+                                rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                **(window or {"sliding_window": None}))
+    step2 = family == "qwen3_moe-step2"
+    return tf.Qwen3MoeConfig(**SHAPE, num_hidden_layers=4, head_dim=32, moe_intermediate_size=48,
+                             num_experts=6 if step2 else 8, num_experts_per_tok=2 if step2 else 3,
+                             norm_topk_prob=not step2 or gguf_compatible,
+                             decoder_sparse_step=2 if step2 else 1,
+                             mlp_only_layers=[] if step2 or gguf_compatible else [2],
+                             use_sliding_window=not gguf_compatible, max_position_embeddings=256,
+                             rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                             **window)
 
 
 def _config(family: str, gguf_compatible: bool = False):
@@ -45,6 +79,8 @@ def _config(family: str, gguf_compatible: bool = False):
     window, which its converter does not write)."""
     import transformers as tf
 
+    if family in MOE_FEATURES:
+        return _moe_config(family, gguf_compatible)
     scalar = 32 if gguf_compatible else 24
     if family == "qwen3":
         # llama.cpp's Qwen3 converter writes no window (real Qwen3 has none): none in a GGUF
@@ -113,14 +149,16 @@ def hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
 # ---- GGUF, as convert_hf_to_gguf writes each architecture ---------------------------------
 
 GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "phi3-long": "phi3", "gemma2": "gemma2",
-             "gemma3": "gemma3"}
+             "gemma3": "gemma3", "mixtral": "llama", "qwen3_moe": "qwen3moe"}
 
 
 def write_gguf(family: str, model, path) -> None:
     """Write ``model`` (a tiny model of ``family``) as a GGUF file at ``path``: gguf-py's
     tensor names for the architecture, F32 tensors, Gemma's norms stored as ``1 + w``, Phi-3's
-    fused projections kept and its LongRoPE factors as tensors, the metadata keys the
-    converter writes (``conversion/{qwen,phi,gemma}.py``, ``TextModel.set_gguf_parameters``)."""
+    fused projections kept and its LongRoPE factors as tensors, an MoE layer's experts stacked
+    per projection (``ffn_{gate,up,down}_exps`` [experts, out, in]; Mixtral's q / k rows
+    permuted as ``LlamaModel.permute`` does), the metadata keys the converter writes
+    (``conversion/{qwen,phi,gemma,llama}.py``, ``TextModel.set_gguf_parameters``)."""
     import gguf
 
     arch = GGUF_ARCH[family]
@@ -148,6 +186,13 @@ def write_gguf(family: str, model, path) -> None:
         data = tensor.float().numpy().astype(np.float32)
         if arch.startswith("gemma") and hf.endswith("norm.weight"):
             data = data + np.float32(1.0)
+        if ".experts." in hf or hf.endswith("mlp.gate.weight"):
+            for name, part in _expert_tensors(hf, data):
+                w.add_tensor(name, part)
+            continue
+        if arch == "llama" and stem.endswith(("q_proj", "k_proj")):
+            heads = cfg.num_attention_heads if "q_proj" in stem else cfg.num_key_value_heads
+            data = _permute(data, heads)
         w.add_tensor(f"{names.get_name(stem)}.{kind}", data)
     scaling = cfg.rope_parameters if arch == "phi3" else {}
     if scaling.get("long_factor"):
@@ -157,6 +202,27 @@ def write_gguf(family: str, model, path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _expert_tensors(hf: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """GGUF tensors of a transformers MoE parameter: the router ``mlp.gate`` ->
+    ``ffn_gate_inp``; the stacked ``experts.gate_up_proj`` [experts, 2f, hidden] (gate rows
+    first, as ``MixtralExperts`` chunks them) -> ``ffn_gate_exps`` and ``ffn_up_exps``;
+    ``experts.down_proj`` -> ``ffn_down_exps``."""
+    layer = hf.split(".")[2]
+    if hf.endswith("mlp.gate.weight"):
+        return [(f"blk.{layer}.ffn_gate_inp.weight", data)]
+    if hf.endswith("gate_up_proj"):
+        f = data.shape[1] // 2
+        return [(f"blk.{layer}.ffn_gate_exps.weight", np.ascontiguousarray(data[:, :f])),
+                (f"blk.{layer}.ffn_up_exps.weight", np.ascontiguousarray(data[:, f:]))]
+    return [(f"blk.{layer}.ffn_down_exps.weight", data)]
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's ``LlamaModel.permute``: each head's rotate-half rows -> interleaved pairs."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape)
 
 
 def _metadata(family: str, cfg) -> dict:
@@ -169,6 +235,16 @@ def _metadata(family: str, cfg) -> dict:
     if family == "qwen3":
         meta.update({"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
                      "rope.freq_base": float(rope["rope_theta"])})
+    elif family == "mixtral":
+        meta.update({"rope.freq_base": float(rope["rope_theta"]),
+                     "rope.dimension_count": cfg.hidden_size // cfg.num_attention_heads,
+                     "expert_count": cfg.num_local_experts,
+                     "expert_used_count": cfg.num_experts_per_tok})
+    elif family == "qwen3_moe":
+        meta.update({"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
+                     "rope.freq_base": float(rope["rope_theta"]),
+                     "expert_count": cfg.num_experts, "expert_used_count": cfg.num_experts_per_tok,
+                     "expert_feed_forward_length": cfg.moe_intermediate_size})
     elif family.startswith("phi3"):
         original, factor = rope["original_max_position_embeddings"], None
         scale = cfg.max_position_embeddings / original

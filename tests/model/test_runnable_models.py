@@ -72,7 +72,8 @@ def test_a_family_the_engine_lacks_names_only_the_families_it_runs(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(UnsupportedModelError) as err:
         load_weights(tmp_path, torch.float32)
-    assert "(it runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text)" in str(err.value)
+    assert "(it runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, " \
+        "qwen3_moe)" in str(err.value)
 
 
 @pytest.mark.parametrize(("tensor", "field"), [("blk.0.attn_output.bias", "o_bias"),

@@ -59,7 +59,7 @@ def test_qwen2_use_sliding_window_false_means_no_window(tmp_path):
 
 def test_families_fields():
     ds = load("deepseek-ai__DeepSeek-V3")
-    assert (ds.kv_lora_rank, ds.qk_rope_head_dim, ds.first_k_dense_layers) == (512, 64, 3)
+    assert (ds.kv_lora_rank, ds.qk_rope_head_dim, ds.mlp_only_layers) == (512, 64, (0, 1, 2))
     assert (ds.num_experts, ds.num_experts_per_tok, ds.num_shared_experts) == (256, 8, 1)
     assert ds.weights_dtype == "fp8"
     gpt2 = load("openai-community__gpt2")

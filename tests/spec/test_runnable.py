@@ -18,7 +18,10 @@ LLAMA = ModelSpec(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
 BASE = {"llama": LLAMA, "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", qk_norm=True),
         "phi3": dataclasses.replace(LLAMA, model_type="phi3", partial_rotary_factor=0.5),
         "gemma": dataclasses.replace(LLAMA, model_type="gemma2", hidden_act="gelu_pytorch_tanh",
-                                     norms_per_layer=4, attn_logit_softcapping=50.0)}
+                                     norms_per_layer=4, attn_logit_softcapping=50.0),
+        "moe": dataclasses.replace(LLAMA, model_type="qwen3_moe", qk_norm=True, num_experts=4,
+                                   num_experts_per_tok=2, moe_intermediate_size=16,
+                                   mlp_only_layers=(1,), norm_topk_prob=True)}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,

@@ -146,9 +146,11 @@ class ProbeResult:
 
 
 def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
-    """[out, in] of each shape class of ``spec``'s fused matrices."""
+    """[out, in] of each shape class of ``spec``'s fused matrices; an MoE model's ``gate_up``
+    and ``down`` are one expert's (their format applies per expert)."""
     q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    h, f = spec.hidden_size, spec.intermediate_size
+    h = spec.hidden_size
+    f = spec.moe_intermediate_size if spec.num_experts else spec.intermediate_size
     return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * f, h), "down": (h, f),
             "lm_head": (spec.vocab_size, h)}
 

@@ -48,8 +48,13 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
     Raises:
         InvalidParameterError: ``tp`` does not divide the query heads (or the KV heads and
             ``tp`` do not divide one another; the message names the head counts), or the MLP
-            width.
+            width; or the model routes to experts (their sharding is not implemented).
     """
+    if spec.num_experts:
+        raise InvalidParameterError(
+            f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) routes to "
+            f"{spec.num_experts} experts, and tensor parallelism does not shard experts yet; "
+            "run it with --tensor-parallel-size 1")
     kv_heads_per_rank(spec, tp)
     if spec.intermediate_size % tp:
         raise InvalidParameterError(

@@ -6,7 +6,9 @@ architecture as llama.cpp's ``convert_hf_to_gguf`` named it (gguf-py's ``tensor_
 the Llama names, except that Gemma 2/3 write ``post_attention_layernorm`` as
 ``post_attention_norm``, ``pre_feedforward_layernorm`` as ``ffn_norm`` and
 ``post_feedforward_layernorm`` as ``post_ffw_norm``, and Phi-3 keeps its fused ``attn_qkv``
-and ``ffn_up`` (gate and up rows); :mod:`.names` splits those. Gemma's converter stores every
+and ``ffn_up`` (gate and up rows), and an MoE layer's experts are stacked ``ffn_*_exps``
+[experts, out, in] (Mixtral's ``w1`` / ``w3`` / ``w2`` as gate / up / down) beside its router
+``ffn_gate_inp``; :mod:`.names` splits those. Gemma's converter stores every
 norm weight as ``1 + w`` (its RMSNorm's form): 1 is subtracted back, exactly for weights
 >= 0.5. Phi-3's ``rope_factors_long`` / ``_short`` belong to the spec (``rope_scaling``), not
 to the weights. GGUF stores dimensions
@@ -71,6 +73,10 @@ _BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
 _ARCH_BLOCK_NAMES = {
     "gemma2": {"post_attention_norm": "post_attention_layernorm",
@@ -230,7 +236,8 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
         arrays = {name: dequantize(tensor)}
         if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
             arrays[name] -= 1.0
-        if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight"):
+        if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight") \
+                and arrays[name].ndim == 2:
             rows = arrays[name].shape[0]
             stem = name.removesuffix(".weight")
             q, scale, zero = q4_parts(tensor.data, tensor.tensor_type.name, rows)

@@ -50,7 +50,8 @@ from kvledger.model.weights.names import tensor_shapes, to_llama_names
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v4"  # v3: o_bias / mlp_bias; v4: the families' fields
+CACHE_VERSION = "kvledger-weights-v5"  # v3: o_bias / mlp_bias; v4: the families' fields;
+# v5: experts (mlp_only_layers, norm_topk_prob)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
@@ -236,6 +237,7 @@ def _spec_from_json(text: str, path: Path) -> ModelSpec:
     fields = json.loads(text)
     fields["layer_types"] = tuple(fields["layer_types"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+    fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
     fields["source"] = str(path)
     return ModelSpec(**fields)
 

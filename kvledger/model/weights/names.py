@@ -8,10 +8,15 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
   ``lm_head``; the vision tower and the projector are dropped;
 - Phi-3's fused ``self_attn.qkv_proj`` (q, k, v rows) and ``mlp.gate_up_proj`` (gate rows,
   then up, as ``Phi3MLP`` chunks them) -> the separate projections, as row views (a GGUF's
-  4-bit parts are split with their rows).
+  4-bit parts are split with their rows);
+- Mixtral's ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.w1`` / ``w3`` /
+  ``w2`` -> Qwen-MoE's ``mlp.gate`` and ``mlp.experts.{e}.gate_proj`` / ``up_proj`` /
+  ``down_proj`` (``MixtralBlockSparseTop2MLP``: ``w2(silu(w1 x) * w3 x)``); a GGUF's stacked
+  ``ffn_{gate,up,down}_exps`` [experts, out, in] (``gguf_tensors``) -> one view per expert.
 
 :func:`tensor_shapes` lists what a model of the spec holds: per layer the q/k/v/o and gate/up/
-down projections, ``input_layernorm``, ``post_attention_layernorm``, Gemma's
+down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
+three at ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
 ``k_norm`` and q/k/v biases when the spec has them; the embedding, the final norm and an
 untied ``lm_head``.
@@ -28,6 +33,11 @@ _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.",
 _NOT_TEXT = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
              "model.multi_modal_projector.")
 _Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
+_MIXTRAL = {"block_sparse_moe.gate.": "mlp.gate.", "w1.": "gate_proj.", "w3.": "up_proj.",
+            "w2.": "down_proj."}
+EXPERT_STACKS = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
+"""A layer's stacked expert projections [experts, out, in] (a GGUF's ``ffn_*_exps``), split
+by :func:`to_llama_names` into ``mlp.experts.{e}.*_proj``."""
 
 
 def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
@@ -41,6 +51,8 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
             if name.startswith(old):
                 state[new + name[len(old):]] = state.pop(name)
                 break
+        if ".block_sparse_moe." in name:
+            state[_mixtral_name(name)] = state.pop(name)
     d, q, kv = spec.head_dim, spec.num_attention_heads, spec.num_kv_heads
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
@@ -48,6 +60,22 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
                                                  in (("q", q * d), ("k", kv * d), ("v", kv * d))])
         f = spec.intermediate_size
         _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
+        for stack in EXPERT_STACKS:
+            for suffix in (".weight", ".bias"):
+                tensor = state.pop(p + stack + suffix, None)
+                kind = stack.rpartition(".")[2]
+                for e in range(0 if tensor is None else tensor.shape[0]):
+                    state[f"{p}mlp.experts.{e}.{kind}{suffix}"] = tensor[e]
+
+
+def _mixtral_name(name: str) -> str:
+    """A Mixtral expert or router tensor's Qwen-MoE name (module docstring)."""
+    stem, _, rest = name.partition("block_sparse_moe.")
+    if rest.startswith("gate."):
+        return stem + "mlp." + rest
+    expert, _, proj = rest.removeprefix("experts.").partition(".")
+    return f"{stem}mlp.experts.{expert}.{_MIXTRAL[proj.partition('.')[0] + '.']}" \
+        f"{proj.partition('.')[2]}"
 
 
 def _split(state: dict, fused: str, parts: list[tuple[str, int]]) -> None:
@@ -64,7 +92,7 @@ def _split(state: dict, fused: str, parts: list[tuple[str, int]]) -> None:
 
 def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Name -> shape ([out, in] for projections) of every tensor a model of ``spec`` holds."""
-    h, d, f = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    h, d = spec.hidden_size, spec.head_dim
     q, kv = spec.num_attention_heads * d, spec.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h),
                                           "model.norm.weight": (h,)}
@@ -77,14 +105,29 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes |= {f"{p}{n}.weight": (h,) for n in norms}
         shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                   p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                   p + "mlp.down_proj.weight": (h, f)}
+                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        shapes |= _mlp_shapes(spec, i)
         if spec.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
         if spec.qkv_bias:
             shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
                        for n, rows in (("q", q), ("k", kv), ("v", kv))}
+    return shapes
+
+
+def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer ``layer``'s MLP: gate / up / down, or an MoE layer's router and experts."""
+    h, p = spec.hidden_size, f"model.layers.{layer}.mlp."
+    if not spec.is_moe_layer(layer):
+        f = spec.intermediate_size
+        return {p + "gate_proj.weight": (f, h), p + "up_proj.weight": (f, h),
+                p + "down_proj.weight": (h, f)}
+    f = spec.moe_intermediate_size
+    shapes = {p + "gate.weight": (spec.num_experts, h)}
+    for e in range(spec.num_experts):
+        shapes |= {f"{p}experts.{e}.gate_proj.weight": (f, h),
+                   f"{p}experts.{e}.up_proj.weight": (f, h),
+                   f"{p}experts.{e}.down_proj.weight": (h, f)}
     return shapes
 
 
