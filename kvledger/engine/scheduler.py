@@ -53,6 +53,7 @@ from collections import deque
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import KVCacheManager
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.tiers.tier import cached_by_tier
 from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.schedule_output import ScheduledChunk, SchedulerOutput
 from kvledger.errors import (
@@ -308,6 +309,7 @@ class Scheduler:
             assert ok, "scheduler bug: admission allocation failed"
             if req.num_preemptions == 0:
                 req.num_cached_tokens = req.num_computed_tokens
+                req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks), self.block_size)
             req.num_skips = 0
             self.waiting.remove(req)
             self.running.append(req)

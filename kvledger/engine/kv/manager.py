@@ -44,6 +44,7 @@ class KVCacheManager:
         self.store = store
         self.pool = BlockPool(num_blocks)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching)
+        self.tiers = None  # a TierLink (engine/kv/tiers/link.py) when KV tiers are on
 
     def _required_blocks(self, num_tokens: int) -> int:
         return blocks_for_kv_tokens(num_tokens, self.block_size)
@@ -58,7 +59,12 @@ class KVCacheManager:
         if req.params.prompt_logprobs is not None:
             return []  # every prompt position's logits are wanted (engine/prompt_logprobs.py)
         hits = self.prefix.find_longest_cache_hit(req)
-        return hits[: req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size]
+        limit = min((req.num_tokens - 1) // self.block_size,
+                    req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size)
+        hits = hits[:limit]
+        if self.tiers is not None and self.prefix.enabled and len(hits) < limit:
+            hits = self.tiers.extend(req, hits, limit)  # continues into the KV tiers
+        return hits
 
     def blocks_needed(
         self, req: Request, num_new_tokens: int, hit_blocks: list[int] | None = None

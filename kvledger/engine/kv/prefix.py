@@ -62,6 +62,9 @@ class PrefixCache:
         self.hit_tokens = 0
         self.requeried_tokens = 0
         self.rehit_tokens = 0
+        # called with (block id, hash, key) when a block enters the cache (a KV tier's
+        # write-through: engine/kv/tiers/link.py); None = nothing
+        self.on_cached = None
 
     def _key(self, req: Request, index: int) -> tuple:
         """Hash key of full block ``index`` of ``req`` (needs the parent's hash)."""
@@ -127,5 +130,8 @@ class PrefixCache:
         if not self.enabled or num_full <= num_done:
             return num_done
         for i in range(num_done, num_full):
-            self.pool.cache_block(req.block_table[i], *self.block_hash(req, i))
+            block_hash, key = self.block_hash(req, i)
+            block_id = req.block_table[i]
+            if self.pool.cache_block(block_id, block_hash, key) and self.on_cached is not None:
+                self.on_cached(block_id, block_hash, key)
         return num_full
