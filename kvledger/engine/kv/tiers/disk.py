@@ -50,6 +50,7 @@ class DiskTier:
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         self._index: OrderedDict[bytes, tuple[tuple, int]] = OrderedDict()  # LRU first
         self._lock = threading.Lock()
+        self._clock = 0  # the last mtime set (ns): strictly increasing, so ties never reorder
         self.rebuild_seconds = self.rebuild_index()
 
     def path(self, block_hash: bytes) -> Path:
@@ -70,6 +71,7 @@ class DiskTier:
                 elif entry.name.endswith(".kv"):
                     found.append((entry.stat().st_mtime_ns, entry.path))
         found.sort()
+        self._clock = found[-1][0] if found else 0
         for _, path in found:
             try:
                 with open(path, "rb") as f:
@@ -119,12 +121,23 @@ class DiskTier:
             self._forget(block_hash)
             self._drop_file(path, err)
             return None
-        os.utime(path)
+        self._touch(path)
         with self._lock:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
         self.stats.bytes_read += header.payload_bytes
         return data[header.header_bytes:]
+
+    def _touch(self, path: Path) -> None:
+        """Set the file's mtime to a strictly later time than any set before: the LRU order
+        that start-up reads back."""
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            stamp = self._clock
+        try:
+            os.utime(path, ns=(stamp, stamp))
+        except OSError:
+            pass
 
     def _forget(self, block_hash: bytes) -> None:
         with self._lock:
@@ -159,6 +172,7 @@ class DiskTier:
         except OSError as err:
             self._write_failed(err)
             return
+        self._touch(self.path(block_hash))
         with self._lock:
             self._index[block_hash] = (key, len(data))
             s.bytes_held += len(data)
