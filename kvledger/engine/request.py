@@ -71,7 +71,7 @@ class Request:
             vLLM's name).
         tier_blocks: block hash -> name of the KV tier each block loaded for it came from
             (``engine/kv/tiers/link.py``); cached_tokens_by_tier: its ``num_cached_tokens`` by
-            where they came from (``pool``, ``ram``, ``disk``).
+            where they came from (``pool``, ``ram``, ``disk``; empty without KV tiers).
         tier_load_s, tier_load_predicted_s: seconds its tier loads took, and the ledger's
             prediction of them (0 when none or unknown).
         num_preemptions: times this request was preempted by recompute.

@@ -309,7 +309,9 @@ class Scheduler:
             assert ok, "scheduler bug: admission allocation failed"
             if req.num_preemptions == 0:
                 req.num_cached_tokens = req.num_computed_tokens
-                req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks), self.block_size)
+                if self.kv.tiers is not None:
+                    req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks),
+                                                               self.block_size)
             req.num_skips = 0
             self.waiting.remove(req)
             self.running.append(req)

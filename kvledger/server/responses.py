@@ -46,9 +46,18 @@ def usage(outs: RequestOutput | list[RequestOutput]) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(o.metrics.num_cached_tokens
-                                                       for o in outs)},
+        "prompt_tokens_details": cached_details([o.metrics for o in outs]),
     }
+
+
+def cached_details(metrics: list) -> dict:
+    """``{"cached_tokens": n}``, with ``cached_tokens_by_tier`` (``{"pool", "ram", "disk"}``,
+    summing to it) when the engine runs KV tiers (docs/kv-tiers.md)."""
+    out = {"cached_tokens": sum(m.num_cached_tokens for m in metrics)}
+    tiers = [m.cached_tokens_by_tier for m in metrics if m.cached_tokens_by_tier]
+    if tiers:
+        out["cached_tokens_by_tier"] = {k: sum(t.get(k, 0) for t in tiers) for k in tiers[0]}
+    return out
 
 
 def merge_choices(bodies: list[dict]) -> dict:
@@ -63,8 +72,12 @@ def merge_choices(bodies: list[dict]) -> dict:
 def _sum_usage(usages: list[dict]) -> dict:
     total = {key: sum(u[key] for u in usages)
              for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    total["prompt_tokens_details"] = {"cached_tokens": sum(
-        u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
+    details = [u["prompt_tokens_details"] for u in usages]
+    total["prompt_tokens_details"] = {"cached_tokens": sum(d["cached_tokens"] for d in details)}
+    tiers = [d["cached_tokens_by_tier"] for d in details if "cached_tokens_by_tier" in d]
+    if tiers:
+        total["prompt_tokens_details"]["cached_tokens_by_tier"] = {
+            k: sum(t[k] for t in tiers) for k in tiers[0]}
     return total
 
 
