@@ -48,7 +48,7 @@ class TierChain:
             tier.stats.misses += 1
         return None
 
-    def load(self, tier: KVTier, block_hash: bytes, key: tuple) -> bytearray | None:
+    def load(self, tier: KVTier, block_hash: bytes, key: tuple) -> bytearray | memoryview | None:
         """The block's verified payload from ``tier``, or None (counted by the tier)."""
         start = time.perf_counter()
         payload = tier.get(block_hash, key)

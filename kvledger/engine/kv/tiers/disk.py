@@ -104,7 +104,7 @@ class DiskTier:
             entry = self._index.get(block_hash)
         return entry is not None and entry[0] == key
 
-    def get(self, block_hash: bytes, key: tuple) -> bytearray | None:
+    def get(self, block_hash: bytes, key: tuple) -> memoryview | None:
         path = self.path(block_hash)
         try:
             with open(path, "rb") as f:
@@ -126,7 +126,7 @@ class DiskTier:
             if block_hash in self._index:
                 self._index.move_to_end(block_hash)
         self.stats.bytes_read += header.payload_bytes
-        return data[header.header_bytes:]
+        return memoryview(data)[header.header_bytes:]
 
     def _touch(self, path: Path) -> None:
         """Set the file's mtime to a strictly later time than any set before: the LRU order

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
-from kvledger.engine.kv.tiers.payload import read_block, write_block
+from kvledger.engine.kv.tiers.payload import read_block, write_blocks
 from kvledger.engine.request import Request
 
 
@@ -90,12 +90,15 @@ class TierLink:
         start = time.perf_counter()
         self.pool.touch(hits)  # pinned: the allocation below must not evict them
         fresh = self.pool.allocate(len(found))
-        loaded = []
-        for block_id, (block_hash, key, tier) in zip(fresh, found):
+        payloads = []
+        for block_hash, key, tier in found:
             payload = self.chain.load(tier, block_hash, key)
             if payload is None:
                 break
-            write_block(self.store, block_id, payload)
+            payloads.append(payload)
+        write_blocks(self.store, fresh[:len(payloads)], payloads)
+        loaded = []
+        for block_id, (block_hash, key, tier) in zip(fresh[:len(payloads)], found):
             if not self.pool.cache_block(block_id, block_hash, key):
                 break
             req.tier_blocks[block_hash] = tier.name

@@ -32,18 +32,23 @@ def read_block(store, block_id: int) -> bytes:
     return torch.cat(parts).numpy().tobytes()
 
 
-def write_block(store, block_id: int, payload: bytearray) -> None:
-    """Copy a payload into block ``block_id`` (a fresh block with no residual buffer).
+def write_blocks(store, block_ids: list[int], payloads: list) -> None:
+    """Copy payloads (bytes-like, writable) into blocks ``block_ids`` (fresh blocks with no
+    residual buffer): one ``index_copy_`` per store tensor for all blocks.
 
     Raises:
-        ValueError: the payload's length is not :func:`payload_bytes`.
+        ValueError: a payload's length is not :func:`payload_bytes`.
     """
-    tensors = _tensors(store)
-    if len(payload) != payload_bytes(store):
-        raise ValueError(f"payload of {len(payload)} bytes, a block holds {payload_bytes(store)}")
-    src = torch.frombuffer(payload, dtype=torch.uint8)
+    size = payload_bytes(store)
+    if any(len(p) != size for p in payloads):
+        raise ValueError(f"a payload is not {size} bytes, what a block holds")
+    if not block_ids:
+        return
+    rows = torch.stack([torch.frombuffer(p, dtype=torch.uint8) for p in payloads])
+    ids = torch.tensor(block_ids, dtype=torch.int64)
     offset = 0
-    for t in tensors:
-        dst = t[block_id].reshape(-1).view(torch.uint8)
-        dst.copy_(src[offset:offset + dst.numel()])
-        offset += dst.numel()
+    for t in _tensors(store):
+        dst = t.view(t.shape[0], -1).view(torch.uint8)  # [num_blocks, bytes of one block]
+        width = dst.shape[1]
+        dst.index_copy_(0, ids, rows[:, offset:offset + width])
+        offset += width

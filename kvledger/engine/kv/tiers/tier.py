@@ -46,8 +46,8 @@ class KVTier(Protocol):
     def contains(self, block_hash: bytes, key: tuple) -> bool:
         """True when the tier holds ``block_hash`` stored under ``key`` (index only, no I/O)."""
 
-    def get(self, block_hash: bytes, key: tuple) -> bytearray | None:
-        """The verified payload, or None (absent, or failed a check: then dropped and counted
+    def get(self, block_hash: bytes, key: tuple) -> bytearray | memoryview | None:
+        """The verified payload (writable), or None (absent, or failed a check: then dropped and counted
         in ``corrupt_files``)."""
 
     def put(self, block_hash: bytes, key: tuple, payload: bytes) -> None:
