@@ -473,4 +473,6 @@ class LLMEngine:
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
+        if self.tiers is not None:
+            s.update(self.tiers.stats())
         return s

@@ -51,12 +51,18 @@ def usage(outs: RequestOutput | list[RequestOutput]) -> dict:
 
 
 def cached_details(metrics: list) -> dict:
-    """``{"cached_tokens": n}``, with ``cached_tokens_by_tier`` (``{"pool", "ram", "disk"}``,
-    summing to it) when the engine runs KV tiers (docs/kv-tiers.md)."""
+    """``{"cached_tokens": n}``, and when the engine runs KV tiers (docs/kv-tiers.md)
+    ``cached_tokens_by_tier`` (``{"pool", "ram", "disk"}``, summing to it) with the tier loads'
+    measured and predicted seconds (``kv_tier_load_seconds``,
+    ``kv_tier_load_predicted_seconds``; 0 when nothing was loaded or no speed is known)."""
     out = {"cached_tokens": sum(m.num_cached_tokens for m in metrics)}
-    tiers = [m.cached_tokens_by_tier for m in metrics if m.cached_tokens_by_tier]
+    tiers = [m for m in metrics if m.cached_tokens_by_tier]
     if tiers:
-        out["cached_tokens_by_tier"] = {k: sum(t.get(k, 0) for t in tiers) for k in tiers[0]}
+        by_tier = [m.cached_tokens_by_tier for m in tiers]
+        out["cached_tokens_by_tier"] = {k: sum(t[k] for t in by_tier) for k in by_tier[0]}
+        out["kv_tier_load_seconds"] = round(sum(m.tier_load_s for m in tiers), 6)
+        out["kv_tier_load_predicted_seconds"] = round(
+            sum(m.tier_load_predicted_s for m in tiers), 6)
     return out
 
 
@@ -74,10 +80,13 @@ def _sum_usage(usages: list[dict]) -> dict:
              for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
     details = [u["prompt_tokens_details"] for u in usages]
     total["prompt_tokens_details"] = {"cached_tokens": sum(d["cached_tokens"] for d in details)}
-    tiers = [d["cached_tokens_by_tier"] for d in details if "cached_tokens_by_tier" in d]
+    tiers = [d for d in details if "cached_tokens_by_tier" in d]
     if tiers:
-        total["prompt_tokens_details"]["cached_tokens_by_tier"] = {
-            k: sum(t[k] for t in tiers) for k in tiers[0]}
+        summed = total["prompt_tokens_details"]
+        summed["cached_tokens_by_tier"] = {k: sum(d["cached_tokens_by_tier"][k] for d in tiers)
+                                           for k in tiers[0]["cached_tokens_by_tier"]}
+        for key in ("kv_tier_load_seconds", "kv_tier_load_predicted_seconds"):
+            summed[key] = round(sum(d[key] for d in tiers), 6)
     return total
 
 

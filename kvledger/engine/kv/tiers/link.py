@@ -13,7 +13,7 @@ prefix cache is copied out and offered to the chain's writer, unless every tier 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
@@ -64,6 +64,15 @@ class TierLink:
         self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
         prefix.on_cached = self.write_through
+
+    def stats(self) -> dict:
+        """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's
+        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes`` and ``kv_tier_recomputed_blocks``
+        (found in a tier, recomputed because the ledger predicted loading slower)."""
+        return {"kv_tiers": {t.name: asdict(t.stats) for t in self.chain.tiers},
+                "kv_tier_dropped_writes": self.chain.dropped_writes,
+                "kv_tier_offered_writes": self.chain.offered_writes,
+                "kv_tier_recomputed_blocks": self.recomputed_blocks}
 
     def write_through(self, block_id: int, block_hash: bytes, key: tuple) -> None:
         if self.chain.wants(block_hash, key):
