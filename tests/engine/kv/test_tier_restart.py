@@ -219,3 +219,18 @@ def test_a_full_disk_turns_the_tier_off_and_serving_goes_on(build, tmp_path, mon
     assert "disk is full" in caplog.text
     assert out.token_ids == cold.token_ids
     assert run(engine, PROMPT, "again").metrics.cached_tokens_by_tier["pool"] == 96
+
+
+def test_a_probed_read_speed_predicts_each_load(build, tmp_path, monkeypatch):
+    from kvledger.engine.kv.tiers import read_probe
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    opts = {"kv_disk_dir": str(tmp_path / "kv")}
+    engine = build(**opts)
+    run(engine, PROMPT)
+    read_probe.save(tmp_path / "kv", {"cold_bytes_per_s": 1e9}, tmp_path / "config")
+    engine = restart(engine, build, **opts)
+    m = run(engine, PROMPT).metrics
+    assert m.cached_tokens_by_tier["disk"] == 96
+    assert m.tier_load_predicted_s == pytest.approx(6 * engine.bytes_per_block / 1e9)
+    assert m.tier_load_s > 0

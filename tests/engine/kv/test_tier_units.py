@@ -157,3 +157,21 @@ def test_full_attention_layout_is_accepted_and_tp_refused(tmp_path):
                            spec)
     with pytest.raises(InvalidParameterError, match="needs kv_disk_dir"):
         EngineConfig(kv_disk_gib=1)
+
+
+def test_read_probe_measures_saves_and_feeds_the_prediction(tmp_path):
+    from kvledger.engine.kv.tiers import read_probe
+    from kvledger.engine.kv.tiers.link import LoadPolicy
+
+    figures = read_probe.measure_read(tmp_path / "tier", files=4, file_bytes=4096)
+    assert figures["bytes"] == 4 * 4096
+    assert figures["cold_bytes_per_s"] > 0 and figures["warm_bytes_per_s"] > 0
+    assert list((tmp_path / "tier").iterdir()) == []  # the scratch files are gone
+    read_probe.save(tmp_path / "tier", figures, tmp_path / "config")
+    speed = read_probe.saved_cold_bytes_per_s(tmp_path / "tier", tmp_path / "config")
+    assert speed == figures["cold_bytes_per_s"]
+    assert read_probe.saved_cold_bytes_per_s(tmp_path / "other", tmp_path / "config") is None
+    policy = LoadPolicy(read_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    assert policy.predict(2_000_000, 32) == (0.002, 0.032)
+    assert policy.loads(2_000_000, 32) and not policy.loads(2_000_000_000, 32)
+    assert LoadPolicy().loads(10**12, 1)  # no speeds known: always load

@@ -19,6 +19,7 @@ from kvledger.engine.kv.tiers.fingerprint import fingerprint, tensors_digest, we
 from kvledger.engine.kv.tiers.link import LoadPolicy, TierLink
 from kvledger.engine.kv.tiers.payload import payload_bytes
 from kvledger.engine.kv.tiers.ram import RAMTier
+from kvledger.engine.kv.tiers.read_probe import saved_cold_bytes_per_s
 from kvledger.engine.kv.tiers.tier_dir import TierDir
 from kvledger.errors import InvalidParameterError
 from kvledger.spec import SLIDING, ModelSpec
@@ -85,6 +86,10 @@ def build_link(config, tier_dir: TierDir | None, *, weights_id: str, spec: Model
         tiers.append(DiskTier(Path(tier_dir.path), fp, int(gib * GIB), size))
     chain = TierChain(tiers)
     atexit.register(chain.close)
+    if policy is None and tier_dir is not None:
+        from kvledger.paths import config_dir
+
+        policy = LoadPolicy(read_bytes_per_s=saved_cold_bytes_per_s(tier_dir.path, config_dir()))
     link = TierLink(chain, kv.pool, kv.prefix, store, config.block_size,
                     policy or LoadPolicy(), size)
     kv.tiers = link
