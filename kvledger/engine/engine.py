@@ -207,7 +207,8 @@ class LLMEngine:
         num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
                                  self.kv_layout.reserved_bytes)
         self.store = None
-        self.store_outliers = outlier_index(config, spec, self.kv_layout)
+        self.store_outliers = (outlier_index(config, spec, self.kv_layout)
+                               if config.use_kv_cache else None)
         if config.use_kv_cache:
             self.store = self.kv_layout.build_store(num_blocks, self.store_outliers)
         if self.parallel is None:
