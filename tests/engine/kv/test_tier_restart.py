@@ -139,12 +139,14 @@ def test_a_damaged_file_is_recomputed_and_counted(build, tmp_path, damage, when)
     else:
         engine = build(**opts)
         damage(target, 5)
+    damaged = target.read_bytes()
     after = run(engine, PROMPT)
     disk = engine.tiers.chain.tiers[0].stats
     assert disk.corrupt_files == 1
     assert after.token_ids == cold.token_ids
     assert after.metrics.num_cached_tokens < 96  # the chain stops at the damaged block
-    assert not target.exists()  # removed, recomputed, and written again only if re-offered
+    engine.tiers.chain.flush()  # the recomputed block is written through again
+    assert not target.exists() or target.read_bytes() != damaged  # the damage never stays
 
 
 @pytest.mark.parametrize("when", ["before start", "after start"])
