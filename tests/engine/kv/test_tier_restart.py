@@ -135,11 +135,12 @@ def test_a_damaged_file_is_recomputed_and_counted(build, tmp_path, damage, when)
     target = files[2]  # some block of the prompt (files are named by block hash)
     if when == "before start":
         damage(target, 5)
-        engine = build(**opts)
+        damaged = target.read_bytes()
+        engine = build(**opts)  # a bad header is dropped here, a bad payload on load
     else:
         engine = build(**opts)
         damage(target, 5)
-    damaged = target.read_bytes()
+        damaged = target.read_bytes()
     after = run(engine, PROMPT)
     disk = engine.tiers.chain.tiers[0].stats
     assert disk.corrupt_files == 1
