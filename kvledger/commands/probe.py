@@ -8,6 +8,9 @@ What it measures, and where it goes:
   the decode time of each weight format, and of each attention backend, with what the engine
   will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
   anyway; this command re-measures and prints it);
+- with ``--kv-disk-dir DIR``, the disk KV tier's read bandwidth, page cache dropped and warm
+  (:mod:`kvledger.engine.kv.tiers.read_probe`), saved in the config folder
+  (``kv_tier_read.json``), from which the engine predicts each tier load;
 - with ``--steps``, the step model of ``kvledger replay --device local``: engine steps timed
   over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
   the config folder (``local_step_model.json``, one fit per retention policy:
@@ -51,6 +54,9 @@ def probe(
     steps_from: Annotated[str | None, Opt(
         help="With --steps: fit on the steps a trace recorded (serve --trace) instead of "
              "timing a grid; the fit is that of the policy the trace's engine ran")] = None,
+    kv_disk_dir: Annotated[str | None, Opt(
+        help="Also measure this disk KV tier directory's read bandwidth (page cache dropped, "
+             "and warm); the engine predicts tier loads with it")] = None,
     *,
     engine_config: EngineConfig,
 ) -> None:
@@ -80,6 +86,8 @@ def probe(
         f"{dev.tflops:.3f} TFLOPS ({dev.source})\n"
         f"saved to {path}; use `kvledger plan --device local`"
     )
+    if kv_disk_dir is not None:
+        _tier_probe(kv_disk_dir)
     if kernels:
         _kernel_probe(model, threads)
     if steps:
@@ -87,6 +95,22 @@ def probe(
 
         for line in probe_steps(dev, model, threads, steps_from, engine_config):
             print(line)
+
+
+def _tier_probe(directory: str) -> None:
+    from kvledger.engine.kv.tiers import read_probe
+    from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
+    from kvledger.paths import config_dir
+
+    tier_dir = open_tier_dir(directory)  # created, writable and not in use, or refused
+    try:
+        figures = read_probe.measure_read(tier_dir.path)
+    finally:
+        tier_dir.close()
+    path = read_probe.save(tier_dir.path, figures, config_dir())
+    print(f"KV disk tier {directory}: read {figures['cold_bytes_per_s'] / 1e9:.2f} GB/s with the "
+          f"page cache dropped, {figures['warm_bytes_per_s'] / 1e9:.2f} GB/s warm "
+          f"({figures['bytes'] / 1e6:.1f} MB); saved to {path}")
 
 
 def _is_kquant_gguf(spec) -> bool:

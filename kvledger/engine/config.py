@@ -77,6 +77,13 @@ class EngineConfig:
             at the exact shapes of the model's config, which may be a catalogue id such as
             meta-llama/Llama-3.1-8B; refused when they and the KV pool exceed the available
             memory; the bundled tokenizer when the model has none, which the output says).
+        kv_disk_dir: directory of the disk KV tier: full prefix-cache blocks are written there
+            and loaded back when the pool has lost them, also after a restart (created with
+            its parents; one server per directory); None = no disk tier. See docs/kv-tiers.md.
+        kv_disk_gib: most GiB of block files the disk tier keeps (least recently used evicted
+            first); None = 10 with kv_disk_dir.
+        kv_ram_gib: a host-RAM KV tier of this many GiB between the pool and the disk tier
+            (evicted pool blocks kept in memory); None = none.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -111,6 +118,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
     load_format: str = "auto"
+    kv_disk_dir: str | None = None
+    kv_disk_gib: float | None = None
+    kv_ram_gib: float | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -120,7 +130,8 @@ class EngineConfig:
                     "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
                     "num_threads": self.num_threads, "kv_group_size": self.kv_group_size,
                     "tensor_parallel_size": self.tensor_parallel_size,
-                    "tp_timeout_s": self.tp_timeout_s}
+                    "tp_timeout_s": self.tp_timeout_s, "kv_disk_gib": self.kv_disk_gib,
+                    "kv_ram_gib": self.kv_ram_gib}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise InvalidParameterError(f"{name} must be > 0, got {value}")
@@ -139,6 +150,8 @@ class EngineConfig:
         if self.load_format not in LOAD_FORMATS:
             raise InvalidParameterError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
                                         f"got {self.load_format!r}")
+        if self.kv_disk_gib is not None and self.kv_disk_dir is None:
+            raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
 
     @property

@@ -25,6 +25,9 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
+from kvledger.engine.kv.tiers.build import build_link, refuse_unsupported, weights_id_of
+from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
+from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompt_logprobs import take_prompt_logprobs
@@ -183,8 +186,13 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, dtype: torch.dtype, spec, weights, tokenizer) -> None:
         self.tokenizer_note = None
+        self.tiers = None
+        # the disk tier's directory is created, checked and locked before the model loads
+        self._tier_dir = open_tier_dir(config.kv_disk_dir) if config.kv_disk_dir else None
+        weights_id = weights_id_of(config, weights) if tiers_wanted(config) else None
         if spec is None:
             spec, weights, tokenizer = self._load(config, dtype)
+        refuse_unsupported(config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
@@ -202,9 +210,10 @@ class LLMEngine:
         num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
                                  self.kv_layout.reserved_bytes, self.kv_layout.groups)
         self.store = None
+        self.store_outliers = (outlier_index(config, spec, self.kv_layout)
+                               if config.use_kv_cache else None)
         if config.use_kv_cache:
-            self.store = self.kv_layout.build_store(num_blocks, outlier_index(config, spec,
-                                                                              self.kv_layout))
+            self.store = self.kv_layout.build_store(num_blocks, self.store_outliers)
         if self.parallel is None:
             self.runner = ModelRunner(self.model, self.store, config.block_size)
         else:
@@ -217,6 +226,12 @@ class LLMEngine:
         self._check_retention(config.retention)
         if self.store is not None:
             self.scheduler.kv.pool.on_release = store_ops.release
+        if tiers_wanted(config):
+            self.tiers = build_link(
+                config, self._tier_dir, weights_id=weights_id,
+                spec=spec, weight_formats=self.model.weight_formats,
+                fmt_json=self.kv_layout.fmt.to_json(), outliers=self.store_outliers,
+                bytes_per_block=self.bytes_per_block, store=self.store, kv=self.scheduler.kv)
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes,
@@ -348,7 +363,12 @@ class LLMEngine:
         return None if self.parallel is None else self.parallel.failure
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers, if any (also done at interpreter exit)."""
+        """Stop the tensor-parallel workers, if any (also done at interpreter exit); write
+        what the KV tiers have queued and release the disk tier's directory."""
+        if getattr(self, "tiers", None) is not None:
+            self.tiers.chain.close()
+        if getattr(self, "_tier_dir", None) is not None:
+            self._tier_dir.close()
         if self.parallel is not None:
             self.parallel.close()
 
@@ -393,6 +413,8 @@ class LLMEngine:
         m.first_token_time = m.first_token_time or now
         m.last_token_time = now
         m.num_cached_tokens = req.num_cached_tokens
+        m.cached_tokens_by_tier = req.cached_tokens_by_tier
+        m.tier_load_s, m.tier_load_predicted_s = req.tier_load_s, req.tier_load_predicted_s
         m.peak_kv_bytes = req.peak_num_blocks * self.bytes_per_block
         if logprob is not None:
             out.logprobs.append(logprob)
@@ -459,4 +481,6 @@ class LLMEngine:
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
+        if self.tiers is not None:
+            s.update(self.tiers.stats())
         return s

@@ -31,6 +31,9 @@ class RequestMetrics:
     finished_time: float | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    tier_load_s: float = 0.0
+    tier_load_predicted_s: float = 0.0
     peak_kv_bytes: int = 0
 
     @property

@@ -79,6 +79,11 @@ class Request:
             cache (reset when the blocks are freed).
         num_cached_tokens: tokens taken from the prefix cache at the first admission (metrics;
             vLLM's name).
+        tier_blocks: block hash -> name of the KV tier each block loaded for it came from
+            (``engine/kv/tiers/link.py``); cached_tokens_by_tier: its ``num_cached_tokens`` by
+            where they came from (``pool``, ``ram``, ``disk``; empty without KV tiers).
+        tier_load_s, tier_load_predicted_s: seconds its tier loads took, and the ledger's
+            prediction of them (0 when none or unknown).
         num_preemptions: times this request was preempted by recompute.
         num_skips: admission passes that skipped it for lack of free blocks (starvation guard).
         peak_num_blocks: most blocks it held at once (peak KV bytes = this * bytes per block).
@@ -108,6 +113,10 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_hashed_blocks: int = 0
     num_cached_tokens: int = 0
+    tier_blocks: dict = field(default_factory=dict)
+    cached_tokens_by_tier: dict = field(default_factory=dict)
+    tier_load_s: float = 0.0
+    tier_load_predicted_s: float = 0.0
     num_preemptions: int = 0
     num_skips: int = 0
     peak_num_blocks: int = 0

@@ -54,6 +54,7 @@ from collections import deque
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import ONE_TABLE, KVCacheManager
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.tiers.tier import cached_by_tier
 from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.engine.schedule_output import ScheduledChunk, SchedulerOutput
 from kvledger.errors import (
@@ -317,6 +318,9 @@ class Scheduler:
             assert ok, "scheduler bug: admission allocation failed"
             if req.num_preemptions == 0:
                 req.num_cached_tokens = req.num_computed_tokens
+                if self.kv.tiers is not None:
+                    req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks),
+                                                               self.block_size)
             req.num_skips = 0
             self.waiting.remove(req)
             self.running.append(req)

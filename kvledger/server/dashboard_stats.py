@@ -57,7 +57,8 @@ def engine_snapshot(engine: Any) -> dict:
     Returns a JSON-ready dict: ``stats`` (``engine.stats()``), ``pool`` (block counts, bytes per
     block, block size), ``blocks`` (state per block, see the module docstring), ``requests``
     (running first, then waiting, each as :func:`_request_row`) and ``quota_tokens`` (the
-    per-request KV quota, None when unset). An engine without a paged scheduler (a test fake)
+    per-request KV quota, None when unset), ``tiers`` (the KV tiers below the pool: name ->
+    their counters, ``engine/kv/tiers/tier.py``'s TierStats). An engine without a paged scheduler (a test fake)
     gives its stats only.
     """
     stats = dict(engine.stats())
@@ -82,6 +83,7 @@ def engine_snapshot(engine: Any) -> dict:
         "blocks": blocks,
         "requests": [_request_row(s, state, bs, bpb, bpt) for s, state in listed],
         "quota_tokens": scheduler.config.max_kv_tokens_per_request,
+        "tiers": stats.get("kv_tiers", {}),
     }
 
 

@@ -12,7 +12,8 @@ ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
 ``kv_blocks_evictable`` (free counts the evictable ones: at idle free == total, nothing
 leaked),
 counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-admissions after a
-preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``.
+preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``; the KV
+tiers' series (``kv_tier_*{tier}``) in :mod:`.tier_metrics`.
 
 Every metric carries the label ``model_name``, as vLLM's do; with ``--metrics-compat vllm`` the
 ones with a vLLM counterpart are also exposed under vLLM's names (:mod:`.vllm_metrics`). Each server owns its own registry,
@@ -32,6 +33,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from kvledger.server.tier_metrics import TierMetrics
 from kvledger.server.vllm_metrics import vllm_registry
 
 PREFIX = "kvledger:"
@@ -102,6 +104,7 @@ class ServerMetrics:
         self.pool_bytes = self._make(
             Gauge, "kv_pool_bytes", "Bytes of each tensor-parallel rank's KV pool tensors.",
             ["rank"])
+        self.tiers = TierMetrics(self._make)
         self.request_success = self._make(
             Counter, "request_success", "Finished requests by finish reason.", ["finished_reason"]
         )
@@ -135,6 +138,7 @@ class ServerMetrics:
             [stats["kv_pool_bytes"]] if "kv_pool_bytes" in stats else [])
         for rank, nbytes in enumerate(per_rank):
             self.pool_bytes.labels(model_name=self._model, rank=str(rank)).set(nbytes)
+        self.tiers.update(self._model, stats)
         for name, key in STAT_COUNTERS.items():
             value = stats.get(key)
             if value is None:

@@ -46,9 +46,24 @@ def usage(outs: RequestOutput | list[RequestOutput]) -> dict:
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(o.metrics.num_cached_tokens
-                                                       for o in outs)},
+        "prompt_tokens_details": cached_details([o.metrics for o in outs]),
     }
+
+
+def cached_details(metrics: list) -> dict:
+    """``{"cached_tokens": n}``, and when the engine runs KV tiers (docs/kv-tiers.md)
+    ``cached_tokens_by_tier`` (``{"pool", "ram", "disk"}``, summing to it) with the tier loads'
+    measured and predicted seconds (``kv_tier_load_seconds``,
+    ``kv_tier_load_predicted_seconds``; 0 when nothing was loaded or no speed is known)."""
+    out = {"cached_tokens": sum(m.num_cached_tokens for m in metrics)}
+    tiers = [m for m in metrics if m.cached_tokens_by_tier]
+    if tiers:
+        by_tier = [m.cached_tokens_by_tier for m in tiers]
+        out["cached_tokens_by_tier"] = {k: sum(t[k] for t in by_tier) for k in by_tier[0]}
+        out["kv_tier_load_seconds"] = round(sum(m.tier_load_s for m in tiers), 6)
+        out["kv_tier_load_predicted_seconds"] = round(
+            sum(m.tier_load_predicted_s for m in tiers), 6)
+    return out
 
 
 def merge_choices(bodies: list[dict]) -> dict:
@@ -63,8 +78,15 @@ def merge_choices(bodies: list[dict]) -> dict:
 def _sum_usage(usages: list[dict]) -> dict:
     total = {key: sum(u[key] for u in usages)
              for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
-    total["prompt_tokens_details"] = {"cached_tokens": sum(
-        u["prompt_tokens_details"]["cached_tokens"] for u in usages)}
+    details = [u["prompt_tokens_details"] for u in usages]
+    total["prompt_tokens_details"] = {"cached_tokens": sum(d["cached_tokens"] for d in details)}
+    tiers = [d for d in details if "cached_tokens_by_tier" in d]
+    if tiers:
+        summed = total["prompt_tokens_details"]
+        summed["cached_tokens_by_tier"] = {k: sum(d["cached_tokens_by_tier"][k] for d in tiers)
+                                           for k in tiers[0]["cached_tokens_by_tier"]}
+        for key in ("kv_tier_load_seconds", "kv_tier_load_predicted_seconds"):
+            summed[key] = round(sum(d[key] for d in tiers), 6)
     return total
 
 

@@ -37,6 +37,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.server.api_fields import RESPONSES_UNSUPPORTED, Neutral
 from kvledger.server.protocol import PositiveInt, _SamplingBody
 from kvledger.server.protocol_types import Text, _Part
+from kvledger.server.responses import cached_details
 from kvledger.server.responses_items import StreamedItems, output_items
 from kvledger.server.structured_protocol import (
     FlatFunctionTool,
@@ -161,7 +162,7 @@ def usage(out: RequestOutput) -> dict:
     """Responses API ``usage`` (tokens) with the prefix-cache hits as ``cached_tokens``."""
     prompt, output = len(out.prompt_token_ids), len(out.token_ids)
     return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens},
+            "input_tokens_details": cached_details([out.metrics]),
             "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + output}
 

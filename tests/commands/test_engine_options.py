@@ -46,6 +46,9 @@ NON_DEFAULT = {
     "tensor_parallel_size": (3, ["-tp", "3"]),
     "tp_timeout_s": (5.0, ["--tp-timeout-s", "5"]),
     "load_format": ("dummy", ["--load-format", "dummy"]),
+    "kv_disk_dir": ("kv-dir", ["--kv-disk-dir", "kv-dir"]),
+    "kv_disk_gib": (2.0, ["--kv-disk-gib", "2"]),
+    "kv_ram_gib": (0.5, ["--kv-ram-gib", "0.5"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 
@@ -103,3 +106,18 @@ def test_bad_values_are_one_line_errors(seen):
     result = CliRunner().invoke(app, ["generate", "hi", "--long-kv-share", "1.5"])
     assert result.exit_code == 2 and "long_kv_share must be in (0, 1]" in result.output
     assert seen == []
+
+
+def test_an_unwritable_kv_disk_dir_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from kvledger.model.weights import loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(loader, "load_weights", no_load)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = CliRunner().invoke(app, ["generate", "hi", "--kv-disk-dir", str(blocker / "kv")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"error: --kv-disk-dir {blocker / 'kv'}: cannot create or write it (Not a directory)"]

@@ -54,6 +54,7 @@ class KVCacheManager:
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
         self.pool = BlockPool(num_blocks)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching, groups)
+        self.tiers = None  # a TierLink (engine/kv/tiers/link.py) when KV tiers are on
 
     def _required_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -72,6 +73,10 @@ class KVCacheManager:
         limit = req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
         req.missed_hit_tokens = missed * self.block_size
+        if self.tiers is not None and self.prefix.enabled:  # one group: tiers refuse more
+            most = min((req.num_tokens - 1) // self.block_size, limit)
+            if len(hits[0]) < most:
+                hits = [self.tiers.extend(req, hits[0], most)]  # continues into the KV tiers
         return hits
 
     def blocks_needed(

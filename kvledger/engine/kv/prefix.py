@@ -80,6 +80,9 @@ class PrefixCache:
         self.hit_tokens = 0
         self.requeried_tokens = 0
         self.rehit_tokens = 0
+        # called with (block id, hash, key) when a block enters the cache (a KV tier's
+        # write-through: engine/kv/tiers/link.py); None = nothing
+        self.on_cached = None
 
     def _key(self, req: Request, index: int) -> tuple:
         """Hash key of full block ``index`` of ``req`` (needs the parent's hash)."""
@@ -185,6 +188,9 @@ class PrefixCache:
         for i in range(num_done, num_full):
             block_hash, key = self.block_hash(req, i)
             for g, table in enumerate(req.block_tables):
-                if table[i] != NULL_BLOCK:
-                    self.pool.cache_block(table[i], self._pool_key(g, block_hash), key)
+                if table[i] == NULL_BLOCK:
+                    continue
+                cached = self.pool.cache_block(table[i], self._pool_key(g, block_hash), key)
+                if cached and self.on_cached is not None:  # tiers run on one-group layouts
+                    self.on_cached(table[i], block_hash, key)
         return num_full

@@ -102,6 +102,15 @@
       $("kv-usage-sub").textContent = `${pool.blocks_in_use} / ${pool.blocks_total} blocks · ` +
         `${KV.bytes(pool.blocks_total * pool.bytes_per_block)} pool`;
     }
+    const tiers = Object.entries(snap.tiers || {});
+    $("tier-card").hidden = tiers.length === 0;
+    if (tiers.length) {
+      $("tier-value").textContent = tiers.map(([n, t]) => `${n} ${KV.bytes(t.bytes_held)}`)
+        .join(" · ");
+      $("tier-sub").textContent = tiers.map(([n, t]) =>
+        `${n}: ${t.hits} hits, ${t.corrupt_files} corrupt${t.disabled ? ", OFF" : ""}`)
+        .join(" · ") + ` · ${s.kv_tier_dropped_writes || 0} dropped writes`;
+    }
     $("num-running").textContent = s.num_running;
     $("num-waiting").textContent = s.num_waiting;
     const gen = snap.counters.generation_tokens || 0;

@@ -1,0 +1,120 @@
+"""TierLink: the pool's prefix cache continued into the tier chain, and its write-through.
+
+``extend``: where a request's prefix lookup stops in the pool, the following blocks are looked
+up in the tiers' indexes; if the ledger predicts loading them is faster than prefilling their
+tokens (:class:`LoadPolicy`), they are read, copied into freshly allocated pool blocks and
+cached there, then freed as *evictable*, so the scheduler's usual hit path takes them (the
+admission rule and the pool size do not change). The blocks already hit are pinned meanwhile so
+the allocation cannot evict them. Each loaded block's tier is remembered on the request
+(``Request.tier_blocks``) for ``cached_tokens_by_tier``. ``write_through``: a block entering the
+prefix cache is copied out and offered to the chain's writer, unless every tier has it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from kvledger.engine.kv.pool import BlockPool
+from kvledger.engine.kv.prefix import PrefixCache
+from kvledger.engine.kv.tiers.chain import TierChain
+from kvledger.engine.kv.tiers.payload import read_block, write_blocks
+from kvledger.engine.request import Request
+
+
+@dataclass(frozen=True)
+class LoadPolicy:
+    """Load or recompute, from measured speeds (``kvledger probe``); a speed left None
+    cannot be predicted, and then blocks are always loaded.
+
+    Attributes:
+        read_bytes_per_s: the tier's read bandwidth (bytes of block files per second).
+        prefill_tokens_per_s: the engine's prefill speed.
+    """
+
+    read_bytes_per_s: float | None = None
+    prefill_tokens_per_s: float | None = None
+
+    def predict(self, num_bytes: int, num_tokens: int) -> tuple[float | None, float | None]:
+        """(predicted load seconds, predicted prefill seconds), None where unknown."""
+        load = None if not self.read_bytes_per_s else num_bytes / self.read_bytes_per_s
+        prefill = (None if not self.prefill_tokens_per_s
+                   else num_tokens / self.prefill_tokens_per_s)
+        return load, prefill
+
+    def loads(self, num_bytes: int, num_tokens: int) -> bool:
+        load, prefill = self.predict(num_bytes, num_tokens)
+        return load is None or prefill is None or load < prefill
+
+
+class TierLink:
+    """Joins one pool, its prefix cache and its KV store to a tier chain.
+
+    Args:
+        chain: the tiers.
+        pool, prefix, store: the engine's block pool, prefix cache and KV store.
+        block_size: tokens per block.
+        policy: load or recompute.
+        payload_bytes: bytes of one block's payload.
+    """
+
+    def __init__(self, chain: TierChain, pool: BlockPool, prefix: PrefixCache, store,
+                 block_size: int, policy: LoadPolicy, payload_bytes: int) -> None:
+        self.chain, self.pool, self.prefix, self.store = chain, pool, prefix, store
+        self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
+        self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
+        prefix.on_cached = self.write_through
+
+    def stats(self) -> dict:
+        """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's
+        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes`` and ``kv_tier_recomputed_blocks``
+        (found in a tier, recomputed because the ledger predicted loading slower)."""
+        return {"kv_tiers": {t.name: asdict(t.stats) for t in self.chain.tiers},
+                "kv_tier_dropped_writes": self.chain.dropped_writes,
+                "kv_tier_offered_writes": self.chain.offered_writes,
+                "kv_tier_recomputed_blocks": self.recomputed_blocks}
+
+    def write_through(self, block_id: int, block_hash: bytes, key: tuple) -> None:
+        if self.chain.wants(block_hash, key):
+            self.chain.offer(block_hash, key, read_block(self.store, block_id))
+
+    def extend(self, req: Request, hits: list[int], limit: int) -> list[int]:
+        """``hits`` (pool block ids of ``req``'s prefix) followed by the blocks loaded from the
+        tiers, at most ``limit`` in all."""
+        found = []
+        for i in range(len(hits), limit):
+            block_hash, key = self.prefix.block_hash(req, i)
+            tier = self.chain.find(block_hash, key)
+            if tier is None:
+                break
+            found.append((block_hash, key, tier))
+        if not found:
+            return hits
+        found = found[:self.pool.num_free - sum(map(self.pool.is_free, hits))]
+        num_bytes = len(found) * self.payload_bytes
+        predicted, _ = self.policy.predict(num_bytes, len(found) * self.block_size)
+        if not found or not self.policy.loads(num_bytes, len(found) * self.block_size):
+            self.recomputed_blocks += len(found)
+            return hits
+        start = time.perf_counter()
+        self.pool.touch(hits)  # pinned: the allocation below must not evict them
+        fresh = self.pool.allocate(len(found))
+        payloads = []
+        for block_hash, key, tier in found:
+            payload = self.chain.load(tier, block_hash, key)
+            if payload is None:
+                break
+            payloads.append(payload)
+        write_blocks(self.store, fresh[:len(payloads)], payloads)
+        loaded = []
+        for block_id, (block_hash, key, tier) in zip(fresh[:len(payloads)], found):
+            if not self.pool.cache_block(block_id, block_hash, key):
+                break
+            req.tier_blocks[block_hash] = tier.name
+            loaded.append(block_id)
+        self.pool.free(reversed(fresh))  # loaded blocks stay cached (evictable)
+        self.pool.free(reversed(hits))
+        req.tier_load_s += time.perf_counter() - start
+        if predicted is not None:
+            req.tier_load_predicted_s += predicted
+        return hits + loaded

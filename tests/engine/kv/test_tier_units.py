@@ -1,0 +1,177 @@
+"""The KV tiers' parts alone: the block file's checks, the disk tier's LRU within its size and
+its start-up index, the writer queue that drops instead of waiting, the directory refusals and
+the layouts the tiers refuse."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from kvledger.data import config_path
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.kv.prefix import block_hash_key, hash_block_key
+from kvledger.engine.kv.tiers import block_file
+from kvledger.engine.kv.tiers.build import refuse_unsupported
+from kvledger.engine.kv.tiers.chain import TierChain
+from kvledger.engine.kv.tiers.disk import DiskTier
+from kvledger.engine.kv.tiers.ram import RAMTier
+from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
+from kvledger.errors import InvalidParameterError
+from kvledger.spec import load_spec
+
+FP = "ab" * 32
+PAYLOAD = 1000
+
+
+def block(i: int, salt: str | None = None):
+    key = block_hash_key(None, [i] * 16, (salt,) if salt else ())
+    return hash_block_key(key), key, bytes([i % 256]) * PAYLOAD
+
+
+def disk_tier(path, capacity_blocks: float) -> DiskTier:
+    file_bytes = len(block_file.encode(FP, *block(0)))  # +- a few digits of the CRC
+    return DiskTier(path, FP, int(capacity_blocks * file_bytes), PAYLOAD)
+
+
+def test_block_file_round_trip_and_each_check():
+    h, key, payload = block(1, salt="tenant-a")
+    data = block_file.encode(FP, h, key, payload)
+    header = block_file.parse_header(data, FP)
+    assert (header.block_hash, header.key) == (h, key)
+    assert bytes(block_file.check_payload(data, header, PAYLOAD)) == payload
+    with pytest.raises(block_file.BlockFileError, match="fingerprint"):
+        block_file.parse_header(data, "cd" * 32)
+    with pytest.raises(block_file.BlockFileError, match="checksum"):
+        bad = bytearray(data)
+        bad[-1] ^= 1
+        block_file.check_payload(bytes(bad), header, PAYLOAD)
+    with pytest.raises(block_file.BlockFileError, match="file of"):
+        block_file.check_payload(data[:-1], header, PAYLOAD)
+    with pytest.raises(block_file.BlockFileError, match="a block holds"):
+        block_file.check_payload(data, header, PAYLOAD + 1)
+    forged = data.replace(b'"tenant-a"', b'"tenant-b"')  # another salt, same hash
+    with pytest.raises(block_file.BlockFileError, match="does not hash"):
+        block_file.parse_header(forged, FP)
+    with pytest.raises(block_file.BlockFileError, match="not a kvledger"):
+        block_file.parse_header(b"x" * 64, FP)
+
+
+def test_disk_tier_evicts_least_recently_used_within_its_size(tmp_path):
+    tier = disk_tier(tmp_path, 3.5)
+    for i in range(3):
+        tier.put(*block(i))
+    assert tier.get(*block(0)[:2]) is not None  # 0 is now the most recent
+    tier.put(*block(3))  # evicts 1, the least recently used
+    held = [i for i in range(4) if tier.contains(*block(i)[:2])]
+    assert held == [0, 2, 3]
+    assert len(list(tmp_path.rglob("*.kv"))) == 3
+    assert tier.stats.bytes_held <= tier.stats.capacity_bytes
+
+
+def test_start_up_rebuilds_the_index_from_headers_in_lru_order(tmp_path):
+    tier = disk_tier(tmp_path, 3.5)
+    for i in range(3):
+        tier.put(*block(i))
+    tier.get(*block(0)[:2])  # touches the file: most recent, also after a restart
+    stale = tier.path(block(9)[0]).with_name("left.kv.tmp123")
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b"half a write")
+    again = disk_tier(tmp_path, 3.5)
+    assert all(again.contains(*block(i)[:2]) for i in range(3))
+    assert not stale.exists()
+    assert bytes(again.get(*block(2)[:2])) == block(2)[2]
+    again.put(*block(4))  # evicts 1, not 0
+    assert not again.contains(*block(1)[:2]) and again.contains(*block(0)[:2])
+
+
+def test_a_file_under_another_blocks_name_is_dropped_at_start(tmp_path):
+    tier = disk_tier(tmp_path, 4)
+    tier.put(*block(1))
+    tier.put(*block(2))
+    os.replace(tier.path(block(1)[0]), tier.path(block(2)[0]))
+    again = disk_tier(tmp_path, 4)
+    assert again.stats.corrupt_files == 1 and again.stats.blocks == 0
+
+
+class SlowTier(RAMTier):
+    def __init__(self):
+        super().__init__(1 << 30)
+        self.gate = threading.Event()
+
+    def put(self, *args):
+        self.gate.wait()
+        super().put(*args)
+
+
+def test_a_full_write_queue_drops_and_counts_instead_of_waiting():
+    slow = SlowTier()
+    chain = TierChain([slow], queue_bytes=3 * PAYLOAD)
+    results = [chain.offer(*block(i)) for i in range(10)]
+    # bytes count as queued until written: the writer holds block 0 in the gated put
+    assert results == [True] * 3 + [False] * 7 and chain.dropped_writes == 7
+    slow.gate.set()
+    chain.flush()
+    assert slow.stats.blocks == 10 - chain.dropped_writes
+    chain.close()
+
+
+def test_directory_is_created_and_an_unwritable_one_refused(tmp_path):
+    made = open_tier_dir(str(tmp_path / "x" / "y"))
+    assert (tmp_path / "x" / "y" / "lock").read_text().strip() == str(os.getpid())
+    made.close()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(InvalidParameterError, match="cannot create or write"):
+        open_tier_dir(str(blocker / "sub"))
+    if os.geteuid() != 0:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(InvalidParameterError, match="cannot"):
+            open_tier_dir(str(ro))
+
+
+def test_second_holder_of_a_directory_is_refused_and_the_lock_freed_on_close(tmp_path):
+    first = open_tier_dir(str(tmp_path))
+    with pytest.raises(InvalidParameterError, match=f"pid {os.getpid()}"):
+        open_tier_dir(str(tmp_path))
+    first.close()
+    open_tier_dir(str(tmp_path)).close()
+
+
+@pytest.mark.parametrize("name", ["google__gemma-2-9b", "google__gemma-3-1b-it",
+                                  "microsoft__Phi-3.5-mini-instruct"])
+def test_sliding_window_layouts_are_refused_by_name(name, tmp_path):
+    spec = load_spec(config_path(name))
+    with pytest.raises(InvalidParameterError, match=spec.model_type):
+        refuse_unsupported(EngineConfig(kv_disk_dir=str(tmp_path)), spec)
+    refuse_unsupported(EngineConfig(), spec)  # no tier, no refusal
+
+
+def test_full_attention_layout_is_accepted_and_tp_refused(tmp_path):
+    spec = load_spec(config_path("HuggingFaceTB__SmolLM2-135M"))
+    refuse_unsupported(EngineConfig(kv_disk_dir=str(tmp_path)), spec)
+    with pytest.raises(InvalidParameterError, match="tensor parallelism"):
+        refuse_unsupported(EngineConfig(kv_disk_dir=str(tmp_path), tensor_parallel_size=2),
+                           spec)
+    with pytest.raises(InvalidParameterError, match="needs kv_disk_dir"):
+        EngineConfig(kv_disk_gib=1)
+
+
+def test_read_probe_measures_saves_and_feeds_the_prediction(tmp_path):
+    from kvledger.engine.kv.tiers import read_probe
+    from kvledger.engine.kv.tiers.link import LoadPolicy
+
+    figures = read_probe.measure_read(tmp_path / "tier", files=4, file_bytes=4096)
+    assert figures["bytes"] == 4 * 4096
+    assert figures["cold_bytes_per_s"] > 0 and figures["warm_bytes_per_s"] > 0
+    assert list((tmp_path / "tier").iterdir()) == []  # the scratch files are gone
+    read_probe.save(tmp_path / "tier", figures, tmp_path / "config")
+    speed = read_probe.saved_cold_bytes_per_s(tmp_path / "tier", tmp_path / "config")
+    assert speed == figures["cold_bytes_per_s"]
+    assert read_probe.saved_cold_bytes_per_s(tmp_path / "other", tmp_path / "config") is None
+    policy = LoadPolicy(read_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
+    assert policy.predict(2_000_000, 32) == (0.002, 0.032)
+    assert policy.loads(2_000_000, 32) and not policy.loads(2_000_000_000, 32)
+    assert LoadPolicy().loads(10**12, 1)  # no speeds known: always load
