@@ -319,7 +319,7 @@ class Scheduler:
             if req.num_preemptions == 0:
                 req.num_cached_tokens = req.num_computed_tokens
                 if self.kv.tiers is not None:
-                    req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks),
+                    req.cached_tokens_by_tier = cached_by_tier(req, len(hit_blocks[0]),
                                                                self.block_size)
             req.num_skips = 0
             self.waiting.remove(req)
