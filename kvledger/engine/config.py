@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
-from kvledger.ledger.kv_format import KEY_QUANT_MODES, KVFormatSpec
+from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
@@ -65,6 +65,9 @@ class EngineConfig:
             KIVI) or per-token (groups along head_dim, as values).
         kv_outlier_channels: key channels per layer and KV head kept in fp16 beside the
             quantized rest (quantized formats; chosen by the calibration).
+        kv_rotation: none, or hadamard: quantized K and V rows rotated by a Hadamard matrix
+            before quantization, queries and the attention output by the same (the bytes are
+            unchanged; docs/kv-formats.md).
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
         tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
@@ -107,6 +110,7 @@ class EngineConfig:
     kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
     kv_outlier_channels: int = 0
+    kv_rotation: str = "none"
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
@@ -130,6 +134,9 @@ class EngineConfig:
         if self.kv_key_quant not in KEY_QUANT_MODES:
             raise InvalidParameterError(f"kv_key_quant must be one of "
                                         f"{', '.join(KEY_QUANT_MODES)}, got {self.kv_key_quant!r}")
+        if self.kv_rotation not in ROTATIONS:
+            raise InvalidParameterError(f"kv_rotation must be one of {', '.join(ROTATIONS)}, "
+                                        f"got {self.kv_rotation!r}")
         if self.kv_outlier_channels < 0:
             raise InvalidParameterError(
                 f"kv_outlier_channels must be >= 0, got {self.kv_outlier_channels}")
@@ -152,4 +159,5 @@ class EngineConfig:
         the activations' format)."""
         return KVFormatSpec.from_options(self.kv_cache_dtype, compute_format or self.dtype,
                                          self.kv_group_size, self.kv_key_quant,
-                                         self.kv_outlier_channels)
+                                         self.kv_outlier_channels,
+                                         rotation=self.kv_rotation)

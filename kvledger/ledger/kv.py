@@ -74,9 +74,12 @@ def vector_bytes(length: int, fmt: KVFormatSpec) -> int:
     ``fmt.group_size`` along it (None = the whole vector), ``fmt.outlier_frac`` of it in fp16.
 
     Raises:
-        InvalidParameterError: bad group size or outlier fraction.
+        InvalidParameterError: bad group size or outlier fraction; a rotation.
     """
     f, group_size, outlier_frac = fmt.storage, fmt.group_size, fmt.outlier_frac
+    if fmt.rotation != "none":
+        raise InvalidParameterError(f"--kv-rotation {fmt.rotation} is not supported on MLA "
+                                    "layers (untested there)")
     if group_size is not None and group_size <= 0:
         raise InvalidParameterError(f"--kv-group-size must be positive, got {group_size}")
     if not 0.0 <= outlier_frac < 1.0:

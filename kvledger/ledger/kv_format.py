@@ -26,7 +26,7 @@ from kvledger.errors import InvalidParameterError
 
 KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 KEY_QUANT_MODES = ("per-channel", "per-token")
-ROTATIONS = ("none",)
+ROTATIONS = ("none", "hadamard")
 DEFAULT_GROUP_SIZE = 32
 FP16_BYTES = 2
 FP32_BYTES = 4
@@ -108,10 +108,13 @@ class KVFormatSpec:
             fraction of the latent).
         residual_tokens: most recent tokens of a running sequence kept at full precision by a
             quantized format, a multiple of the block size; None = one block.
-        rotation: ``none`` (the only one for now).
+        rotation: ``none`` or ``hadamard`` (quantized formats: K and V rows rotated by an
+            orthogonal matrix before quantization, ``engine/kv/rotation.py``); the bytes are
+            the same either way.
 
     Raises:
-        InvalidParameterError: an unknown name, key mode or rotation.
+        InvalidParameterError: an unknown name, key mode or rotation; a rotation of a
+            full-precision format.
     """
 
     name: str = "bf16"
@@ -129,18 +132,23 @@ class KVFormatSpec:
                                         f"{', '.join(KEY_QUANT_MODES)}, got {self.key_quant!r}")
         if self.rotation not in ROTATIONS:
             raise InvalidParameterError(
-                f"KV rotation {self.rotation!r} is not supported; only {', '.join(ROTATIONS)}")
+                f"--kv-rotation must be one of {', '.join(ROTATIONS)}, got {self.rotation!r}")
+        if self.rotation != "none" and not self.quantized:
+            raise InvalidParameterError(f"--kv-rotation {self.rotation} applies to quantized KV "
+                                        f"formats, not {self.name}")
 
     @classmethod
     def from_options(cls, kv_cache_dtype: str, compute_format: str = "bf16",
                      group_size: int | None = None, key_quant: str = "per-channel",
                      outlier_channels: int | None = None, outlier_frac: float = 0.0,
-                     residual_tokens: int | None = None) -> KVFormatSpec:
+                     residual_tokens: int | None = None, rotation: str = "none"
+                     ) -> KVFormatSpec:
         """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
         format, bf16 or fp32); every other option as given. The one place the engine
         (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
         name = compute_format if kv_cache_dtype == "auto" else kv_cache_dtype
-        return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens)
+        return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens,
+                   rotation)
 
     @property
     def quantized(self) -> bool:
@@ -157,7 +165,7 @@ class KVFormatSpec:
         (the planner's what-if rows)."""
         if kv_format(name).quantized:
             return replace(self, name=name)
-        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0)
+        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0, rotation="none")
 
     def outlier_count(self, head_dim: int) -> int:
         """Key channels kept in fp16 per layer and KV head of ``head_dim`` channels.

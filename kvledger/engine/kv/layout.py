@@ -84,6 +84,8 @@ class KVLayout:
             parts = [f"keys {f.key_quant}", f"values per-token groups of {f.group_size}"]
         if f.outlier_channels:
             parts.append(f"{f.outlier_channels} fp16 outlier key channels")
+        if f.rotation != "none":
+            parts.append(f"{f.rotation}-rotated")
         parts.append(f"residual block {compute}")
         return f"{f.name} ({', '.join(parts)})"
 
@@ -99,6 +101,7 @@ class KVLayout:
                            STORAGE_DTYPES[f.name], self.compute_dtype)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
+        from kvledger.engine.kv.rotation import rotation_matrix
 
         if outlier_index is not None and self.tp > 1:
             from kvledger.engine.parallel.shard import kv_head_range
@@ -108,7 +111,8 @@ class KVLayout:
         keys, values = make_codecs(f.name, self.block_size, heads, s.head_dim,
                                    f.group_size or s.head_dim, f.key_quant, outlier_index)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                                f.name, keys, values, self.compute_dtype, self.residual_slots)
+                                f.name, keys, values, self.compute_dtype, self.residual_slots,
+                                rotation=rotation_matrix(f.rotation, s.head_dim))
 
 
 def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
@@ -133,10 +137,15 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     ``compute_dtype``).
 
     Raises:
-        InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim.
+        InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim; a
+            rotation of a head size without a power-of-two divisor >= 8.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
     layout = KVLayout(spec, resolve_format(fmt, spec.head_dim), compute_dtype,
                       config.block_size, config.max_num_seqs, config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)
+    if fmt.rotation != "none":
+        from kvledger.engine.kv.rotation import rotation_matrix
+
+        rotation_matrix(fmt.rotation, spec.head_dim)  # refuses a head size it cannot rotate
     return layout

@@ -32,8 +32,32 @@ struct KVSide {
     const uint16_t* outliers;  // fp16 bits [blocks, bs, kv_heads, num_outliers], or null
     const int64_t* outlier_channels;  // [kv_heads, num_outliers]
     const void* residual;      // compute dtype [slots, bs, kv_heads, head_dim]
+    const float* rotation;     // [head_dim, head_dim] R the rows are stored rotated by (x R),
+                               // or null (kvledger.engine.kv.rotation)
     int32_t kind, group, num_outliers;
 };
+
+// x[0..D) <- x R (transpose: x R^T), R [D, D] row-major, in fp32: a query into the basis of
+// rotated keys, or an output of rotated values back (R orthogonal).
+inline void rotate_row(float* x, const float* R, int D, bool transpose) {
+    alignas(64) float y[kMaxDim] = {};
+    if (transpose) {
+        for (int d = 0; d < D; ++d) {
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < D; ++i) sum += x[i] * R[static_cast<int64_t>(d) * D + i];
+            y[d] = sum;
+        }
+    } else {
+        for (int i = 0; i < D; ++i) {
+            const float xi = x[i];
+            const float* r = R + static_cast<int64_t>(i) * D;
+#pragma omp simd
+            for (int d = 0; d < D; ++d) y[d] += xi * r[d];
+        }
+    }
+    std::memcpy(x, y, sizeof(float) * D);
+}
 
 // fp16 bits -> fp32 (exact, subnormals included).
 inline float half_to_float(uint16_t h) {
