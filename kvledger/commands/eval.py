@@ -57,21 +57,28 @@ def _print_perplexity(r, compute: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    base = "" if r.ppl_base is None else f" · KLD base: {r.base_kv_format} KV, {compute} compute"
+    console = Console()
     table = Table(title=f"perplexity · {r.text} · context {r.context}, stride {r.stride}"
-                        f" · KV {r.kv_policy}{base}")
+                        f" · KV {r.kv_policy}")
     for col in ("KV format", "chunks", "tokens scored", "PPL"):
         table.add_column(col, justify="right")
     row = [r.kv_format, str(r.chunks), str(r.tokens_scored), f"{r.ppl:.4f}"]
     if r.ppl_base is not None:
-        for col in (f"PPL ({r.base_kv_format})", "ΔPPL", "mean KLD", "max KLD", "99.9 % KLD",
-                    "99.0 % KLD", "median KLD", "same top-1"):
+        for col in (f"PPL ({r.base_kv_format})", "ΔPPL", "same top-1"):
             table.add_column(col, justify="right")
-        row += [f"{r.ppl_base:.4f}", f"{r.delta_ppl_pct:+.3f} %"]
-        row += [f"{x:.6f}" for x in (r.kld_mean, r.kld_max, r.kld_p999, r.kld_p99, r.kld_median)]
-        row.append(f"{100 * r.top1_agreement:.2f} %")
+        row += [f"{r.ppl_base:.4f}", f"{r.delta_ppl_pct:+.3f} %",
+                f"{100 * r.top1_agreement:.2f} %"]
     table.add_row(*row)
-    Console().print(table)
+    console.print(table)
+    if r.ppl_base is None:
+        return
+    kld = Table(title=f"KL divergence (nats) against the base: {r.base_kv_format} KV, "
+                      f"{compute} compute")
+    for col in ("mean", "max", "99.9 %", "99.0 %", "median"):
+        kld.add_column(col, justify="right")
+    kld.add_row(*(f"{x:.6f}" for x in (r.kld_mean, r.kld_max, r.kld_p999, r.kld_p99,
+                                       r.kld_median)))
+    console.print(kld)
 
 
 @engine_options()

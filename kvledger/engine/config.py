@@ -9,7 +9,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int3", "int2")
 LOAD_FORMATS = ("auto", "dummy")
 
 
@@ -58,7 +58,7 @@ class EngineConfig:
             bounded; the default) or prompt (once, when the prompt is prefilled, then every
             later token is kept: kvpress's shape, like snapkv); None = always.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
-            or the opt-in quantized fp8, int8, int4.
+            or the opt-in quantized fp8, int8, int4, int3, int2.
         kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
             head_dim, dividing it; None = 32, or head_dim when 32 does not divide it.
         kv_key_quant: int8/int4 keys: per-channel (a scale per channel over a block's tokens,

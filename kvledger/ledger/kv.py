@@ -36,6 +36,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import (
     FP16_BYTES,
     FP32_BYTES,
+    PACK_CHANNELS,
     KVFormatSpec,
     resolve_group_size,
 )
@@ -57,8 +58,10 @@ def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int
             raise InvalidParameterError(
                 f"outlier channels apply to quantized KV formats (fp8, int8, int4), not {f.name}")
         return 2 * block_size * head_dim * f.bits // 8
-    if f.bits == 4 and head_dim % 2:
-        raise InvalidParameterError(f"int4 KV needs an even head_dim, got {head_dim}")
+    unit = PACK_CHANNELS.get(f.bits, 1)
+    if head_dim % unit:
+        raise InvalidParameterError(
+            f"{f.name} KV needs a head_dim that is a multiple of {unit}, got {head_dim}")
     codes = block_size * head_dim * f.bits // 8
     if f.name == "fp8":
         meta_k = meta_v = FP32_BYTES

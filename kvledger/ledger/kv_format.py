@@ -5,8 +5,10 @@ The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.
 
   fp32 / fp16 / bf16   4 / 2 / 2 bytes per element, no metadata
   fp8 (e4m3)           1 byte per element + one fp32 scale per block and KV head, for K and V
-  int8 / int4          8 / 4 bits per element (int4: two per byte) + an fp16 scale and an fp16
-                       zero point per group (asymmetric). Values: groups of ``group_size``
+  int8 / int4 / int3 / int2
+                       8 / 4 / 3 / 2 bits per element (int4: two per byte, int2: four, int3:
+                       eight in three bytes) + an fp16 scale and an fp16 zero point per
+                       group (asymmetric). Values: groups of ``group_size``
                        along head_dim, per token. Keys ``per-channel`` (default, KIVI): one
                        group per channel over the block's tokens; or ``per-token`` like values.
   outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
@@ -24,7 +26,12 @@ from dataclasses import asdict, dataclass, replace
 
 from kvledger.errors import InvalidParameterError
 
-KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "int3", "int2")
+INT_FORMATS = ("int8", "int4", "int3", "int2")
+"""The asymmetric integer formats (codes, scale and zero point per group)."""
+PACK_CHANNELS = {8: 1, 4: 2, 3: 8, 2: 4}
+"""Channels of an integer format packed together (a byte; int3: three bytes), by bits: its
+head_dim must be a multiple."""
 KEY_QUANT_MODES = ("per-channel", "per-token")
 ROTATIONS = ("none", "hadamard")
 DEFAULT_GROUP_SIZE = 32
@@ -49,7 +56,7 @@ class KVFormat:
 
     @property
     def quantized(self) -> bool:
-        """True for the formats below 16 bits (fp8, int8, int4)."""
+        """True for the formats below 16 bits (fp8 and the integer formats)."""
         return self.bits < 16
 
 
@@ -60,6 +67,8 @@ _FORMATS = {
     "fp8": KVFormat("fp8", 8, 0),
     "int8": KVFormat("int8", 8, 2 * FP16_BYTES),
     "int4": KVFormat("int4", 4, 2 * FP16_BYTES),
+    "int3": KVFormat("int3", 3, 2 * FP16_BYTES),
+    "int2": KVFormat("int2", 2, 2 * FP16_BYTES),
 }
 
 

@@ -151,6 +151,10 @@ class KVSide(ctypes.Structure):
                 ("num_outliers", ctypes.c_int32)]
 
 
+INT_KINDS = {8: 8, 4: 4, 3: 7, 2: 2}
+"""KVSide.kind of an integer codec, by bits (``Kind`` in ``paged_quantized.h``; 3 is e4m3's)."""
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -168,8 +172,8 @@ def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor,
         channels, codec = codec.channels.contiguous(), codec.inner
     if isinstance(codec, Fp8Codec):
         kind, group = 3, 0
-    elif isinstance(codec, IntCodec) and codec.bits in (4, 8):
-        kind, group = codec.bits, 0 if codec.axis == "per-channel" else codec.group
+    elif isinstance(codec, IntCodec):
+        kind, group = INT_KINDS[codec.bits], 0 if codec.axis == "per-channel" else codec.group
     else:
         return None
     if rotation is not None and rotation.dtype != torch.float32:

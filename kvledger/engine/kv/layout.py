@@ -21,7 +21,7 @@ from kvledger.ledger.kv import (
     kv_heads_per_rank,
     residual_bytes,
 )
-from kvledger.ledger.kv_format import KVFormatSpec, resolve_group_size
+from kvledger.ledger.kv_format import INT_FORMATS, KVFormatSpec, resolve_group_size
 from kvledger.spec import ModelSpec
 
 
@@ -127,7 +127,7 @@ def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
         raise InvalidParameterError(f"--kv-outlier-channels applies to quantized KV formats "
                                     f"(fp8, int8, int4), not {fmt.name}")
     group = None
-    if fmt.name in ("int8", "int4"):
+    if fmt.name in INT_FORMATS:
         group = resolve_group_size(fmt.group_size, head_dim)
     return replace(fmt, group_size=group, outlier_channels=fmt.outlier_count(head_dim))
 

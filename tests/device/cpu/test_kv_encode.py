@@ -32,7 +32,7 @@ def _empty_parts(codec, blocks):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 3, 2])
 @pytest.mark.parametrize("axis,group", [("per-channel", 32), ("per-token", 32),
                                         ("per-token", 16)])
 @pytest.mark.parametrize("outliers", [0, 3])
@@ -62,7 +62,7 @@ def test_native_encoder_declines_fp8():
     assert not any(t.any() for t in parts.values())
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int3", "int2"])
 @pytest.mark.parametrize("rotated", [False, True])
 def test_the_store_holds_the_same_pool_with_and_without_the_native_encoder(fmt, rotated):
     """Prefill chunks and decode steps of three sequences (blocks filling at different steps),

@@ -21,9 +21,10 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.ledger.kv_format import KVFormatSpec
 
-FORMATS = ["int8", "int4", "fp8"]
+FORMATS = ["int8", "int4", "int3", "int2", "fp8"]
 # int4 on every run, the other formats in the slow suite
-SOME_SLOW = ["int4", *(pytest.param(f, marks=pytest.mark.slow) for f in ("int8", "fp8"))]
+SOME_SLOW = ["int4", "int3", "int2",
+             *(pytest.param(f, marks=pytest.mark.slow) for f in ("int8", "fp8"))]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
@@ -119,6 +120,8 @@ def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
     ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4),            # group 16 = head_dim
     ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4),
     ("fp8", {}, 2 * 16 * 16 + 2 * 4),
+    ("int3", {}, 2 * 16 * 6 + 16 * 4 + 16 * 4),  # 8 codes in 3 bytes: 6 bytes per row
+    ("int2", {}, 2 * 16 * 4 + 16 * 4 + 16 * 4),
 ])
 def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block):
     engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5, **options)
@@ -212,13 +215,17 @@ def test_backends_agree_over_rotated_blocks(tiny_engine_factory, fmt):
         assert _run(engine, prompts) == ref, backend
 
 
-def test_native_kernel_equals_fp32_attention_over_the_read_back(tiny_engine_factory):
-    """The kernel's output over a rotated int4 store equals softmax attention computed in fp32
-    from the store's unrotated read-back (``read_blocks``), within 1e-4."""
+@pytest.mark.parametrize("fmt", ["int4", "int3", "int2"])
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_native_kernel_equals_fp32_attention_over_the_read_back(tiny_engine_factory, fmt,
+                                                                rotation):
+    """The kernel's output over a (rotated) store equals softmax attention computed in fp32
+    from the store's (unrotated) read-back (``read_blocks``), within 1e-4: it decodes the
+    format and the rotation itself, without falling back."""
     from kvledger.device.cpu import native
     from kvledger.engine.attention.metadata import PagedQueries
 
-    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_rotation="hadamard")
+    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype=fmt, kv_rotation=rotation)
     store, spec = engine.store, engine.spec
     n = 40  # two full blocks and a partial one
     g = torch.Generator().manual_seed(3)
@@ -228,8 +235,10 @@ def test_native_kernel_equals_fp32_attention_over_the_read_back(tiny_engine_fact
     q = torch.randn(1, spec.num_attention_heads, spec.head_dim, generator=g)
     paged = PagedQueries(torch.tensor([[0, 1, 2]], dtype=torch.int32),
                          torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32))
-    out = engine.model.attention.attend(0, q, paged, store)
-    assert engine.model.attention.name == "paged-native" and native.load() is not None
+    backend = engine.model.attention
+    assert backend.name == "paged-native" and native.load() is not None
+    assert backend.kernel.accepts_quantized(q, store) and backend._sides(store, 0) is not None
+    out = backend.attend(0, q, paged, store)
     keys, values = (x.reshape(-1, *x.shape[2:])[:n] for x in store.read_blocks(0, torch.arange(3)))
     group = spec.num_attention_heads // spec.num_kv_heads
     keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)

@@ -269,6 +269,8 @@ void run(const Args& a, int num_threads) {
             const int kh = static_cast<int>(pair % a.kv_heads);
             if (kind == kInt8) attend_part<T, DV, kInt8>(a, qi, kh, part);
             else if (kind == kInt4) attend_part<T, DV, kInt4>(a, qi, kh, part);
+            else if (kind == kInt3) attend_part<T, DV, kInt3>(a, qi, kh, part);
+            else if (kind == kInt2) attend_part<T, DV, kInt2>(a, qi, kh, part);
             else if (kind == kFp8) attend_part<T, DV, kFp8>(a, qi, kh, part);
             else attend_part<T, DV, 0>(a, qi, kh, part);
         }
