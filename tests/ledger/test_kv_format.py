@@ -36,7 +36,7 @@ def test_frozen():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"name": "int2"}, "unknown KV format 'int2'; choose one of fp32, fp16, bf16, fp8, int8, int4"),
+    ({"name": "int5"}, "unknown KV format 'int5'; choose one of fp32, fp16, bf16, fp8, int8, int4, int3, int2"),
     ({"key_quant": "per-row"}, "--kv-key-quant must be one of per-channel, per-token"),
     ({"name": "int4", "rotation": "givens"}, "--kv-rotation must be one of none, hadamard"),
     ({"rotation": "hadamard"}, "--kv-rotation hadamard applies to quantized KV formats, not bf16"),

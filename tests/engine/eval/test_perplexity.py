@@ -103,7 +103,7 @@ def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
     (["--context", "2"], "--context must be >= 4"),
     (["--context", "64", "--stride", "0"], "--stride must be in"),
     (["--text", "/nonexistent/file.txt"], "cannot read"),
-    (["--kv-cache-dtype", "int3"], "kv_cache_dtype must be one of"),
+    (["--kv-cache-dtype", "int5"], "kv_cache_dtype must be one of"),
 ])
 def test_bad_perplexity_input_is_one_line_and_exit_2(args, message):
     out = CliRunner().invoke(app, ["eval", "perplexity", *args])
