@@ -58,6 +58,9 @@ VARIANTS = [  # label, EngineConfig overrides
     ("int3 + rotation", {"kv_cache_dtype": "int3", "kv_rotation": "hadamard"}),
     ("int2", {"kv_cache_dtype": "int2"}),
     ("int2 + rotation", {"kv_cache_dtype": "int2", "kv_rotation": "hadamard"}),
+    *((f"{f} per-token keys + rotation", {"kv_cache_dtype": f, "kv_key_quant": "per-token",
+                                          "kv_rotation": "hadamard"})
+      for f in ("int4", "int3", "int2")),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
@@ -154,14 +157,14 @@ def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
         for cache in LLAMA_CACHE_TYPES:
             cmd = [str(binary), "-m", str(bundled_model_path()), "-c", str(context),
                    "--chunks", str(chunks), "-t", "2", "-fa", "on", "-ctk", cache, "-ctv", cache,
-                   "--kl-divergence-base", str(logits)]
+                   "--kl-divergence-base", str(logits), "-lv", "4"]  # -lv 4: logs n_rot_k
             cmd += ["-f", str(text_file)] if cache == "f16" else ["--kl-divergence"]
             out = _llama_run(cmd)
             m = re.search(r"Final estimate: PPL = ([0-9.]+)", out) or re.search(
                 r"Mean PPL\(Q\)\s+:\s+([0-9.]+)", out)
             row = {"cache_type": cache, "ppl": float(m.group(1)) if m else None,
-                   "rotation": "attn_rot" in out or "n_rot_k = 64" in out,
-                   "rotation_log": [ln.strip() for ln in out.splitlines() if "n_rot_" in ln][:2],
+                   "rotation_log": [ln.strip() for ln in out.splitlines()
+                                    if "llama_kv_cache: n_rot_" in ln][:2],
                    "command": " ".join(cmd[1:])}
             for key, pattern in LLAMA_KLD.items():
                 k = re.search(pattern, out)
