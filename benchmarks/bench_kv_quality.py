@@ -2,15 +2,21 @@
 
 Quality: ``kvledger eval perplexity``'s protocol (llama.cpp's: non-overlapping chunks of
 ``--context`` tokens, second half scored, whole chunk in one prefill) on Python's
-``pydoc_data.topics`` text, for fp8 / int8 / int4 (per-channel and per-token keys, with and
-without fp16 outlier channels), each against a bf16-KV base run in lockstep: ΔPPL and mean KL
-divergence, top-1 agreement. fp32 compute. Accuracy figures do not depend on machine load.
+``pydoc_data.topics`` text, for fp8 / int8 / int4 / int3 / int2 (per-channel and per-token
+keys, with and without fp16 outlier channels or a Hadamard rotation), each against a base run
+in lockstep (``--base``, default fp16 KV as llama.cpp's f16): ΔPPL, the KL divergence's mean,
+maximum, 99.9 % / 99.0 % percentiles and median, top-1 agreement. fp32 compute. Accuracy
+figures do not depend on machine load.
 
 Peer (same text file, same GGUF): ``llama-perplexity`` with ``-ctk/-ctv`` f16, q8_0, q4_0 when
-``$KVLEDGER_LLAMA_CPP_DIR`` names a folder holding it (skipped otherwise).
+``$KVLEDGER_LLAMA_CPP_DIR`` names a folder holding it (skipped otherwise); the f16 run saves
+its logits (``--kl-divergence-base``) and the others report their KLD against it. Its log
+says whether it rotated K/V (``n_rot_k``, its PR #21038).
 
 Capacity: 4K-token requests that fit in a 256 MiB KV budget per format: the engine's pool
-(blocks after the residual buffers) / blocks per request, next to the ledger's figure.
+(blocks after the residual buffers) / blocks per request, next to the ledger's figure, and
+the effective bits per K/V element of one 4K request (codes, scales, zero points and the
+residual block included).
 
 Pass key (``--passkey-depths N``, alone with ``--passkey-only``): ``kvledger eval passkey``'s
 trial (a 5-digit key hidden in filler, asked for at the end, greedy answer) at ``--context``
@@ -18,8 +24,8 @@ for N depths evenly spread over [0, 1], per KV format, bf16 compute (the default
 prompt finds the filler before its key in the prefix cache (the answers do not change: cold
 and warm runs give the same tokens).
 
-    python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--json OUT]
-        [--passkey-depths 10 [--passkey-only]]
+    python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--base fp16]
+        [--only LABELS] [--no-peer] [--json OUT] [--passkey-depths 10 [--passkey-only]]
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from common import machine_line
+
 VARIANTS = [  # label, EngineConfig overrides
     ("fp8", {"kv_cache_dtype": "fp8"}),
     ("int8", {"kv_cache_dtype": "int8"}),
@@ -44,13 +52,21 @@ VARIANTS = [  # label, EngineConfig overrides
     ("int4 + 4 outliers", {"kv_cache_dtype": "int4", "kv_outlier_channels": 4}),
     ("int4 per-token keys + 4 outliers",
      {"kv_cache_dtype": "int4", "kv_key_quant": "per-token", "kv_outlier_channels": 4}),
+    ("int8 + rotation", {"kv_cache_dtype": "int8", "kv_rotation": "hadamard"}),
+    ("int4 + rotation", {"kv_cache_dtype": "int4", "kv_rotation": "hadamard"}),
+    ("int3", {"kv_cache_dtype": "int3"}),
+    ("int3 + rotation", {"kv_cache_dtype": "int3", "kv_rotation": "hadamard"}),
+    ("int2", {"kv_cache_dtype": "int2"}),
+    ("int2 + rotation", {"kv_cache_dtype": "int2", "kv_rotation": "hadamard"}),
+    *((f"{f} per-token keys + rotation", {"kv_cache_dtype": f, "kv_key_quant": "per-token",
+                                          "kv_rotation": "hadamard"})
+      for f in ("int4", "int3", "int2")),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
-PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *(
-    v for v in VARIANTS if v[0] in ("fp8", "int8", "int4", "int4 + 4 outliers"))]
+PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
 
 
-def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
+def quality(context: int, chunks: int, variants, base_kv: str) -> tuple[list[dict], str]:
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -64,7 +80,7 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
     tokenizer = load_tokenizer("default")
     text = default_text()
     ids = tokenizer.encode(text, add_special_tokens=False)
-    base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype="bf16"), context)
+    base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype=base_kv), context)
     base = LLMEngine(base_cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     rows = []
     for label, over in variants:
@@ -76,13 +92,14 @@ def quality(context: int, chunks: int, variants) -> tuple[list[dict], str]:
                      "bytes_per_token": engine.bytes_per_token, **r.to_json(),
                      "seconds": round(time.perf_counter() - t0, 1)})
         print(f"{label:34s} ppl {r.ppl:.4f} base {r.ppl_base:.4f} "
-              f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} top1 {r.top1_agreement:.4f}",
+              f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} p99 {r.kld_p99:.4f} "
+              f"max {r.kld_max:.3f} top1 {r.top1_agreement:.4f}",
               flush=True)
         del engine
     return rows, text
 
 
-def passkey_accuracy(context: int, depths: int) -> list[dict]:
+def passkey_accuracy(context: int, depths: int, variants) -> list[dict]:
     """Pass-key trials at ``depths`` evenly spread depths per format of PASSKEY_VARIANTS, in
     the default mode (bf16 compute, every format read by the native kernel; with fp32
     compute a bf16 pool falls back to the PyTorch backend, ~10x slower at 4K)."""
@@ -99,7 +116,7 @@ def passkey_accuracy(context: int, depths: int) -> list[dict]:
     at = sorted((round(i / (depths - 1), 3) if depths > 1 else 0.5 for i in range(depths)),
                 reverse=True)
     rows = []
-    for label, over in PASSKEY_VARIANTS:
+    for label, over in variants:
         cfg = eval_config(EngineConfig(dtype="bf16", **over), context)
         engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
         r = passkey(engine, context, at)
@@ -111,8 +128,20 @@ def passkey_accuracy(context: int, depths: int) -> list[dict]:
     return rows
 
 
-def llama_cpp(text: str, context: int, chunks: int) -> list[dict] | None:
-    """llama-perplexity per KV cache type on the same text, or None without the binary."""
+LLAMA_KLD = {"kld_mean": r"Mean\s+KLD:\s+([0-9.e+-]+)", "kld_max": r"Maximum KLD:\s+([0-9.e+-]+)",
+             "kld_p999": r"99\.9%\s+KLD:\s+([0-9.e+-]+)", "kld_p99": r"99\.0%\s+KLD:\s+([0-9.e+-]+)",
+             "kld_median": r"Median\s+KLD:\s+([0-9.e+-]+)",
+             "top1_agreement": r"Same top p:\s+([0-9.]+)"}
+
+
+def _llama_run(cmd: list[str]) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    return done.stdout + done.stderr
+
+
+def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
+    """llama-perplexity per KV cache type on the same text: PPL, and the KLD against its f16
+    run (``--kl-divergence-base`` then ``--kl-divergence``); None without the binary."""
     folder = os.environ.get("KVLEDGER_LLAMA_CPP_DIR")
     binary = Path(folder or "/nonexistent") / "llama-perplexity"
     if not binary.is_file():
@@ -120,22 +149,35 @@ def llama_cpp(text: str, context: int, chunks: int) -> list[dict] | None:
         return None
     from kvledger.paths import bundled_model_path
 
+    version = _llama_run([str(binary), "--version"]).strip().splitlines()
     rows = []
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(text)
-    for cache in LLAMA_CACHE_TYPES:
-        cmd = [str(binary), "-m", str(bundled_model_path()), "-f", f.name, "-c", str(context),
-               "--chunks", str(chunks), "-t", "2", "-fa", "on", "-ctk", cache, "-ctv", cache]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", done.stdout + done.stderr)
-        ppl = float(m.group(1)) if m else None
-        rows.append({"cache_type": cache, "ppl": ppl, "command": " ".join(cmd[1:])})
-        print(f"llama.cpp {cache}: PPL {ppl}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        text_file, logits = Path(tmp) / "text.txt", Path(tmp) / "f16.logits"
+        text_file.write_text(text)
+        for cache in LLAMA_CACHE_TYPES:
+            cmd = [str(binary), "-m", str(bundled_model_path()), "-c", str(context),
+                   "--chunks", str(chunks), "-t", "2", "-fa", "on", "-ctk", cache, "-ctv", cache,
+                   "--kl-divergence-base", str(logits), "-lv", "4"]  # -lv 4: logs n_rot_k
+            cmd += ["-f", str(text_file)] if cache == "f16" else ["--kl-divergence"]
+            out = _llama_run(cmd)
+            m = re.search(r"Final estimate: PPL = ([0-9.]+)", out) or re.search(
+                r"Mean PPL\(Q\)\s+:\s+([0-9.]+)", out)
+            row = {"cache_type": cache, "ppl": float(m.group(1)) if m else None,
+                   "rotation_log": [ln.strip() for ln in out.splitlines()
+                                    if "llama_kv_cache: n_rot_" in ln][:2],
+                   "command": " ".join(cmd[1:])}
+            for key, pattern in LLAMA_KLD.items():
+                k = re.search(pattern, out)
+                row[key] = float(k.group(1)) if k else None
+            if row["top1_agreement"] is not None:
+                row["top1_agreement"] /= 100
+            rows.append(row)
+            print(f"llama.cpp {cache}: PPL {row['ppl']} KLD mean {row['kld_mean']} "
+                  f"p99 {row['kld_p99']} max {row['kld_max']} {row['rotation_log']}", flush=True)
     base = rows[0]["ppl"]
     for row in rows:
         row["delta_ppl_pct"] = (100 * (row["ppl"] / base - 1)) if row["ppl"] and base else None
-    os.unlink(f.name)
-    return rows
+    return {"version": version, "binary": str(binary), "runs": rows}
 
 
 def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
@@ -151,7 +193,7 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
     spec, weights = load_weights("default", torch.float32)
     per_request_blocks = blocks_for_kv_tokens(tokens, 16)
     rows = []
-    for fmt in ("fp32", "bf16", "fp8", "int8", "int4"):
+    for fmt in ("fp32", "bf16", "fp8", "int8", "int4", "int3", "int2"):
         cfg = EngineConfig(dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=budget_bytes / 2**30,
                            max_num_seqs=max_num_seqs)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
@@ -160,7 +202,11 @@ def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
         reserved = max_num_seqs * residual_bytes(spec, kv, 1, 16, "fp32")
         ledger = (budget_bytes - reserved) // (per_request_blocks * kv_bytes_per_block(
             spec, kv, 1, 16))
+        elements = tokens * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
+        one = per_request_blocks * kv_bytes_per_block(spec, kv, 1, 16) + residual_bytes(
+            spec, kv, 1, 16, "fp32" if kv.quantized else fmt)
         rows.append({"kv_format": fmt, "pool_blocks": engine.stats()["kv_blocks_total"],
+                     "bits_per_element": round(8 * one / elements, 3),
                      "pool_bytes": engine.store.nbytes, "within_budget": fits,
                      "engine_requests": engine.stats()["kv_blocks_total"] // per_request_blocks,
                      "ledger_requests": ledger})
@@ -173,27 +219,33 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--only", help="comma-separated variant labels (default: all)")
+    ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
+    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
     ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
-    keys = passkey_accuracy(args.context, args.passkey_depths) if args.passkey_depths else None
+    wanted = set(args.only.split(",")) if args.only else None
+    keys = None
+    if args.passkey_depths:
+        keys = passkey_accuracy(args.context, args.passkey_depths, [
+            v for v in PASSKEY_VARIANTS if wanted is None or v[0] in wanted])
     if args.passkey_only:
         if args.json:
             args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
                                              "passkey": keys}, indent=1))
         return
-    variants = VARIANTS
-    if args.only:
-        wanted = set(args.only.split(","))
-        variants = [v for v in VARIANTS if v[0] in wanted]
-    rows, text = quality(args.context, args.chunks, variants)
-    peer = llama_cpp(text, args.context, args.chunks)
-    cap = capacity(256 << 20, 4096, 8)
+    variants = [v for v in VARIANTS if wanted is None or v[0] in wanted]
+    print(machine_line(2), flush=True)
+    rows, text = quality(args.context, args.chunks, variants, args.base)
+    peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
+    cap = [] if args.no_capacity else capacity(256 << 20, 4096, 8)
     for row in cap:
         print(row)
     if args.json:
         args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
+                                         "machine": machine_line(2), "base": args.base,
                                          "chunks": args.chunks, "kvledger": rows,
                                          "llama_cpp": peer, "capacity_256MiB_4K": cap,
                                          "passkey": keys},

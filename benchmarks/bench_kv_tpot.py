@@ -17,6 +17,8 @@ A timing figure: run it on a quiet machine (``uptime`` load < 1.5), unniced, and
 
     python benchmarks/bench_kv_tpot.py [--context 4096] [--batch 8] [--new 32]
         [--formats bf16,int8,int4,fp8] [--repeats 3] [--threads 2] [--json OUT]
+
+A format may name a rotation after a ``+``: ``int4+hadamard`` (``--kv-rotation``).
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def main() -> None:
     blocks = args.batch * (-(-(args.context + args.new) // 16) + 1)
     engines = {}
     for fmt in formats:
-        cfg = EngineConfig(dtype="bf16", kv_cache_dtype=fmt, num_blocks=blocks,
-                           max_num_seqs=args.batch, num_threads=args.threads)
+        name, _, rotation = fmt.partition("+")
+        cfg = EngineConfig(dtype="bf16", kv_cache_dtype=name, num_blocks=blocks,
+                           max_num_seqs=args.batch, num_threads=args.threads,
+                           kv_rotation=rotation or "none")
         engines[fmt] = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     runs = {fmt: [] for fmt in formats}
     for _ in range(args.repeats):

@@ -23,6 +23,8 @@ def calibrate(
     kv_group_size: Annotated[int | None, Opt(help="int8/int4 group along head_dim")] = None,
     kv_key_quant: Annotated[str, Opt(help="per-channel or per-token keys")] = "per-channel",
     kv_outlier_channels: Annotated[int, Opt(help="fp16 key channels per layer and KV head")] = 4,
+    kv_rotation: Annotated[str, Opt(
+        help="none or hadamard: calibrate in the rotated basis (the file records it)")] = "none",
     context: Annotated[int, Opt(help="Tokens per chunk")] = 512,
     chunks: Annotated[int, Opt(help="Chunks of text to run")] = 4,
     out: Annotated[Path | None, Opt(help="Calibration file (default: <model>.kv-calibration.json)")] = None,
@@ -46,7 +48,8 @@ def calibrate(
     engine, _ = load_engines(EngineConfig(model=model, kv_cache_dtype="fp32"), context)
     measured = dataclasses.replace(engine.config, kv_cache_dtype=kv_cache_dtype,
                                    kv_group_size=kv_group_size, kv_key_quant=kv_key_quant,
-                                   kv_outlier_channels=kv_outlier_channels)
+                                   kv_outlier_channels=kv_outlier_channels,
+                                   kv_rotation=kv_rotation)
     ids = engine.tokenizer.encode(body, add_special_tokens=False)
     runs = chunk_tokens(ids, context, chunks)
     cal = run(engine, runs, measured.kv_format_spec())

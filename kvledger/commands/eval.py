@@ -27,8 +27,11 @@ def perplexity(
         help="Tokens fed per step (default: the whole chunk in one prefill; 1 = decode)")] = None,
     chunks: Annotated[int | None, Opt(help="Most chunks to run (default: all)")] = None,
     kl_divergence: Annotated[bool, Opt(
-        "--kl-divergence", help="Also run a full-precision-KV base: mean KLD, top-1 agreement")] = False,
-    kl_base: Annotated[str, Opt(help="KV format of the base run (auto: the compute dtype)")] = "auto",
+        "--kl-divergence",
+        help="Also run a base (fp16 KV, same compute dtype): KLD mean, max, 99.9/99.0 %, "
+             "median, top-1 agreement")] = False,
+    kl_base: Annotated[str, Opt(
+        help="KV format of the base run (fp16 as llama.cpp's f16; auto: the compute dtype)")] = "fp16",
     json_out: Annotated[bool, Opt("--json", help="Print one JSON object instead")] = False,
     *,
     engine_config: EngineConfig,
@@ -47,25 +50,35 @@ def perplexity(
     if json_out:
         print(json.dumps(result.to_json()))
         return
-    _print_perplexity(result)
+    _print_perplexity(result, engine.config.dtype)
 
 
-def _print_perplexity(r) -> None:
+def _print_perplexity(r, compute: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console()
     table = Table(title=f"perplexity · {r.text} · context {r.context}, stride {r.stride}"
                         f" · KV {r.kv_policy}")
     for col in ("KV format", "chunks", "tokens scored", "PPL"):
         table.add_column(col, justify="right")
     row = [r.kv_format, str(r.chunks), str(r.tokens_scored), f"{r.ppl:.4f}"]
     if r.ppl_base is not None:
-        for col in (f"PPL ({r.base_kv_format})", "ΔPPL", "mean KLD", "same top-1"):
+        for col in (f"PPL ({r.base_kv_format})", "ΔPPL", "same top-1"):
             table.add_column(col, justify="right")
-        row += [f"{r.ppl_base:.4f}", f"{r.delta_ppl_pct:+.3f} %", f"{r.kld_mean:.6f}",
+        row += [f"{r.ppl_base:.4f}", f"{r.delta_ppl_pct:+.3f} %",
                 f"{100 * r.top1_agreement:.2f} %"]
     table.add_row(*row)
-    Console().print(table)
+    console.print(table)
+    if r.ppl_base is None:
+        return
+    kld = Table(title=f"KL divergence (nats) against the base: {r.base_kv_format} KV, "
+                      f"{compute} compute")
+    for col in ("mean", "max", "99.9 %", "99.0 %", "median"):
+        kld.add_column(col, justify="right")
+    kld.add_row(*(f"{x:.6f}" for x in (r.kld_mean, r.kld_max, r.kld_p999, r.kld_p99,
+                                       r.kld_median)))
+    console.print(kld)
 
 
 @engine_options()

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
-from kvledger.ledger.kv_format import KEY_QUANT_MODES, KVFormatSpec
+from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 
-KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4")
+KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int3", "int2")
 LOAD_FORMATS = ("auto", "dummy")
 
 
@@ -58,13 +58,16 @@ class EngineConfig:
             bounded; the default) or prompt (once, when the prompt is prefilled, then every
             later token is kept: kvpress's shape, like snapkv); None = always.
         kv_cache_dtype: KV format: auto (bf16, or fp32 when dtype is fp32), fp32, bf16, fp16,
-            or the opt-in quantized fp8, int8, int4.
+            or the opt-in quantized fp8, int8, int4, int3, int2.
         kv_group_size: int8/int4 values (and per-token keys): elements per scale group along
             head_dim, dividing it; None = 32, or head_dim when 32 does not divide it.
         kv_key_quant: int8/int4 keys: per-channel (a scale per channel over a block's tokens,
             KIVI) or per-token (groups along head_dim, as values).
         kv_outlier_channels: key channels per layer and KV head kept in fp16 beside the
             quantized rest (quantized formats; chosen by the calibration).
+        kv_rotation: none, or hadamard: quantized K and V rows rotated by a Hadamard matrix
+            before quantization, queries and the attention output by the same (the bytes are
+            unchanged; docs/kv-formats.md).
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
         tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
@@ -114,6 +117,7 @@ class EngineConfig:
     kv_group_size: int | None = None
     kv_key_quant: str = "per-channel"
     kv_outlier_channels: int = 0
+    kv_rotation: str = "none"
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
@@ -141,6 +145,9 @@ class EngineConfig:
         if self.kv_key_quant not in KEY_QUANT_MODES:
             raise InvalidParameterError(f"kv_key_quant must be one of "
                                         f"{', '.join(KEY_QUANT_MODES)}, got {self.kv_key_quant!r}")
+        if self.kv_rotation not in ROTATIONS:
+            raise InvalidParameterError(f"kv_rotation must be one of {', '.join(ROTATIONS)}, "
+                                        f"got {self.kv_rotation!r}")
         if self.kv_outlier_channels < 0:
             raise InvalidParameterError(
                 f"kv_outlier_channels must be >= 0, got {self.kv_outlier_channels}")
@@ -165,4 +172,5 @@ class EngineConfig:
         the activations' format)."""
         return KVFormatSpec.from_options(self.kv_cache_dtype, compute_format or self.dtype,
                                          self.kv_group_size, self.kv_key_quant,
-                                         self.kv_outlier_channels)
+                                         self.kv_outlier_channels,
+                                         rotation=self.kv_rotation)

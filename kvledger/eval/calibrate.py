@@ -2,7 +2,8 @@
 key channels to keep in fp16, and what a quantized format loses there.
 
 Text runs through the engine with full-precision KV (``eval.scoring``, chunks of ``context``
-tokens); after each chunk the cached K/V of every layer are read from the store: channel
+tokens); after each chunk the cached K/V of every layer are read from the store (and rotated
+by the format's ``rotation``, the basis its codes and outlier channels live in): channel
 magnitudes (max |x| over the tokens) and, per layer and KV head, the relative error
 ||x - codec(x)|| / ||x|| of the chosen format's round trip on the keys, without and with the
 outlier channels, and on the values. The KL divergence of the next-token distribution against
@@ -30,6 +31,7 @@ class Calibration:
 
     model: str
     kv_format: str
+    rotation: str
     outlier_channels: int
     tokens: int
     key_absmax: torch.Tensor
@@ -51,7 +53,8 @@ class Calibration:
         return {"kvledger_calibration": VERSION, "model": self.model, "text": text,
                 "tokens": self.tokens, "num_layers": spec_shape[0],
                 "num_kv_heads": spec_shape[1], "head_dim": spec_shape[2],
-                "kv_format": self.kv_format, "outlier_channels": self.outlier_channels,
+                "kv_format": self.kv_format, "rotation": self.rotation,
+                "outlier_channels": self.outlier_channels,
                 "outliers": self.outliers.tolist(), "kld_mean": self.kld_mean,
                 "delta_ppl_pct": self.delta_ppl_pct,
                 "key_error": self.key_error.tolist(),
@@ -81,6 +84,7 @@ def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration
     """
     from kvledger.engine.kv.codecs import make_codecs
     from kvledger.engine.kv.layout import resolve_format
+    from kvledger.engine.kv.rotation import rotation_matrix
 
     spec, store = engine.spec, engine.store
     layers, heads, dim = spec.num_layers, spec.num_kv_heads, spec.head_dim
@@ -89,6 +93,7 @@ def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration
     group = fmt.group_size or dim
     keys_codec, values_codec = make_codecs(kv_format, store.block_size, heads, dim, group,
                                            key_quant)
+    rotation = rotation_matrix(fmt.rotation, dim)
     absmax = [torch.zeros(layers, heads, dim) for _ in range(2)]
     blocks_seen: list[list[torch.Tensor]] = [[] for _ in range(layers)]
 
@@ -98,7 +103,8 @@ def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration
             group = 0 if store.group_of_layer is None else store.group_of_layer[layer]
             full = torch.tensor([b for b in req.block_tables[group][:filled] if b >= 0],
                                 dtype=torch.int64)
-            k, v = store.read_blocks(layer, full)
+            k, v = (x.float() if rotation is None else x.float() @ rotation
+                    for x in store.read_blocks(layer, full))
             absmax[0][layer] = torch.maximum(absmax[0][layer], k.abs().amax(dim=(0, 1)).float())
             absmax[1][layer] = torch.maximum(absmax[1][layer], v.abs().amax(dim=(0, 1)).float())
             blocks_seen[layer].append(torch.stack([k, v]).float())
@@ -106,7 +112,7 @@ def calibrate(engine, chunks: list[list[int]], fmt: KVFormatSpec) -> Calibration
     for chunk in chunks:
         for _ in step_logprobs(engine, chunk, len(chunk), len(chunk), inspect):
             pass
-    result = Calibration(engine.model_name, kv_format, n_out, sum(map(len, chunks)),
+    result = Calibration(engine.model_name, kv_format, fmt.rotation, n_out, sum(map(len, chunks)),
                          absmax[0], absmax[1], torch.zeros(layers, heads),
                          torch.zeros(layers, heads), torch.zeros(layers, heads))
     with_outliers, _ = make_codecs(kv_format, store.block_size, heads, dim, group, key_quant,

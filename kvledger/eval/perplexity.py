@@ -8,7 +8,9 @@ tokens ``context/2 + 1 .. context-1``. PPL = exp(mean negative log-likelihood).
 
 With a base engine (``--kl-divergence``) both engines run each chunk in lockstep and, per
 scored position, the KL divergence KL(P_base || P) = sum_v P_base(v) (log P_base(v) - log P(v))
-and whether both put the same token first (llama.cpp's "Mean KLD" and "Same top p").
+and whether both put the same token first (llama.cpp's "Mean KLD" and "Same top p"), and the
+KLD's maximum, 99.9 % and 99.0 % percentiles and median over the scored positions (llama.cpp's
+``percentile``: linear interpolation between the sorted values, ``tools/perplexity``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class PerplexityResult:
         chunk_ppl: perplexity of each chunk.
         ppl_base, kld_mean, top1_agreement: the base run's PPL, mean KL divergence (nats) and
             share of positions with the same argmax (None without a base).
+        kld_max, kld_p999, kld_p99, kld_median: the KLD's maximum, 99.9 % and 99.0 %
+            percentiles and median over the scored positions (nats; None without a base).
         kv_policy: the engine's retention policy (``RetentionSpec.describe``).
     """
 
@@ -53,6 +57,10 @@ class PerplexityResult:
     ppl_base: float | None = None
     kld_mean: float | None = None
     top1_agreement: float | None = None
+    kld_max: float | None = None
+    kld_p999: float | None = None
+    kld_p99: float | None = None
+    kld_median: float | None = None
     kv_policy: str = "full (every token kept)"
 
     @property
@@ -94,6 +102,15 @@ def chunk_tokens(ids: list[int], context: int, max_chunks: int | None = None) ->
     return [ids[i * context:(i + 1) * context] for i in range(n)]
 
 
+def kld_percentile(values: torch.Tensor, fraction: float) -> float:
+    """llama.cpp's percentile of sorted ``values`` [n]: linear interpolation at
+    ``fraction x (n - 1)`` (``tools/perplexity/perplexity.cpp``)."""
+    p = fraction * (len(values) - 1)
+    i = int(p)
+    hi = values[min(i + 1, len(values) - 1)]
+    return float((1 - (p - i)) * values[i] + (p - i) * hi)
+
+
 def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
                max_chunks: int | None = None, base=None, text: str = "") -> PerplexityResult:
     """Run the protocol over token ids ``ids`` on ``engine`` (and ``base``, for the KLD).
@@ -109,7 +126,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
     stride = stride or (RETENTION_STRIDE if engine.config.retention.evicts else context)
     first = context // 2
     nll_sum, count, chunk_ppl = 0.0, 0, []
-    base_nll, kld_sum, same_top = 0.0, 0.0, 0
+    base_nll, klds, same_top = 0.0, [], 0
     for chunk in chunk_tokens(ids, context, max_chunks):
         target = torch.tensor(chunk)
         runs = step_logprobs(engine, chunk, stride, first)
@@ -123,7 +140,7 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
             if base_runs is not None:
                 _, base_lp = next(base_runs)
                 base_nll -= float(base_lp.gather(1, nxt[:, None]).sum())
-                kld_sum += float((base_lp.exp() * (base_lp - lp)).sum())
+                klds.append((base_lp.exp() * (base_lp - lp)).sum(-1).double())
                 same_top += int((base_lp.argmax(-1) == lp.argmax(-1)).sum())
         if base_runs is not None:
             for _ in base_runs:  # nothing left to score: lets it free its blocks
@@ -137,6 +154,9 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
         ppl=math.exp(nll_sum / count), nll=nll_sum / count, chunk_ppl=chunk_ppl,
         kv_policy=engine.config.retention.describe())
     if base is not None:
-        result.kld_mean, result.top1_agreement = kld_sum / count, same_top / count
+        kld = torch.cat(klds).sort().values
+        result.kld_mean, result.top1_agreement = float(kld.sum()) / count, same_top / count
+        result.kld_max, result.kld_median = float(kld[-1]), kld_percentile(kld, 0.5)
+        result.kld_p999, result.kld_p99 = kld_percentile(kld, 0.999), kld_percentile(kld, 0.99)
         result.ppl_base = math.exp(base_nll / count)
     return result

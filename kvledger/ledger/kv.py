@@ -36,6 +36,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import (
     FP16_BYTES,
     FP32_BYTES,
+    PACK_CHANNELS,
     KVFormatSpec,
     resolve_group_size,
 )
@@ -58,8 +59,10 @@ def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int
             raise InvalidParameterError(
                 f"outlier channels apply to quantized KV formats (fp8, int8, int4), not {f.name}")
         return 2 * block_size * head_dim * f.bits // 8
-    if f.bits == 4 and head_dim % 2:
-        raise InvalidParameterError(f"int4 KV needs an even head_dim, got {head_dim}")
+    unit = PACK_CHANNELS.get(f.bits, 1)
+    if head_dim % unit:
+        raise InvalidParameterError(
+            f"{f.name} KV needs a head_dim that is a multiple of {unit}, got {head_dim}")
     codes = block_size * head_dim * f.bits // 8
     if f.name == "fp8":
         meta_k = meta_v = FP32_BYTES
@@ -75,9 +78,12 @@ def vector_bytes(length: int, fmt: KVFormatSpec) -> int:
     ``fmt.group_size`` along it (None = the whole vector), ``fmt.outlier_frac`` of it in fp16.
 
     Raises:
-        InvalidParameterError: bad group size or outlier fraction.
+        InvalidParameterError: bad group size or outlier fraction; a rotation.
     """
     f, group_size, outlier_frac = fmt.storage, fmt.group_size, fmt.outlier_frac
+    if fmt.rotation != "none":
+        raise InvalidParameterError(f"--kv-rotation {fmt.rotation} is not supported on MLA "
+                                    "layers (untested there)")
     if group_size is not None and group_size <= 0:
         raise InvalidParameterError(f"--kv-group-size must be positive, got {group_size}")
     if not 0.0 <= outlier_frac < 1.0:

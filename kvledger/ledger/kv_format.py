@@ -5,8 +5,10 @@ The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.
 
   fp32 / fp16 / bf16   4 / 2 / 2 bytes per element, no metadata
   fp8 (e4m3)           1 byte per element + one fp32 scale per block and KV head, for K and V
-  int8 / int4          8 / 4 bits per element (int4: two per byte) + an fp16 scale and an fp16
-                       zero point per group (asymmetric). Values: groups of ``group_size``
+  int8 / int4 / int3 / int2
+                       8 / 4 / 3 / 2 bits per element (int4: two per byte, int2: four, int3:
+                       eight in three bytes) + an fp16 scale and an fp16 zero point per
+                       group (asymmetric). Values: groups of ``group_size``
                        along head_dim, per token. Keys ``per-channel`` (default, KIVI): one
                        group per channel over the block's tokens; or ``per-token`` like values.
   outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
@@ -24,9 +26,14 @@ from dataclasses import asdict, dataclass, replace
 
 from kvledger.errors import InvalidParameterError
 
-KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+KV_FORMATS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "int3", "int2")
+INT_FORMATS = ("int8", "int4", "int3", "int2")
+"""The asymmetric integer formats (codes, scale and zero point per group)."""
+PACK_CHANNELS = {8: 1, 4: 2, 3: 8, 2: 4}
+"""Channels of an integer format packed together (a byte; int3: three bytes), by bits: its
+head_dim must be a multiple."""
 KEY_QUANT_MODES = ("per-channel", "per-token")
-ROTATIONS = ("none",)
+ROTATIONS = ("none", "hadamard")
 DEFAULT_GROUP_SIZE = 32
 FP16_BYTES = 2
 FP32_BYTES = 4
@@ -49,7 +56,7 @@ class KVFormat:
 
     @property
     def quantized(self) -> bool:
-        """True for the formats below 16 bits (fp8, int8, int4)."""
+        """True for the formats below 16 bits (fp8 and the integer formats)."""
         return self.bits < 16
 
 
@@ -60,6 +67,8 @@ _FORMATS = {
     "fp8": KVFormat("fp8", 8, 0),
     "int8": KVFormat("int8", 8, 2 * FP16_BYTES),
     "int4": KVFormat("int4", 4, 2 * FP16_BYTES),
+    "int3": KVFormat("int3", 3, 2 * FP16_BYTES),
+    "int2": KVFormat("int2", 2, 2 * FP16_BYTES),
 }
 
 
@@ -108,10 +117,13 @@ class KVFormatSpec:
             fraction of the latent).
         residual_tokens: most recent tokens of a running sequence kept at full precision by a
             quantized format, a multiple of the block size; None = one block.
-        rotation: ``none`` (the only one for now).
+        rotation: ``none`` or ``hadamard`` (quantized formats: K and V rows rotated by an
+            orthogonal matrix before quantization, ``engine/kv/rotation.py``); the bytes are
+            the same either way.
 
     Raises:
-        InvalidParameterError: an unknown name, key mode or rotation.
+        InvalidParameterError: an unknown name, key mode or rotation; a rotation of a
+            full-precision format.
     """
 
     name: str = "bf16"
@@ -129,18 +141,23 @@ class KVFormatSpec:
                                         f"{', '.join(KEY_QUANT_MODES)}, got {self.key_quant!r}")
         if self.rotation not in ROTATIONS:
             raise InvalidParameterError(
-                f"KV rotation {self.rotation!r} is not supported; only {', '.join(ROTATIONS)}")
+                f"--kv-rotation must be one of {', '.join(ROTATIONS)}, got {self.rotation!r}")
+        if self.rotation != "none" and not self.quantized:
+            raise InvalidParameterError(f"--kv-rotation {self.rotation} applies to quantized KV "
+                                        f"formats, not {self.name}")
 
     @classmethod
     def from_options(cls, kv_cache_dtype: str, compute_format: str = "bf16",
                      group_size: int | None = None, key_quant: str = "per-channel",
                      outlier_channels: int | None = None, outlier_frac: float = 0.0,
-                     residual_tokens: int | None = None) -> KVFormatSpec:
+                     residual_tokens: int | None = None, rotation: str = "none"
+                     ) -> KVFormatSpec:
         """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
         format, bf16 or fp32); every other option as given. The one place the engine
         (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
         name = compute_format if kv_cache_dtype == "auto" else kv_cache_dtype
-        return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens)
+        return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens,
+                   rotation)
 
     @property
     def quantized(self) -> bool:
@@ -157,7 +174,7 @@ class KVFormatSpec:
         (the planner's what-if rows)."""
         if kv_format(name).quantized:
             return replace(self, name=name)
-        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0)
+        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0, rotation="none")
 
     def outlier_count(self, head_dim: int) -> int:
         """Key channels kept in fp16 per layer and KV head of ``head_dim`` channels.

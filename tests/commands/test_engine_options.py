@@ -42,6 +42,7 @@ NON_DEFAULT = {
     "kv_group_size": (16, ["--kv-group-size", "16"]),
     "kv_key_quant": ("per-token", ["--kv-key-quant", "per-token"]),
     "kv_outlier_channels": (4, ["--kv-outlier-channels", "4"]),
+    "kv_rotation": ("hadamard", ["--kv-rotation", "hadamard"]),
     "kv_calibration": ("calib.json", ["--kv-calibration", "calib.json"]),
     "tensor_parallel_size": (3, ["-tp", "3"]),
     "tp_timeout_s": (5.0, ["--tp-timeout-s", "5"]),

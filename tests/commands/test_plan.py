@@ -109,7 +109,7 @@ def _one_line_error(r, pattern: str) -> None:
         (("--context", "lots"), "comma-separated"),
         (("--tp", "3"), "--tensor-parallel-size 3 does not divide"),
         (("--device", "custom", "--memory-gib", "24"), "--device custom needs"),
-        (("--kv-dtype", "int2"), "unknown KV format"),
+        (("--kv-dtype", "int5"), "unknown KV format"),
     ],
 )
 def test_bad_options_are_one_line_errors(args, pattern):

@@ -182,7 +182,7 @@ def test_bundled_model_same_tokens_alone_batched_warm_and_preempted(bundled_llm)
 
 @pytest.mark.parametrize("option", [{"block_size": 0}, {"num_blocks": -1}, {"long_kv_share": 0},
                                     {"long_kv_share": 1.5}, {"max_num_seqs": 0},
-                                    {"num_threads": 0}, {"kv_cache_dtype": "int3"},
+                                    {"num_threads": 0}, {"kv_cache_dtype": "int5"},
                                     {"kv_group_size": 0}, {"kv_key_quant": "per-row"},
                                     {"kv_outlier_channels": -1}])
 def test_bad_engine_options_are_refused(option):

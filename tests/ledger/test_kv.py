@@ -66,7 +66,7 @@ def test_kv_per_token_of_every_real_config(real_spec, name):
 
 
 def test_kv_formats_names():
-    assert KV_FORMATS == ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+    assert KV_FORMATS == ("fp32", "fp16", "bf16", "fp8", "int8", "int4", "int3", "int2")
 
 
 def test_seed_7b_mha_and_gqa8(real_spec):
@@ -201,7 +201,7 @@ def test_mla_latent_is_priced_per_vector():
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"name": "int3"},
+        {"name": "int5"},
         {"name": "int4", "group_size": 0},
         {"name": "int4", "outlier_frac": 1.0},
         {"name": "bf16", "outlier_frac": 0.1},

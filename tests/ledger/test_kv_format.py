@@ -22,15 +22,24 @@ def test_to_json_is_pinned():
         '"outlier_frac":0.0,"residual_tokens":null,"rotation":"none"}')
 
 
+def test_rotation_is_in_the_json():
+    """A disk-tier fingerprint hashes ``to_json``: blocks of a rotated format differ."""
+    rotated = KVFormatSpec("int4", rotation="hadamard")
+    assert '"rotation":"hadamard"' in rotated.to_json()
+    assert rotated.to_json() != KVFormatSpec("int4").to_json()
+    assert rotated.as_format("bf16").rotation == "none"
+
+
 def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         KVFormatSpec().name = "int4"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"name": "int2"}, "unknown KV format 'int2'; choose one of fp32, fp16, bf16, fp8, int8, int4"),
+    ({"name": "int5"}, "unknown KV format 'int5'; choose one of fp32, fp16, bf16, fp8, int8, int4, int3, int2"),
     ({"key_quant": "per-row"}, "--kv-key-quant must be one of per-channel, per-token"),
-    ({"rotation": "hadamard"}, "KV rotation 'hadamard' is not supported; only none"),
+    ({"name": "int4", "rotation": "givens"}, "--kv-rotation must be one of none, hadamard"),
+    ({"rotation": "hadamard"}, "--kv-rotation hadamard applies to quantized KV formats, not bf16"),
 ])
 def test_bad_options_are_refused_with_their_name(kwargs, message):
     with pytest.raises(InvalidParameterError, match=message):

@@ -152,7 +152,7 @@ def test_weights_that_do_not_fit_warn(real_spec):
         PlanOptions(tp=3),
         PlanOptions(batch=0),
         PlanOptions(contexts=(1024,), shared_prefix=1024),
-        PlanOptions(kv_format="int2"),
+        PlanOptions(kv_format="int5"),
     ],
 )
 def test_bad_options(real_spec, opts):

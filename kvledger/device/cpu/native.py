@@ -147,19 +147,24 @@ class KVSide(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("scale", ctypes.c_void_p),
                 ("zero", ctypes.c_void_p), ("outliers", ctypes.c_void_p),
                 ("outlier_channels", ctypes.c_void_p), ("residual", ctypes.c_void_p),
-                ("kind", ctypes.c_int32), ("group", ctypes.c_int32),
+                ("rotation", ctypes.c_void_p), ("kind", ctypes.c_int32), ("group", ctypes.c_int32),
                 ("num_outliers", ctypes.c_int32)]
+
+
+INT_KINDS = {8: 8, 4: 4, 3: 7, 2: 2}
+"""KVSide.kind of an integer codec, by bits (``Kind`` in ``paged_quantized.h``; 3 is e4m3's)."""
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor
-            ) -> tuple[KVSide, list[torch.Tensor]] | None:
+def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor,
+            rotation: torch.Tensor | None = None) -> tuple[KVSide, list[torch.Tensor]] | None:
     """The kernel's view of one codec's tensors ``parts`` (``QuantizedKVStore.key_parts[l]``
-    or ``value_parts[l]``) and residual buffers [slots, bs, kv_heads, D], with the tensors it
-    points into (keep them alive); None for a codec the kernel does not decode."""
+    or ``value_parts[l]``), residual buffers [slots, bs, kv_heads, D] and the fp32 rotation
+    [D, D] the rows are stored by (``QuantizedKVStore.rotation``), with the tensors it points
+    into (keep them alive); None for a codec the kernel does not decode."""
     from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys
 
     channels = None
@@ -167,16 +172,18 @@ def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor
         channels, codec = codec.channels.contiguous(), codec.inner
     if isinstance(codec, Fp8Codec):
         kind, group = 3, 0
-    elif isinstance(codec, IntCodec) and codec.bits in (4, 8):
-        kind, group = codec.bits, 0 if codec.axis == "per-channel" else codec.group
+    elif isinstance(codec, IntCodec):
+        kind, group = INT_KINDS[codec.bits], 0 if codec.axis == "per-channel" else codec.group
     else:
         return None
-    held = [t for t in (*parts.values(), residual, channels) if t is not None]
+    if rotation is not None and rotation.dtype != torch.float32:
+        return None
+    held = [t for t in (*parts.values(), residual, channels, rotation) if t is not None]
     if not all(t.is_contiguous() for t in held):
         return None
     side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
-                  _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), kind, group,
-                  0 if channels is None else channels.shape[1])
+                  _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), _ptr(rotation),
+                  kind, group, 0 if channels is None else channels.shape[1])
     return side, held
 
 

@@ -154,9 +154,9 @@ class PagedNativeBackend(_Paged):
         cache = self._sides_of[1]
         if layer not in cache:
             k = native.kv_side(store.key_parts[layer], store.key_codecs[layer],
-                               store.residual_keys[layer])
+                               store.residual_keys[layer], store.rotation)
             v = native.kv_side(store.value_parts[layer], store.value_codec,
-                               store.residual_values[layer])
+                               store.residual_values[layer], store.rotation)
             usable = (k is not None and v is not None and k[0].kind == v[0].kind
                       and v[0].num_outliers == 0)  # one codec kind; outliers are keys' only
             cache[layer] = ((k[0], v[0]), k[1] + v[1]) if usable else None

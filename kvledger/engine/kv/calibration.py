@@ -7,7 +7,8 @@ per layer and KV head, the ``--kv-outlier-channels`` channels of largest absolut
 
 Fields: ``kvledger_calibration`` (format version, 1), ``model`` (the model's name),
 ``num_layers``, ``num_kv_heads``, ``head_dim``, ``key_absmax`` and ``value_absmax``
-([layers][kv_heads][head_dim] floats), plus what was run (``text``, ``tokens``) and the
+([layers][kv_heads][head_dim] floats), ``rotation`` (the basis they were measured in,
+``KVFormatSpec.rotation``; absent = ``none``), plus what was run (``text``, ``tokens``) and the
 error tables of the calibration report.
 """
 
@@ -31,11 +32,13 @@ def shipped_path(model_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_calibration(path: Path, spec: ModelSpec, model_name: str) -> dict:
-    """The calibration in ``path``, checked against the model.
+def load_calibration(path: Path, spec: ModelSpec, model_name: str,
+                     rotation: str = "none") -> dict:
+    """The calibration in ``path``, checked against the model and the format's ``rotation``.
 
     Raises:
-        InvalidParameterError: unreadable or corrupt file, or one made for another model.
+        InvalidParameterError: unreadable or corrupt file, one made for another model or in
+            another rotation's basis.
     """
     try:
         data = json.loads(Path(path).read_text())
@@ -51,6 +54,10 @@ def load_calibration(path: Path, spec: ModelSpec, model_name: str) -> dict:
         raise InvalidParameterError(
             f"--kv-calibration {path} is for model {data.get('model')!r} {shape}, not "
             f"{model_name!r} {want} (run kvledger calibrate on this model)")
+    if data.get("rotation", "none") != rotation:
+        raise InvalidParameterError(
+            f"--kv-calibration {path} was measured with rotation {data.get('rotation', 'none')!r}"
+            f", not --kv-rotation {rotation} (run kvledger calibrate --kv-rotation {rotation})")
     data["key_absmax"] = keys
     return data
 
@@ -73,5 +80,5 @@ def outlier_index(config, spec: ModelSpec, layout) -> torch.Tensor | None:
         raise InvalidParameterError(
             f"--kv-outlier-channels needs a calibration of {name}: run kvledger calibrate "
             "--out FILE, then pass --kv-calibration FILE")
-    absmax = load_calibration(path, spec, name)["key_absmax"]
+    absmax = load_calibration(path, spec, name, layout.fmt.rotation)["key_absmax"]
     return absmax.topk(n, dim=-1).indices.sort(dim=-1).values

@@ -7,12 +7,13 @@ physical block id, so a block's scales live with its codes and are rewritten wit
 
 Layouts (the ledger's ``kv.head_block_bytes`` prices exactly these fields):
 
-- :class:`IntCodec` (int8, int4): asymmetric, ``x ~ zero + code x scale`` with codes in
+- :class:`IntCodec` (int8, int4, int3, int2): asymmetric, ``x ~ zero + code x scale`` with codes in
   ``[0, 2^bits - 1]``, scale = (max - min) / (2^bits - 1) and zero = min, both fp16. Groups run
   ``per-channel`` (one scale per channel over the block's tokens: KIVI's key quantization,
   arXiv 2402.02750 §3, since key outliers sit in fixed channels) or ``per-token`` (groups of
-  ``group_size`` elements along head_dim: KIVI's value quantization). int4 packs two codes
-  per byte (low nibble = even channel).
+  ``group_size`` elements along head_dim: KIVI's value quantization). Packed along head_dim,
+  channel 0 in the lowest bits: int4 two codes per byte, int2 four, int3 eight codes in three
+  bytes (one 24-bit little-endian word, channel 8i + j at bits 3j).
 - :class:`Fp8Codec` (fp8 e4m3): one fp32 scale per block and KV head, amax / 448; values are
   clamped to +-448 before the cast, so a large channel saturates instead of becoming NaN (the
   e4m3fn type has no inf).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv_format import INT_FORMATS, PACK_CHANNELS
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 # smallest scale kept: the fp16 normal minimum (a smaller range is stored at this step)
@@ -60,17 +62,43 @@ class BlockCodec:
         raise NotImplementedError
 
 
+def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [..., D] in [0, 2^bits) -> packed bytes [..., D x bits / 8]."""
+    if bits == 8:
+        return codes
+    per = PACK_CHANNELS[bits]
+    units = codes.reshape(*codes.shape[:-1], -1, per).int()
+    word = (units << (bits * torch.arange(per, dtype=torch.int32))).sum(-1)
+    if bits == 3:
+        word = torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1)
+    return word.to(torch.uint8).reshape(*codes.shape[:-1], -1)
+
+
+def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack`: bytes [..., D x bits / 8] -> codes [..., D] (uint8)."""
+    if bits == 8:
+        return packed
+    per = PACK_CHANNELS[bits]
+    word = packed.int()
+    if bits == 3:
+        word = word.reshape(*packed.shape[:-1], -1, 3)
+        word = word[..., 0] | (word[..., 1] << 8) | (word[..., 2] << 16)
+    codes = (word[..., None] >> (bits * torch.arange(per, dtype=torch.int32))) & ((1 << bits) - 1)
+    return codes.to(torch.uint8).reshape(*packed.shape[:-1], -1)
+
+
 class IntCodec(BlockCodec):
-    """Asymmetric int8 / int4 with fp16 scale and zero point per group.
+    """Asymmetric int8 / int4 / int3 / int2 with fp16 scale and zero point per group.
 
     Args:
-        bits: 8 or 4.
+        bits: 8, 4, 3 or 2.
         axis: ``per-channel`` (groups = a channel over the block's tokens) or ``per-token``
             (groups of ``group_size`` along head_dim).
         group_size: elements per group for ``per-token``; must divide head_dim.
 
     Raises:
-        InvalidParameterError: group size that does not divide head_dim; odd head_dim for int4.
+        InvalidParameterError: group size that does not divide head_dim; a head_dim that is
+            not a multiple of the packing unit (:data:`PACK_CHANNELS`).
     """
 
     def __init__(self, block_size, kv_heads, head_dim, bits: int, axis: str,
@@ -79,9 +107,9 @@ class IntCodec(BlockCodec):
         if axis == "per-token" and head_dim % group_size:
             raise InvalidParameterError(
                 f"--kv-group-size {group_size} does not divide head_dim {head_dim}")
-        if bits == 4 and head_dim % 2:
-            raise InvalidParameterError(f"int4 KV packs two channels per byte: head_dim "
-                                        f"{head_dim} is odd")
+        if head_dim % PACK_CHANNELS[bits]:
+            raise InvalidParameterError(f"int{bits} KV packs {PACK_CHANNELS[bits]} channels "
+                                        f"together: head_dim {head_dim} is not a multiple")
         self.bits, self.axis, self.group = bits, axis, group_size
         self.qmax = (1 << bits) - 1
         self.name = f"int{bits}/{axis}"
@@ -115,17 +143,12 @@ class IntCodec(BlockCodec):
         scale = ((hi - lo) / self.qmax).clamp_min(MIN_SCALE).half()
         zero = lo.half()
         codes = ((g - zero.float()[..., None]) / scale.float()[..., None]).round_()
-        codes = self._ungrouped(codes.clamp_(0, self.qmax)).to(torch.uint8)
-        if self.bits == 4:
-            codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        codes = pack(self._ungrouped(codes.clamp_(0, self.qmax)).to(torch.uint8), self.bits)
         return {"codes": codes.contiguous(), "scale": scale.contiguous(),
                 "zero": zero.contiguous()}
 
     def decode(self, parts, dtype):
-        codes = parts["codes"]
-        if self.bits == 4:
-            codes = torch.stack([codes & 0xF, codes >> 4], dim=-1).flatten(-2)
-        g = self._grouped(codes.float())
+        g = self._grouped(unpack(parts["codes"], self.bits).float())
         x = g * parts["scale"].float()[..., None] + parts["zero"].float()[..., None]
         return self._ungrouped(x).to(dtype)
 
@@ -203,7 +226,7 @@ def make_codecs(kv_format: str, block_size: int, kv_heads: int, head_dim: int,
     def one(axis: str) -> BlockCodec:
         if kv_format == "fp8":
             return Fp8Codec(block_size, kv_heads, head_dim)
-        if kv_format in ("int8", "int4"):
+        if kv_format in INT_FORMATS:
             return IntCodec(block_size, kv_heads, head_dim, int(kv_format[3:]), axis, group_size)
         raise InvalidParameterError(f"{kv_format} is not a quantized KV format")
 

@@ -21,7 +21,7 @@ from kvledger.ledger.kv import (
     kv_heads_per_rank,
     residual_bytes,
 )
-from kvledger.ledger.kv_format import KVFormatSpec, resolve_group_size
+from kvledger.ledger.kv_format import INT_FORMATS, KVFormatSpec, resolve_group_size
 from kvledger.ledger.kv_groups import KVGroup, kv_groups, layer_places
 from kvledger.spec import ModelSpec
 
@@ -91,6 +91,8 @@ class KVLayout:
             parts = [f"keys {f.key_quant}", f"values per-token groups of {f.group_size}"]
         if f.outlier_channels:
             parts.append(f"{f.outlier_channels} fp16 outlier key channels")
+        if f.rotation != "none":
+            parts.append(f"{f.rotation}-rotated")
         parts.append(f"residual block {compute}")
         return f"{f.name} ({', '.join(parts)})"
 
@@ -107,6 +109,7 @@ class KVLayout:
                            STORAGE_DTYPES[f.name], self.compute_dtype, places)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
+        from kvledger.engine.kv.rotation import rotation_matrix
 
         if outlier_index is not None and self.tp > 1:
             from kvledger.engine.parallel.shard import kv_head_range
@@ -117,7 +120,8 @@ class KVLayout:
                                    f.group_size or s.head_dim, f.key_quant, outlier_index)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
                                 f.name, keys, values, self.compute_dtype,
-                                self.residual_slots * len(self.groups), places=places)
+                                self.residual_slots * len(self.groups), places=places,
+                                rotation=rotation_matrix(f.rotation, s.head_dim))
 
 
 def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
@@ -132,7 +136,7 @@ def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
         raise InvalidParameterError(f"--kv-outlier-channels applies to quantized KV formats "
                                     f"(fp8, int8, int4), not {fmt.name}")
     group = None
-    if fmt.name in ("int8", "int4"):
+    if fmt.name in INT_FORMATS:
         group = resolve_group_size(fmt.group_size, head_dim)
     return replace(fmt, group_size=group, outlier_channels=fmt.outlier_count(head_dim))
 
@@ -142,10 +146,15 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     ``compute_dtype``).
 
     Raises:
-        InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim.
+        InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim; a
+            rotation of a head size without a power-of-two divisor >= 8.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
     layout = KVLayout(spec, resolve_format(fmt, spec.head_dim), compute_dtype,
                       config.block_size, config.max_num_seqs, config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)
+    if fmt.rotation != "none":
+        from kvledger.engine.kv.rotation import rotation_matrix
+
+        rotation_matrix(fmt.rotation, spec.head_dim)  # refuses a head size it cannot rotate
     return layout

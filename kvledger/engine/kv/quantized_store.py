@@ -13,6 +13,11 @@ released; a block freed while partial releases its buffer too (``release``, call
 block pool). Prefill attention reads the step's K/V back through the store (``lossy``), so the
 step that writes a block sees the values a later prefix-cache hit on it reads.
 
+With a rotation ``R`` (``rotation.py``) the store holds ``k R`` and ``v R``: a step's K/V are
+rotated once as they are written (before the residual buffer and the encoder), and
+``read_blocks`` / ``gather`` rotate back, so every reader but the native kernel (which rotates
+queries and output instead) sees the unrotated K/V.
+
 Every tensor is allocated with ``lazy_zeros`` (anonymous memory mapped on first write), so
 blocks never used cost no RAM, as in the full-precision store. The bytes (``nbytes``) are the
 codec tensors plus the residual buffers; ``residual_of`` and the
@@ -61,6 +66,8 @@ class QuantizedKVStore:
             layer groups: a sequence has one partial block per group).
         use_native: encode filled int8 / int4 blocks with the native encoder
             (``kvledger.device.Kernels.kv_encoder``, same bytes) when it builds.
+        rotation: [head_dim, head_dim] fp32 orthogonal matrix the rows are stored rotated by,
+            or None.
     """
 
     quantized = lossy = True
@@ -69,7 +76,8 @@ class QuantizedKVStore:
                  head_dim: int, kv_format: str, key_codecs: list[BlockCodec] | BlockCodec,
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
                  residual_slots: int, use_native: bool = True,
-                 places: tuple[tuple[int, int], ...] | None = None) -> None:
+                 places: tuple[tuple[int, int], ...] | None = None,
+                 rotation: torch.Tensor | None = None) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
         self.num_kv_heads = num_kv_heads
         self.compute_dtype = compute_dtype
@@ -93,6 +101,7 @@ class QuantizedKVStore:
         self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
         self._encoder = KERNELS.kv_encoder() if use_native else None
+        self.rotation = rotation
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
         return {name: lazy_zeros((self.num_blocks, *shape), dtype)
@@ -158,7 +167,7 @@ class QuantizedKVStore:
                 (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (value, self.value_parts[layer], self.value_codec,
                  self.residual_values[layer])):
-            x = x.to(self.compute_dtype)
+            x = self._rotated(x, self.rotation)
             if not len(plan.filled):  # each token straight into its block's buffer
                 if len(plan.opened):  # a newly opened buffer starts as zeros
                     residual.index_fill_(0, plan.opened, 0)
@@ -191,8 +200,15 @@ class QuantizedKVStore:
                              self.compute_dtype)
             if len(partial):
                 x.index_copy_(0, partial, residual.index_select(0, slots[partial]))
+            x = self._rotated(x, None if self.rotation is None else self.rotation.T)
             out.append(x.view(*block_ids.shape, *x.shape[1:]))
         return out[0], out[1]
+
+    def _rotated(self, x: torch.Tensor, matrix: torch.Tensor | None) -> torch.Tensor:
+        """Rows of ``x`` [..., head_dim] times ``matrix`` (in fp32), in the compute dtype."""
+        if matrix is None:
+            return x.to(self.compute_dtype)
+        return (x.float() @ matrix).to(self.compute_dtype)
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V at ``slots`` (any shape S) -> S + [kv_heads, head_dim], compute dtype

@@ -10,6 +10,7 @@ import torch
 from kvledger.device.cpu.kv_encode import encoder
 from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys, make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
+from kvledger.engine.kv.rotation import hadamard
 
 native = encoder()
 pytestmark = pytest.mark.skipif(native is None, reason="native library not built")
@@ -31,7 +32,7 @@ def _empty_parts(codec, blocks):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 4, 3, 2])
 @pytest.mark.parametrize("axis,group", [("per-channel", 32), ("per-token", 32),
                                         ("per-token", 16)])
 @pytest.mark.parametrize("outliers", [0, 3])
@@ -61,14 +62,18 @@ def test_native_encoder_declines_fp8():
     assert not any(t.any() for t in parts.values())
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_the_store_holds_the_same_pool_with_and_without_the_native_encoder(fmt):
-    """Prefill chunks and decode steps of three sequences (blocks filling at different steps)."""
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int3", "int2"])
+@pytest.mark.parametrize("rotated", [False, True])
+def test_the_store_holds_the_same_pool_with_and_without_the_native_encoder(fmt, rotated):
+    """Prefill chunks and decode steps of three sequences (blocks filling at different steps),
+    with and without a Hadamard rotation of the rows."""
     bs, heads, dim, layers = 16, 2, 64, 2
     channels = torch.tensor([[[3, 40], [7, 8]], [[0, 1], [62, 63]]])
     keys, values = make_codecs(fmt, bs, heads, dim, 32, "per-channel", channels)
     stores = [QuantizedKVStore(layers, 12, bs, heads, dim, fmt, keys, values, torch.bfloat16,
-                               residual_slots=3, use_native=flag) for flag in (True, False)]
+                               residual_slots=3, use_native=flag,
+                               rotation=hadamard(dim) if rotated else None)
+              for flag in (True, False)]
     gen = torch.Generator().manual_seed(1)
     # sequence i owns blocks 4i .. 4i + 3; prompts of 21, 16 and 7 tokens, then 20 decode steps
     steps = [torch.cat([torch.arange(0, 21), torch.arange(64, 80), torch.arange(128, 135)])]
@@ -85,3 +90,4 @@ def test_the_store_holds_the_same_pool_with_and_without_the_native_encoder(fmt):
             for name, tensor in getattr(fast, side)[layer].items():
                 assert torch.equal(tensor, getattr(slow, side)[layer][name]), (layer, side, name)
     assert torch.equal(fast.residual_of, slow.residual_of)
+    assert all(torch.equal(a, b) for a, b in zip(fast.residual_keys, slow.residual_keys))

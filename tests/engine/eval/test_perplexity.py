@@ -50,6 +50,29 @@ def test_kl_divergence_against_itself_is_zero(tiny_engine_factory):
     assert r.ppl_base == pytest.approx(r.ppl)
 
 
+def test_kld_percentile_is_numpys_linear_percentile():
+    """llama.cpp's percentile (interpolation at fraction x (n - 1)) is numpy's default."""
+    import numpy as np
+    import torch
+
+    from kvledger.eval.perplexity import kld_percentile
+
+    values = torch.rand(1001, generator=torch.Generator().manual_seed(0)).double().sort().values
+    for fraction in (0.5, 0.99, 0.999, 1.0):
+        assert kld_percentile(values, fraction) == pytest.approx(
+            float(np.percentile(values.numpy(), 100 * fraction)), rel=1e-12)
+
+
+def test_kld_percentiles_of_a_lossy_kv_run(tiny_engine_factory):
+    """int4 KV against an fp32 base: the summary statistics of the per-position KLD, in
+    order, the mean at most the maximum."""
+    engine = tiny_engine_factory(num_blocks=16, kv_cache_dtype="int4")
+    base = tiny_engine_factory(num_blocks=16)
+    r = perplexity(engine, _ids(300), 128, base=base)
+    assert 0 < r.kld_median <= r.kld_p99 <= r.kld_p999 <= r.kld_max
+    assert r.kld_mean <= r.kld_max
+
+
 @pytest.mark.slow
 def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
     """The engine's PPL (fp32, fp32 KV) on real text equals the one computed from
@@ -80,7 +103,7 @@ def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
     (["--context", "2"], "--context must be >= 4"),
     (["--context", "64", "--stride", "0"], "--stride must be in"),
     (["--text", "/nonexistent/file.txt"], "cannot read"),
-    (["--kv-cache-dtype", "int3"], "kv_cache_dtype must be one of"),
+    (["--kv-cache-dtype", "int5"], "kv_cache_dtype must be one of"),
 ])
 def test_bad_perplexity_input_is_one_line_and_exit_2(args, message):
     out = CliRunner().invoke(app, ["eval", "perplexity", *args])

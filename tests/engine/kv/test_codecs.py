@@ -23,6 +23,10 @@ def _codecs():
         "int8/per-token": IntCodec(BS, H, D, 8, "per-token", 32),
         "int4/per-channel": IntCodec(BS, H, D, 4, "per-channel", 32),
         "int4/per-token": IntCodec(BS, H, D, 4, "per-token", 16),
+        "int3/per-channel": IntCodec(BS, H, D, 3, "per-channel", 32),
+        "int3/per-token": IntCodec(BS, H, D, 3, "per-token", 32),
+        "int2/per-channel": IntCodec(BS, H, D, 2, "per-channel", 32),
+        "int2/per-token": IntCodec(BS, H, D, 2, "per-token", 16),
         "fp8": Fp8Codec(BS, H, D),
         "int4/per-channel+outliers": OutlierKeys(IntCodec(BS, H, D, 4, "per-channel", 32),
                                                  outliers),
@@ -76,6 +80,22 @@ def test_int4_packs_two_codes_per_byte():
     assert codec.fields()["codes"][0] == (BS, H, D // 2)
 
 
+@pytest.mark.parametrize("bits, row", [
+    # channels 0..7 hold codes 1..7, 0 (int3) or 1, 2, 3, 0, ... (int2), written out by hand
+    (3, [0b11010001, 0b01011000, 0b00011111]),  # 1 | 2<<3 | 3<<6 ... as one 24-bit word
+    (2, [0b00111001, 0b00111001]),  # 1 | 2<<2 | 3<<4 | 0<<6, twice
+])
+def test_int3_and_int2_pack_eight_codes_in_three_and_two_bytes(bits, row):
+    from kvledger.engine.kv.codecs import pack, unpack
+
+    codes = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 0]] if bits == 3 else [[1, 2, 3, 0] * 2],
+                         dtype=torch.uint8)
+    assert pack(codes, bits).tolist() == [row]
+    assert torch.equal(unpack(pack(codes, bits), bits), codes)
+    codec = IntCodec(BS, H, D, bits, "per-token", 32)
+    assert codec.fields()["codes"][0] == (BS, H, D * bits // 8)
+
+
 def test_outlier_channels_come_back_at_fp16_precision():
     codec, x = CODECS["int4/per-channel+outliers"], _blocks()
     out = codec.decode(codec.encode(x), torch.float32)
@@ -120,8 +140,10 @@ def test_per_channel_keys_survive_an_outlier_channel_per_token_keys_do_not():
 def test_bad_layouts_are_refused():
     with pytest.raises(InvalidParameterError, match="does not divide"):
         IntCodec(BS, H, D, 4, "per-token", 24)
-    with pytest.raises(InvalidParameterError, match="odd"):
+    with pytest.raises(InvalidParameterError, match="head_dim 15 is not a multiple"):
         IntCodec(BS, H, 15, 4, "per-channel", 15)
+    with pytest.raises(InvalidParameterError, match="int3 KV packs 8 channels"):
+        IntCodec(BS, H, 20, 3, "per-channel", 20)
 
 
 def test_fp8_without_torch_support_is_a_clear_error(monkeypatch):

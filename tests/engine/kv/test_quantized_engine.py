@@ -2,8 +2,10 @@
 
 Oracles: self-consistency (cold vs warm prefix cache, batch vs alone, preemption vs none, a
 pinned pool with eviction and reuse vs an unbounded one: the same greedy tokens), the
-attention backends against each other over the same quantized blocks, and the pool's tensor
-bytes against the ledger's figure counted by hand.
+attention backends against each other over the same quantized blocks (also Hadamard-rotated
+ones: the native kernel rotates queries and output, the others read K/V rotated back), fp32
+attention over the store's read-back, and the pool's tensor bytes against the ledger's figure
+counted by hand (the same with rotation).
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import json
 import random
 
 import pytest
+import torch
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.ledger.kv_format import KVFormatSpec
 
-FORMATS = ["int8", "int4", "fp8"]
+FORMATS = ["int8", "int4", "int3", "int2", "fp8"]
 # int4 on every run, the other formats in the slow suite
-SOME_SLOW = ["int4", *(pytest.param(f, marks=pytest.mark.slow) for f in ("int8", "fp8"))]
+SOME_SLOW = ["int4", "int3", "int2",
+             *(pytest.param(f, marks=pytest.mark.slow) for f in ("int8", "fp8"))]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
@@ -116,6 +120,8 @@ def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
     ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4),            # group 16 = head_dim
     ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4),
     ("fp8", {}, 2 * 16 * 16 + 2 * 4),
+    ("int3", {}, 2 * 16 * 6 + 16 * 4 + 16 * 4),  # 8 codes in 3 bytes: 6 bytes per row
+    ("int2", {}, 2 * 16 * 4 + 16 * 4 + 16 * 4),
 ])
 def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block):
     engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5, **options)
@@ -181,3 +187,87 @@ def test_outlier_channels_from_a_calibration_file(tiny_engine_factory, tiny_llam
         with pytest.raises(InvalidParameterError, match=message):
             tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_outlier_channels=2,
                                 kv_calibration=str(path))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8"])
+def test_pool_bytes_and_ledger_unchanged_by_rotation(tiny_engine_factory, fmt):
+    plain = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5)
+    rotated = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5,
+                                  kv_rotation="hadamard")
+    spec = plain.spec
+    assert rotated.store.nbytes == plain.store.nbytes
+    assert rotated.bytes_per_block == plain.bytes_per_block == kv_bytes_per_block(
+        spec, KVFormatSpec(fmt, rotation="hadamard"), 1, 16)
+    assert rotated.store.rotation is not None and plain.store.rotation is None
+
+
+@pytest.mark.parametrize("fmt", ["int4", pytest.param("int8", marks=pytest.mark.slow), "fp8"])
+def test_backends_agree_over_rotated_blocks(tiny_engine_factory, fmt):
+    """paged-native rotates queries and output in the kernel; paged-torch and the reference
+    read K/V rotated back by the store: the same greedy tokens."""
+    prompts = _prompts(3)
+    engines = {b: tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt, attention=b,
+                                      kv_rotation="hadamard")
+               for b in ("reference", "paged-torch", "paged-native")}
+    ref = _run(engines.pop("reference"), prompts)
+    for backend, engine in engines.items():
+        assert engine.model.attention.name == backend
+        assert _run(engine, prompts) == ref, backend
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int3", "int2"])
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_native_kernel_equals_fp32_attention_over_the_read_back(tiny_engine_factory, fmt,
+                                                                rotation):
+    """The kernel's output over a (rotated) store equals softmax attention computed in fp32
+    from the store's (unrotated) read-back (``read_blocks``), within 1e-4: it decodes the
+    format and the rotation itself, without falling back."""
+    from kvledger.device.cpu import native
+    from kvledger.engine.attention.metadata import PagedQueries
+
+    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype=fmt, kv_rotation=rotation)
+    store, spec = engine.store, engine.spec
+    n = 40  # two full blocks and a partial one
+    g = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(n, spec.num_kv_heads, spec.head_dim, generator=g) for _ in range(2))
+    k[..., 3] *= 20
+    store.write(0, torch.arange(n), k, v)
+    q = torch.randn(1, spec.num_attention_heads, spec.head_dim, generator=g)
+    paged = PagedQueries(torch.tensor([[0, 1, 2]], dtype=torch.int32),
+                         torch.tensor([0], dtype=torch.int32), torch.tensor([n], dtype=torch.int32))
+    backend = engine.model.attention
+    assert backend.name == "paged-native" and native.load() is not None
+    assert backend.kernel.accepts_quantized(q, store) and backend._sides(store, 0) is not None
+    out = backend.attend(0, q, paged, store)
+    keys, values = (x.reshape(-1, *x.shape[2:])[:n] for x in store.read_blocks(0, torch.arange(3)))
+    group = spec.num_attention_heads // spec.num_kv_heads
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    p = torch.softmax(torch.einsum("hd,thd->ht", q[0], keys) * spec.head_dim ** -0.5, -1)
+    want = torch.einsum("ht,thd->hd", p, values)
+    assert torch.allclose(out[0], want, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"kv_cache_dtype": "bf16", "kv_rotation": "hadamard"}, "applies to quantized KV formats"),
+    ({"kv_cache_dtype": "int4", "kv_rotation": "givens"}, "kv_rotation must be one of"),
+])
+def test_bad_rotation_options_are_refused(tiny_engine_factory, options, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        tiny_engine_factory(num_blocks=8, **options)
+
+
+def test_calibration_records_its_rotation_and_a_mismatch_is_refused(
+        tiny_engine_factory, tiny_llama, tmp_path):
+
+    folder, _ = tiny_llama
+    spec = tiny_engine_factory(num_blocks=1).spec
+    plain, rotated = tmp_path / "plain.json", tmp_path / "rotated.json"
+    plain.write_text(json.dumps(_calibration(spec, folder.name)))
+    rotated.write_text(json.dumps(_calibration(spec, folder.name, rotation="hadamard")))
+    engine = tiny_engine_factory(num_blocks=40, kv_cache_dtype="int4", kv_outlier_channels=2,
+                                 kv_calibration=str(rotated), kv_rotation="hadamard")
+    assert engine.store.key_codecs[0].channels.tolist() == [[14, 15], [14, 15]]
+    for path, rotation in ((plain, "hadamard"), (rotated, "none")):
+        with pytest.raises(InvalidParameterError, match="was measured with rotation"):
+            tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_outlier_channels=2,
+                                kv_calibration=str(path), kv_rotation=rotation)

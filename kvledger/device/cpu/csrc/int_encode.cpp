@@ -1,4 +1,4 @@
-// kvl_encode_int: quantize full KV blocks to int8 / int4 codes with fp16 scale and zero point
+// kvl_encode_int: quantize full KV blocks to int8 / int4 / int3 / int2 codes with fp16 scale and zero point
 // and store them straight into the pool at their physical block ids, in one call instead of
 // the ~20 PyTorch ops of IntCodec.encode + OutlierKeys.encode + the index_copy_ per field.
 //
@@ -8,7 +8,9 @@
 // with the divisions done as IEEE fp32 divisions and every fp32 -> fp16 conversion rounded to
 // nearest even (the compiler's _Float16). A group is one channel over the block's tokens
 // (per-channel keys, KIVI arXiv:2402.02750) or `group` consecutive channels of one token
-// (per-token values). int4 packs channel 2i in the low nibble, 2i + 1 in the high one.
+// (per-token values). Packing as kvledger.engine.kv.codecs.pack: int4 channel 2i in the low
+// nibble, 2i + 1 in the high one; int2 channel 4i + j at bits 2j of byte i; int3 channels
+// 8i .. 8i + 7 in the 24-bit little-endian word of bytes 3i .. 3i + 2, channel 8i + j at 3j.
 // Outlier channels (keys only): their values go to `outliers` as fp16 and they are quantized
 // as zeros, as OutlierKeys.encode does.
 //
@@ -47,7 +49,8 @@ extern "C" int kvl_encode_int(const void* x, int dtype, int n, int bs, int H, in
                               uint8_t* codes, uint16_t* scale, uint16_t* zero,
                               const int64_t* outlier_channels, int num_outliers,
                               uint16_t* outliers) {
-    if (bs > kMaxBlock || D > kMaxDim || (bits != 8 && bits != 4)) return 1;
+    if (bs > kMaxBlock || D > kMaxDim || (bits != 8 && bits != 4 && bits != 3 && bits != 2))
+        return 1;
     const int qmax = (1 << bits) - 1;
     const int row_bytes = D * bits / 8;
     for (int b = 0; b < n; ++b) {
@@ -96,11 +99,24 @@ extern "C" int kvl_encode_int(const void* x, int dtype, int n, int bs, int H, in
             }
             for (int t = 0; t < bs; ++t) {
                 uint8_t* row = cb + (static_cast<int64_t>(t) * H + h) * row_bytes;
+                const uint8_t* c = q[t];
                 if (bits == 8) {
-                    std::memcpy(row, q[t], D);
-                } else {
+                    std::memcpy(row, c, D);
+                } else if (bits == 4) {
                     for (int i = 0; i < D / 2; ++i)
-                        row[i] = static_cast<uint8_t>(q[t][2 * i] | (q[t][2 * i + 1] << 4));
+                        row[i] = static_cast<uint8_t>(c[2 * i] | (c[2 * i + 1] << 4));
+                } else if (bits == 2) {
+                    for (int i = 0; i < D / 4; ++i)
+                        row[i] = static_cast<uint8_t>(c[4 * i] | (c[4 * i + 1] << 2) |
+                                                      (c[4 * i + 2] << 4) | (c[4 * i + 3] << 6));
+                } else {
+                    for (int i = 0; i < D / 8; ++i) {
+                        uint32_t w = 0;
+                        for (int j = 0; j < 8; ++j) w |= static_cast<uint32_t>(c[8 * i + j]) << (3 * j);
+                        row[3 * i] = static_cast<uint8_t>(w);
+                        row[3 * i + 1] = static_cast<uint8_t>(w >> 8);
+                        row[3 * i + 2] = static_cast<uint8_t>(w >> 16);
+                    }
                 }
             }
         }

@@ -18,7 +18,8 @@
 // per block, values' per-token scales are applied to the row in registers (attend_quantized).
 // The arithmetic is the codecs' decode in fp32 (not rounded to a bf16 compute dtype first). A
 // block whose residual_of entry is >= 0 is still partial and is read from its compute-dtype
-// residual buffer instead.
+// residual buffer instead. Rotated K/V (KVSide.rotation R: rows stored as k R, v R) are read
+// with the query rotated once per item, q R, and the output rotated back, o R^T.
 //
 // Work is split into items (query, kv head, part of the context): with few queries (batch-1
 // decode) a context is cut into parts so every thread has work, each part keeps its own running
@@ -76,9 +77,11 @@ void finish_item(const Args& a, const State& st, int qi, int kh, int part, int n
         for (int g = 0; g < G; ++g) {
             const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
             const float inv = 1.f / st.l[g];
+            alignas(64) float row[kMaxDim];
             for (int j = 0; j < nv; ++j)
-                for (int i = 0; i < kLanes; ++i)
-                    store(out, base + j * kLanes + i, st.acc[g][j][i] * inv);
+                for (int i = 0; i < kLanes; ++i) row[j * kLanes + i] = st.acc[g][j][i];
+            if (a.vs && a.vs->rotation) rotate_row(row, a.vs->rotation, D, true);
+            for (int d = 0; d < D; ++d) store(out, base + d, row[d] * inv);
         }
         return;
     }
@@ -174,8 +177,10 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     State st;
     for (int g = 0; g < G; ++g) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
+        for (int j = 0; j < nv; ++j) st.qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
+        if (KIND != 0 && a.ks->rotation)
+            rotate_row(reinterpret_cast<float*>(st.qf[g]), a.ks->rotation, D, false);
         for (int j = 0; j < nv; ++j) {
-            st.qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
             st.qm[g][j] = st.qf[g][j];
             st.acc[g][j] = vec{};
         }
@@ -239,6 +244,7 @@ void merge_parts(const Args& a, int qi, int kh) {
         }
         const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         const float inv = 1.f / l;
+        if (a.vs && a.vs->rotation) rotate_row(acc, a.vs->rotation, D, true);
         for (int d = 0; d < D; ++d) store(out, base + d, acc[d] * inv);
     }
 }
@@ -263,6 +269,8 @@ void run(const Args& a, int num_threads) {
             const int kh = static_cast<int>(pair % a.kv_heads);
             if (kind == kInt8) attend_part<T, DV, kInt8>(a, qi, kh, part);
             else if (kind == kInt4) attend_part<T, DV, kInt4>(a, qi, kh, part);
+            else if (kind == kInt3) attend_part<T, DV, kInt3>(a, qi, kh, part);
+            else if (kind == kInt2) attend_part<T, DV, kInt2>(a, qi, kh, part);
             else if (kind == kFp8) attend_part<T, DV, kFp8>(a, qi, kh, part);
             else attend_part<T, DV, 0>(a, qi, kh, part);
         }

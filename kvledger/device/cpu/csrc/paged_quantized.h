@@ -22,7 +22,14 @@
 namespace {
 
 // K or V of one layer of a quantized store; block ids index every per-block tensor.
-enum Kind { kInt8 = 8, kInt4 = 4, kFp8 = 3 };
+// (int3 is 7: 3 is e4m3's, and KVSide.kind is set by kvledger.device.cpu.native.kv_side)
+enum Kind { kInt8 = 8, kInt4 = 4, kInt2 = 2, kInt3 = 7, kFp8 = 3 };
+
+// Bytes of one row of D codes (kvledger.engine.kv.codecs.pack).
+template <int KIND>
+constexpr int row_bytes_of(int D) {
+    return KIND == kInt4 ? D / 2 : KIND == kInt2 ? D / 4 : KIND == kInt3 ? 3 * D / 8 : D;
+}
 struct KVSide {
     const uint8_t* codes;      // [blocks, bs, kv_heads, head_dim * bits / 8]
     const void* scale;         // int: fp16 bits, [blocks, kv_heads, head_dim] when group == 0
@@ -32,8 +39,32 @@ struct KVSide {
     const uint16_t* outliers;  // fp16 bits [blocks, bs, kv_heads, num_outliers], or null
     const int64_t* outlier_channels;  // [kv_heads, num_outliers]
     const void* residual;      // compute dtype [slots, bs, kv_heads, head_dim]
+    const float* rotation;     // [head_dim, head_dim] R the rows are stored rotated by (x R),
+                               // or null (kvledger.engine.kv.rotation)
     int32_t kind, group, num_outliers;
 };
+
+// x[0..D) <- x R (transpose: x R^T), R [D, D] row-major, in fp32: a query into the basis of
+// rotated keys, or an output of rotated values back (R orthogonal).
+inline void rotate_row(float* x, const float* R, int D, bool transpose) {
+    alignas(64) float y[kMaxDim] = {};
+    if (transpose) {
+        for (int d = 0; d < D; ++d) {
+            float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < D; ++i) sum += x[i] * R[static_cast<int64_t>(d) * D + i];
+            y[d] = sum;
+        }
+    } else {
+        for (int i = 0; i < D; ++i) {
+            const float xi = x[i];
+            const float* r = R + static_cast<int64_t>(i) * D;
+#pragma omp simd
+            for (int d = 0; d < D; ++d) y[d] += xi * r[d];
+        }
+    }
+    std::memcpy(x, y, sizeof(float) * D);
+}
 
 // fp16 bits -> fp32 (exact, subnormals included).
 inline float half_to_float(uint16_t h) {
@@ -63,7 +94,8 @@ inline void halves_to_floats(const uint16_t* h, float* f, int n) {
 }
 
 // Eight codes -> eight fp32: int8 (one byte each), int4 (four bytes, the low nibble is the
-// even channel) and float8 e4m3fn. For e4m3 the 7 exponent and mantissa bits moved to fp32's
+// even channel), int2 (two bytes, channel j at bits 2j), int3 (three bytes, one little-endian
+// word, channel j at bits 3j) and float8 e4m3fn. For e4m3 the 7 exponent and mantissa bits moved to fp32's
 // bits 20..26 make 2^(e-127) x 1.m (a subnormal for e = 0), and x 2^120 rebiases to e4m3's 7;
 // both steps are exact. (0x7F, e4m3's NaN, would read 480: the codec never writes it, values
 // are clamped to +-448.) AVX2 widens the bytes in registers; other CPUs take a scalar loop.
@@ -83,6 +115,14 @@ inline vec int4_codes(const uint8_t* c) {
         _mm256_set1_epi32(15));
     return reinterpret_cast<vec>(_mm256_cvtepi32_ps(nibbles));
 }
+// The eight fields of `bits` bits of word w (field j at bits j x bits) as fp32.
+inline vec fields_of(uint32_t w, int bits) {
+    const __m256i shifts = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_epi32(bits));
+    const __m256i f = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), shifts),
+                                       _mm256_set1_epi32((1 << bits) - 1));
+    return reinterpret_cast<vec>(_mm256_cvtepi32_ps(f));
+}
 inline vec fp8_to_float(const uint8_t* c) {
     // sign-extended and moved up 20 bits: the sign lands in bit 31 (and 28..30, masked)
     const __m256i u = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c)));
@@ -99,6 +139,11 @@ inline vec int8_codes(const uint8_t* c) {
 inline vec int4_codes(const uint8_t* c) {
     vec r;
     for (int i = 0; i < kLanes; ++i) r[i] = static_cast<float>((c[i / 2] >> (4 * (i & 1))) & 15);
+    return r;
+}
+inline vec fields_of(uint32_t w, int bits) {
+    vec r;
+    for (int i = 0; i < kLanes; ++i) r[i] = static_cast<float>((w >> (bits * i)) & ((1u << bits) - 1));
     return r;
 }
 inline vec fp8_to_float(const uint8_t* c) {
@@ -144,7 +189,7 @@ void group_layout(const KVSide& s, int D, int64_t tokens, QBlock& b, std::vector
 // Point b at block `id`, KV head kh (per-channel scales converted to fp32 here).
 template <int KIND>
 void open_block(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs, QBlock& b) {
-    const int row_bytes = KIND == kInt4 ? D / 2 : D;
+    const int row_bytes = row_bytes_of<KIND>(D);
     const int64_t row0 = id * bs * kv_heads + kh;  // row of token t: row0 + t * kv_heads
     b.codes = s.codes + row0 * row_bytes;
     b.stride = static_cast<int64_t>(kv_heads) * row_bytes;
@@ -175,6 +220,11 @@ template <int KIND>
 inline vec codes_vec(const uint8_t* c, int j) {
     if (KIND == kInt8) return int8_codes(c + j * kLanes);
     if (KIND == kInt4) return int4_codes(c + j * kLanes / 2);
+    if (KIND == kInt2) return fields_of(static_cast<uint32_t>(c[2 * j]) | (c[2 * j + 1] << 8), 2);
+    if (KIND == kInt3) {
+        const uint8_t* w = c + 3 * j;
+        return fields_of(static_cast<uint32_t>(w[0]) | (w[1] << 8) | (w[2] << 16), 3);
+    }
     return fp8_to_float(c + j * kLanes);
 }
 
