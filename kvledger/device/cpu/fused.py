@@ -37,10 +37,11 @@ class NativeOps(TorchOps):
         self._norm.argtypes = [ptr] * 4 + [i32, i32, ctypes.c_float, i32, i32]
         self._rope = lib.kvl_rope
         self._rope.argtypes = [ptr, i64, i32, i32, i32, ptr, ptr, ptr, i32]
-        self._silu = lib.kvl_silu_mul
-        self._silu.argtypes = [ptr, ptr, i32, i32, i32]
-        for fn in (self._norm, self._rope, self._silu):
+        self._glu = {"silu_mul": lib.kvl_silu_mul, "gelu_tanh_mul": lib.kvl_gelu_tanh_mul}
+        for fn in (self._norm, self._rope, *self._glu.values()):
             fn.restype = None
+        for fn in self._glu.values():
+            fn.argtypes = [ptr, ptr, i32, i32, i32]
 
     def _too_many(self, op: str, t: torch.Tensor) -> bool:
         limit = self._max_rows.get((op, t.dtype))
@@ -74,12 +75,20 @@ class NativeOps(TorchOps):
         return qk
 
     def silu_mul(self, gate_up):
+        return self._glu_mul("silu_mul", gate_up)
+
+    def gelu_tanh_mul(self, gate_up):
+        return self._glu_mul("gelu_tanh_mul", gate_up)
+
+    def _glu_mul(self, op: str, gate_up: torch.Tensor) -> torch.Tensor:
+        """``op`` (``silu_mul`` or ``gelu_tanh_mul``) on gate_up [T, 2f] -> [T, f]."""
         if (gate_up.dtype not in DTYPE_CODES or not gate_up.is_contiguous()
-                or self._too_many("silu_mul", gate_up)):
-            return super().silu_mul(gate_up)
+                or self._too_many(op, gate_up)):
+            return getattr(super(), op)(gate_up)
         rows, width = gate_up.shape
         out = gate_up.new_empty(rows, width // 2)
-        self._silu(gate_up.data_ptr(), out.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype])
+        self._glu[op](gate_up.data_ptr(), out.data_ptr(), rows, width // 2,
+                      DTYPE_CODES[gate_up.dtype])
         return out
 
 

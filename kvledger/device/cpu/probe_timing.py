@@ -164,11 +164,20 @@ def time_attention(spec: ModelSpec, quantized: bool = False) -> dict[str, float]
     return best_us(candidates)
 
 
+GLU_OPS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul"}
+"""The MLP activation (``ModelSpec.hidden_act``) -> its fused gated op in the device's ops."""
+
+
+def glu_op(spec: ModelSpec) -> str:
+    """The fused gated-activation op the model's MLP calls (SiLU for any other name)."""
+    return GLU_OPS.get(spec.hidden_act, "silu_mul")
+
+
 def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, gen):
     """A call of ``ops``' ``op`` on ``rows`` random rows of the model's width."""
-    if op == "silu_mul":
+    if op in GLU_OPS.values():
         x = torch.randn(rows, 2 * spec.intermediate_size, generator=gen).to(dtype)
-        return lambda: ops.silu_mul(x)
+        return lambda: getattr(ops, op)(x)
     h = torch.randn(rows, spec.hidden_size, generator=gen).to(dtype)
     delta = (torch.randn(rows, spec.hidden_size, generator=gen) * 1e-3).to(dtype)
     weight = torch.randn(spec.hidden_size, generator=gen).to(dtype)
@@ -189,7 +198,7 @@ def time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
     gen = torch.Generator().manual_seed(0)
     result = {}
     for name, dtype in FUSED_DTYPES.items():
-        for op in ("add_rms_norm", "silu_mul"):
+        for op in ("add_rms_norm", glu_op(spec)):
             result[f"{op}:{name}"] = {
                 str(rows): best_us({k: _fused_call(o, op, rows, dtype, spec, gen)
                                      for k, o in impls.items()})

@@ -59,11 +59,12 @@ def test_rope_matches_torch_on_a_strided_view(native, dtype):
     assert torch.equal(qkv[:, 12 * 64:], _rand(4, 15 * 64, dtype=dtype)[:, 12 * 64:])  # V kept
 
 
+@pytest.mark.parametrize("op", ["silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("rows", [3, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul_matches_torch(native, dtype, rows):
+def test_glu_mul_matches_torch(native, dtype, rows, op):
     gate_up = _rand(rows, 2 * 1536, dtype=dtype) * 4  # up to |x| ~ 20: exp's whole range used
-    want, got = TorchOps().silu_mul(gate_up), native.silu_mul(gate_up)
+    want, got = getattr(TorchOps(), op)(gate_up), getattr(native, op)(gate_up)
     assert _close(got, want, dtype)
 
 
@@ -78,9 +79,10 @@ def test_without_the_library_the_torch_ops_are_used(monkeypatch):
         builder.library.cache_clear()
 
 
+@pytest.mark.parametrize("op", ["silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_mul_at_the_ends_of_exp(native, dtype):
-    """Gates far past exp's fp32 range (clamped inside the kernel): silu(x) ~ x or ~ 0."""
+def test_glu_mul_at_the_ends_of_exp(native, dtype, op):
+    """Gates far past exp's fp32 range (clamped inside the kernel): act(x) ~ x or ~ 0."""
     gate = torch.tensor([[-200.0, -90.0, -30.0, 0.0, 30.0, 90.0, 200.0, 1e-3] * 4])
     gate_up = torch.cat([gate, torch.ones_like(gate)], dim=1).to(dtype)
-    assert _close(native.silu_mul(gate_up), TorchOps().silu_mul(gate_up), dtype)
+    assert _close(getattr(native, op)(gate_up), getattr(TorchOps(), op)(gate_up), dtype)

@@ -6,12 +6,15 @@
 //  - kvl_rope: rotate the first `heads` heads of every row in place by the angles of its position,
 //    the "rotate half" layout (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) (Su et al.,
 //    RoFormer, arXiv:2104.09864), cos/sin from fp32 tables [max_positions, head_dim / 2];
-//  - kvl_silu_mul: out = silu(gate) * up for rows [gate | up] (SwiGLU, Shazeer arXiv:2002.05202).
+//  - kvl_silu_mul: out = silu(gate) * up for rows [gate | up] (SwiGLU, Shazeer arXiv:2002.05202);
+//  - kvl_gelu_tanh_mul: out = gelu_tanh(gate) * up (GeGLU, ibid.), with the tanh approximation
+//    0.5 a (1 + tanh(z)), z = sqrt(2 / pi) (a + 0.044715 a^3) (Hendrycks & Gimpel,
+//    arXiv:1606.08415), computed as a / (1 + e^(-2z)), the same value.
 //
 // Elements are fp32 or bf16 (raw uint16 bits, rounded to nearest even once per result); the
 // arithmetic is fp32. Built into the same library as paged_attention.cpp.
 //
-// The norm and SiLU loops are written to vectorise (`omp simd`; exp by exp_f32 below, since the
+// The norm and GLU loops are written to vectorise (`omp simd`; exp by exp_f32 below, since the
 // C library's expf has no vector form without -ffast-math), and rows are split over torch's
 // OpenMP threads once a call holds PARALLEL_MIN elements (libgomp, the pool torch itself uses:
 // see gemv_tiles.h), so the many rows of a prefill chunk run at the machine's speed while a
@@ -107,8 +110,16 @@ void rope(T* x, int64_t row_stride, int tokens, int heads, int dim, const float*
     }
 }
 
-template <typename T>
-void silu_mul(const T* gate_up, T* out, int rows, int f) {
+// The gate's scale inside the logistic: silu(a) = a / (1 + e^-a); gelu_tanh(a) = a / (1 + e^-2z).
+struct Silu {
+    static float arg(float a) { return a; }
+};
+struct GeluTanh {
+    static float arg(float a) { return 1.5957691216057308f * (a + 0.044715f * a * a * a); }
+};
+
+template <typename Act, typename T>
+void glu_mul(const T* gate_up, T* out, int rows, int f) {
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(rows) * f >= PARALLEL_MIN)
     for (int r = 0; r < rows; ++r) {
         const T* g = gate_up + static_cast<int64_t>(r) * 2 * f;
@@ -116,9 +127,17 @@ void silu_mul(const T* gate_up, T* out, int rows, int f) {
 #pragma omp simd
         for (int i = 0; i < f; ++i) {
             const float a = to_f32(g, i);
-            put(y, i, a / (1.f + exp_f32(-a)) * to_f32(g, f + i));
+            put(y, i, a / (1.f + exp_f32(-Act::arg(a))) * to_f32(g, f + i));
         }
     }
+}
+
+template <typename Act>
+void glu_mul_any(const void* gate_up, void* out, int rows, int f, int is_bf16) {
+    if (is_bf16)
+        glu_mul<Act>(static_cast<const uint16_t*>(gate_up), static_cast<uint16_t*>(out), rows, f);
+    else
+        glu_mul<Act>(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, f);
 }
 
 }  // namespace
@@ -153,10 +172,11 @@ void kvl_rope(void* x, int64_t row_stride, int tokens, int heads, int dim, const
 
 // gate_up: [rows, 2 * f] (gate then up); out: [rows, f].
 void kvl_silu_mul(const void* gate_up, void* out, int rows, int f, int is_bf16) {
-    if (is_bf16)
-        silu_mul(static_cast<const uint16_t*>(gate_up), static_cast<uint16_t*>(out), rows, f);
-    else
-        silu_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, f);
+    glu_mul_any<Silu>(gate_up, out, rows, f, is_bf16);
+}
+
+void kvl_gelu_tanh_mul(const void* gate_up, void* out, int rows, int f, int is_bf16) {
+    glu_mul_any<GeluTanh>(gate_up, out, rows, f, is_bf16);
 }
 
 }  // extern "C"
