@@ -45,6 +45,12 @@ MOE_FEATURES = {
                   "explicit head_dim 32", "sliding window on every layer (use_sliding_window)"],
     "qwen3_moe-step2": ["decoder_sparse_step 2 (layers 1 and 3 route)",
                         "norm_topk_prob false", "6 experts, top 2"],
+    "gpt_oss": ["8 experts, top 3, router bias, the softmax over the top 3 logits",
+                "expert biases, gate / up in alternate columns",
+                "clamped SwiGLU at swiglu_limit 1.5 (clamps reached)",
+                "sink logits (nonzero), q/k/v/o biases", "sliding and full layers alternating",
+                "YaRN rope (factor 4 over 64 original positions, truncate false)",
+                "explicit head_dim 32", "untied head"],
 }
 """The MoE families' tiny models (issue 35): top-k < experts in each."""
 
@@ -62,6 +68,13 @@ def _moe_config(family: str, gguf_compatible: bool):
                                 num_experts_per_tok=2, max_position_embeddings=256,
                                 rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                 **(window or {"sliding_window": None}))
+    if family == "gpt_oss":
+        yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64}
+        return tf.GptOssConfig(**SHAPE, num_hidden_layers=4, head_dim=32, num_local_experts=8,
+                               num_experts_per_tok=3, swiglu_limit=1.5,
+                               max_position_embeddings=256, rope_parameters=yarn,
+                               rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=W)
     step2 = family == "qwen3_moe-step2"
     return tf.Qwen3MoeConfig(**SHAPE, num_hidden_layers=4, head_dim=32, moe_intermediate_size=48,
                              num_experts=6 if step2 else 8, num_experts_per_tok=2 if step2 else 3,

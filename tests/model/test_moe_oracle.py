@@ -115,7 +115,7 @@ def test_the_tiny_models_have_what_the_features_say(tiny):
     """Qwen3-MoE's dense layer and sparse step reach the spec; each routing's normalisation."""
     assert tiny("qwen3_moe")[2].mlp_only_layers == (2,)
     assert tiny("qwen3_moe-step2")[2].mlp_only_layers == (0, 2)
-    assert [tiny(f)[2].norm_topk_prob for f in FAMILIES] == [True, True, False]
+    assert [tiny(f)[2].norm_topk_prob for f in FAMILIES] == [True, True, True, False]
 
 
 ABLATIONS = {  # the spec change that switches a routing feature off
@@ -148,18 +148,24 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     assert max(diffs) <= TOL, diffs
 
 
-def _norm_params(spec) -> int:
-    """The norms' parameters (read whole, counted by the ledger as active)."""
-    per_layer = spec.norms_per_layer * spec.hidden_size + (2 * spec.head_dim if spec.qk_norm
-                                                           else 0)
-    return spec.num_layers * per_layer + spec.hidden_size
+def _vector_params(spec) -> int:
+    """The vectors' parameters (read whole, counted by the ledger as active; the model's
+    figure counts matrices): the norms, and gpt-oss's biases (attention, router, k experts')
+    and sink logits."""
+    h, d = spec.hidden_size, spec.head_dim
+    per_layer = spec.norms_per_layer * h + (2 * d if spec.qk_norm else 0)
+    if spec.model_type == "gpt_oss":
+        per_layer += (spec.num_attention_heads + 2 * spec.num_kv_heads) * d + h  # q, k, v, o
+        per_layer += spec.num_attention_heads + spec.num_experts  # sinks, router
+        per_layer += spec.num_experts_per_tok * (2 * spec.moe_intermediate_size + h)
+    return spec.num_layers * per_layer + h
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     """At batch 1 each decode step reads the attention, the dense MLPs, the LM head and per MoE
     layer its router and exactly k experts: 4 bytes x (the ledger's active parameters less
-    the embedding and the norms). Four sequences in one step read no more than the distinct
+    the embedding and the vectors: norms, biases, sinks). Four sequences in one step read no more than the distinct
     experts they chose."""
     _, _, spec, weights = tiny(family)
     model = _model(spec, weights)
@@ -168,7 +174,7 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
         layer[cls].nbytes for layer in layers for cls in ("qkv", "o", "gate_up", "down")
         if cls in layer)
     params = count_params(spec)
-    want = 4 * (params.active - params.embedding - _norm_params(spec))
+    want = 4 * (params.active - params.embedding - _vector_params(spec))
     assert model.decode_weight_bytes == want
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
     runner = ModelRunner(model, store, 16)

@@ -13,7 +13,11 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
   place one block at a time, no copy at all, from the window's first block. Over a quantized
   store (fp8, int8, int4) it reads the codes themselves, the scales folded into the query and
-  the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
+  the probabilities. A soft-capped layer (Gemma 2) and a layer with sink logits (gpt-oss)
+  take the PyTorch loop.
+
+Sink logits (:mod:`.layer`) join the normaliser once, after the last chunk: with the final
+maximum ``m* = max(m, sink)``, ``out = acc e^(m - m*) / (l e^(m - m*) + e^(sink - m*))``.
 
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
 dequantises there, per block).
@@ -102,6 +106,11 @@ class PagedTorchBackend(_Paged):
             l_sum = l_sum * corr + p.sum(-1, keepdim=True)
             acc = acc * corr + p @ values
             m = m_new
+        if how.sinks is not None:  # [heads] -> [1, kv_heads, G, 1], the last term of l
+            sinks = how.sinks.float().reshape(1, kv_heads, heads // kv_heads, 1)
+            m_all = torch.maximum(m, sinks)
+            corr = torch.exp(m - m_all)
+            acc, l_sum = acc * corr, l_sum * corr + torch.exp(sinks - m_all)
         return (acc / l_sum).reshape(n, heads, dim).to(q.dtype)
 
 
@@ -123,7 +132,7 @@ class PagedNativeBackend(_Paged):
 
     def attend(self, layer, q, paged, store):
         how = self.how(layer, q.shape[-1])
-        if how.softcap is not None:
+        if how.softcap is not None or how.sinks is not None:
             return self._fallback.attend(layer, q, paged, store)
         if store.quantized:
             sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
@@ -141,7 +150,8 @@ class PagedNativeBackend(_Paged):
         D], no copy): a token-granular block table, read in place."""
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         how = self.how(layer, q.shape[-1])
-        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window:
+        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window \
+                or how.sinks is not None:
             return super().attend_slots(layer, q, group, store)
         one = (-1, 1, *keys.shape[2:])
         return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale)
