@@ -12,6 +12,10 @@ routing's normalisation or its k changed, holds for the GGUF llama.cpp's convert
 (Mixtral as ``llama`` with expert tensors, ``qwen3moe``), and a decode step reads only the
 chosen experts: the bytes it reads are the ledger's active parameters (less the embedding,
 gathered by row, and the norms) at 4 bytes each.
+
+gpt-oss (``family_kit.MOE_FEATURES["gpt_oss"]``) runs the same comparison with its sink logits,
+biases, clamped SwiGLU, alternating window and YaRN, and each of them is shown to matter
+(:data:`GPT_OSS_ABLATIONS`).
 """
 
 from __future__ import annotations
@@ -132,6 +136,27 @@ def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     assert _diffs(changed, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
+GPT_OSS_ABLATIONS = {  # (spec change, weights change) that switches a gpt-oss feature off
+    "sink logits": ({}, lambda w: {k: v * 0 if k.endswith(".sinks") else v
+                                   for k, v in w.items()}),
+    "o_proj bias": ({}, lambda w: {k: v for k, v in w.items() if not k.endswith("o_proj.bias")}),
+    "expert biases": ({}, lambda w: {k: v * 0 if ".experts." in k and k.endswith(".bias")
+                                     else v for k, v in w.items()}),
+    "swiglu clamp": ({"swiglu_limit": 1e4}, dict),
+    "window": ({"layer_types": ("full_attention",) * 4}, dict),
+    "yarn": ({"rope_scaling": None}, dict),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(GPT_OSS_ABLATIONS))
+def test_the_oracle_fails_without_each_gpt_oss_feature(tiny, feature):
+    """gpt-oss's features each change the logits: the oracle above fails without one."""
+    _, hf, spec, weights = tiny("gpt_oss")
+    change, reweigh = GPT_OSS_ABLATIONS[feature]
+    changed = dataclasses.replace(spec, **change)
+    assert _diffs(changed, reweigh(weights), hf, _prompt(), steps=0)[0][0] > 100 * TOL
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     """The family's GGUF (stacked ``ffn_*_exps`` and ``ffn_gate_inp``; Mixtral under the
@@ -199,13 +224,14 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
                                                           spec.num_experts)
 
 
-def test_bf16_experts_take_the_weight_formats_per_expert(tiny):
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family):
     """bf16 with int8 weights per expert (``gate_up`` w8a8 where the native kernel is built,
     else int8; ``down`` int8): every expert holds the format reported, and the logits stay
     within 5 % of their spread of transformers' fp32 ones."""
     from kvledger.model.linear import w8a8_ok
 
-    folder, hf, _, _ = tiny("qwen3_moe")
+    folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
     formats = {"gate_up": "w8a8", "down": "int8"}
     model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats)
