@@ -39,10 +39,14 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_experts(state: dict, experts: str) -> None:
     """Replace ``{experts}{gate_up,down}_proj_blocks`` / ``_scales`` in ``state`` by the bf16
-    checkpoint's ``{experts}{gate_up,down}_proj`` [experts, in, out] (fp32); nothing when the
-    layer holds none."""
+    checkpoint's ``{experts}{gate_up,down}_proj`` [experts, in, out], in bf16 (which holds
+    every MXFP4 value exactly), one expert at a time (no fp32 copy of a whole layer); nothing
+    when the layer holds none."""
     for proj in ("gate_up_proj", "down_proj"):
         blocks = state.pop(f"{experts}{proj}_blocks", None)
         if blocks is not None:
             scales = state.pop(f"{experts}{proj}_scales")
-            state[experts + proj] = dequantize(blocks, scales).transpose(1, 2)
+            out = torch.empty(*blocks.shape[:2], blocks.shape[2] * 32, dtype=torch.bfloat16)
+            for e in range(len(blocks)):
+                out[e] = dequantize(blocks[e], scales[e])
+            state[experts + proj] = out.transpose(1, 2)
