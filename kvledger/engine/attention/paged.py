@@ -13,8 +13,7 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
   place one block at a time, no copy at all, from the window's first block. Over a quantized
   store (fp8, int8, int4) it reads the codes themselves, the scales folded into the query and
-  the probabilities. A soft-capped layer (Gemma 2) and a layer with sink logits (gpt-oss)
-  take the PyTorch loop.
+  the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
 
 Sink logits (:mod:`.layer`) join the normaliser once, after the last chunk: with the final
 maximum ``m* = max(m, sink)``, ``out = acc e^(m - m*) / (l e^(m - m*) + e^(sink - m*))``.
@@ -132,29 +131,30 @@ class PagedNativeBackend(_Paged):
 
     def attend(self, layer, q, paged, store):
         how = self.how(layer, q.shape[-1])
-        if how.softcap is not None or how.sinks is not None:
+        if how.softcap is not None:
             return self._fallback.attend(layer, q, paged, store)
         if store.quantized:
             sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
             if sides is None:
                 return self._fallback.attend(layer, q, paged, store)
             return self.kernel.quantized(q, sides[0], store.residual_of, store.block_size,
-                                         store.num_kv_heads, paged, how.scale, how.window)
+                                         store.num_kv_heads, paged, how.scale, how.window,
+                                         how.sinks)
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
-        return self.kernel(q, keys, values, paged, how.scale, how.window)
+        return self.kernel(q, keys, values, paged, how.scale, how.window, how.sinks)
 
     def attend_slots(self, layer, q, group, store):
         """The kernel over the pool viewed as blocks of one slot ([blocks * bs, 1, kv_heads,
         D], no copy): a token-granular block table, read in place."""
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         how = self.how(layer, q.shape[-1])
-        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window \
-                or how.sinks is not None:
+        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window:
             return super().attend_slots(layer, q, group, store)
         one = (-1, 1, *keys.shape[2:])
-        return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale)
+        return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale,
+                           sinks=how.sinks)
 
     def _sides(self, store, layer: int):
         """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per

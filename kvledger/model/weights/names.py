@@ -23,8 +23,9 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
 down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
 three at ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
-``k_norm`` and q/k/v biases when the spec has them; the embedding, the final norm and an
-untied ``lm_head``.
+``k_norm``, the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads], router
+bias and expert biases when the spec has them; the embedding, the final norm and an untied
+``lm_head``.
 """
 
 from __future__ import annotations
