@@ -157,10 +157,11 @@ def test_the_oracle_fails_without_each_gpt_oss_feature(tiny, feature):
     assert _diffs(changed, reweigh(weights), hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     """The family's GGUF (stacked ``ffn_*_exps`` and ``ffn_gate_inp``; Mixtral under the
-    ``llama`` architecture with its q / k rows permuted) loads to the same forward pass."""
+    ``llama`` architecture with its q / k rows permuted; gpt-oss's ``attn_sinks``, biases and
+    YaRN keys) loads to the same forward pass."""
     hf = make_tiny(family, tmp_path / "hf", seed=1, gguf_compatible=True)
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)

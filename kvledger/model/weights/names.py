@@ -67,7 +67,7 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
                                                  in (("q", q * d), ("k", kv * d), ("v", kv * d))])
         f = spec.intermediate_size
         _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
-        _gpt_oss_experts(state, p + "mlp.")
+        _gpt_oss_names(state, p)
         for stack in EXPERT_STACKS:
             for suffix in (".weight", ".bias"):
                 tensor = state.pop(p + stack + suffix, None)
@@ -76,9 +76,13 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
                     state[f"{p}mlp.experts.{e}.{kind}{suffix}"] = tensor[e]
 
 
-def _gpt_oss_experts(state: dict, mlp: str) -> None:
-    """gpt-oss's router and stacked experts of one layer -> Qwen-MoE's names (module
-    docstring); nothing when the layer has none."""
+def _gpt_oss_names(state: dict, p: str) -> None:
+    """gpt-oss's sink logits (a GGUF's ``attn_sinks.weight``), router and stacked experts of
+    layer ``p`` -> the names of :func:`tensor_shapes` (module docstring); nothing when the
+    layer has none."""
+    if p + "self_attn.sinks.weight" in state:
+        state[p + "self_attn.sinks"] = state.pop(p + "self_attn.sinks.weight")
+    mlp = p + "mlp."
     for suffix in (".weight", ".bias"):
         if mlp + "router" + suffix in state:
             state[mlp + "gate" + suffix] = state.pop(mlp + "router" + suffix)
