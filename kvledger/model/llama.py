@@ -286,25 +286,25 @@ def _fuse_attention(w: dict[str, torch.Tensor], prefix: str, formats: dict[str, 
     (``release``, see :class:`kvledger.model.weights.loader.MappedWeights`), so at most one
     layer exists twice (source and fused) at any time."""
     attn = prefix + "self_attn."
-    qkv = [attn + f"{p}_proj" for p in "qkv"]
-    bias = [w.pop(stem + ".bias", None) for stem in qkv]
     return {
-        "qkv": _fused_linear(w, qkv, formats.get("qkv", "dense"), release, dtype,
-                             torch.cat(bias) if bias[0] is not None else None),
+        "qkv": _fused_linear(w, [attn + f"{p}_proj" for p in "qkv"], formats.get("qkv", "dense"),
+                             release, dtype),
         "o": _fused_linear(w, [attn + "o_proj"], formats.get("o", "dense"), release, dtype),
     }
 
 
 def _fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, release,
-                  dtype: torch.dtype, bias: torch.Tensor | None = None) -> Linear:
+                  dtype: torch.dtype) -> Linear:
     """One Linear over the row-concatenation of several projections (or of their 4-bit forms,
     or of their GGUF blocks: held as they are in a ``kquant`` format, else dequantized to
-    ``dtype``).
+    ``dtype``), with their biases concatenated when they have them (``{stem}.bias``).
 
     Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4`` / ``w4a8``),
     so a memory-mapped weight cache never pages in the other one.
     """
     parts = (".q4_codes", ".q4_scale", ".q4_zero")
+    biases = [w.pop(s + ".bias", None) for s in stems]
+    bias = torch.cat(biases) if biases[0] is not None else None
     dense = [w.pop(s + ".weight") for s in stems]
     if any(isinstance(t, GGMLMatrix) for t in dense):
         if fmt in KQUANT_FORMATS and all(isinstance(t, GGMLMatrix) for t in dense):

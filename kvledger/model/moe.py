@@ -8,7 +8,8 @@ Qwen team, "Qwen3 Technical Report", arXiv:2505.09388 §2; transformers' ``Mixtr
 - Qwen3-MoE's MoE layers are those with ``(i + 1) % decoder_sparse_step == 0`` not in
   ``mlp_only_layers``; the others keep a dense MLP of ``intermediate_size``
   (``ModelSpec.mlp_only_layers``, ``ModelSpec.is_moe_layer``). Mixtral's layers are all MoE.
-- No shared expert (Qwen2-MoE's), no router bias (gpt-oss's): those specs are refused.
+- No shared expert (Qwen2-MoE's): refused. gpt-oss (router and expert biases, its clamped
+  SwiGLU) is :mod:`.gpt_oss`, on this class.
 
 Mixtral checkpoints name their experts ``block_sparse_moe.experts.{e}.w1/w3/w2``; the loader
 brings them to Qwen-MoE's names (``model/weights/names.py``), as it splits a GGUF's stacked
@@ -35,7 +36,7 @@ class MoEModel(LlamaModel):
         if not self.spec.is_moe_layer(i):
             return super()._mlp_layer(w, i, release)
         mlp, formats, dtype = f"model.layers.{i}.mlp.", self.formats, self.dtype
-        router = Linear(w.pop(mlp + "gate.weight"))
+        router = Linear(w.pop(mlp + "gate.weight"), w.pop(mlp + "gate.bias", None))
         gate_up, down = [], []
         for e in range(self.spec.num_experts):
             stem = f"{mlp}experts.{e}."
@@ -44,10 +45,11 @@ class MoEModel(LlamaModel):
             down.append(_fused_linear(w, [stem + "down_proj"], formats.get("down", "dense"),
                                       release, dtype))
         return {"experts": Experts(router, gate_up, down, self.spec.num_experts_per_tok,
-                                   self.spec.norm_topk_prob, self._act)}
+                                   self.spec.norm_topk_prob, self.expert_act)}
 
-    def _act(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """SwiGLU of the experts (``self.act`` is set after the layers are built)."""
+    def expert_act(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The experts' activation ``[T, 2f] -> [T, f]`` of gate then up columns: SwiGLU
+        (``self.act``, set after the layers are built)."""
         return self.act(gate_up)
 
     def _mlp(self, layer: dict, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,9 @@ device's fused ops compute, their fallback, and the oracle of their tests.
 - :meth:`TorchOps.rope_`: RoPE on Q and K, "rotate half" layout (Su et al., arXiv:2104.09864);
 - :meth:`TorchOps.silu_mul`: ``silu(gate) * up`` (SwiGLU);
 - :meth:`TorchOps.gelu_tanh_mul`: ``gelu_tanh(gate) * up`` (GeGLU with the tanh approximation
-  of GELU, Hendrycks & Gimpel arXiv:1606.08415; Gemma's ``gelu_pytorch_tanh``).
+  of GELU, Hendrycks & Gimpel arXiv:1606.08415; Gemma's ``gelu_pytorch_tanh``);
+- :meth:`TorchOps.clamped_swiglu`: gpt-oss's ``(clamp(up, -l, l) + 1) * g * sigmoid(a g)`` with
+  ``g = min(gate, l)`` (transformers' ``GptOssExperts._apply_gate``).
 
 A device's ops (``Device.fused_ops``, e.g. :class:`kvledger.device.cpu.fused.NativeOps`)
 subclass :class:`TorchOps` and fall back to it for what they do not take.
@@ -47,3 +49,10 @@ class TorchOps:
         """gelu_tanh(gate) * up for gate_up [T, 2f] -> [T, f]."""
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh") * up
+
+    def clamped_swiglu(self, gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+        """gpt-oss's clamped SwiGLU of gate_up [T, 2f] (gate columns, then up) -> [T, f]:
+        ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        gate = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * (gate * torch.sigmoid(gate * alpha))

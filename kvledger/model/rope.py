@@ -14,7 +14,12 @@ between smoothly interpolated); ``longrope`` (Ding et al., arXiv:2402.13753; tra
 from the table's length, the engine's max model length: long when it exceeds
 ``original_max_position_embeddings`` (llama.cpp chooses from its context size the same way;
 transformers switches per sequence length, so below that length the two differ when the
-engine chose long).
+engine chose long); ``yarn`` (Peng et al., arXiv:2309.00071; transformers'
+``_compute_yarn_parameters``, gpt-oss) blends each frequency between itself (extrapolation) and
+itself divided by ``factor`` (interpolation) by a linear ramp over the pair index between the
+correction dimensions of ``beta_fast`` and ``beta_slow`` rotations (floored and ceiled unless
+``truncate`` is false), and scales cos and sin by ``attention_factor`` (default
+``0.1 ln(factor) + 1``, or the ratio of that with ``mscale`` to that with ``mscale_all_dim``).
 
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
@@ -28,7 +33,7 @@ import torch
 
 from kvledger.errors import UnsupportedModelError
 
-SCALING_TYPES = ("default", "linear", "llama3", "longrope")
+SCALING_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
@@ -52,12 +57,17 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
         long = (max_positions or 0) > scaling["original_max_position_embeddings"]
         factors = scaling["long_factor" if long else "short_factor"]
         return inv_freq / torch.tensor(factors, dtype=torch.float32)
+    if rope_type == "yarn":
+        return _yarn_scaled(inv_freq, rotary_dim, theta, scaling, max_positions)
     raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported "
                                 f"(supported: {', '.join(SCALING_TYPES)})")
 
 
 def attention_factor(scaling: dict | None, max_positions: int) -> float:
-    """The factor on cos and sin: LongRoPE's ``attention_factor`` (module docstring), else 1."""
+    """The factor on cos and sin: LongRoPE's or YaRN's ``attention_factor`` (module
+    docstring), else 1."""
+    if (scaling or {}).get("rope_type") == "yarn":
+        return _yarn_attention_factor(scaling, max_positions)
     if (scaling or {}).get("rope_type") != "longrope":
         return 1.0
     if scaling.get("attention_factor") is not None:
@@ -77,6 +87,41 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_factor(scaling: dict, max_positions: int | None) -> float:
+    return float(scaling.get("factor") or (max_positions or 0)
+                 / scaling["original_max_position_embeddings"])
+
+
+def _yarn_attention_factor(scaling: dict, max_positions: int) -> float:
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling, max_positions)
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
+
+
+def _yarn_scaled(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling: dict,
+                 max_positions: int | None) -> torch.Tensor:
+    factor = _yarn_factor(scaling, max_positions)
+    original = scaling["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:  # the pair index turning that many times
+        return rotary_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low = correction_dim(scaling.get("beta_fast") or 32)
+    high = correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    high += 0.001 if low == high else 0.0
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp
+    return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation
 
 
 class RotaryEmbedding:

@@ -18,7 +18,9 @@ Invariants:
     but every sixth, unless ``{arch}.attention.sliding_window_pattern`` lists them; Gemma 3's
     local RoPE base is ``{arch}.rope.freq_base_swa``, else 10,000; Phi-3's LongRoPE factors
     are the ``rope_factors_long`` / ``rope_factors_short`` tensors (read from the file, a few
-    hundred floats).
+    hundred floats); gpt-oss slides on even layers, its clamped SwiGLU is at 7.0 / 1.702, and
+    its YaRN correction range is floored and ceiled (``ggml_rope_yarn_corr_dims``: HF's
+    ``truncate``, which transformers' gpt-oss config turns off: the two differ slightly).
   * Experts (``{arch}.expert_count`` > 0): ``expert_used_count`` per token, each of
     ``expert_feed_forward_length`` (else ``feed_forward_length``); a layer routes when it has
     a router tensor ``blk.N.ffn_gate_inp``; the top-k weights are renormalised unless
@@ -45,11 +47,14 @@ from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                     "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                    "qwen3moe": "qwen3_moe"}
+                    "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
 """GGUF ``general.architecture`` -> the Hugging Face ``model_type`` this reader reads it as
 (a ``llama`` file with experts is ``mixtral``: llama.cpp's converter writes Mixtral so)."""
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-_SLIDING_PERIOD = {"gemma2": 2, "gemma3": 6}  # llama.cpp's load_swa_pattern defaults
+_SLIDING_PERIOD = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}  # llama.cpp's load_swa_pattern
+# defaults
+_YARN_KEYS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+              "yarn_attn_factor": "attention_factor"}
 GGUF_MAGIC = b"GGUF"
 
 
@@ -122,6 +127,10 @@ def _rope_scaling(reader, arch: str) -> dict | None:
     original = field_value(reader, f"{arch}.rope.scaling.original_context_length")
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
+    for key, hf in _YARN_KEYS.items() if rope_type == "yarn" else ():
+        value = field_value(reader, f"{arch}.rope.scaling.{key}")
+        if value is not None:
+            scaling[hf] = _float32(value)
     return scaling
 
 
@@ -193,6 +202,15 @@ def _moe_fields(reader, arch: str, num_layers: int, tensor_names: set[str]) -> d
             "norm_topk_prob": True if norm is None else bool(norm)}
 
 
+def _gpt_oss_fields(tensor_names: set[str]) -> dict:
+    """gpt-oss's fields the converter leaves to llama.cpp's graph (``src/models/openai-moe.cpp``:
+    the clamped SwiGLU's 7.0 and 1.702 are constants there), and its biases and sinks."""
+    return {"router_bias": "blk.0.ffn_gate_inp.bias" in tensor_names,
+            "attention_sinks": "blk.0.attn_sinks.weight" in tensor_names,
+            "mlp_bias": "blk.0.ffn_gate_exps.bias" in tensor_names,
+            "swiglu_limit": 7.0, "swiglu_alpha": 1.702}
+
+
 def _eos_token_ids(reader, tokens: list[str] | None) -> tuple[int, ...]:
     ids: list[int] = []
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
@@ -252,6 +270,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     family = _moe_fields(reader, arch, num_layers, tensor_names)
     if arch in _GEMMA_27B_LAYERS:
         family = _gemma_fields(reader, arch, hidden, heads, int(head_dim), num_layers)
+    if arch == "gpt-oss":
+        family |= _gpt_oss_fields(tensor_names)
     model_type = GGUF_MODEL_TYPES[arch]
     if arch == "llama" and family.get("num_experts"):
         model_type = "mixtral"
@@ -274,7 +294,8 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
         partial_rotary_factor=int(rotary) / int(head_dim) if rotary else 1.0,
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
         o_bias="blk.0.attn_output.bias" in tensor_names,
-        mlp_bias=any(f"blk.0.ffn_{p}.bias" in tensor_names for p in ("gate", "up", "down")),
+        **({} if "mlp_bias" in family else {"mlp_bias": any(
+            f"blk.0.ffn_{p}.bias" in tensor_names for p in ("gate", "up", "down"))}),
         qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
         layer_types=_layer_kinds(reader, arch, num_layers, window),
         sliding_window=int(window) if window else None,

@@ -269,7 +269,7 @@ def _layer_types(c: _Config, n: int) -> tuple[str, ...]:
         # transformers' Qwen3-MoE slides every layer (it has no max_window_layers)
         first = 0 if mt == "qwen3_moe" else int(c.get("max_window_layers", 0))
         return tuple(SLIDING if i >= first else FULL for i in range(n))
-    if mt == "gemma2":
+    if mt in ("gemma2", "gpt_oss"):
         return tuple(SLIDING if (i + 1) % 2 else FULL for i in range(n))
     if mt == "gemma3_text":
         pattern = int(c.req("sliding_window_pattern"))
@@ -301,6 +301,8 @@ def _family_fields(c: _Config, n: int) -> dict:
             norm_topk_prob=True,
             mlp_bias=True,
             attention_sinks=True,
+            swiglu_limit=float(c.get("swiglu_limit", 7.0)),  # GptOssConfig's defaults
+            swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
         )
     if mt == "qwen2":
         out["qkv_bias"] = True

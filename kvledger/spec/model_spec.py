@@ -66,6 +66,8 @@ class ModelSpec:
     # of experts (Qwen-MoE: mlp_only_layers and decoder_sparse_step; DeepSeek: the first k)
     norm_topk_prob: bool = False  # the top-k routing weights renormalised to sum 1 (Mixtral,
     # gpt-oss: always; Qwen-MoE: its config's norm_topk_prob)
+    swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit
+    swiglu_alpha: float | None = None  # ... and its sigmoid gain, gate * sigmoid(alpha * gate)
     # layer structure beyond the Llama defaults (used by the parameter count)
     mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
     qkv_bias: bool = False

@@ -24,7 +24,8 @@ from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
 
 FAMILY_TYPES: dict[str, tuple[str, ...]] = {
     "llama": ("llama", "mistral", "qwen2"), "qwen3": ("qwen3",), "phi3": ("phi3",),
-    "gemma": ("gemma2", "gemma3_text"), "moe": ("mixtral", "qwen3_moe")}
+    "gemma": ("gemma2", "gemma3_text"), "moe": ("mixtral", "qwen3_moe"),
+    "gpt_oss": ("gpt_oss",)}
 """Engine family (one module of ``kvledger.model``) -> the ``model_type`` values it runs."""
 ENGINE_MODEL_TYPES = tuple(t for types in FAMILY_TYPES.values() for t in types)
 """The families whose decoder the engine runs (others are sized by `kvledger plan` only)."""
@@ -48,6 +49,10 @@ def _is(*values: Any) -> Callable[[Any], bool]:
 
 def _any(value: Any) -> bool:
     return True
+
+
+def _set(value: Any) -> bool:
+    return value is not None
 
 
 def _rope(*types: str) -> Callable[[Any], bool]:
@@ -86,6 +91,8 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "shared_expert_intermediate_size": _is(0),
     "mlp_only_layers": _is(()),
     "router_bias": _is(False),
+    "swiglu_limit": _is(None),
+    "swiglu_alpha": _is(None),
     "shared_expert_gate": _is(False),
     "kv_lora_rank": _is(0),
     "q_lora_rank": _is(0),
@@ -113,6 +120,11 @@ FAMILY_RUNS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "moe": {"layer_types": _kinds, "sliding_window": _any, "qk_norm": _any,
             "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
             "mlp_only_layers": _any},  # Mixtral, Qwen3-MoE: routed experts, no shared one
+    "gpt_oss": {"layer_types": _kinds, "sliding_window": _any, "o_bias": _any,
+                "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
+                "rope_scaling": _rope("default", "yarn"), "router_bias": _is(True),
+                "mlp_bias": _is(True), "attention_sinks": _is(True),
+                "swiglu_limit": _set, "swiglu_alpha": _set},  # biased experts, sinks
 }
 """Family -> the fields whose values it runs differ from :data:`ONLY_AT` (its own test)."""
 

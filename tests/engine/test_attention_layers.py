@@ -1,14 +1,18 @@
-"""Per-layer attention parameters (score scale, sliding window, soft-cap) in every backend.
+"""Per-layer attention parameters (score scale, sliding window, soft-cap, sink logits) in every
+backend.
 
 Oracle: the attention written out in float64 in this file over the K/V the store returns
 for each context (``store.gather``: the codecs' own decode for a quantized pool): scores
 ``scale x q . k``, soft-capped ``c tanh(s / c)``, the query at position i seeing the keys
-j <= i with ``i - j < W`` (transformers' ``sliding_window_overlay``), softmax, weighted sum.
+j <= i with ``i - j < W`` (transformers' ``sliding_window_overlay``), softmax (with a head's
+sink logit as one more column, dropped after it, as transformers' eager gpt-oss attention),
+weighted sum.
 Windows around the block size (1, 15, 16, 17, 40) and contexts shorter and longer than them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -23,6 +27,8 @@ from kvledger.engine.runner import _decode_group, _prefix_causal_mask
 
 BLOCK = 16
 BACKENDS = ["reference", "paged-torch", "paged-native"]
+SINKS = torch.tensor([0.5, -1.0, 2.0, 9.0, -30.0, 1.5, 0.0, 3.0, -2.0])
+"""Sink logits of up to 9 query heads: some above every score (9), some negligible (-30)."""
 LAYERS = {
     "window 1": LayerAttention(0.1, window=1),
     "window 15": LayerAttention(0.125, window=15),
@@ -31,6 +37,8 @@ LAYERS = {
     "window 40 + soft-cap 5": LayerAttention(0.125, window=40, softcap=5.0),
     "soft-cap 2, no window": LayerAttention(0.2, softcap=2.0),
     "scale only": LayerAttention(0.3),
+    "sinks, window 17": LayerAttention(0.125, window=17, sinks=SINKS),
+    "sinks, no window": LayerAttention(0.2, sinks=SINKS),
 }
 
 
@@ -47,8 +55,17 @@ def _oracle(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, query_pos
         s = torch.einsum("hd,jhd->hj", q[row].double(), k[lo: i + 1]) * how.scale
         if how.softcap is not None:
             s = how.softcap * torch.tanh(s / how.softcap)
-        out[row] = torch.einsum("hj,jhd->hd", torch.softmax(s, -1), v[lo: i + 1])
+        if how.sinks is not None:
+            p = torch.softmax(torch.cat((s, how.sinks.double()[:, None]), -1), -1)[:, :-1]
+        else:
+            p = torch.softmax(s, -1)
+        out[row] = torch.einsum("hj,jhd->hd", p, v[lo: i + 1])
     return out
+
+
+def _fit(how: LayerAttention, heads: int) -> LayerAttention:
+    """``how`` with its sink logits cut to ``heads`` query heads."""
+    return how if how.sinks is None else dataclasses.replace(how, sinks=how.sinks[:heads])
 
 
 def _plain_store(kv_heads, dim, num_blocks=48, seed=0):
@@ -100,7 +117,7 @@ def _call(backend, q, meta, store):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("label", sorted(LAYERS))
 def test_decode_groups_respect_the_layer(backend, label, quantized):
-    how = LAYERS[label]
+    how = _fit(LAYERS[label], 6)
     lengths = [1, 15, 16, 17, 33, 100]
     tables = _tables(lengths)
     store = (_int8_store(2, 64, tables, lengths) if quantized else _plain_store(2, 64))
@@ -117,7 +134,7 @@ def test_decode_groups_respect_the_layer(backend, label, quantized):
 @pytest.mark.parametrize("label", sorted(LAYERS))
 @pytest.mark.parametrize("prefix,new", [(1, 1), (15, 2), (40, 33)])
 def test_prefill_after_a_prefix_respects_the_layer(backend, label, prefix, new):
-    how = LAYERS[label]
+    how = _fit(LAYERS[label], 4)
     store = _plain_store(2, 64)
     table = _tables([prefix + new])[0]
     seg = PrefillSegment(0, new, _slots(table, prefix + new), _prefix_causal_mask(prefix, new))
@@ -132,7 +149,7 @@ def test_prefill_after_a_prefix_respects_the_layer(backend, label, prefix, new):
 @pytest.mark.parametrize("label", sorted(LAYERS))
 def test_prefill_from_position_zero_respects_the_layer(backend, label):
     """A segment with no cached prefix attends over its own new K/V (written first)."""
-    how = LAYERS[label]
+    how = _fit(LAYERS[label], 4)
     n, store = 50, _plain_store(2, 64)
     slots = _slots(_tables([n])[0], n)
     g = torch.Generator().manual_seed(4)
@@ -143,9 +160,10 @@ def test_prefill_from_position_zero_respects_the_layer(backend, label):
     assert float((got.double() - want).abs().max()) <= 1e-5
 
 
-def test_native_split_context_respects_the_window(monkeypatch):
+@pytest.mark.parametrize("sinks", [None, SINKS], ids=["", "sinks"])
+def test_native_split_context_respects_the_window(monkeypatch, sinks):
     """A batch-1 decode cut into parts across threads: parts before the window hold no
-    position and are skipped in the merge."""
+    position and are skipped in the merge (which adds the sink logits once)."""
     from kvledger.device.cpu.native import PagedKernel
 
     monkeypatch.setattr(PagedKernel, "THREAD_WORK", 0)
@@ -153,7 +171,7 @@ def test_native_split_context_respects_the_window(monkeypatch):
     torch.set_num_threads(3)
     try:
         for window in (5, 16, 70):
-            how = LayerAttention(1 / math.sqrt(64), window=window)
+            how = LayerAttention(1 / math.sqrt(64), window=window, sinks=sinks)
             lengths = [BLOCK * 20 + 3]
             tables, store = _tables(lengths), _plain_store(3, 64)
             q = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(window))

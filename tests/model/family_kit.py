@@ -45,6 +45,12 @@ MOE_FEATURES = {
                   "explicit head_dim 32", "sliding window on every layer (use_sliding_window)"],
     "qwen3_moe-step2": ["decoder_sparse_step 2 (layers 1 and 3 route)",
                         "norm_topk_prob false", "6 experts, top 2"],
+    "gpt_oss": ["8 experts, top 3, router bias, the softmax over the top 3 logits",
+                "expert biases, gate / up in alternate columns",
+                "clamped SwiGLU at swiglu_limit 1.5 (clamps reached)",
+                "sink logits (nonzero), q/k/v/o biases", "sliding and full layers alternating",
+                "YaRN rope (factor 4 over 64 original positions, truncate false)",
+                "explicit head_dim 32", "untied head"],
 }
 """The MoE families' tiny models (issue 35): top-k < experts in each."""
 
@@ -62,6 +68,14 @@ def _moe_config(family: str, gguf_compatible: bool):
                                 num_experts_per_tok=2, max_position_embeddings=256,
                                 rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
                                 **(window or {"sliding_window": None}))
+    if family == "gpt_oss":  # a GGUF: llama.cpp's constant clamp and its YaRN truncation
+        yarn = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                "beta_slow": 1.0, "truncate": gguf_compatible,
+                "original_max_position_embeddings": 64}
+        return tf.GptOssConfig(**SHAPE, num_hidden_layers=4, head_dim=32, num_local_experts=8,
+                               num_experts_per_tok=3, swiglu_limit=7.0 if gguf_compatible else 1.5,
+                               max_position_embeddings=256, rope_parameters=yarn,
+                               rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=W)
     step2 = family == "qwen3_moe-step2"
     return tf.Qwen3MoeConfig(**SHAPE, num_hidden_layers=4, head_dim=32, moe_intermediate_size=48,
                              num_experts=6 if step2 else 8, num_experts_per_tok=2 if step2 else 3,
@@ -149,7 +163,7 @@ def hf_greedy(model, prompt: list[int], steps: int) -> list[int]:
 # ---- GGUF, as convert_hf_to_gguf writes each architecture ---------------------------------
 
 GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "phi3-long": "phi3", "gemma2": "gemma2",
-             "gemma3": "gemma3", "mixtral": "llama", "qwen3_moe": "qwen3moe"}
+             "gemma3": "gemma3", "mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def write_gguf(family: str, model, path) -> None:
@@ -164,7 +178,8 @@ def write_gguf(family: str, model, path) -> None:
     arch = GGUF_ARCH[family]
     cfg = model.config
     w = gguf.GGUFWriter(str(path), arch)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")],
+                                     cfg.num_hidden_layers)
     for key, value in _metadata(family, cfg).items():
         full = f"{arch}.{key}"
         if isinstance(value, str):
@@ -183,11 +198,14 @@ def write_gguf(family: str, model, path) -> None:
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         stem, _, kind = hf.rpartition(".")
+        if kind == "sinks":  # the converter names them attn_sinks.weight
+            stem, kind = hf, "weight"
         data = tensor.float().numpy().astype(np.float32)
         if arch.startswith("gemma") and hf.endswith("norm.weight"):
             data = data + np.float32(1.0)
         if ".experts." in hf or hf.endswith("mlp.gate.weight"):
-            for name, part in _expert_tensors(hf, data):
+            split = _gpt_oss_expert_tensors if family == "gpt_oss" else _expert_tensors
+            for name, part in split(hf, data):
                 w.add_tensor(name, part)
             continue
         if arch == "llama" and stem.endswith(("q_proj", "k_proj")):
@@ -219,6 +237,24 @@ def _expert_tensors(hf: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return [(f"blk.{layer}.ffn_down_exps.weight", data)]
 
 
+def _gpt_oss_expert_tensors(hf: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """GGUF tensors of a gpt-oss expert parameter as ``conversion/gpt_oss.py`` writes an
+    unquantized one: ``gate_up_proj`` [experts, hidden, 2f] transposed and its alternate rows
+    split (even: gate, odd: up), the biases likewise; ``down_proj`` transposed."""
+    layer = hf.split(".")[2]
+    blk = f"blk.{layer}.ffn_"
+    if hf.endswith("gate_up_proj"):
+        rows = data.transpose(0, 2, 1)
+        return [(blk + "gate_exps.weight", np.ascontiguousarray(rows[:, 0::2])),
+                (blk + "up_exps.weight", np.ascontiguousarray(rows[:, 1::2]))]
+    if hf.endswith("gate_up_proj_bias"):
+        return [(blk + "gate_exps.bias", np.ascontiguousarray(data[:, 0::2])),
+                (blk + "up_exps.bias", np.ascontiguousarray(data[:, 1::2]))]
+    if hf.endswith("down_proj"):
+        return [(blk + "down_exps.weight", np.ascontiguousarray(data.transpose(0, 2, 1)))]
+    return [(blk + "down_exps.bias", data)]
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute``: each head's rotate-half rows -> interleaved pairs."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
@@ -240,6 +276,18 @@ def _metadata(family: str, cfg) -> dict:
                      "rope.dimension_count": cfg.hidden_size // cfg.num_attention_heads,
                      "expert_count": cfg.num_local_experts,
                      "expert_used_count": cfg.num_experts_per_tok})
+    elif family == "gpt_oss":
+        meta.update({"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
+                     "rope.freq_base": float(rope["rope_theta"]),
+                     "expert_count": cfg.num_local_experts,
+                     "expert_used_count": cfg.num_experts_per_tok,
+                     "expert_feed_forward_length": cfg.intermediate_size,
+                     "attention.sliding_window": cfg.sliding_window,
+                     "rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
+                     "rope.scaling.original_context_length":
+                         rope["original_max_position_embeddings"],
+                     "rope.scaling.yarn_beta_fast": float(rope["beta_fast"]),
+                     "rope.scaling.yarn_beta_slow": float(rope["beta_slow"])})
     elif family == "qwen3_moe":
         meta.update({"attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
                      "rope.freq_base": float(rope["rope_theta"]),

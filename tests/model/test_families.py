@@ -11,6 +11,7 @@ from kvledger.data import config_path
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.families import FAMILIES, model_class
 from kvledger.model.gemma import GemmaModel
+from kvledger.model.gpt_oss import GptOssModel
 from kvledger.model.llama import LlamaModel
 from kvledger.model.moe import MoEModel
 from kvledger.model.phi3 import Phi3Model
@@ -24,7 +25,7 @@ from kvledger.spec import load_spec
     ("Qwen__Qwen3-8B", Qwen3Model), ("Qwen__Qwen3-0.6B", Qwen3Model),
     ("microsoft__Phi-3.5-mini-instruct", Phi3Model), ("google__gemma-2-9b", GemmaModel),
     ("google__gemma-3-1b-it", GemmaModel), ("mistralai__Mixtral-8x7B-v0.1", MoEModel),
-    ("Qwen__Qwen3-30B-A3B", MoEModel)])
+    ("Qwen__Qwen3-30B-A3B", MoEModel), ("openai__gpt-oss-20b", GptOssModel)])
 def test_catalogue_configs_run_in_their_family(name, cls):
     """Real config.json files of the types the forward passes reproduce (checked against
     transformers in test_llama.py and test_family_oracle.py)."""
@@ -33,14 +34,13 @@ def test_catalogue_configs_run_in_their_family(name, cls):
 
 @pytest.mark.parametrize("name,what", [
     ("openai-community__gpt2", "learned-position"), ("deepseek-ai__DeepSeek-V3", "latent"),
-    ("togethercomputer__RedPajama-INCITE-Chat-3B-v1", ""),
-    ("openai__gpt-oss-20b", "")])
+    ("togethercomputer__RedPajama-INCITE-Chat-3B-v1", "")])
 def test_other_families_are_refused_with_their_model_type(name, what):
     spec = load_spec(config_path(name))
     with pytest.raises(UnsupportedModelError,
                        match=rf"model_type '{spec.model_type}'.*{what}.*cannot run in the "
                              r"engine yet \(it runs llama, mistral, qwen2, qwen3, phi3, "
-                             r"gemma2, gemma3_text, mixtral, qwen3_moe\)"):
+                             r"gemma2, gemma3_text, mixtral, qwen3_moe, gpt_oss\)"):
         model_class(spec)
 
 
@@ -68,4 +68,4 @@ def test_a_family_class_refuses_another_familys_spec():
 
 def test_every_family_is_in_the_table():
     assert set(FAMILIES.values()) == {LlamaModel, Qwen3Model, Phi3Model, GemmaModel,
-                                      MoEModel}
+                                      MoEModel, GptOssModel}

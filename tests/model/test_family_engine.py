@@ -26,7 +26,7 @@ from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks
 from kvledger.model.weights.loader import load_weights
 
-FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3", "mixtral", "qwen3_moe"]
+FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3", "mixtral", "qwen3_moe", "gpt_oss"]
 LENGTHS = (1, W - 1, W, W + 1, 3 * W + 5)
 STEPS = 16
 GREEDY = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)

@@ -1,5 +1,5 @@
 """The MoE families through ``kvledger generate`` and ``kvledger serve``'s app (issue 35): real
-catalogue configs (Mixtral-8x7B, Qwen3-30B-A3B) shrunk in size with their expert count and
+catalogue configs (Mixtral-8x7B, Qwen3-30B-A3B, gpt-oss-20b) shrunk in size with their expert count and
 top-k kept, dummy weights and the bundled tokenizer; tensor parallelism refuses them in one
 line."""
 
@@ -13,12 +13,16 @@ from typer.testing import CliRunner
 from kvledger.cli import app
 from kvledger.data import config_path
 
-CONFIGS = {"mixtral": "mistralai__Mixtral-8x7B-v0.1", "qwen3_moe": "Qwen__Qwen3-30B-A3B"}
+CONFIGS = {"mixtral": "mistralai__Mixtral-8x7B-v0.1", "qwen3_moe": "Qwen__Qwen3-30B-A3B",
+           "gpt_oss": "openai__gpt-oss-20b"}
 
 
 def _shrunk(folder, name: str):
-    """``name``'s catalogue config with 2 layers of 64 (experts and top-k as they are)."""
+    """``name``'s catalogue config with 2 layers of 64 (experts, top-k and the first two layer
+    kinds as they are)."""
     raw = json.loads(config_path(name).read_text())
+    if "layer_types" in raw:
+        raw["layer_types"] = raw["layer_types"][:2]
     raw.update(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, head_dim=16, vocab_size=49152, moe_intermediate_size=32)
     folder.mkdir(exist_ok=True)

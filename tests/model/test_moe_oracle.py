@@ -12,6 +12,10 @@ routing's normalisation or its k changed, holds for the GGUF llama.cpp's convert
 (Mixtral as ``llama`` with expert tensors, ``qwen3moe``), and a decode step reads only the
 chosen experts: the bytes it reads are the ledger's active parameters (less the embedding,
 gathered by row, and the norms) at 4 bytes each.
+
+gpt-oss (``family_kit.MOE_FEATURES["gpt_oss"]``) runs the same comparison with its sink logits,
+biases, clamped SwiGLU, alternating window and YaRN, and each of them is shown to matter
+(:data:`GPT_OSS_ABLATIONS`).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def test_the_tiny_models_have_what_the_features_say(tiny):
     """Qwen3-MoE's dense layer and sparse step reach the spec; each routing's normalisation."""
     assert tiny("qwen3_moe")[2].mlp_only_layers == (2,)
     assert tiny("qwen3_moe-step2")[2].mlp_only_layers == (0, 2)
-    assert [tiny(f)[2].norm_topk_prob for f in FAMILIES] == [True, True, False]
+    assert [tiny(f)[2].norm_topk_prob for f in FAMILIES] == [True, True, True, False]
 
 
 ABLATIONS = {  # the spec change that switches a routing feature off
@@ -132,10 +136,32 @@ def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     assert _diffs(changed, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
-@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+GPT_OSS_ABLATIONS = {  # (spec change, weights change) that switches a gpt-oss feature off
+    "sink logits": ({}, lambda w: {k: v * 0 if k.endswith(".sinks") else v
+                                   for k, v in w.items()}),
+    "o_proj bias": ({}, lambda w: {k: v for k, v in w.items() if not k.endswith("o_proj.bias")}),
+    "expert biases": ({}, lambda w: {k: v * 0 if ".experts." in k and k.endswith(".bias")
+                                     else v for k, v in w.items()}),
+    "swiglu clamp": ({"swiglu_limit": 1e4}, dict),
+    "window": ({"layer_types": ("full_attention",) * 4}, dict),
+    "yarn": ({"rope_scaling": None}, dict),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(GPT_OSS_ABLATIONS))
+def test_the_oracle_fails_without_each_gpt_oss_feature(tiny, feature):
+    """gpt-oss's features each change the logits: the oracle above fails without one."""
+    _, hf, spec, weights = tiny("gpt_oss")
+    change, reweigh = GPT_OSS_ABLATIONS[feature]
+    changed = dataclasses.replace(spec, **change)
+    assert _diffs(changed, reweigh(weights), hf, _prompt(), steps=0)[0][0] > 100 * TOL
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     """The family's GGUF (stacked ``ffn_*_exps`` and ``ffn_gate_inp``; Mixtral under the
-    ``llama`` architecture with its q / k rows permuted) loads to the same forward pass."""
+    ``llama`` architecture with its q / k rows permuted; gpt-oss's ``attn_sinks``, biases and
+    YaRN keys) loads to the same forward pass."""
     hf = make_tiny(family, tmp_path / "hf", seed=1, gguf_compatible=True)
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
@@ -148,18 +174,24 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     assert max(diffs) <= TOL, diffs
 
 
-def _norm_params(spec) -> int:
-    """The norms' parameters (read whole, counted by the ledger as active)."""
-    per_layer = spec.norms_per_layer * spec.hidden_size + (2 * spec.head_dim if spec.qk_norm
-                                                           else 0)
-    return spec.num_layers * per_layer + spec.hidden_size
+def _vector_params(spec) -> int:
+    """The vectors' parameters (read whole, counted by the ledger as active; the model's
+    figure counts matrices): the norms, and gpt-oss's biases (attention, router, k experts')
+    and sink logits."""
+    h, d = spec.hidden_size, spec.head_dim
+    per_layer = spec.norms_per_layer * h + (2 * d if spec.qk_norm else 0)
+    if spec.model_type == "gpt_oss":
+        per_layer += (spec.num_attention_heads + 2 * spec.num_kv_heads) * d + h  # q, k, v, o
+        per_layer += spec.num_attention_heads + spec.num_experts  # sinks, router
+        per_layer += spec.num_experts_per_tok * (2 * spec.moe_intermediate_size + h)
+    return spec.num_layers * per_layer + h
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     """At batch 1 each decode step reads the attention, the dense MLPs, the LM head and per MoE
     layer its router and exactly k experts: 4 bytes x (the ledger's active parameters less
-    the embedding and the norms). Four sequences in one step read no more than the distinct
+    the embedding and the vectors: norms, biases, sinks). Four sequences in one step read no more than the distinct
     experts they chose."""
     _, _, spec, weights = tiny(family)
     model = _model(spec, weights)
@@ -168,7 +200,7 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
         layer[cls].nbytes for layer in layers for cls in ("qkv", "o", "gate_up", "down")
         if cls in layer)
     params = count_params(spec)
-    want = 4 * (params.active - params.embedding - _norm_params(spec))
+    want = 4 * (params.active - params.embedding - _vector_params(spec))
     assert model.decode_weight_bytes == want
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
     runner = ModelRunner(model, store, 16)
@@ -193,13 +225,14 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
                                                           spec.num_experts)
 
 
-def test_bf16_experts_take_the_weight_formats_per_expert(tiny):
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family):
     """bf16 with int8 weights per expert (``gate_up`` w8a8 where the native kernel is built,
     else int8; ``down`` int8): every expert holds the format reported, and the logits stay
     within 5 % of their spread of transformers' fp32 ones."""
     from kvledger.model.linear import w8a8_ok
 
-    folder, hf, _, _ = tiny("qwen3_moe")
+    folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
     formats = {"gate_up": "w8a8", "down": "int8"}
     model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats)

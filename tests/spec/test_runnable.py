@@ -21,7 +21,13 @@ BASE = {"llama": LLAMA, "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", 
                                      norms_per_layer=4, attn_logit_softcapping=50.0),
         "moe": dataclasses.replace(LLAMA, model_type="qwen3_moe", qk_norm=True, num_experts=4,
                                    num_experts_per_tok=2, moe_intermediate_size=16,
-                                   mlp_only_layers=(1,), norm_topk_prob=True)}
+                                   mlp_only_layers=(1,), norm_topk_prob=True),
+        "gpt_oss": dataclasses.replace(
+            LLAMA, model_type="gpt_oss", num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=16, norm_topk_prob=True, router_bias=True, mlp_bias=True,
+            qkv_bias=True, o_bias=True, attention_sinks=True, swiglu_limit=7.0,
+            swiglu_alpha=1.702, layer_types=("sliding_attention", "full_attention"),
+            sliding_window=8, rope_scaling={"rope_type": "yarn", "factor": 4.0})}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,
@@ -29,7 +35,13 @@ OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding
        "rope_local_base_freq": 10000.0, "partial_rotary_factor": 0.5}
 
 
+FAMILY_OFF = {"gpt_oss": {"rope_scaling": {"rope_type": "longrope"}}}
+"""A value the family does not run where :data:`OFF`'s is one it runs."""
+
+
 def _off(spec, name):
+    if name in FAMILY_OFF.get(spec.model_type, {}):
+        return FAMILY_OFF[spec.model_type][name]
     default = getattr(spec, name)
     return OFF.get(name, (not default) if isinstance(default, bool) else 7)
 

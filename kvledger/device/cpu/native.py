@@ -197,7 +197,7 @@ class PagedKernel:
         self._fn = lib.kvl_paged_attention
         i32, ptr = ctypes.c_int, ctypes.c_void_p
         self._fn.argtypes = ([ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32, i32]
-                             + [ptr] * 4)
+                             + [ptr] * 5)
         self._fn.restype = None
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
         self.dim_multiple = lib.kvl_head_dim_multiple()
@@ -219,27 +219,31 @@ class PagedKernel:
                 and store.block_size <= self.max_block)
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
-                 paged, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                 paged, scale: float | None = None, window: int | None = None,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D];
         scores scaled by ``scale`` (default 1/sqrt(D)), over the last ``window`` positions of
-        each context when given."""
+        each context when given, with the sink logits ``sinks`` [heads] in each softmax's
+        denominator when given."""
         _, block_size, kv_heads, _ = key_blocks.shape
         return self._launch(q, kv_heads, block_size, paged, key_blocks.data_ptr(),
-                            value_blocks.data_ptr(), None, scale, window)
+                            value_blocks.data_ptr(), None, scale, window, sinks)
 
     def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
                   residual_of: torch.Tensor, block_size: int, kv_heads: int,
-                  paged, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+                  paged, scale: float | None = None, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
         :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
-        ``scale`` and ``window`` as in :meth:`__call__`."""
+        ``scale``, ``window`` and ``sinks`` as in :meth:`__call__`."""
         return self._launch(q, kv_heads, block_size, paged, None, None,
                             (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
-                             residual_of.data_ptr()), scale, window)
+                             residual_of.data_ptr()), scale, window, sinks)
 
     def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant, scale,
-                window) -> torch.Tensor:
+                window, sinks) -> torch.Tensor:
         q = q.contiguous()
+        sinks = None if sinks is None else sinks.float().contiguous()
         out = torch.empty_like(q)
         n, heads, dim = q.shape
         tables, seqs, lens = paged.block_tables, paged.seq_of_query, paged.context_lens
@@ -252,7 +256,8 @@ class PagedKernel:
                  tables.data_ptr(), seqs.data_ptr(), lens.data_ptr(), n, heads, kv_heads, dim,
                  block_size, tables.shape[1], dim ** -0.5 if scale is None else scale,
                  window or 0, DTYPE_CODES[q.dtype], threads,
-                 parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3))
+                 parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3),
+                 _ptr(sinks))
         return out
 
     @staticmethod

@@ -1,5 +1,5 @@
 """How one layer's attention departs from ``softmax(q . K^T / sqrt(D)) V`` over the whole causal
-context: its score scale, its sliding window and its logit soft-capping.
+context: its score scale, its sliding window, its logit soft-capping and its sink logits.
 
 - ``scale``: the factor of q . k (``ModelSpec.attention_scale``; Gemma's
   ``query_pre_attn_scalar ** -0.5``);
@@ -7,15 +7,19 @@ context: its score scale, its sliding window and its logit soft-capping.
   ``i - W < j <= i`` (Beltagy et al., "Longformer", arXiv:2004.05150; the mask of transformers'
   ``sliding_window_overlay``); None for full attention;
 - ``softcap``: scores become ``c * tanh(s / c)`` before the softmax (Gemma 2,
-  arXiv:2408.00118 §2), None for none.
+  arXiv:2408.00118 §2), None for none;
+- ``sinks``: one learned logit per query head [heads] (fp32) that joins each query's softmax
+  denominator and holds no value: ``out = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^(sink))``
+  (gpt-oss; transformers' ``GptOssAttention``); None for none. Not the ``sinks`` retention
+  policy, which keeps the first tokens' KV.
 
-A model gives its backend one per layer (:meth:`AttentionBackend.set_layers`); the window is
-model metadata (``ModelSpec.layer_windows``) over the ordinary full pool.
+A model gives its backend one per layer (:meth:`AttentionBackend.set_layers`; the sinks are
+weights, set by the model that loads them); the window is model metadata (``ModelSpec.layer_windows``) over the ordinary full pool.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +33,7 @@ class LayerAttention:
     scale: float
     window: int | None = None
     softcap: float | None = None
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
     def visible(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor | None:
         """Bool [Q, K], True where the window lets query position ``query_pos[q]`` see key

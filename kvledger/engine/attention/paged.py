@@ -15,6 +15,9 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
   store (fp8, int8, int4) it reads the codes themselves, the scales folded into the query and
   the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
 
+Sink logits (:mod:`.layer`) join the normaliser once, after the last chunk: with the final
+maximum ``m* = max(m, sink)``, ``out = acc e^(m - m*) / (l e^(m - m*) + e^(sink - m*))``.
+
 Seam for the next issues: a chunk's K/V come from :meth:`read_blocks` (a quantized KV format
 dequantises there, per block).
 """
@@ -102,6 +105,11 @@ class PagedTorchBackend(_Paged):
             l_sum = l_sum * corr + p.sum(-1, keepdim=True)
             acc = acc * corr + p @ values
             m = m_new
+        if how.sinks is not None:  # [heads] -> [1, kv_heads, G, 1], the last term of l
+            sinks = how.sinks.float().reshape(1, kv_heads, heads // kv_heads, 1)
+            m_all = torch.maximum(m, sinks)
+            corr = torch.exp(m - m_all)
+            acc, l_sum = acc * corr, l_sum * corr + torch.exp(sinks - m_all)
         return (acc / l_sum).reshape(n, heads, dim).to(q.dtype)
 
 
@@ -130,11 +138,12 @@ class PagedNativeBackend(_Paged):
             if sides is None:
                 return self._fallback.attend(layer, q, paged, store)
             return self.kernel.quantized(q, sides[0], store.residual_of, store.block_size,
-                                         store.num_kv_heads, paged, how.scale, how.window)
+                                         store.num_kv_heads, paged, how.scale, how.window,
+                                         how.sinks)
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
-        return self.kernel(q, keys, values, paged, how.scale, how.window)
+        return self.kernel(q, keys, values, paged, how.scale, how.window, how.sinks)
 
     def attend_slots(self, layer, q, group, store):
         """The kernel over the pool viewed as blocks of one slot ([blocks * bs, 1, kv_heads,
@@ -144,7 +153,8 @@ class PagedNativeBackend(_Paged):
         if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window:
             return super().attend_slots(layer, q, group, store)
         one = (-1, 1, *keys.shape[2:])
-        return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale)
+        return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale,
+                           sinks=how.sinks)
 
     def _sides(self, store, layer: int):
         """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per

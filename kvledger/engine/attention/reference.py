@@ -17,7 +17,8 @@ by the runner so padding wastes little gather and attention work. Without a KV s
 recomputed from position 0. GQA via SDPA's ``enable_gqa``. Each layer's score scale, sliding
 window and soft-cap come from :meth:`AttentionBackend.set_layers` (:mod:`.layer`; by default
 1/sqrt(head_dim), Vaswani et al., 2017): the window narrows the masks here, and a soft-capped
-layer is attended without SDPA (it cannot take the tanh).
+layer or one with sink logits is attended without SDPA (it cannot take the tanh or the extra
+logit).
 """
 
 from __future__ import annotations
@@ -153,16 +154,26 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
             causal: bool, how: LayerAttention | None) -> torch.Tensor:
     """Attention over [B, heads, n, D] queries, [B, kv_heads, L, D] keys and values (GQA)
     under ``mask`` (True = attend) or ``causal``: SDPA with the layer's scale, or the scores
-    written out when the layer soft-caps them (as transformers' eager Gemma 2 attention)."""
+    written out when the layer soft-caps them (as transformers' eager Gemma 2 attention) or
+    has sink logits (a last column of the softmax, dropped after it, as its eager gpt-oss
+    attention)."""
     scale = None if how is None else how.scale
-    if how is None or how.softcap is None:
+    if how is None or (how.softcap is None and how.sinks is None):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                               scale=scale, enable_gqa=True)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / how.softcap) * how.softcap
+    scores = q @ k.transpose(-1, -2) * scale
+    if how.softcap is not None:
+        scores = torch.tanh(scores / how.softcap) * how.softcap
     if causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, -torch.inf)
-    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
+    scores = scores.float()
+    if how.sinks is not None:
+        sinks = how.sinks.float()[None, :, None, None].expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat((scores, sinks), dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return probs.to(v.dtype) @ v

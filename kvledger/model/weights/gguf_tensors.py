@@ -51,7 +51,7 @@ from kvledger.spec import ModelSpec
 # Types we dequantize (all through gguf.quants; float types are stored as-is).
 SUPPORTED_TYPES = frozenset(
     ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
-    + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+    + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 )
 # GGUF architectures whose converter permutes attn_q / attn_k rows for RoPE.
 PERMUTED_ARCHS = frozenset({"llama", "mistral"})
@@ -85,6 +85,8 @@ _ARCH_BLOCK_NAMES = {
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 _ARCH_BLOCK_NAMES["gemma3"] = _ARCH_BLOCK_NAMES["gemma2"]
+_ARCH_BLOCK_NAMES["gpt-oss"] = {"post_attention_norm": "post_attention_layernorm",
+                                "attn_sinks": "self_attn.sinks"}
 NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
 """Architectures whose converter stores norm weights as ``1 + w``."""
 SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})

@@ -12,20 +12,27 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
 - Mixtral's ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.w1`` / ``w3`` /
   ``w2`` -> Qwen-MoE's ``mlp.gate`` and ``mlp.experts.{e}.gate_proj`` / ``up_proj`` /
   ``down_proj`` (``MixtralBlockSparseTop2MLP``: ``w2(silu(w1 x) * w3 x)``); a GGUF's stacked
-  ``ffn_{gate,up,down}_exps`` [experts, out, in] (``gguf_tensors``) -> one view per expert.
+  ``ffn_{gate,up,down}_exps`` [experts, out, in] (``gguf_tensors``) -> one view per expert;
+- gpt-oss's ``mlp.router`` -> ``mlp.gate``, and its stacked ``mlp.experts.gate_up_proj``
+  [experts, hidden, 2f] (used as ``x @ W``, gate and up in alternate columns) and
+  ``down_proj`` [experts, f, hidden] with their ``*_bias`` -> per expert ``gate_proj`` /
+  ``up_proj`` / ``down_proj`` [out, in] views (``GptOssExperts``); MXFP4 ``*_blocks`` /
+  ``*_scales`` are dequantized first (:mod:`.mxfp4`).
 
 :func:`tensor_shapes` lists what a model of the spec holds: per layer the q/k/v/o and gate/up/
 down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
 three at ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
-``k_norm`` and q/k/v biases when the spec has them; the embedding, the final norm and an
-untied ``lm_head``.
+``k_norm``, the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads], router
+bias and expert biases when the spec has them; the embedding, the final norm and an untied
+``lm_head``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kvledger.model.weights.mxfp4 import dequantize_experts
 from kvledger.spec import ModelSpec
 
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
@@ -60,12 +67,37 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
                                                  in (("q", q * d), ("k", kv * d), ("v", kv * d))])
         f = spec.intermediate_size
         _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
+        _gpt_oss_names(state, p)
         for stack in EXPERT_STACKS:
             for suffix in (".weight", ".bias"):
                 tensor = state.pop(p + stack + suffix, None)
                 kind = stack.rpartition(".")[2]
                 for e in range(0 if tensor is None else tensor.shape[0]):
                     state[f"{p}mlp.experts.{e}.{kind}{suffix}"] = tensor[e]
+
+
+def _gpt_oss_names(state: dict, p: str) -> None:
+    """gpt-oss's sink logits (a GGUF's ``attn_sinks.weight``), router and stacked experts of
+    layer ``p`` -> the names of :func:`tensor_shapes` (module docstring); nothing when the
+    layer has none."""
+    if p + "self_attn.sinks.weight" in state:
+        state[p + "self_attn.sinks"] = state.pop(p + "self_attn.sinks.weight")
+    mlp = p + "mlp."
+    for suffix in (".weight", ".bias"):
+        if mlp + "router" + suffix in state:
+            state[mlp + "gate" + suffix] = state.pop(mlp + "router" + suffix)
+    dequantize_experts(state, mlp + "experts.")
+    gate_up = state.pop(mlp + "experts.gate_up_proj", None)
+    if gate_up is None:
+        return
+    down, bias = state.pop(mlp + "experts.down_proj"), state.pop(mlp + "experts.gate_up_proj_bias")
+    down_bias = state.pop(mlp + "experts.down_proj_bias")
+    for e in range(gate_up.shape[0]):
+        stem = f"{mlp}experts.{e}."
+        state |= {stem + "gate_proj.weight": gate_up[e, :, 0::2].T,
+                  stem + "up_proj.weight": gate_up[e, :, 1::2].T,
+                  stem + "gate_proj.bias": bias[e, 0::2], stem + "up_proj.bias": bias[e, 1::2],
+                  stem + "down_proj.weight": down[e].T, stem + "down_proj.bias": down_bias[e]}
 
 
 def _mixtral_name(name: str) -> str:
@@ -112,6 +144,10 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if spec.qkv_bias:
             shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
                        for n, rows in (("q", q), ("k", kv), ("v", kv))}
+        if spec.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if spec.attention_sinks:
+            shapes[p + "self_attn.sinks"] = (spec.num_attention_heads,)
     return shapes
 
 
@@ -124,10 +160,16 @@ def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
                 p + "down_proj.weight": (h, f)}
     f = spec.moe_intermediate_size
     shapes = {p + "gate.weight": (spec.num_experts, h)}
+    if spec.router_bias and spec.model_type == "gpt_oss":  # DeepSeek's is a score correction
+        shapes[p + "gate.bias"] = (spec.num_experts,)
     for e in range(spec.num_experts):
         shapes |= {f"{p}experts.{e}.gate_proj.weight": (f, h),
                    f"{p}experts.{e}.up_proj.weight": (f, h),
                    f"{p}experts.{e}.down_proj.weight": (h, f)}
+        if spec.mlp_bias:
+            shapes |= {f"{p}experts.{e}.gate_proj.bias": (f,),
+                       f"{p}experts.{e}.up_proj.bias": (f,),
+                       f"{p}experts.{e}.down_proj.bias": (h,)}
     return shapes
 
 

@@ -8,7 +8,8 @@
 // int32) and sees the first context_lens[i] positions of it; with a sliding window W > 0 only
 // the last W of them (the query is at position context_lens[i] - 1 and sees key j when
 // i - j < W): its blocks before the window are not read, the window's first block from the
-// window's first row on. Element type: fp32 or bf16 (raw
+// window's first row on. With sink logits (gpt-oss, one per query head) each softmax's
+// normaliser gets one more term e^(sink), applied when an item (or its merged parts) finishes. Element type: fp32 or bf16 (raw
 // uint16 bits); arithmetic in fp32.
 //
 // Quantized KV (kvledger.engine.kv.codecs, QuantizedKVStore): K and V are each described by a
@@ -65,7 +66,17 @@ struct Args {
     float* partial;  // [num_queries, kv_heads, parts, group, head_dim + 2] when parts > 1
     const KVSide* ks; const KVSide* vs;  // quantized K and V (null: k and v are plain blocks)
     const int64_t* residual_of;          // [blocks]: residual slot of a partial block, or -1
+    const float* sinks;  // [heads]: a sink logit per query head in each denominator, or null
 };
+
+// 1 / the normaliser of query head h whose running max is m and normaliser l, and the factor
+// exp(m - m*) on its sums: with a sink logit s (gpt-oss) the normaliser is l e^(m - m*) +
+// e^(s - m*), m* = max(m, s); the output is acc x the factor / the normaliser.
+inline float finish_scale(const Args& a, int h, float m, float l) {
+    if (!a.sinks) return 1.f / l;
+    const float s = a.sinks[h], top = s > m ? s : m, c = std::exp(m - top);
+    return c / (l * c + std::exp(s - top));
+}
 
 // The item's result: the output rows when the context is one part, else its part's running
 // max, normaliser and weighted sums (merged by merge_parts).
@@ -76,7 +87,7 @@ void finish_item(const Args& a, const State& st, int qi, int kh, int part, int n
         T* out = static_cast<T*>(a.out);
         for (int g = 0; g < G; ++g) {
             const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
-            const float inv = 1.f / st.l[g];
+            const float inv = finish_scale(a, kh * G + g, st.m[g], st.l[g]);
             alignas(64) float row[kMaxDim];
             for (int j = 0; j < nv; ++j)
                 for (int i = 0; i < kLanes; ++i) row[j * kLanes + i] = st.acc[g][j][i];
@@ -243,7 +254,7 @@ void merge_parts(const Args& a, int qi, int kh) {
             for (int d = 0; d < D; ++d) acc[d] += w * part[2 + d];
         }
         const int64_t base = (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
-        const float inv = 1.f / l;
+        const float inv = finish_scale(a, kh * G + g, mx, l);
         if (a.vs && a.vs->rotation) rotate_row(acc, a.vs->rotation, D, true);
         for (int d = 0; d < D; ++d) store(out, base + d, acc[d] * inv);
     }
@@ -307,15 +318,18 @@ int kvl_max_block_size() { return kMaxBlock; }
 // num_queries * kv_heads * parts * (heads / kv_heads) * (head_dim + 2) floats).
 // ks, vs, residual_of: a quantized store's K and V sides (k and v are then unused), or null.
 // window > 0: a sliding layer's window W (each query sees the last W positions of its context).
+// sinks: [heads] fp32 sink logits (one more term per query head in each softmax denominator,
+// holding no value: gpt-oss), or null.
 void kvl_paged_attention(const void* q, const void* k, const void* v, void* out,
                          const int32_t* block_tables, const int32_t* seq_of_query,
                          const int32_t* context_lens, int num_queries, int heads, int kv_heads,
                          int head_dim, int block_size, int max_blocks, float scale, int window,
                          int is_bf16, int num_threads, int parts, float* partial,
-                         const KVSide* ks, const KVSide* vs, const int64_t* residual_of) {
+                         const KVSide* ks, const KVSide* vs, const int64_t* residual_of,
+                         const float* sinks) {
     Args a{q, k, v, out, block_tables, seq_of_query, context_lens, num_queries, heads, kv_heads,
            head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, window, partial, ks,
-           vs, residual_of};
+           vs, residual_of, sinks};
     const int dv = head_dim / kLanes;  // common head sizes get their own unrolled code
     if (is_bf16) {
         if (dv == 8) run<uint16_t, 8>(a, num_threads);
