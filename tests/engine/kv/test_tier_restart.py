@@ -225,15 +225,37 @@ def test_a_full_disk_turns_the_tier_off_and_serving_goes_on(build, tmp_path, mon
 
 
 def test_a_probed_read_speed_predicts_each_load(build, tmp_path, monkeypatch):
-    from kvledger.engine.kv.tiers import read_probe
+    from kvledger.ledger.tier_load import save_figures
 
     monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
     opts = {"kv_disk_dir": str(tmp_path / "kv")}
     engine = build(**opts)
     run(engine, PROMPT)
-    read_probe.save(tmp_path / "kv", {"cold_bytes_per_s": 1e9}, tmp_path / "config")
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 1e9, "prefill_flops_per_s": 1.0},
+                 tmp_path / "config")  # a prefill this slow: loading wins
     engine = restart(engine, build, **opts)
     m = run(engine, PROMPT).metrics
     assert m.cached_tokens_by_tier["disk"] == 96
     assert m.tier_load_predicted_s == pytest.approx(6 * engine.bytes_per_block / 1e9)
     assert m.tier_load_s > 0
+    assert engine.stats()["kv_tier_recomputed_blocks"] == 0
+
+
+def test_a_disk_slower_than_the_prefill_is_recomputed_not_loaded(build, tmp_path, monkeypatch):
+    """A probed read speed of 1 B/s (both cold and warm) against any real prefill speed: the
+    blocks found on disk are recomputed, counted, and the greedy tokens equal a cold run's."""
+    from kvledger.ledger.tier_load import save_figures
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    opts = {"kv_disk_dir": str(tmp_path / "kv")}
+    cold = run(build(), PROMPT)
+    engine = build(**opts)
+    run(engine, PROMPT)
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 1, "warm_bytes_per_s": 1,
+                                   "prefill_flops_per_s": 1e9}, tmp_path / "config")
+    engine = restart(engine, build, **opts)
+    out = run(engine, PROMPT)
+    assert out.metrics.cached_tokens_by_tier == {"pool": 0, "ram": 0, "disk": 0}
+    assert out.metrics.tier_load_s == 0 and out.metrics.tier_load_predicted_s == 0
+    assert engine.stats()["kv_tier_recomputed_blocks"] == 6
+    assert out.token_ids == cold.token_ids
