@@ -127,7 +127,8 @@ def _tier_probe(directory: str, model: str) -> None:
 
 def prefill_speed(model: str, tokens: int = 512) -> dict:
     """The prefill speed of an engine of ``model`` (default dtype): the ledger's prefill FLOPs
-    of ``tokens`` random tokens over the best of two timed prefills, after one to warm up.
+    of ``tokens`` random tokens (fewer when the model's context is shorter) over the best of
+    two timed prefills, after one to warm up.
     ``{"prefill_flops_per_s", "prefill_model", "prefill_dtype", "prefill_tokens"}``."""
     import random
     import time
@@ -140,6 +141,7 @@ def prefill_speed(model: str, tokens: int = 512) -> dict:
     engine = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False))
     rng, best = random.Random(0), float("inf")
     try:
+        tokens = min(tokens, engine.max_model_len - 1)
         for i in range(3):
             engine.add_request(f"prefill-{i}", [rng.randrange(3, engine.spec.vocab_size)
                                                 for _ in range(tokens)],
