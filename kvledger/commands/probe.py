@@ -103,16 +103,14 @@ def probe(
 def _tier_probe(directory: str, model: str) -> None:
     from kvledger.engine.kv.tiers import read_probe
     from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
-    from kvledger.ledger.kv import kv_bytes_per_block
-    from kvledger.ledger.planner import PlanOptions
     from kvledger.ledger.tier_load import save_figures
     from kvledger.paths import config_dir
     from kvledger.spec import load_spec
 
-    block = kv_bytes_per_block(load_spec(model), PlanOptions().kv, 1, PlanOptions().block_size)
+    tensor_bytes = read_probe.store_tensor_bytes(load_spec(model))
     tier_dir = open_tier_dir(directory)  # created, writable and not in use, or refused
     try:
-        figures = read_probe.measure_read(tier_dir.path, payload_bytes=block)
+        figures = read_probe.measure_read(tier_dir.path, tensor_bytes)
     finally:
         tier_dir.close()
     figures |= prefill_speed(model)
@@ -120,7 +118,7 @@ def _tier_probe(directory: str, model: str) -> None:
     print(f"KV disk tier {directory}: loads {figures['cold_bytes_per_s'] / 1e9:.2f} GB/s + "
           f"{figures['cold_file_s'] * 1e6:.0f} µs per file with the page cache dropped, "
           f"{figures['warm_bytes_per_s'] / 1e9:.2f} GB/s + {figures['warm_file_s'] * 1e6:.0f} µs "
-          f"warm ({figures['files']} files of {block} bytes); prefill "
+          f"warm ({figures['files']} files of {figures['payload_bytes']} bytes); prefill "
           f"{figures['prefill_flops_per_s'] / 1e9:.1f} GFLOP/s ({model}, "
           f"{figures['prefill_tokens']} tokens, {figures['prefill_dtype']}); saved to {path}")
 

@@ -163,8 +163,12 @@ def test_read_probe_times_the_load_path_and_saves_beside_the_prefill_speed(tmp_p
     from kvledger.engine.kv.tiers import read_probe
     from kvledger.ledger.tier_load import ReadSpeed, save_figures, saved_figures
 
-    figures = read_probe.measure_read(tmp_path / "tier", files=4, payload_bytes=4096)
-    assert (figures["files"], figures["payload_bytes"]) == (4, 4096)
+    spec = load_spec(config_path("HuggingFaceTB__SmolLM2-135M"))
+    tensor_bytes = read_probe.store_tensor_bytes(spec)
+    # K or V of one layer: 3 KV heads x 16 tokens x 64 x 2 bytes, 30 layers
+    assert tensor_bytes == [3 * 16 * 64 * 2] * 60
+    figures = read_probe.measure_read(tmp_path / "tier", [4096, 4096], files=4)
+    assert (figures["files"], figures["payload_bytes"]) == (4, 8192)
     for state in ("cold", "warm"):
         assert figures[f"{state}_bytes_per_s"] > 0 and figures[f"{state}_file_s"] >= 0
     assert list((tmp_path / "tier").iterdir()) == []  # the scratch files are gone
