@@ -81,6 +81,7 @@ def run_sessions(engine, tok, args) -> dict:
             "dropped_writes": stats.get("kv_tier_dropped_writes", 0),
             "offered_writes": stats.get("kv_tier_offered_writes", 0),
             "recomputed_blocks": stats.get("kv_tier_recomputed_blocks", 0),
+            "tier_blocks_loaded": sum(t["hits"] for t in stats.get("kv_tiers", {}).values()),
             "preemptions": stats["num_preemptions"],
             "loads": len(loads),
             "load_error_median": statistics.median(errors) if loads else None,
