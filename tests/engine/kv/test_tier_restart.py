@@ -102,6 +102,27 @@ def test_ram_tier_serves_what_a_small_pool_evicted(build, tmp_path):
     assert disk.stats.blocks > 0  # written through to both tiers
 
 
+def test_a_request_that_must_wait_loads_its_tier_blocks_once(build, tmp_path):
+    """A 16-block pool; PROMPT's 6 full blocks are only in the RAM tier when it arrives behind
+    a 200-token request that takes 13 blocks: it waits, and its blocks are loaded once, when
+    the pool can hold it, not at every admission attempt (each evicted again before it runs)."""
+    rng = random.Random(5)
+    first = [rng.randrange(3, 320) for _ in range(200)]
+    second = [rng.randrange(3, 320) for _ in range(190)]  # 12 blocks, a 13th as it decodes
+    cold = run(build(), PROMPT)
+    engine = build(num_blocks=16, kv_ram_gib=0.001)
+    run(engine, PROMPT)
+    run(engine, first, "evicts")  # 13 blocks: PROMPT's leave the pool
+    engine.tiers.chain.flush()
+    engine.add_request("long", second, GREEDY)
+    waiting = run(engine, PROMPT, "waits")
+    assert waiting.metrics.cached_tokens_by_tier == {"pool": 0, "ram": 96, "disk": 0}
+    assert waiting.token_ids == cold.token_ids
+    (ram,) = engine.tiers.chain.tiers
+    assert ram.stats.hits == 6
+    assert engine.stats()["kv_tier_deferred_loads"] > 0
+
+
 def _block_files(tmp_path):
     return sorted(tmp_path.rglob("*.kv"))
 

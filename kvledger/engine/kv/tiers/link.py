@@ -81,16 +81,20 @@ class TierLink:
         self.chain, self.pool, self.prefix, self.store = chain, pool, prefix, store
         self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
+        self.deferred_loads = 0  # lookups not made: the request could not run yet
         prefix.on_cached = self.write_through
 
     def stats(self) -> dict:
         """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's
-        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes`` and ``kv_tier_recomputed_blocks``
-        (found in a tier, recomputed because the ledger predicted loading slower)."""
+        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes``, ``kv_tier_recomputed_blocks``
+        (found in a tier, recomputed because the ledger predicted loading slower) and
+        ``kv_tier_deferred_loads`` (tier lookups not made: the pool could not hold the request
+        yet)."""
         return {"kv_tiers": {t.name: asdict(t.stats) for t in self.chain.tiers},
                 "kv_tier_dropped_writes": self.chain.dropped_writes,
                 "kv_tier_offered_writes": self.chain.offered_writes,
-                "kv_tier_recomputed_blocks": self.recomputed_blocks}
+                "kv_tier_recomputed_blocks": self.recomputed_blocks,
+                "kv_tier_deferred_loads": self.deferred_loads}
 
     def write_through(self, block_id: int, block_hash: bytes, key: tuple) -> None:
         if self.chain.wants(block_hash, key):
@@ -98,7 +102,15 @@ class TierLink:
 
     def extend(self, req: Request, hits: list[int], limit: int) -> list[int]:
         """``hits`` (pool block ids of ``req``'s prefix) followed by the blocks loaded from the
-        tiers, at most ``limit`` in all."""
+        tiers, at most ``limit`` in all.
+
+        Nothing is loaded unless the free list holds every block ``req`` still needs (the free
+        hits it revives, the loaded blocks and the rest of its tokens'): a request that must
+        wait would see the blocks loaded for it evicted before its turn, and load them again."""
+        blocks = -(-req.num_tokens // self.block_size)
+        if sum(map(self.pool.is_free, hits)) + blocks - len(hits) > self.pool.num_free:
+            self.deferred_loads += 1
+            return hits
         found = []
         for i in range(len(hits), limit):
             block_hash, key = self.prefix.block_hash(req, i)
@@ -106,9 +118,6 @@ class TierLink:
             if tier is None:
                 break
             found.append((block_hash, key, tier))
-        if not found:
-            return hits
-        found = found[:self.pool.num_free - sum(map(self.pool.is_free, hits))]
         if not found:
             return hits
         predicted = None
