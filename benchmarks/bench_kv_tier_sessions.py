@@ -82,6 +82,7 @@ def run_sessions(engine, tok, args) -> dict:
             "offered_writes": stats.get("kv_tier_offered_writes", 0),
             "recomputed_blocks": stats.get("kv_tier_recomputed_blocks", 0),
             "tier_blocks_loaded": sum(t["hits"] for t in stats.get("kv_tiers", {}).values()),
+            "deferred_loads": stats.get("kv_tier_deferred_loads", 0),
             "preemptions": stats["num_preemptions"],
             "loads": len(loads),
             "load_error_median": statistics.median(errors) if loads else None,
