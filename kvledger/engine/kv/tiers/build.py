@@ -94,7 +94,7 @@ def build_link(config, tier_dir: TierDir | None, *, weights_id: str, spec: Model
         policy = LoadPolicy(saved.cold, saved.warm, saved.prefill_flops_per_s, spec,
                             count_params(spec).active)
     link = TierLink(chain, kv.pool, kv.prefix, store, config.block_size,
-                    policy or LoadPolicy(), size)
+                    policy or LoadPolicy(), size, config.max_num_batched_tokens)
     kv.tiers = link
     log.info("KV tiers: %s (fingerprint %s)", ", ".join(
         f"{t.name} {t.stats.capacity_bytes / GIB:g} GiB" for t in tiers), fp[:16])

@@ -74,21 +74,24 @@ class TierLink:
         block_size: tokens per block.
         policy: load or recompute.
         payload_bytes: bytes of one block's payload.
+        chunk_tokens: most tokens one step prefills for a request (``max_num_batched_tokens``).
     """
 
     def __init__(self, chain: TierChain, pool: BlockPool, prefix: PrefixCache, store,
-                 block_size: int, policy: LoadPolicy, payload_bytes: int) -> None:
+                 block_size: int, policy: LoadPolicy, payload_bytes: int,
+                 chunk_tokens: int) -> None:
         self.chain, self.pool, self.prefix, self.store = chain, pool, prefix, store
         self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
+        self.chunk_tokens = chunk_tokens
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
-        self.deferred_loads = 0  # lookups not made: the request could not run yet
+        self.deferred_loads = 0  # tier hits not loaded: the request could not run yet
         prefix.on_cached = self.write_through
 
     def stats(self) -> dict:
         """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's
         ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes``, ``kv_tier_recomputed_blocks``
         (found in a tier, recomputed because the ledger predicted loading slower) and
-        ``kv_tier_deferred_loads`` (tier lookups not made: the pool could not hold the request
+        ``kv_tier_deferred_loads`` (tier hits not loaded: the pool could not hold the request
         yet)."""
         return {"kv_tiers": {t.name: asdict(t.stats) for t in self.chain.tiers},
                 "kv_tier_dropped_writes": self.chain.dropped_writes,
@@ -104,13 +107,10 @@ class TierLink:
         """``hits`` (pool block ids of ``req``'s prefix) followed by the blocks loaded from the
         tiers, at most ``limit`` in all.
 
-        Nothing is loaded unless the free list holds every block ``req`` still needs (the free
-        hits it revives, the loaded blocks and the rest of its tokens'): a request that must
-        wait would see the blocks loaded for it evicted before its turn, and load them again."""
-        blocks = -(-req.num_tokens // self.block_size)
-        if sum(map(self.pool.is_free, hits)) + blocks - len(hits) > self.pool.num_free:
-            self.deferred_loads += 1
-            return hits
+        Nothing is loaded unless the free list holds what admitting ``req`` then takes (the
+        free hits it revives, the loaded blocks and those of its first chunk, at most
+        ``chunk_tokens``): a request that must wait would see the blocks loaded for it evicted
+        before its turn, and load them again at its next admission attempt."""
         found = []
         for i in range(len(hits), limit):
             block_hash, key = self.prefix.block_hash(req, i)
@@ -119,6 +119,11 @@ class TierLink:
                 break
             found.append((block_hash, key, tier))
         if not found:
+            return hits
+        rest = req.num_tokens - (len(hits) + len(found)) * self.block_size
+        chunk_blocks = -(-min(rest, self.chunk_tokens) // self.block_size)
+        if sum(map(self.pool.is_free, hits)) + len(found) + chunk_blocks > self.pool.num_free:
+            self.deferred_loads += 1
             return hits
         predicted = None
         if self.policy.cold is not None:
