@@ -4,10 +4,11 @@
 ``measure_read`` times the engine's own load path over ``files`` block files it writes in a
 scratch folder inside the directory: :meth:`DiskTier.get` (read the file, check the header and
 the payload's CRC-32), then :func:`payload.write_blocks` into a pool of the store's tensors
-(``tensor_bytes``: one block's bytes of each, K and V of every layer), *cold*, after ``posix_fadvise(POSIX_FADV_DONTNEED)`` has dropped
-each file's pages from the page cache, and *warm*, right after. It does so at two payload sizes
-(a block's, and an eighth of it) and fits ``seconds per file = file_s + bytes / bytes_per_s``
-through the two points, for each of cold and warm (:class:`kvledger.ledger.tier_load.ReadSpeed`).
+(``tensor_bytes``: one block's bytes of each, K and V of every layer); *cold*, after
+``posix_fadvise(POSIX_FADV_DONTNEED)`` has dropped each file's pages from the page cache, and
+*warm*, right after. It does so at two payload sizes (a block's, and an eighth of it) and fits
+``seconds per file = file_s + bytes / bytes_per_s`` through the two points, for each of cold
+and warm (:class:`kvledger.ledger.tier_load.ReadSpeed`).
 The probe adds the prefill speed (``prefill_flops_per_s``) it timed on an engine beside them.
 The figures are saved per directory in the config folder (``kv_tier_read.json``,
 :func:`kvledger.ledger.tier_load.save_figures`); the engine reads its directory's.
@@ -45,7 +46,7 @@ def store_tensor_bytes(spec: ModelSpec, block_size: int = 16) -> list[int]:
 def _pool(files: int, tensor_bytes: list[int]) -> SimpleNamespace:
     """A store of ``files`` blocks with one uint8 tensor per entry of ``tensor_bytes``, K and V
     alternating as ``payload`` orders them."""
-    blocks = [torch.empty(files, n, dtype=torch.uint8) for n in tensor_bytes]
+    blocks = [torch.zeros(files, n, dtype=torch.uint8) for n in tensor_bytes]  # pages touched
     return SimpleNamespace(quantized=False, key_blocks=blocks[::2], value_blocks=blocks[1::2])
 
 
