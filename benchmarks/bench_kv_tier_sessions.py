@@ -9,13 +9,20 @@ turn t is queued, then the engine runs until all finish, then turn t + 1. The po
 (``--pool-sessions`` sessions' final KV) cannot hold them all, so without a tier most history
 is prefilled again at every turn. bf16 compute, the bundled model, one engine per mode.
 
+Predicted against measured load time: before the tier's run the bench probes the tier
+directory's read speed (cold and warm) and the engine's prefill speed as ``kvledger probe
+--kv-disk-dir`` does, and saves them (in a scratch config folder) for the engine, which then
+predicts each load (``kv_tier_load_predicted_seconds``) and measures it
+(``kv_tier_load_seconds``); reported: median |predicted - measured| / measured over the
+requests that loaded, and the prediction's median ratio to the measurement.
+
 TPOT: ``--tpot-batch`` fresh prompts of ``--user`` tokens decode ``--answer`` tokens; the median
 time of the steps in which every request decodes (the tier's writes of the prompts' blocks and of
 each block the decode fills stream meanwhile), tier on against off, interleaved, ``--repeats``
 runs each. Run it alone (flock + quiet.sh).
 
     python benchmarks/bench_kv_tier_sessions.py [--sessions 16] [--turns 4] [--user 128]
-        [--answer 64] [--pool-sessions 4] [--json OUT]
+        [--answer 64] [--pool-sessions 4] [--repeats 3 (0: no TPOT part)] [--json OUT]
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ def run_sessions(engine, tok, args) -> dict:
     params = SamplingParams(max_tokens=args.answer, temperature=0.0, ignore_eos=True)
     history = [[] for _ in range(args.sessions)]
     ttfts, prompt_tokens, by_tier, generated = [], 0, {"pool": 0, "ram": 0, "disk": 0}, 0
-    cached = 0
+    cached, loads = 0, []
     start = time.perf_counter()
     for turn in range(args.turns):
         for s in range(args.sessions):
@@ -60,17 +67,44 @@ def run_sessions(engine, tok, args) -> dict:
                     prompt_tokens += len(out.prompt_token_ids)
                     cached += m.num_cached_tokens
                     generated += len(out.token_ids)
+                    if m.tier_load_s > 0:
+                        loads.append((m.tier_load_predicted_s, m.tier_load_s))
                     for k, v in (m.cached_tokens_by_tier or {"pool": m.num_cached_tokens}).items():
                         by_tier[k] += v
     wall = time.perf_counter() - start
     stats = engine.stats()
+    errors = [abs(p - t) / t for p, t in loads]
     return {"wall_s": wall, "output_tok_per_s": generated / wall,
             "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p99_s": percentile(ttfts, 0.99),
             "prompt_tokens": prompt_tokens, "cached_tokens": cached,
             "hit_rate_by_tier": {k: v / prompt_tokens for k, v in by_tier.items()},
             "dropped_writes": stats.get("kv_tier_dropped_writes", 0),
             "offered_writes": stats.get("kv_tier_offered_writes", 0),
-            "preemptions": stats["num_preemptions"]}
+            "recomputed_blocks": stats.get("kv_tier_recomputed_blocks", 0),
+            "tier_blocks_loaded": sum(t["hits"] for t in stats.get("kv_tiers", {}).values()),
+            "deferred_loads": stats.get("kv_tier_deferred_loads", 0),
+            "preemptions": stats["num_preemptions"],
+            "loads": len(loads),
+            "load_error_median": statistics.median(errors) if loads else None,
+            "load_predicted_over_measured_median":
+                statistics.median(p / t for p, t in loads) if loads else None,
+            "load_seconds_measured": sum(t for _, t in loads),
+            "load_seconds_predicted": sum(p for p, _ in loads)}
+
+
+def probe_tier(directory: Path, config: Path) -> dict:
+    """What ``kvledger probe --kv-disk-dir`` measures for ``directory`` (the read speeds and
+    the bundled model's prefill speed), saved where the engine reads it (``config``)."""
+    from kvledger.commands.probe import prefill_speed
+    from kvledger.engine.kv.tiers.read_probe import measure_read, store_tensor_bytes
+    from kvledger.ledger.tier_load import save_figures
+    from kvledger.spec import load_spec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    figures = (measure_read(directory, store_tensor_bytes(load_spec("default")))
+               | prefill_speed("default"))
+    save_figures(directory, figures, config)
+    return figures
 
 
 def decode_tpot(engine, tok, args, offset: int) -> float:
@@ -113,12 +147,19 @@ def main() -> None:
     print(f"{args.sessions} sessions x {args.turns} turns, {args.user}-token user turns, "
           f"{args.answer}-token answers, pool {blocks} blocks ({args.pool_sessions} sessions' "
           "final KV), bf16")
+    os.environ["KVLEDGER_CONFIG_DIR"] = str(root / "config")
+    figures = probe_tier(root / "s", root / "config")
+    print(f"  probed: {json.dumps(figures, default=str)}")
     results = {}
     for mode, extra in modes.items():
         engine = LLMEngine(EngineConfig(model="default", dtype="bf16", num_blocks=blocks, **extra))
         results[mode] = run_sessions(engine, engine.tokenizer, args)
         engine.close()
         print(f"  {mode:10s} {json.dumps(results[mode], default=lambda x: round(x, 4))}")
+    if args.repeats <= 0:
+        _save(args, results, {}, figures)
+        shutil.rmtree(root)
+        return
     tpot = {m: [] for m in modes}
     for r in range(args.repeats):
         for mode in modes:
@@ -132,9 +173,14 @@ def main() -> None:
     print(f"  decode TPOT, batch {args.tpot_batch}, median of {args.repeats}: " + ", ".join(
         f"{m} {v * 1000:.1f} ms" for m, v in med.items()) +
         f" ({(med['disk tier'] / med['tier off'] - 1) * 100:+.1f} % with the tier)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"sessions": results, "tpot_s": tpot}, indent=1))
+    _save(args, results, tpot, figures)
     shutil.rmtree(root)
+
+
+def _save(args, results: dict, tpot: dict, figures: dict) -> None:
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sessions": results, "tpot_s": tpot,
+                                               "probed": figures}, indent=1))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,29 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _disk_speed(read_gbps: float | None, kv_disk_dir: str | None) -> tuple[float | None, float]:
+    """(GB/s, seconds per file) of ``--disk-read-gbps`` or of the probe's cold figures for
+    ``--kv-disk-dir``.
+
+    Raises:
+        InvalidParameterError: both given, a speed <= 0, or a directory never probed.
+    """
+    if kv_disk_dir is None:
+        if read_gbps is not None and read_gbps <= 0:
+            raise InvalidParameterError(f"--disk-read-gbps must be positive, got {read_gbps}")
+        return read_gbps, 0.0
+    if read_gbps is not None:
+        raise InvalidParameterError("give --disk-read-gbps or --kv-disk-dir, not both")
+    from kvledger.ledger.tier_load import saved_figures
+    from kvledger.paths import config_dir
+
+    cold = saved_figures(Path(kv_disk_dir), config_dir()).cold
+    if cold is None:
+        raise InvalidParameterError(f"no read speed saved for {kv_disk_dir}: run `kvledger "
+                                    f"probe --kv-disk-dir {kv_disk_dir}` first")
+    return cold.bytes_per_s / 1e9, cold.file_s
+
+
 def plan(
     model: Annotated[
         str, typer.Argument(help="config.json, HF folder, GGUF file, 'default', or a Hugging "
@@ -88,6 +111,12 @@ def plan(
     kv_sinks: Annotated[int | None, Opt(help=field_help()["kv_sinks"])] = None,
     kv_budget: Annotated[int | None, Opt(help=field_help()["kv_budget"])] = None,
     kv_scope: Annotated[str | None, Opt(help=field_help()["kv_scope"])] = None,
+    disk_read_gbps: Annotated[float | None, Opt(
+        help="Disk KV tier read speed, GB/s: show from how many tokens loading a prefix beats "
+             "recomputing it")] = None,
+    kv_disk_dir: Annotated[str | None, Opt(
+        help="Take the disk read speed (and seconds per file) that `kvledger probe "
+             "--kv-disk-dir` saved for this directory")] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -103,6 +132,7 @@ def plan(
     if turn_tokens <= 0:
         raise InvalidParameterError(f"--turn-tokens must be positive, got {turn_tokens}")
     contexts = parse_contexts(context)
+    disk_read_gbps, disk_file_s = _disk_speed(disk_read_gbps, kv_disk_dir)
     dev = get_device(device, memory_gib, bandwidth_gbs, tflops)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -127,6 +157,8 @@ def plan(
         turn_tokens=turn_tokens,
         mfu=mfu,
         retention=spec_from_options(kv_policy, kv_window, kv_sinks, kv_budget, scope=kv_scope),
+        disk_read_gbps=disk_read_gbps,
+        disk_file_s=disk_file_s,
     )
     result = make_plan(spec, dev, options)
     for message in result.warnings:

@@ -68,6 +68,7 @@ def render(p: Plan, console: Console | None = None) -> None:
     console.print(kinds)
     _contexts(p, console)
     _latency(p, console)
+    _tier_crossover(p, console)
     turns = _table("Chat growth by turn", "turn", f"tokens ({o.turn_tokens}/turn)", "KV")
     for t, n, b in p.turns:
         turns.add_row(str(t), str(n), fmt_bytes(b))
@@ -141,6 +142,21 @@ def _latency(p: Plan, console: Console) -> None:
             fmt_time(r.tpot_floor_s),
         )
     console.print(table)
+
+
+def _tier_crossover(p: Plan, console: Console) -> None:
+    c = p.tier_crossover
+    if c is None:
+        return
+    speed = (f"{c.read.bytes_per_s / 1e9:g} GB/s"
+             + (f" + {c.read.file_s * 1e6:.0f} µs per file" if c.read.file_s else ""))
+    prefill = f"{c.flops_per_s / 1e12:.3g} TFLOP/s (peak x MFU {p.options.mfu:g})"
+    if c.tokens is None:
+        console.print(f"Disk KV tier at {speed}: recomputing a prefix at {prefill} beats "
+                      f"loading it up to the model's context ({c.max_tokens} tokens)")
+    else:
+        console.print(f"Disk KV tier at {speed}: loading a prefix beats recomputing it at "
+                      f"{prefill} from {c.tokens} tokens ({fmt_bytes(c.bytes)}) on")
 
 
 def _formats(p: Plan, console: Console) -> None:

@@ -8,9 +8,11 @@ What it measures, and where it goes:
   the decode time of each weight format, and of each attention backend, with what the engine
   will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
   anyway; this command re-measures and prints it);
-- with ``--kv-disk-dir DIR``, the disk KV tier's read bandwidth, page cache dropped and warm
-  (:mod:`kvledger.engine.kv.tiers.read_probe`), saved in the config folder
-  (``kv_tier_read.json``), from which the engine predicts each tier load;
+- with ``--kv-disk-dir DIR``, the disk KV tier's load speed (bytes per second and seconds per
+  file), page cache dropped and warm (:mod:`kvledger.engine.kv.tiers.read_probe`), and the
+  prefill speed of ``--model`` on an engine (:func:`prefill_speed`), saved in the config folder
+  (``kv_tier_read.json``), from which the engine chooses to load or recompute (and predicts
+  each load);
 - with ``--steps``, the step model of ``kvledger replay --device local``: engine steps timed
   over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
   the config folder (``local_step_model.json``, one fit per retention policy:
@@ -55,8 +57,9 @@ def probe(
         help="With --steps: fit on the steps a trace recorded (serve --trace) instead of "
              "timing a grid; the fit is that of the policy the trace's engine ran")] = None,
     kv_disk_dir: Annotated[str | None, Opt(
-        help="Also measure this disk KV tier directory's read bandwidth (page cache dropped, "
-             "and warm); the engine predicts tier loads with it")] = None,
+        help="Also measure this disk KV tier directory's read speed (page cache dropped, "
+             "and warm) and --model's prefill speed; the engine chooses load or recompute "
+             "with them")] = None,
     *,
     engine_config: EngineConfig,
 ) -> None:
@@ -87,7 +90,7 @@ def probe(
         f"saved to {path}; use `kvledger plan --device local`"
     )
     if kv_disk_dir is not None:
-        _tier_probe(kv_disk_dir)
+        _tier_probe(kv_disk_dir, model)
     if kernels:
         _kernel_probe(model, threads)
     if steps:
@@ -97,20 +100,60 @@ def probe(
             print(line)
 
 
-def _tier_probe(directory: str) -> None:
+def _tier_probe(directory: str, model: str) -> None:
     from kvledger.engine.kv.tiers import read_probe
     from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
+    from kvledger.ledger.tier_load import save_figures
     from kvledger.paths import config_dir
+    from kvledger.spec import load_spec
 
+    tensor_bytes = read_probe.store_tensor_bytes(load_spec(model))
     tier_dir = open_tier_dir(directory)  # created, writable and not in use, or refused
     try:
-        figures = read_probe.measure_read(tier_dir.path)
+        figures = read_probe.measure_read(tier_dir.path, tensor_bytes)
     finally:
         tier_dir.close()
-    path = read_probe.save(tier_dir.path, figures, config_dir())
-    print(f"KV disk tier {directory}: read {figures['cold_bytes_per_s'] / 1e9:.2f} GB/s with the "
-          f"page cache dropped, {figures['warm_bytes_per_s'] / 1e9:.2f} GB/s warm "
-          f"({figures['bytes'] / 1e6:.1f} MB); saved to {path}")
+    figures |= prefill_speed(model)
+    path = save_figures(tier_dir.path, figures, config_dir())
+    print(f"KV disk tier {directory}: loads {figures['cold_bytes_per_s'] / 1e9:.2f} GB/s + "
+          f"{figures['cold_file_s'] * 1e6:.0f} µs per file with the page cache dropped, "
+          f"{figures['warm_bytes_per_s'] / 1e9:.2f} GB/s + {figures['warm_file_s'] * 1e6:.0f} µs "
+          f"warm ({figures['files']} files of {figures['payload_bytes']} bytes); prefill "
+          f"{figures['prefill_flops_per_s'] / 1e9:.1f} GFLOP/s ({model}, "
+          f"{figures['prefill_tokens']} tokens, {figures['prefill_dtype']}); saved to {path}")
+
+
+def prefill_speed(model: str, tokens: int = 512) -> dict:
+    """The prefill speed of an engine of ``model`` (default dtype): the ledger's prefill FLOPs
+    of ``tokens`` random tokens (fewer when the model's context is shorter) over the best of
+    two timed prefills, after one to warm up.
+    ``{"prefill_flops_per_s", "prefill_model", "prefill_dtype", "prefill_tokens"}``."""
+    import random
+    import time
+
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.ledger.costs import prefill_flops
+    from kvledger.ledger.params import count_params
+
+    engine = LLMEngine(EngineConfig(model=model, enable_prefix_caching=False))
+    rng, best = random.Random(0), float("inf")
+    try:
+        tokens = min(tokens, engine.max_model_len - 1)
+        for i in range(3):
+            engine.add_request(f"prefill-{i}", [rng.randrange(3, engine.spec.vocab_size)
+                                                for _ in range(tokens)],
+                               SamplingParams(max_tokens=1, temperature=0.0))
+            start = time.perf_counter()
+            while engine.has_unfinished_requests():
+                engine.step()
+            if i:
+                best = min(best, time.perf_counter() - start)
+        flops = prefill_flops(engine.spec, tokens, count_params(engine.spec).active)
+        return {"prefill_flops_per_s": flops / best, "prefill_model": model,
+                "prefill_dtype": engine.config.dtype, "prefill_tokens": tokens}
+    finally:
+        engine.close()
 
 
 def _is_kquant_gguf(spec) -> bool:

@@ -3,7 +3,9 @@
 :func:`plan` answers the seed's questions for one model on one device (seed §5.2's cost
 template, extended): KV per token per layer kind; KV at each context next to the weights; chat
 growth by turn (§2.3); concurrency per context (§3.4); TTFT and TPOT floor (§3.2-§3.3); the same
-for the other KV formats (§4.2). :meth:`Plan.to_json` is the ``--json`` contract. No torch here.
+for the other KV formats (§4.2); with a disk read speed, where loading a prefix from the disk KV
+tier beats recomputing it (:mod:`kvledger.ledger.tier_load`). :meth:`Plan.to_json` is the
+``--json`` contract. No torch here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.hardware import Device, GiB
 from kvledger.ledger.kv_format import KV_FORMATS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.ledger.tier_load import Crossover, ReadSpeed, crossover
 from kvledger.spec import SLIDING, ModelSpec
 
 DEFAULT_CONTEXTS = (2048, 8192, 32768, 131072)
@@ -33,6 +36,8 @@ class PlanOptions:
 
     ``weights_dtype`` None means the checkpoint's real bytes for a GGUF, fp8 for an fp8
     checkpoint, else bf16. ``window_aware`` False sizes sliding layers as full attention.
+    ``disk_read_gbps`` (GB/s) and ``disk_file_s`` (seconds per block file): the disk KV tier's
+    read speed, for the load-or-recompute crossover (None: not planned).
     """
 
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
@@ -53,6 +58,8 @@ class PlanOptions:
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     mfu: float = 0.4
     retention: RetentionSpec = field(default_factory=RetentionSpec)
+    disk_read_gbps: float | None = None
+    disk_file_s: float = 0.0
 
     @property
     def kv(self) -> KVFormatSpec:
@@ -124,6 +131,8 @@ class Plan:
     nothing else running, at most the model's context (the admission rule,
     :class:`kvledger.ledger.admission.RequestBudget`). ``turns`` (turn, tokens, KV bytes) stop
     at the model's context; ``context_full_turn`` is the turn that fills it.
+    ``tier_crossover``: from how many tokens loading a prefix from the disk tier at
+    ``disk_read_gbps`` beats prefilling it at ``tp x peak x mfu`` (None without a disk speed).
     """
 
     model: str
@@ -147,6 +156,7 @@ class Plan:
     formats: tuple[FormatRow, ...]
     warnings: tuple[str, ...] = field(default=())
     retention: tuple[RetentionRow, ...] = field(default=())
+    tier_crossover: Crossover | None = None
 
     def to_json(self) -> dict:
         """The ``--json`` contract (plus extra fields)."""
@@ -243,6 +253,10 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         formats=tuple(fmt.format_row(f) for f in KV_FORMATS),
         warnings=tuple(warnings),
         retention=_retention_rows(spec, o, pool_blocks, block_bytes),
+        tier_crossover=None if o.disk_read_gbps is None else crossover(
+            spec, count.active, block_bytes, o.block_size,
+            ReadSpeed(o.disk_read_gbps * 1e9, o.disk_file_s),
+            o.tp * device.flops_per_s * o.mfu, spec.max_position_embeddings),
     )
 
 

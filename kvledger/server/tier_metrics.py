@@ -5,7 +5,8 @@ Counters (blocks or bytes since start): ``kv_tier_hits``, ``kv_tier_misses``,
 ``kv_tier_bytes_read``, ``kv_tier_bytes_written``, ``kv_tier_load_seconds``,
 ``kv_tier_corrupt_files`` (never used, recomputed), ``kv_tier_write_errors``; gauges
 ``kv_tier_blocks``, ``kv_tier_bytes``, ``kv_tier_capacity_bytes``, ``kv_tier_enabled`` (0 once a
-full disk turned it off). For the chain: ``kv_tier_dropped_writes`` (the write queue was full)
+full disk turned it off). For the chain: ``kv_tier_dropped_writes`` (the write queue was full),
+``kv_tier_deferred_loads`` (tier hits not loaded: the pool could not admit the request yet)
 and ``kv_tier_recomputed_blocks`` (found in a tier, recomputed because the ledger predicted
 loading slower).
 """
@@ -31,6 +32,8 @@ GAUGES = {
 CHAIN_COUNTERS = {
     "kv_tier_dropped_writes": "Blocks not written to the tiers because the queue was full.",
     "kv_tier_recomputed_blocks": "Tier blocks recomputed because loading was predicted slower.",
+    "kv_tier_deferred_loads": "Tier hits not loaded because the pool could not admit the "
+                              "request yet.",
 }
 
 

@@ -193,3 +193,46 @@ def test_kv_layout_options_price_the_engine_layout():
 def test_bad_kv_layout_options_exit_2(args, message):
     r = run("plan", LLAMA, "--kv-cache-dtype", "int4", *args)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+SMOL = str(CONFIGS / "HuggingFaceTB__SmolLM2-135M.json")
+H100_CLASS = ("--device", "custom", "--memory-gib", "80", "--bandwidth-gbs", "2000",
+              "--tflops", "100", "--mfu", "0.4")
+
+
+def test_disk_read_speed_shows_the_load_or_recompute_crossover():
+    """SmolLM2-135M, bf16 KV (23,040 bytes a token) read at 2 GB/s against a prefill at 100
+    TFLOPS x 0.4: per token 11.52 µs to load against (2 x 134,515,008 + 69,120 x (n + 1) / 2)
+    FLOPs / 40e12 to recompute n tokens, equal at n = 5,549: 5,552 tokens in whole blocks
+    (347 blocks of 368,640 bytes)."""
+    r = run("plan", SMOL, *H100_CLASS, "--disk-read-gbps", "2", "--json")
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.stdout)["tier_crossover"]
+    assert (c["tokens"], c["bytes"]) == (5_552, 347 * 368_640)
+    assert c["read"] == {"bytes_per_s": 2e9, "file_s": 0.0} and c["flops_per_s"] == 40e12
+    r = run("plan", SMOL, *H100_CLASS, "--disk-read-gbps", "2")
+    assert "from 5552 tokens (122.0 MiB)" in " ".join(r.stdout.split())
+    assert json.loads(run("plan", SMOL, "--json").stdout)["tier_crossover"] is None
+
+
+def test_the_probed_disk_speed_feeds_the_crossover(tmp_path, monkeypatch):
+    from kvledger.ledger.tier_load import save_figures
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 2e9, "warm_bytes_per_s": 9e9},
+                 tmp_path / "config")
+    r = run("plan", SMOL, *H100_CLASS, "--kv-disk-dir", str(tmp_path / "kv"), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["tier_crossover"]["tokens"] == 5_552  # the cold figure
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--disk-read-gbps", "0"], "--disk-read-gbps must be positive"),
+    (["--disk-read-gbps", "1", "--kv-disk-dir", "/tmp"], "not both"),
+    (["--kv-disk-dir", "/nowhere/probed"], "run `kvledger probe --kv-disk-dir"),
+])
+def test_bad_disk_speed_options_exit_2(args, message, tmp_path, monkeypatch):
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path))
+    r = run("plan", SMOL, *args)
+    assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output

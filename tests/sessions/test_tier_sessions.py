@@ -76,7 +76,17 @@ def test_responses_conversation_after_a_restart_hits_the_disk_tier(new_server, t
     assert after.output_text == in_memory.output_text
 
 
-def test_chat_history_resent_after_a_restart_hits_the_disk_tier(new_server):
+def test_chat_history_resent_after_a_restart_hits_the_disk_tier(new_server, tmp_path,
+                                                                 monkeypatch):
+    """With a probed read speed (1 GB/s, saved as ``kvledger probe`` saves it) the usage
+    carries each load's prediction: blocks x 737,280 bytes (fp32: 2 x 30 layers x 3 KV heads
+    x 64 x 4 bytes x 16 tokens) / 1e9."""
+    from kvledger.ledger.tier_load import save_figures
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 1e9, "warm_bytes_per_s": 1e9,
+                                   "prefill_flops_per_s": 1.0}, tmp_path / "config")
+
     def chat(client, messages):
         return client.post("/v1/chat/completions", json={
             "messages": messages, "temperature": 0, "max_tokens": 16}).json()
@@ -100,4 +110,6 @@ def test_chat_history_resent_after_a_restart_hits_the_disk_tier(new_server):
     assert details["cached_tokens"] == cached
     assert details["cached_tokens_by_tier"] == {"pool": 0, "ram": 0, "disk": cached}
     assert details["kv_tier_load_seconds"] > 0
+    assert details["kv_tier_load_predicted_seconds"] == pytest.approx(
+        cached // BLOCK * 737_280 / 1e9, abs=1e-6)
     assert after["choices"][0]["message"] == in_memory["choices"][0]["message"]

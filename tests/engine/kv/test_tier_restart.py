@@ -102,6 +102,27 @@ def test_ram_tier_serves_what_a_small_pool_evicted(build, tmp_path):
     assert disk.stats.blocks > 0  # written through to both tiers
 
 
+def test_a_request_that_must_wait_loads_its_tier_blocks_once(build, tmp_path):
+    """A 16-block pool; PROMPT's 6 full blocks are only in the RAM tier when it arrives behind
+    a 200-token request that takes 13 blocks: it waits, and its blocks are loaded once, when
+    the pool can hold it, not at every admission attempt (each evicted again before it runs)."""
+    rng = random.Random(5)
+    first = [rng.randrange(3, 320) for _ in range(200)]
+    second = [rng.randrange(3, 320) for _ in range(190)]  # 12 blocks, a 13th as it decodes
+    cold = run(build(), PROMPT)
+    engine = build(num_blocks=16, kv_ram_gib=0.001)
+    run(engine, PROMPT)
+    run(engine, first, "evicts")  # 13 blocks: PROMPT's leave the pool
+    engine.tiers.chain.flush()
+    engine.add_request("long", second, GREEDY)
+    waiting = run(engine, PROMPT, "waits")
+    assert waiting.metrics.cached_tokens_by_tier == {"pool": 0, "ram": 96, "disk": 0}
+    assert waiting.token_ids == cold.token_ids
+    (ram,) = engine.tiers.chain.tiers
+    assert ram.stats.hits == 6
+    assert engine.stats()["kv_tier_deferred_loads"] > 0
+
+
 def _block_files(tmp_path):
     return sorted(tmp_path.rglob("*.kv"))
 
@@ -225,15 +246,37 @@ def test_a_full_disk_turns_the_tier_off_and_serving_goes_on(build, tmp_path, mon
 
 
 def test_a_probed_read_speed_predicts_each_load(build, tmp_path, monkeypatch):
-    from kvledger.engine.kv.tiers import read_probe
+    from kvledger.ledger.tier_load import save_figures
 
     monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
     opts = {"kv_disk_dir": str(tmp_path / "kv")}
     engine = build(**opts)
     run(engine, PROMPT)
-    read_probe.save(tmp_path / "kv", {"cold_bytes_per_s": 1e9}, tmp_path / "config")
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 1e9, "prefill_flops_per_s": 1.0},
+                 tmp_path / "config")  # a prefill this slow: loading wins
     engine = restart(engine, build, **opts)
     m = run(engine, PROMPT).metrics
     assert m.cached_tokens_by_tier["disk"] == 96
     assert m.tier_load_predicted_s == pytest.approx(6 * engine.bytes_per_block / 1e9)
     assert m.tier_load_s > 0
+    assert engine.stats()["kv_tier_recomputed_blocks"] == 0
+
+
+def test_a_disk_slower_than_the_prefill_is_recomputed_not_loaded(build, tmp_path, monkeypatch):
+    """A probed read speed of 1 B/s (both cold and warm) against any real prefill speed: the
+    blocks found on disk are recomputed, counted, and the greedy tokens equal a cold run's."""
+    from kvledger.ledger.tier_load import save_figures
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path / "config"))
+    opts = {"kv_disk_dir": str(tmp_path / "kv")}
+    cold = run(build(), PROMPT)
+    engine = build(**opts)
+    run(engine, PROMPT)
+    save_figures(tmp_path / "kv", {"cold_bytes_per_s": 1, "warm_bytes_per_s": 1,
+                                   "prefill_flops_per_s": 1e9}, tmp_path / "config")
+    engine = restart(engine, build, **opts)
+    out = run(engine, PROMPT)
+    assert out.metrics.cached_tokens_by_tier == {"pool": 0, "ram": 0, "disk": 0}
+    assert out.metrics.tier_load_s == 0 and out.metrics.tier_load_predicted_s == 0
+    assert engine.stats()["kv_tier_recomputed_blocks"] == 6
+    assert out.token_ids == cold.token_ids

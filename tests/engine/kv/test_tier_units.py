@@ -159,19 +159,54 @@ def test_full_attention_layout_is_accepted_and_tp_refused(tmp_path):
         EngineConfig(kv_disk_gib=1)
 
 
-def test_read_probe_measures_saves_and_feeds_the_prediction(tmp_path):
+def test_read_probe_times_the_load_path_and_saves_beside_the_prefill_speed(tmp_path):
     from kvledger.engine.kv.tiers import read_probe
-    from kvledger.engine.kv.tiers.link import LoadPolicy
+    from kvledger.ledger.tier_load import ReadSpeed, save_figures, saved_figures
 
-    figures = read_probe.measure_read(tmp_path / "tier", files=4, file_bytes=4096)
-    assert figures["bytes"] == 4 * 4096
-    assert figures["cold_bytes_per_s"] > 0 and figures["warm_bytes_per_s"] > 0
+    spec = load_spec(config_path("HuggingFaceTB__SmolLM2-135M"))
+    tensor_bytes = read_probe.store_tensor_bytes(spec)
+    # K or V of one layer: 3 KV heads x 16 tokens x 64 x 2 bytes, 30 layers
+    assert tensor_bytes == [3 * 16 * 64 * 2] * 60
+    figures = read_probe.measure_read(tmp_path / "tier", [4096, 4096], files=4)
+    assert (figures["files"], figures["payload_bytes"]) == (4, 8192)
+    for state in ("cold", "warm"):
+        assert figures[f"{state}_bytes_per_s"] > 0 and figures[f"{state}_file_s"] >= 0
     assert list((tmp_path / "tier").iterdir()) == []  # the scratch files are gone
-    read_probe.save(tmp_path / "tier", figures, tmp_path / "config")
-    speed = read_probe.saved_cold_bytes_per_s(tmp_path / "tier", tmp_path / "config")
-    assert speed == figures["cold_bytes_per_s"]
-    assert read_probe.saved_cold_bytes_per_s(tmp_path / "other", tmp_path / "config") is None
-    policy = LoadPolicy(read_bytes_per_s=1e9, prefill_tokens_per_s=1000.0)
-    assert policy.predict(2_000_000, 32) == (0.002, 0.032)
-    assert policy.loads(2_000_000, 32) and not policy.loads(2_000_000_000, 32)
-    assert LoadPolicy().loads(10**12, 1)  # no speeds known: always load
+    save_figures(tmp_path / "tier", figures | {"prefill_flops_per_s": 5e9}, tmp_path / "config")
+    saved = saved_figures(tmp_path / "tier", tmp_path / "config")
+    assert saved.cold == ReadSpeed(figures["cold_bytes_per_s"], figures["cold_file_s"])
+    assert saved.warm == ReadSpeed(figures["warm_bytes_per_s"], figures["warm_file_s"])
+    assert saved.prefill_flops_per_s == 5e9
+    other = saved_figures(tmp_path / "other", tmp_path / "config")
+    assert (other.cold, other.warm, other.prefill_flops_per_s) == (None, None, None)
+
+
+def test_the_read_probe_fit_recovers_a_known_line():
+    """Seconds per file = 50 µs + bytes / 1 GB/s at two sizes: the fit gives both back."""
+    from kvledger.engine.kv.tiers.read_probe import _fit
+
+    speed = _fit(400_000, 50e-6 + 400_000 / 1e9, 50_000, 50e-6 + 50_000 / 1e9)
+    assert speed.bytes_per_s == pytest.approx(1e9) and speed.file_s == pytest.approx(50e-6)
+    # a noisy pair with no positive per-file time: all of it per byte
+    assert _fit(400_000, 1e-4, 50_000, 2e-4).bytes_per_s == pytest.approx(4e9)
+
+
+def test_load_policy_predicts_warm_and_cold_files_and_the_prefill_from_the_ledger():
+    from kvledger.engine.kv.tiers.link import LoadPolicy
+    from kvledger.ledger.params import count_params
+    from kvledger.ledger.tier_load import ReadSpeed
+
+    spec = load_spec(config_path("HuggingFaceTB__SmolLM2-135M"))
+    active = count_params(spec).active
+    policy = LoadPolicy(ReadSpeed(1e8, 1e-3), ReadSpeed(1e9), 1e10, spec, active)
+    # 2 warm blocks at 1 GB/s, 3 cold ones at 0.1 GB/s + 1 ms each, 368,640 bytes per block
+    assert policy.load_seconds(368_640, 2, 3) == pytest.approx(
+        2 * 368_640 / 1e9 + 3 * (1e-3 + 368_640 / 1e8))
+    # tokens [32, 96): 64 tokens x 2 x active params, plus the (query, key) pairs of queries
+    # 33..96 (each sees its position's keys): 30 layers x 2 x 9 heads x (64 + 64) per pair
+    pairs = sum(range(33, 97))
+    flops = 64 * 2 * active + 30 * 2 * 9 * 128 * pairs
+    assert policy.recompute_seconds(32, 96) == pytest.approx(flops / 1e10)
+    assert policy.loads(0.1, 0.2) and not policy.loads(0.2, 0.1)
+    assert LoadPolicy().load_seconds(368_640, 1, 1) is None  # no speeds known: always load
+    assert LoadPolicy().recompute_seconds(0, 16) is None and LoadPolicy.loads(None, 1.0)

@@ -19,9 +19,10 @@ from kvledger.engine.kv.tiers.fingerprint import fingerprint, tensors_digest, we
 from kvledger.engine.kv.tiers.link import LoadPolicy, TierLink
 from kvledger.engine.kv.tiers.payload import payload_bytes
 from kvledger.engine.kv.tiers.ram import RAMTier
-from kvledger.engine.kv.tiers.read_probe import saved_cold_bytes_per_s
 from kvledger.engine.kv.tiers.tier_dir import TierDir
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.params import count_params
+from kvledger.ledger.tier_load import saved_figures
 from kvledger.spec import SLIDING, ModelSpec
 
 log = logging.getLogger("kvledger.kv_tier")
@@ -89,9 +90,11 @@ def build_link(config, tier_dir: TierDir | None, *, weights_id: str, spec: Model
     if policy is None and tier_dir is not None:
         from kvledger.paths import config_dir
 
-        policy = LoadPolicy(read_bytes_per_s=saved_cold_bytes_per_s(tier_dir.path, config_dir()))
+        saved = saved_figures(tier_dir.path, config_dir())
+        policy = LoadPolicy(saved.cold, saved.warm, saved.prefill_flops_per_s, spec,
+                            count_params(spec).active)
     link = TierLink(chain, kv.pool, kv.prefix, store, config.block_size,
-                    policy or LoadPolicy(), size)
+                    policy or LoadPolicy(), size, config.max_num_batched_tokens)
     kv.tiers = link
     log.info("KV tiers: %s (fingerprint %s)", ", ".join(
         f"{t.name} {t.stats.capacity_bytes / GIB:g} GiB" for t in tiers), fp[:16])

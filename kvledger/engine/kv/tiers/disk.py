@@ -27,6 +27,7 @@ from kvledger.engine.kv.tiers.tier import TierStats
 
 log = logging.getLogger("kvledger.kv_tier")
 HEADER_READ_BYTES = 4096
+PAGE_BYTES = 4096
 
 
 class DiskTier:
@@ -103,6 +104,22 @@ class DiskTier:
         with self._lock:
             entry = self._index.get(block_hash)
         return entry is not None and entry[0] == key
+
+    def warm(self, block_hash: bytes) -> bool:
+        """Whether the file's last page is in the page cache: a one-page read with
+        ``RWF_NOWAIT``, which fails rather than wait for the disk (False on any error)."""
+        try:
+            fd = os.open(self.path(block_hash), os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            os.preadv(fd, [bytearray(PAGE_BYTES)], max(0, size - PAGE_BYTES), os.RWF_NOWAIT)
+            return True
+        except (OSError, AttributeError):  # not cached, unsupported, or no RWF_NOWAIT here
+            return False
+        finally:
+            os.close(fd)
 
     def get(self, block_hash: bytes, key: tuple) -> memoryview | None:
         path = self.path(block_hash)

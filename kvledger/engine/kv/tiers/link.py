@@ -20,31 +20,49 @@ from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
 from kvledger.engine.kv.tiers.payload import read_block, write_blocks
 from kvledger.engine.request import Request
+from kvledger.ledger.tier_load import ReadSpeed, recompute_seconds
+from kvledger.spec import ModelSpec
 
 
 @dataclass(frozen=True)
 class LoadPolicy:
-    """Load or recompute, from measured speeds (``kvledger probe``); a speed left None
-    cannot be predicted, and then blocks are always loaded.
+    """Load or recompute, from the speeds ``kvledger probe --kv-disk-dir`` measured and the
+    ledger's formulas (:mod:`kvledger.ledger.tier_load`). While a speed is unknown nothing can
+    be predicted, and blocks are always loaded.
 
     Attributes:
-        read_bytes_per_s: the tier's read bandwidth (bytes of block files per second).
-        prefill_tokens_per_s: the engine's prefill speed.
+        cold: the tier's read speed with the page cache dropped (None: unknown).
+        warm: its read speed from the page cache (None: ``cold`` is used for every block).
+        prefill_flops_per_s: the engine's prefill speed (None: unknown).
+        spec, params_active: the model, for the prefill FLOPs of the tokens.
     """
 
-    read_bytes_per_s: float | None = None
-    prefill_tokens_per_s: float | None = None
+    cold: ReadSpeed | None = None
+    warm: ReadSpeed | None = None
+    prefill_flops_per_s: float | None = None
+    spec: ModelSpec | None = None
+    params_active: int = 0
 
-    def predict(self, num_bytes: int, num_tokens: int) -> tuple[float | None, float | None]:
-        """(predicted load seconds, predicted prefill seconds), None where unknown."""
-        load = None if not self.read_bytes_per_s else num_bytes / self.read_bytes_per_s
-        prefill = (None if not self.prefill_tokens_per_s
-                   else num_tokens / self.prefill_tokens_per_s)
-        return load, prefill
+    def load_seconds(self, block_bytes: int, warm_blocks: int, cold_blocks: int) -> float | None:
+        """Predicted seconds to load blocks of ``block_bytes`` payload bytes, ``warm_blocks``
+        of them in the page cache (or another RAM tier) and ``cold_blocks`` not."""
+        if self.cold is None:
+            return None
+        warm = self.warm or self.cold
+        return (warm.seconds(warm_blocks * block_bytes, warm_blocks)
+                + self.cold.seconds(cold_blocks * block_bytes, cold_blocks))
 
-    def loads(self, num_bytes: int, num_tokens: int) -> bool:
-        load, prefill = self.predict(num_bytes, num_tokens)
-        return load is None or prefill is None or load < prefill
+    def recompute_seconds(self, start: int, end: int) -> float | None:
+        """Predicted seconds to prefill tokens ``[start, end)`` again."""
+        if not self.prefill_flops_per_s or self.spec is None:
+            return None
+        return recompute_seconds(self.spec, self.params_active, start, end,
+                                 self.prefill_flops_per_s)
+
+    @staticmethod
+    def loads(load_s: float | None, recompute_s: float | None) -> bool:
+        """Load unless both are predicted and the recompute is faster."""
+        return load_s is None or recompute_s is None or load_s < recompute_s
 
 
 class TierLink:
@@ -56,23 +74,30 @@ class TierLink:
         block_size: tokens per block.
         policy: load or recompute.
         payload_bytes: bytes of one block's payload.
+        chunk_tokens: most tokens one step prefills for a request (``max_num_batched_tokens``).
     """
 
     def __init__(self, chain: TierChain, pool: BlockPool, prefix: PrefixCache, store,
-                 block_size: int, policy: LoadPolicy, payload_bytes: int) -> None:
+                 block_size: int, policy: LoadPolicy, payload_bytes: int,
+                 chunk_tokens: int) -> None:
         self.chain, self.pool, self.prefix, self.store = chain, pool, prefix, store
         self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
+        self.chunk_tokens = chunk_tokens
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
+        self.deferred_loads = 0  # tier hits not loaded: the request could not run yet
         prefix.on_cached = self.write_through
 
     def stats(self) -> dict:
         """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's
-        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes`` and ``kv_tier_recomputed_blocks``
-        (found in a tier, recomputed because the ledger predicted loading slower)."""
+        ``kv_tier_dropped_writes`` / ``kv_tier_offered_writes``, ``kv_tier_recomputed_blocks``
+        (found in a tier, recomputed because the ledger predicted loading slower) and
+        ``kv_tier_deferred_loads`` (tier hits not loaded: the pool could not hold the request
+        yet)."""
         return {"kv_tiers": {t.name: asdict(t.stats) for t in self.chain.tiers},
                 "kv_tier_dropped_writes": self.chain.dropped_writes,
                 "kv_tier_offered_writes": self.chain.offered_writes,
-                "kv_tier_recomputed_blocks": self.recomputed_blocks}
+                "kv_tier_recomputed_blocks": self.recomputed_blocks,
+                "kv_tier_deferred_loads": self.deferred_loads}
 
     def write_through(self, block_id: int, block_hash: bytes, key: tuple) -> None:
         if self.chain.wants(block_hash, key):
@@ -80,7 +105,12 @@ class TierLink:
 
     def extend(self, req: Request, hits: list[int], limit: int) -> list[int]:
         """``hits`` (pool block ids of ``req``'s prefix) followed by the blocks loaded from the
-        tiers, at most ``limit`` in all."""
+        tiers, at most ``limit`` in all.
+
+        Nothing is loaded unless the free list holds what admitting ``req`` then takes (the
+        free hits it revives, the loaded blocks and those of its first chunk, at most
+        ``chunk_tokens``): a request that must wait would see the blocks loaded for it evicted
+        before its turn, and load them again at its next admission attempt."""
         found = []
         for i in range(len(hits), limit):
             block_hash, key = self.prefix.block_hash(req, i)
@@ -90,10 +120,18 @@ class TierLink:
             found.append((block_hash, key, tier))
         if not found:
             return hits
-        found = found[:self.pool.num_free - sum(map(self.pool.is_free, hits))]
-        num_bytes = len(found) * self.payload_bytes
-        predicted, _ = self.policy.predict(num_bytes, len(found) * self.block_size)
-        if not found or not self.policy.loads(num_bytes, len(found) * self.block_size):
+        rest = req.num_tokens - (len(hits) + len(found)) * self.block_size
+        chunk_blocks = -(-min(rest, self.chunk_tokens) // self.block_size)
+        if sum(map(self.pool.is_free, hits)) + len(found) + chunk_blocks > self.pool.num_free:
+            self.deferred_loads += 1
+            return hits
+        predicted = None
+        if self.policy.cold is not None:
+            warm = sum(tier.warm(block_hash) for block_hash, _, tier in found)
+            predicted = self.policy.load_seconds(self.payload_bytes, warm, len(found) - warm)
+        recompute = self.policy.recompute_seconds(len(hits) * self.block_size,
+                                                  (len(hits) + len(found)) * self.block_size)
+        if not self.policy.loads(predicted, recompute):
             self.recomputed_blocks += len(found)
             return hits
         start = time.perf_counter()

@@ -28,6 +28,9 @@ class RAMTier:
             entry = self._blocks.get(block_hash)
         return entry is not None and entry[0] == key
 
+    def warm(self, block_hash: bytes) -> bool:
+        return True
+
     def get(self, block_hash: bytes, key: tuple) -> bytearray | None:
         with self._lock:
             entry = self._blocks.get(block_hash)

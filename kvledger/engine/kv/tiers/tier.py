@@ -46,6 +46,10 @@ class KVTier(Protocol):
     def contains(self, block_hash: bytes, key: tuple) -> bool:
         """True when the tier holds ``block_hash`` stored under ``key`` (index only, no I/O)."""
 
+    def warm(self, block_hash: bytes) -> bool:
+        """True when loading the block would not wait for a device (held in RAM, or its file's
+        pages are in the page cache): the load is predicted at the warm read speed."""
+
     def get(self, block_hash: bytes, key: tuple) -> bytearray | memoryview | None:
         """The verified payload (writable), or None (absent, or failed a check: then dropped and counted
         in ``corrupt_files``)."""
