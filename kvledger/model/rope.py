@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), with linear, Llama-3 and LongRoPE frequency scaling.
+"""Rotary position embeddings (RoPE), with linear, Llama-3, LongRoPE and YaRN frequency scaling.
 
 RoPE: Su et al., "RoFormer" (arXiv:2104.09864). We use the "rotate half" layout of the Hugging
 Face Llama implementation (the first and second halves of the rotated dimensions form the
@@ -14,7 +14,13 @@ between smoothly interpolated); ``longrope`` (Ding et al., arXiv:2402.13753; tra
 from the table's length, the engine's max model length: long when it exceeds
 ``original_max_position_embeddings`` (llama.cpp chooses from its context size the same way;
 transformers switches per sequence length, so below that length the two differ when the
-engine chose long).
+engine chose long). ``yarn`` (Peng et al., arXiv:2309.00071; transformers'
+``_compute_yarn_parameters``) blends ``theta_i / factor`` and ``theta_i`` by a linear ramp between
+the correction dimensions of ``beta_fast`` and ``beta_slow`` (floored / ceiled unless
+``truncate`` is false) and scales cos and sin by ``mscale(factor, mscale) / mscale(factor,
+mscale_all_dim)`` (or ``mscale(factor)``), ``mscale(s, m) = 0.1 m ln s + 1`` for s > 1, else 1;
+DeepSeek's MLA also multiplies its softmax scale by ``mscale(factor, mscale_all_dim) ** 2``
+(:func:`yarn_softmax_factor`).
 
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
@@ -28,7 +34,7 @@ import torch
 
 from kvledger.errors import UnsupportedModelError
 
-SCALING_TYPES = ("default", "linear", "llama3", "longrope")
+SCALING_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
@@ -52,13 +58,39 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
         long = (max_positions or 0) > scaling["original_max_position_embeddings"]
         factors = scaling["long_factor" if long else "short_factor"]
         return inv_freq / torch.tensor(factors, dtype=torch.float32)
+    if rope_type == "yarn":
+        return _yarn_scaled(inv_freq, rotary_dim, theta, scaling)
     raise UnsupportedModelError(f"rope scaling type {rope_type!r} is not supported "
                                 f"(supported: {', '.join(SCALING_TYPES)})")
 
 
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``0.1 * mscale * ln(scale) + 1`` (arXiv:2309.00071 Eq. 21), 1 for scale <= 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_softmax_factor(scaling: dict | None) -> float:
+    """The factor on an MLA layer's softmax scale: ``mscale(factor, mscale_all_dim) ** 2`` under
+    YaRN with ``mscale_all_dim`` set, else 1 (transformers' ``yarn_apply_mscale``)."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", "default") == "default" or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+
+
 def attention_factor(scaling: dict | None, max_positions: int) -> float:
-    """The factor on cos and sin: LongRoPE's ``attention_factor`` (module docstring), else 1."""
-    if (scaling or {}).get("rope_type") != "longrope":
+    """The factor on cos and sin: LongRoPE's or YaRN's ``attention_factor`` (module
+    docstring), else 1."""
+    rope_type = (scaling or {}).get("rope_type")
+    if rope_type == "yarn":
+        if scaling.get("attention_factor") is not None:
+            return float(scaling["attention_factor"])
+        factor = float(scaling["factor"])
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            return yarn_mscale(factor, scaling["mscale"]) / yarn_mscale(
+                factor, scaling["mscale_all_dim"])
+        return yarn_mscale(factor)
+    if rope_type != "longrope":
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
@@ -77,6 +109,24 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_scaled(inv_freq: torch.Tensor, dim: int, theta: float,
+                 scaling: dict) -> torch.Tensor:
+    """YaRN's blend of interpolated and extrapolated frequencies (module docstring)."""
+    factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = correction_dim(scaling.get("beta_fast") or 32)
+    high = correction_dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
 class RotaryEmbedding:

@@ -18,8 +18,10 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
 down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
 three at ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
-``k_norm`` and q/k/v biases when the spec has them; the embedding, the final norm and an
-untied ``lm_head``.
+``k_norm`` and q/k/v biases when the spec has them; an MLA layer's ``q_a_proj`` /
+``q_a_layernorm`` / ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``kv_a_layernorm``,
+``kv_b_proj`` and ``o_proj``, and its MoE layers' ``mlp.shared_experts``; the embedding, the
+final norm and an untied ``lm_head``.
 """
 
 from __future__ import annotations
@@ -104,8 +106,12 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         shapes |= {f"{p}{n}.weight": (h,) for n in norms}
-        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        if spec.kv_lora_rank:
+            shapes |= _mla_shapes(spec, p + "self_attn.")
+        else:
+            shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight":
+                       (kv, h), p + "self_attn.v_proj.weight": (kv, h),
+                       p + "self_attn.o_proj.weight": (h, q)}
         shapes |= _mlp_shapes(spec, i)
         if spec.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
@@ -113,6 +119,21 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
                        for n, rows in (("q", q), ("k", kv), ("v", kv))}
     return shapes
+
+
+def _mla_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """An MLA layer's attention tensors (``model/mla.py``), ``p`` its ``self_attn.`` prefix."""
+    h, heads, rank = spec.hidden_size, spec.num_attention_heads, spec.kv_lora_rank
+    q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+    shapes = {p + "kv_a_proj_with_mqa.weight": (rank + spec.qk_rope_head_dim, h),
+              p + "kv_a_layernorm.weight": (rank,),
+              p + "kv_b_proj.weight": (heads * (spec.qk_nope_head_dim + spec.v_head_dim), rank),
+              p + "o_proj.weight": (h, heads * spec.v_head_dim)}
+    if not spec.q_lora_rank:
+        return shapes | {p + "q_proj.weight": (q_dim, h)}
+    return shapes | {p + "q_a_proj.weight": (spec.q_lora_rank, h),
+                     p + "q_a_layernorm.weight": (spec.q_lora_rank,),
+                     p + "q_b_proj.weight": (q_dim, spec.q_lora_rank)}
 
 
 def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -128,6 +149,11 @@ def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
         shapes |= {f"{p}experts.{e}.gate_proj.weight": (f, h),
                    f"{p}experts.{e}.up_proj.weight": (f, h),
                    f"{p}experts.{e}.down_proj.weight": (h, f)}
+    if spec.num_shared_experts and not spec.shared_expert_gate:  # DeepSeek's, one MLP of all
+        f = spec.num_shared_experts * spec.shared_expert_intermediate_size
+        shapes |= {p + "shared_experts.gate_proj.weight": (f, h),
+                   p + "shared_experts.up_proj.weight": (f, h),
+                   p + "shared_experts.down_proj.weight": (h, f)}
     return shapes
 
 
