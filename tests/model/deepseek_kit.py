@@ -31,8 +31,8 @@ FEATURES = {
     "v2": ["q_lora_rank 48 (q_a_proj, q_a_layernorm, q_b_proj)", "8 experts, top 3, greedy",
            "2 shared experts", "routed_scaling_factor 1.5", "first_k_dense_replace 1",
            "YaRN x 4 with mscale = mscale_all_dim (softmax scale x mscale^2)"],
-    "v2-lite": ["q_lora_rank null (q_proj)", "8 experts, top 3, group_limited_greedy (4 groups, "
-                "top 2)", "1 shared expert", "routed_scaling_factor 2", "first_k_dense_replace 1",
+    "v2-lite": ["q_lora_rank null (q_proj)", ("8 experts, top 3, group_limited_greedy (4 groups, "
+                "top 2)"), "1 shared expert", "routed_scaling_factor 2", "first_k_dense_replace 1",
                 "YaRN x 8 with mscale 1 != mscale_all_dim 0.8 (cos/sin x their ratio)"],
 }
 
