@@ -135,3 +135,39 @@ def test_the_oracle_fails_without_each_feature(tiny, monkeypatch, feature):
     else:
         spec = dataclasses.replace(spec, **change(spec))
     assert _diffs(spec, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
+
+
+def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
+    """DeepSeek-V2's latent width, 512 + 64, and 16 heads (V2-Lite's): the native kernel takes
+    the entries in place as one KV head of 576 (its widest head), and its logits equal the
+    reference backend's (gather + SDPA) through two prefill chunks and decodes."""
+    from kvledger.device.cpu import native
+    from kvledger.model.weights.dummy import dummy_weights
+    from kvledger.spec import load_spec
+
+    cfg = make_tiny("v2-lite", tmp_path).config.to_dict()
+    cfg.update(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=16,
+               num_key_value_heads=16, qk_nope_head_dim=16, v_head_dim=16)
+    (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
+    spec = load_spec(tmp_path / "config.json")
+    weights = dummy_weights(spec, torch.float32, 0.0)
+    kernel = native.load()
+    if kernel is None:
+        pytest.skip(f"no native kernel here: {native.why_unavailable()}")
+    store = _latent_store(spec)
+    assert kernel.accepts(torch.zeros(1, 16, 576), store.key_blocks[0])
+    logits = {}
+    for attention in ("reference", "paged-native"):
+        model = model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+        runner = ModelRunner(model, _latent_store(spec), 16)
+        req = Request("r", _prompt(40), SamplingParams(max_tokens=4))
+        req.block_table = [5, 2, 7, 1]
+        out = []
+        for n in (17, 23, 1, 1):
+            if n == 1:
+                req.output_token_ids.append(7)
+            out += list(runner.execute([_Chunk(req, n)]))
+            req.num_computed_tokens += n
+        logits[attention] = torch.stack(out)
+    assert len(logits["reference"]) == 3
+    assert float((logits["paged-native"] - logits["reference"]).abs().max()) <= TOL
