@@ -81,3 +81,71 @@ def hf_step(model, ids: list[int], tie: float) -> tuple[torch.Tensor, bool]:
         top = probs.topk(k + 1, dim=-1).values
         found |= bool(((top[:, k - 1] - top[:, k]) < tie).any())
     return out.logits[0, -1], found
+
+
+def write_gguf(model, path) -> None:
+    """Write ``model`` (a tiny DeepSeek-V2) as llama.cpp's converter writes a ``deepseek2`` file
+    (``conversion/deepseek.py``): MLA as MQA over the latent in the metadata, ``kv_b_proj``
+    split per head into ``attn_k_b`` (transposed) and ``attn_v_b``, experts stacked per
+    projection, shared experts as ``ffn_*_shexp``, YaRN's ``mscale_all_dim`` as
+    ``yarn_log_multiplier`` = 0.1 x it; gguf-py's own tensor names, F32 tensors."""
+    import gguf
+    import numpy as np
+    from family_kit import _expert_tensors
+
+    cfg, arch = model.config, "deepseek2"
+    rope = cfg.rope_parameters
+    w = gguf.GGUFWriter(str(path), arch)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, cfg.num_hidden_layers)
+    meta = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": 1,
+            "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+            "rope.freq_base": float(rope["rope_theta"]), "vocab_size": cfg.vocab_size,
+            "leading_dense_block_count": cfg.first_k_dense_replace,
+            "attention.kv_lora_rank": cfg.kv_lora_rank,
+            "attention.key_length": cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+            "attention.value_length": cfg.kv_lora_rank,
+            "attention.key_length_mla": cfg.qk_nope_head_dim + cfg.qk_rope_head_dim,
+            "attention.value_length_mla": cfg.v_head_dim,
+            "expert_feed_forward_length": cfg.moe_intermediate_size,
+            "expert_count": cfg.n_routed_experts, "expert_used_count": cfg.num_experts_per_tok,
+            "expert_shared_count": cfg.n_shared_experts,
+            "expert_weights_scale": float(cfg.routed_scaling_factor),
+            "rope.dimension_count": cfg.qk_rope_head_dim, "rope.scaling.type": "yarn",
+            "rope.scaling.factor": float(rope["factor"]),
+            "rope.scaling.original_context_length": rope["original_max_position_embeddings"],
+            "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]}
+    if cfg.q_lora_rank:
+        meta["attention.q_lora_rank"] = cfg.q_lora_rank
+    for key, value in meta.items():
+        if isinstance(value, str):
+            w.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            w.add_float32(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    heads, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
+    for hf, tensor in model.state_dict().items():
+        stem, _, kind = hf.rpartition(".")
+        data = tensor.float().numpy().astype(np.float32)
+        if ".experts." in hf or hf.endswith("mlp.gate.weight"):
+            for name, part in _expert_tensors(hf, data):
+                w.add_tensor(name, part)
+            continue
+        if stem.endswith("kv_b_proj"):
+            kv_b = data.reshape(heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+            layer = hf.split(".")[2]
+            w.add_tensor(f"blk.{layer}.attn_k_b.weight",
+                         np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1)))
+            w.add_tensor(f"blk.{layer}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:]))
+            continue
+        w.add_tensor(f"{names.get_name(stem)}.{kind}", data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -171,3 +171,26 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
         logits[attention] = torch.stack(out)
     assert len(logits["reference"]) == 3
     assert float((logits["paged-native"] - logits["reference"]).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, variant):
+    """The ``deepseek2`` GGUF (MLA as MQA over the latent, ``attn_k_b`` / ``attn_v_b``, stacked
+    and shared experts) loads to the same spec and forward pass. The file holds neither YaRN's
+    ``mscale`` (taken equal to ``mscale_all_dim``, as llama.cpp does) nor group-limited routing
+    (llama.cpp's graph routes greedily), so v2-lite, which has both, is skipped."""
+    from deepseek_kit import write_gguf
+
+    if variant == "v2-lite":
+        pytest.skip("mscale != mscale_all_dim and group-limited routing: not in a GGUF file")
+    hf = make_tiny(variant, tmp_path / "hf", seed=1)
+    write_gguf(hf, tmp_path / "m.gguf")
+    spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
+    folder_spec, _ = load_weights(tmp_path / "hf", torch.float32)
+    same = ("model_type", "layer_types", "head_dim", "num_kv_heads", "kv_lora_rank",
+            "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "num_experts",
+            "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size",
+            "mlp_only_layers", "routed_scaling_factor", "norm_topk_prob")
+    assert {k: getattr(spec, k) for k in same} == {k: getattr(folder_spec, k) for k in same}
+    diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
+    assert max(diffs) <= TOL, diffs

@@ -12,7 +12,9 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
 - Mixtral's ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.{e}.w1`` / ``w3`` /
   ``w2`` -> Qwen-MoE's ``mlp.gate`` and ``mlp.experts.{e}.gate_proj`` / ``up_proj`` /
   ``down_proj`` (``MixtralBlockSparseTop2MLP``: ``w2(silu(w1 x) * w3 x)``); a GGUF's stacked
-  ``ffn_{gate,up,down}_exps`` [experts, out, in] (``gguf_tensors``) -> one view per expert.
+  ``ffn_{gate,up,down}_exps`` [experts, out, in] (``gguf_tensors``) -> one view per expert;
+- a GGUF's MLA ``k_b_proj`` [heads, L, nope] and ``v_b_proj`` [heads, v, L] (llama.cpp's
+  converter splits ``kv_b_proj`` so) -> ``kv_b_proj`` [heads * (nope + v), L].
 
 :func:`tensor_shapes` lists what a model of the spec holds: per layer the q/k/v/o and gate/up/
 down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
@@ -60,6 +62,11 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
         p = f"model.layers.{i}."
         _split(state, p + "self_attn.qkv_proj", [(p + f"self_attn.{n}_proj", rows) for n, rows
                                                  in (("q", q * d), ("k", kv * d), ("v", kv * d))])
+        k_b = state.pop(p + "self_attn.k_b_proj.weight", None)
+        if k_b is not None:
+            v_b = state.pop(p + "self_attn.v_b_proj.weight")
+            state[p + "self_attn.kv_b_proj.weight"] = torch.cat(
+                (k_b.transpose(1, 2), v_b), dim=1).reshape(-1, k_b.shape[1]).contiguous()
         f = spec.intermediate_size
         _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
         for stack in EXPERT_STACKS:
