@@ -20,6 +20,7 @@ converted by llama.cpp's ``convert_hf_to_gguf.py`` to bf16 and Q8_0 GGUF files.
 Usage:
   python benchmarks/bench_mla.py prepare --work DIR --llama-src SRC [--sentencepiece DIR]
   python benchmarks/bench_mla.py time --work DIR [--threads 2] [--contexts 4096 16384]
+      [--models mla perhead llama.cpp]
 """
 
 from __future__ import annotations
@@ -109,12 +110,15 @@ def time_models(args) -> None:
     print(machine_line(args.threads))
     print(f"shape: {BASE} with {args.layers} of its 27 layers (stated), bf16 dummy weights; "
           f"TPOT over {args.new} greedy tokens after the context")
-    for kind in args.models or MODELS:
+    chosen = args.models or [*MODELS, "llama.cpp"]
+    for kind in [k for k in chosen if k in MODELS]:
         mine = ours(Path(args.work) / f"{kind}-hf", args.threads, args.contexts, args.new)
         print(f"{kind} kvledger: KV {mine['kv_bytes_per_token']:,} B/token ({mine['store']}), "
               f"attention {mine['attention']}, formats {mine['formats']}")
         for n, (tpot, ttft) in mine["tpot"].items():
             print(f"  context {n}: TPOT {tpot:.2f} ms (prefill {ttft:.1f} s)")
+    if "llama.cpp" not in chosen:
+        return
     if peer.binary("llama-bench") is None:
         print(peer.skip_reason("llama-bench"))
         return
@@ -145,7 +149,7 @@ def main() -> None:
     t.add_argument("--new", type=int, default=32)
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384])
-    t.add_argument("--models", nargs="*", choices=MODELS)
+    t.add_argument("--models", nargs="*", choices=[*MODELS, "llama.cpp"])
     args = ap.parse_args()
     prepare(args) if args.cmd == "prepare" else time_models(args)
 
