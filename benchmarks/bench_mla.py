@@ -90,8 +90,8 @@ def ours(folder: Path, threads: int, contexts: list[int], new: int) -> dict:
 
     from kvledger import LLM, SamplingParams
 
-    llm = LLM(str(folder), enable_prefix_caching=False, num_threads=threads,
-              max_model_len=max(contexts) + new + 1)
+    llm = LLM(str(folder), enable_prefix_caching=False, num_threads=threads, max_num_seqs=1,
+              num_blocks=(max(contexts) + new) // 16 + 2)
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     llm.generate([list(range(1000, 1064))], params)  # warm-up
     g = torch.Generator().manual_seed(0)
