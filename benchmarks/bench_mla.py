@@ -5,7 +5,9 @@ K/V and against llama.cpp on a GGUF of the same model.
 The full model (27 layers, 31 GB in bf16) does not fit the machines here, so both models keep
 DeepSeek-V2-Lite's config (hidden 2,048, 16 heads, kv_lora_rank 512, qk_rope_head_dim 64,
 qk_nope_head_dim 128, v_head_dim 128, vocabulary 102,400, 64 experts of 1,408 with top 6 and 2
-shared, the first layer dense) with ``--layers`` decoder layers (default 2). The per-head model
+shared, the first layer dense) with ``--layers`` decoder layers (default 2) and DeepSeek-V2's
+``q_lora_rank`` 1,536 (llama.cpp takes a file for V2-Lite's plain ``q_proj`` only at 26 or 27
+layers, ``src/models/deepseek2.cpp``'s ``is_lite``). The per-head model
 is ``model_type: llama`` with the same hidden size and 16 heads of 128 for K and V (what MLA's
 expanded form would cache per head, less the 64 RoPE dims of its keys) and a dense MLP of
 ``intermediate_size`` 11,264 = (6 + 2) x 1,408, per layer the MoE layer's active MLP width.
@@ -46,7 +48,8 @@ def _config(kind: str, layers: int) -> dict:
     from kvledger.catalogue import lookup
 
     raw = json.loads(Path(lookup(BASE).path).read_text())
-    raw.update(num_hidden_layers=layers, architectures=["DeepseekV2ForCausalLM"])
+    raw.update(num_hidden_layers=layers, architectures=["DeepseekV2ForCausalLM"],
+               q_lora_rank=1536)
     if kind == "perhead":
         width = (raw["num_experts_per_tok"] + raw["n_shared_experts"]) * raw[
             "moe_intermediate_size"]
@@ -67,7 +70,7 @@ def prepare(args) -> None:
     from kvledger.model.weights.loader import load_weights
 
     work = Path(args.work)
-    for kind in MODELS:
+    for kind in args.models or MODELS:
         folder = work / f"{kind}-hf"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(_config(kind, args.layers), indent=1))
@@ -143,6 +146,7 @@ def main() -> None:
     p.add_argument("--llama-src", required=True)
     p.add_argument("--sentencepiece", default="")
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--models", nargs="*", choices=MODELS)
     t = sub.add_parser("time")
     t.add_argument("--work", required=True)
     t.add_argument("--threads", type=int, default=2)
