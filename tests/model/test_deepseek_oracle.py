@@ -194,3 +194,19 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, variant)
     assert {k: getattr(spec, k) for k in same} == {k: getattr(folder_spec, k) for k in same}
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_weights_held_and_read_are_the_ledgers(tiny, variant):
+    """Every weight held is the ledger's total parameters at 4 bytes; a batch-1 decode step
+    reads its active ones (k routed experts, the shared ones, MLA's projections and
+    ``kv_b_proj``) less the embedding (gathered by row) and the norms."""
+    from kvledger.ledger.params import count_params
+
+    _, _, spec, weights = tiny(variant)
+    model = model_class(spec)(spec, dict(weights), torch.float32, attention="reference")
+    params = count_params(spec)
+    norms = spec.num_layers * (2 * spec.hidden_size + spec.kv_lora_rank + spec.q_lora_rank)
+    assert model.weight_bytes == 4 * params.total
+    assert model.decode_weight_bytes == 4 * (params.active - params.embedding - norms
+                                             - spec.hidden_size)
