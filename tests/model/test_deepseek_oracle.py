@@ -210,3 +210,21 @@ def test_the_weights_held_and_read_are_the_ledgers(tiny, variant):
     assert model.weight_bytes == 4 * params.total
     assert model.decode_weight_bytes == 4 * (params.active - params.embedding - norms
                                              - spec.hidden_size)
+
+
+def test_bf16_with_int8_weights_and_a_bf16_latent(tiny):
+    """bf16 compute, int8 weights in every shape class (MLA's projections, experts, shared
+    experts) and a bf16 latent pool: logits within 5 % of their spread of transformers' fp32."""
+    folder, hf, _, _ = tiny("v2")
+    spec, weights = load_weights(folder, torch.bfloat16)
+    formats = dict.fromkeys(("qkv", "o", "gate_up", "down", "lm_head"), "int8")
+    model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats,
+                              attention="paged-native")
+    assert set(model.weight_formats.values()) == {"int8"}
+    store = LatentStore(spec.num_layers, 16, 16, spec.kv_lora_rank + spec.qk_rope_head_dim,
+                        torch.bfloat16)
+    req = Request("r", _prompt(), SamplingParams())
+    req.block_table = [4, 1, 9, 2]
+    logits = ModelRunner(model, store, 16).execute([_Chunk(req, req.num_tokens)])
+    ref = hf_step(hf, req.all_token_ids, TIE)[0]
+    assert float((logits[0] - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
