@@ -48,7 +48,7 @@ from kvledger.ledger.costs import blocks_for
 from kvledger.ledger.kv_groups import KVGroup, describe_groups, peak_blocks
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.model.families import model_class
-from kvledger.spec import SLIDING, ModelSpec
+from kvledger.spec import MLA, SLIDING, ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -342,6 +342,10 @@ class LLMEngine:
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and MLA in self.spec.layer_types:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "
+                f"{self.spec.model_type}) yet: its latent pool is kept whole; use kv_policy full")
         if spec.evicts and SLIDING in self.spec.layer_types:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "

@@ -20,7 +20,8 @@ tensor-parallel ranks and the tokens per block. K and V of attention layers are 
 costs its block's bytes / block size, rounded up (metadata per block does not divide evenly). A
 quantized engine also keeps each running sequence's last, partial block in the compute dtype
 (:func:`residual_bytes`). An MLA latent is priced per vector (:func:`vector_bytes`), groups
-along the latent, no per-block scale: a planner figure only, the engine does not run MLA.
+along the latent, no per-block scale; the engine runs MLA in the full-precision formats
+(``engine/kv/latent_store.py``), a quantized latent is a planner figure only.
 
 Tensor parallelism: a rank holds ``kv_heads / tp`` KV heads, or one replicated head when
 ``kv_heads < tp``; an MLA latent is replicated on every rank; a linear-attention state is split.

@@ -1,6 +1,7 @@
 """KV layer groups: the layers that share one block table (vLLM's KV cache groups).
 
-A model's attention layers are grouped by kind, full or sliding-W. Every group holds the same
+A model's attention layers are grouped by kind, full, sliding-W or MLA (one latent per token,
+paged as a full layer is: DeepSeek-V2's layers are all MLA, one group). Every group holds the same
 number of layers, ``width = gcd`` of the kinds' layer counts (Gemma-3-1B: 4 full and 22
 sliding layers, width 2: two full groups and eleven sliding ones), so one pool *page* (a
 block of ``block_size`` tokens in ``width`` layers) fits every group and the groups share one
@@ -25,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvledger.spec import FULL, SLIDING, ModelSpec
+from kvledger.spec import FULL, MLA, SLIDING, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class KVGroup:
     """Layers that share one block table.
 
     Attributes:
-        kind: ``FULL`` or ``SLIDING`` (``kvledger.spec``).
+        kind: ``FULL``, ``SLIDING`` or ``MLA`` (``kvledger.spec``).
         window: W of a sliding group, None for full attention.
         layers: the model's layer indices in the group, ascending.
     """
@@ -46,9 +47,9 @@ class KVGroup:
 def kv_groups(spec: ModelSpec) -> tuple[KVGroup, ...]:
     """The groups of ``spec``'s per-token layers, full groups first, each of ``width`` layers
     consecutive within its kind (one group of every layer when the model has one kind).
-    Layers of other kinds (MLA, linear attention) are in no group: the engine runs neither."""
+    Linear-attention layers are in no group (a fixed state; the engine does not run them)."""
     kinds = {kind: [i for i, k in enumerate(spec.layer_types) if k == kind]
-             for kind in (FULL, SLIDING)}
+             for kind in (FULL, SLIDING, MLA)}
     kinds = {kind: layers for kind, layers in kinds.items() if layers}
     width = math.gcd(*(len(layers) for layers in kinds.values())) if kinds else 0
     return tuple(KVGroup(kind, spec.sliding_window if kind == SLIDING else None,
@@ -124,7 +125,7 @@ def describe_groups(groups: tuple[KVGroup, ...]) -> str:
     """E.g. ``2 full + 11 sliding-512 layer groups of 2 layers`` (logs and refusals)."""
     kinds: dict[str, int] = {}
     for g in groups:
-        name = "full" if g.window is None else f"sliding-{g.window}"
+        name = "mla" if g.kind == MLA else "full" if g.window is None else f"sliding-{g.window}"
         kinds[name] = kinds.get(name, 0) + 1
     width = len(groups[0].layers) if groups else 0
     parts = " + ".join(f"{n} {name}" for name, n in kinds.items())

@@ -97,7 +97,7 @@ class MoEModel(LlamaModel):
     def weight_formats(self) -> dict[str, str]:
         """Format held per shape class; ``gate_up`` / ``down`` are the experts' (each expert
         holds one; a dense MLP layer of Qwen3-MoE takes the same class's format)."""
-        layer = next(layer for layer in self.layers if "experts" in layer)
+        layer = next((layer for layer in self.layers if "experts" in layer), self.layers[0])
         held = {cls: self.class_linears(layer, cls)[0].format
                 for cls in ("qkv", "o", "gate_up", "down")}
         return {**held, "lm_head": self.lm_head.format}

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoPE), with linear, Llama-3 and LongRoPE frequency scaling.
+"""Rotary position embeddings (RoPE), with linear, Llama-3, LongRoPE and YaRN frequency scaling.
 
 RoPE: Su et al., "RoFormer" (arXiv:2104.09864). We use the "rotate half" layout of the Hugging
 Face Llama implementation (the first and second halves of the rotated dimensions form the
@@ -19,7 +19,9 @@ engine chose long); ``yarn`` (Peng et al., arXiv:2309.00071; transformers'
 itself divided by ``factor`` (interpolation) by a linear ramp over the pair index between the
 correction dimensions of ``beta_fast`` and ``beta_slow`` rotations (floored and ceiled unless
 ``truncate`` is false), and scales cos and sin by ``attention_factor`` (default
-``0.1 ln(factor) + 1``, or the ratio of that with ``mscale`` to that with ``mscale_all_dim``).
+``0.1 ln(factor) + 1``, or the ratio of that with ``mscale`` to that with ``mscale_all_dim``),
+and DeepSeek's MLA also multiplies its softmax scale by ``mscale(factor, mscale_all_dim) ** 2``
+(:func:`yarn_softmax_factor`).
 
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
@@ -63,6 +65,20 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict | None,
                                 f"(supported: {', '.join(SCALING_TYPES)})")
 
 
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's ``0.1 * mscale * ln(scale) + 1`` (arXiv:2309.00071 Eq. 21), 1 for scale <= 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def yarn_softmax_factor(scaling: dict | None) -> float:
+    """The factor on an MLA layer's softmax scale: ``mscale(factor, mscale_all_dim) ** 2`` under
+    YaRN with ``mscale_all_dim`` set, else 1 (transformers' ``yarn_apply_mscale``)."""
+    scaling = scaling or {}
+    if scaling.get("rope_type", "default") == "default" or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(float(scaling["factor"]), float(scaling["mscale_all_dim"])) ** 2
+
+
 def attention_factor(scaling: dict | None, max_positions: int) -> float:
     """The factor on cos and sin: LongRoPE's or YaRN's ``attention_factor`` (module
     docstring), else 1."""
@@ -98,12 +114,9 @@ def _yarn_attention_factor(scaling: dict, max_positions: int) -> float:
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
     factor = _yarn_factor(scaling, max_positions)
-
-    def mscale(m: float = 1.0) -> float:
-        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
     if scaling.get("mscale") and scaling.get("mscale_all_dim"):
-        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
-    return mscale()
+        return yarn_mscale(factor, scaling["mscale"]) / yarn_mscale(factor, scaling["mscale_all_dim"])
+    return yarn_mscale(factor)
 
 
 def _yarn_scaled(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling: dict,

@@ -25,6 +25,7 @@ Invariants:
     ``expert_feed_forward_length`` (else ``feed_forward_length``); a layer routes when it has
     a router tensor ``blk.N.ffn_gate_inp``; the top-k weights are renormalised unless
     ``{arch}.expert_weights_norm`` is false (llama.cpp's llama and qwen3moe graphs normalise).
+  * ``deepseek2`` (MLA written as MQA over the latent): :mod:`.gguf_deepseek`.
   * ``eos_token_ids`` starts with ``tokenizer.ggml.eos_token_id`` and adds
     ``tokenizer.ggml.eot_token_id`` and the chat-end tokens (``<|im_end|>``, ``<|eot_id|>``,
     ``<|end_of_text|>``) that the vocabulary contains.
@@ -36,18 +37,20 @@ required key -> ConfigError naming the key and the file; an architecture outside
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import model_id
+from kvledger.spec.gguf_deepseek import deepseek2_fields
 from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
 from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 GGUF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                     "phi3": "phi3", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                    "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+                    "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v2"}
 """GGUF ``general.architecture`` -> the Hugging Face ``model_type`` this reader reads it as
 (a ``llama`` file with experts is ``mixtral``: llama.cpp's converter writes Mixtral so)."""
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -275,7 +278,7 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     model_type = GGUF_MODEL_TYPES[arch]
     if arch == "llama" and family.get("num_experts"):
         model_type = "mixtral"
-    return ModelSpec(
+    spec = ModelSpec(
         **family,
         name=model_id(path),
         model_type=model_type,
@@ -311,3 +314,7 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
             "rope_freqs_tensor": "rope_freqs.weight" in tensor_names,
         },
     )
+    if arch != "deepseek2":
+        return spec
+    return dataclasses.replace(spec, **deepseek2_fields(  # MLA as MQA over the latent
+        lambda key: field_value(reader, f"{arch}.{key}"), num_layers, heads, spec.rope_scaling))

@@ -372,6 +372,10 @@ def _mla_fields(c: _Config, n: int) -> dict:
         "mlp_only_layers": dense,
         "norm_topk_prob": bool(c.get("norm_topk_prob", False)),
         "router_bias": c.get("topk_method") == "noaux_tc",
+        "routed_scaling_factor": float(c.get("routed_scaling_factor") or 1.0),
+        "topk_method": c.get("topk_method") or "greedy",
+        "n_group": int(c.get("n_group") or 0),
+        "topk_group": int(c.get("topk_group") or 0),
     }
 
 

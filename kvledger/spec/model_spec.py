@@ -68,6 +68,11 @@ class ModelSpec:
     # gpt-oss: always; Qwen-MoE: its config's norm_topk_prob)
     swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate <= limit, |up| <= limit
     swiglu_alpha: float | None = None  # ... and its sigmoid gain, gate * sigmoid(alpha * gate)
+    routed_scaling_factor: float = 1.0  # the routed experts' weights multiplied by it (DeepSeek)
+    topk_method: str = "greedy"  # DeepSeek: "greedy" top-k, or "group_limited_greedy" (the top-k
+    # among the experts of the ``topk_group`` groups, of ``n_group``, with the highest maximum)
+    n_group: int = 0
+    topk_group: int = 0
     # layer structure beyond the Llama defaults (used by the parameter count)
     mlp_gated: bool = True  # SwiGLU/GeGLU: gate, up, down; False: up, down (GPT-2, GPT-NeoX)
     qkv_bias: bool = False

@@ -20,12 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kvledger.errors import UnsupportedModelError
-from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
+from kvledger.spec.model_spec import FULL, MLA, SLIDING, ModelSpec
 
 FAMILY_TYPES: dict[str, tuple[str, ...]] = {
     "llama": ("llama", "mistral", "qwen2"), "qwen3": ("qwen3",), "phi3": ("phi3",),
     "gemma": ("gemma2", "gemma3_text"), "moe": ("mixtral", "qwen3_moe"),
-    "gpt_oss": ("gpt_oss",)}
+    "gpt_oss": ("gpt_oss",),
+    "deepseek": ("deepseek_v2",)}
 """Engine family (one module of ``kvledger.model``) -> the ``model_type`` values it runs."""
 ENGINE_MODEL_TYPES = tuple(t for types in FAMILY_TYPES.values() for t in types)
 """The families whose decoder the engine runs (others are sized by `kvledger plan` only)."""
@@ -39,7 +40,6 @@ IMPLEMENTED = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
     "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings",
     "rms_norm_eps", "rope_theta", "qkv_bias",
-    "norm_topk_prob",  # read by the routed experts only: num_experts is 0 in the other families
 })
 
 
@@ -57,6 +57,10 @@ def _set(value: Any) -> bool:
 
 def _rope(*types: str) -> Callable[[Any], bool]:
     return lambda scaling: (scaling or {}).get("rope_type", "default") in types
+
+
+def _leading(layers: tuple[int, ...]) -> bool:
+    return layers == tuple(range(len(layers)))  # DeepSeek's first_k_dense_replace dense layers
 
 
 def _kinds(kinds: tuple[str, ...]) -> bool:
@@ -94,6 +98,11 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "swiglu_limit": _is(None),
     "swiglu_alpha": _is(None),
     "shared_expert_gate": _is(False),
+    "norm_topk_prob": _is(False),
+    "routed_scaling_factor": _is(1.0),
+    "topk_method": _is("greedy"),
+    "n_group": _is(0),
+    "topk_group": _is(0),
     "kv_lora_rank": _is(0),
     "q_lora_rank": _is(0),
     "qk_rope_head_dim": _is(0),
@@ -119,12 +128,23 @@ FAMILY_RUNS: dict[str, dict[str, Callable[[Any], bool]]] = {
               "attn_logit_softcapping": _any, "final_logit_softcapping": _any},
     "moe": {"layer_types": _kinds, "sliding_window": _any, "qk_norm": _any,
             "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
-            "mlp_only_layers": _any},  # Mixtral, Qwen3-MoE: routed experts, no shared one
+            "mlp_only_layers": _any, "norm_topk_prob": _any},  # routed experts, no shared one
     "gpt_oss": {"layer_types": _kinds, "sliding_window": _any, "o_bias": _any,
                 "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
                 "rope_scaling": _rope("default", "yarn"), "router_bias": _is(True),
                 "mlp_bias": _is(True), "attention_sinks": _is(True),
-                "swiglu_limit": _set, "swiglu_alpha": _set},  # biased experts, sinks
+                "swiglu_limit": _set, "swiglu_alpha": _set,
+                "norm_topk_prob": _is(True)},  # biased experts, sinks, top-k softmax
+    # DeepSeek-V2: MLA, the first k layers dense, then routed + shared experts; transformers'
+    # DeepseekV2Moe never renormalises (norm_topk_prob) and has no dense layer past the first k
+    "deepseek": {"layer_types": lambda kinds: set(kinds) == {MLA},
+                 "rope_scaling": _rope("default", "yarn"),
+                 "num_experts": _any, "num_experts_per_tok": _any, "moe_intermediate_size": _any,
+                 "num_shared_experts": _any, "shared_expert_intermediate_size": _any,
+                 "mlp_only_layers": _leading, "routed_scaling_factor": _any,
+                 "topk_method": _is("greedy", "group_limited_greedy"), "n_group": _any,
+                 "topk_group": _any, "kv_lora_rank": _any, "q_lora_rank": _any,
+                 "qk_rope_head_dim": _any, "qk_nope_head_dim": _any, "v_head_dim": _any},
 }
 """Family -> the fields whose values it runs differ from :data:`ONLY_AT` (its own test)."""
 

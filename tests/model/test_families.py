@@ -9,6 +9,7 @@ import pytest
 
 from kvledger.data import config_path
 from kvledger.errors import UnsupportedModelError
+from kvledger.model.deepseek import DeepseekModel
 from kvledger.model.families import FAMILIES, model_class
 from kvledger.model.gemma import GemmaModel
 from kvledger.model.gpt_oss import GptOssModel
@@ -25,7 +26,8 @@ from kvledger.spec import load_spec
     ("Qwen__Qwen3-8B", Qwen3Model), ("Qwen__Qwen3-0.6B", Qwen3Model),
     ("microsoft__Phi-3.5-mini-instruct", Phi3Model), ("google__gemma-2-9b", GemmaModel),
     ("google__gemma-3-1b-it", GemmaModel), ("mistralai__Mixtral-8x7B-v0.1", MoEModel),
-    ("Qwen__Qwen3-30B-A3B", MoEModel), ("openai__gpt-oss-20b", GptOssModel)])
+    ("Qwen__Qwen3-30B-A3B", MoEModel), ("openai__gpt-oss-20b", GptOssModel),
+    ("deepseek-ai__DeepSeek-V2-Lite", DeepseekModel)])
 def test_catalogue_configs_run_in_their_family(name, cls):
     """Real config.json files of the types the forward passes reproduce (checked against
     transformers in test_llama.py and test_family_oracle.py)."""
@@ -40,7 +42,7 @@ def test_other_families_are_refused_with_their_model_type(name, what):
     with pytest.raises(UnsupportedModelError,
                        match=rf"model_type '{spec.model_type}'.*{what}.*cannot run in the "
                              r"engine yet \(it runs llama, mistral, qwen2, qwen3, phi3, "
-                             r"gemma2, gemma3_text, mixtral, qwen3_moe, gpt_oss\)"):
+                             r"gemma2, gemma3_text, mixtral, qwen3_moe, gpt_oss, deepseek_v2\)"):
         model_class(spec)
 
 
@@ -68,4 +70,4 @@ def test_a_family_class_refuses_another_familys_spec():
 
 def test_every_family_is_in_the_table():
     assert set(FAMILIES.values()) == {LlamaModel, Qwen3Model, Phi3Model, GemmaModel,
-                                      MoEModel, GptOssModel}
+                                      MoEModel, GptOssModel, DeepseekModel}

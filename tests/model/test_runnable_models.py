@@ -73,7 +73,7 @@ def test_a_family_the_engine_lacks_names_only_the_families_it_runs(tmp_path):
     with pytest.raises(UnsupportedModelError) as err:
         load_weights(tmp_path, torch.float32)
     assert "(it runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3_text, mixtral, " \
-        "qwen3_moe, gpt_oss)" in str(err.value)
+        "qwen3_moe, gpt_oss, deepseek_v2)" in str(err.value)
 
 
 @pytest.mark.parametrize(("tensor", "field"), [("blk.0.attn_output.bias", "o_bias"),

@@ -27,12 +27,22 @@ BASE = {"llama": LLAMA, "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", 
             moe_intermediate_size=16, norm_topk_prob=True, router_bias=True, mlp_bias=True,
             qkv_bias=True, o_bias=True, attention_sinks=True, swiglu_limit=7.0,
             swiglu_alpha=1.702, layer_types=("sliding_attention", "full_attention"),
-            sliding_window=8, rope_scaling={"rope_type": "yarn", "factor": 4.0})}
+            sliding_window=8, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "deepseek": dataclasses.replace(LLAMA, model_type="deepseek_v2", layer_types=("mla",) * 2,
+                                        head_dim=12, kv_lora_rank=16, q_lora_rank=8,
+                                        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+                                        num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=16, num_shared_experts=1,
+                                        shared_expert_intermediate_size=16, mlp_only_layers=(0,),
+                                        routed_scaling_factor=1.5, n_group=2, topk_group=1,
+                                        topk_method="group_limited_greedy",
+                                        rope_scaling={"rope_type": "yarn", "factor": 4.0})}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,
-       "position_embeddings": 128, "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
-       "rope_local_base_freq": 10000.0, "partial_rotary_factor": 0.5}
+       "position_embeddings": 128, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0},
+       "rope_local_base_freq": 10000.0, "partial_rotary_factor": 0.5, "topk_method": "noaux_tc",
+       "mlp_only_layers": (1,)}
 
 
 FAMILY_OFF = {"gpt_oss": {"rope_scaling": {"rope_type": "longrope"}}}

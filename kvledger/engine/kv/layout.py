@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from kvledger.engine.kv.latent_store import LatentStore
 from kvledger.engine.kv.store import KV_FORMAT_OF_DTYPE, STORAGE_DTYPES, KVStore
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import (
@@ -23,7 +24,7 @@ from kvledger.ledger.kv import (
 )
 from kvledger.ledger.kv_format import INT_FORMATS, KVFormatSpec, resolve_group_size
 from kvledger.ledger.kv_groups import KVGroup, kv_groups, layer_places
-from kvledger.spec import ModelSpec
+from kvledger.spec import MLA, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,10 @@ class KVLayout:
         s, f = self.spec, self.fmt
         heads = kv_heads_per_rank(s, self.tp)
         places = layer_places(self.groups, s.num_layers)
+        if MLA in s.layer_types:
+            return LatentStore(s.num_layers, num_blocks, self.block_size,
+                               s.kv_lora_rank + s.qk_rope_head_dim, STORAGE_DTYPES[f.name],
+                               self.compute_dtype)
         if not f.quantized:
             return KVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
                            STORAGE_DTYPES[f.name], self.compute_dtype, places)
@@ -147,9 +152,16 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
 
     Raises:
         InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim; a
-            rotation of a head size without a power-of-two divisor >= 8.
+            rotation of a head size without a power-of-two divisor >= 8; a quantized format
+            or a rotation on an MLA model.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
+    if MLA in spec.layer_types and (fmt.quantized or fmt.rotation != "none"):
+        what = f"--kv-rotation {fmt.rotation}" if fmt.rotation != "none" else \
+            f"--kv-cache-dtype {fmt.name}"
+        raise InvalidParameterError(
+            f"{what} is not supported on MLA (multi-head latent attention) models: the engine "
+            "caches their latent in fp32, bf16 or fp16 only (`kvledger plan` still sizes it)")
     layout = KVLayout(spec, resolve_format(fmt, spec.head_dim), compute_dtype,
                       config.block_size, config.max_num_seqs, config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)

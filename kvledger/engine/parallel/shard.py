@@ -33,7 +33,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_heads_per_rank
 from kvledger.model.kquant import GGMLMatrix
 from kvledger.model.q4 import GROUP
-from kvledger.spec import ModelSpec
+from kvledger.spec import MLA, ModelSpec
 
 Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight",
@@ -48,8 +48,14 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
     Raises:
         InvalidParameterError: ``tp`` does not divide the query heads (or the KV heads and
             ``tp`` do not divide one another; the message names the head counts), or the MLP
-            width; or the model routes to experts (their sharding is not implemented).
+            width; or the model routes to experts or caches an MLA latent (their sharding is
+            not implemented).
     """
+    if MLA in spec.layer_types:
+        raise InvalidParameterError(
+            f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) uses MLA "
+            "(multi-head latent attention), which tensor parallelism does not shard yet; run "
+            "it with --tensor-parallel-size 1")
     if spec.num_experts:
         raise InvalidParameterError(
             f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) routes to "

@@ -83,6 +83,14 @@ _ARCH_BLOCK_NAMES = {
                "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"},
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    # MLA (DeepSeek-V2): kv_b_proj split per head into attn_k_b [H, L, nope] (transposed) and
+    # attn_v_b [H, v, L]; names.to_llama_names joins them back
+    "deepseek2": {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+                  "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                  "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_k_b": "self_attn.k_b_proj",
+                  "attn_v_b": "self_attn.v_b_proj", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                  "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                  "ffn_down_shexp": "mlp.shared_experts.down_proj"},
 }
 _ARCH_BLOCK_NAMES["gemma3"] = _ARCH_BLOCK_NAMES["gemma2"]
 _ARCH_BLOCK_NAMES["gpt-oss"] = {"post_attention_norm": "post_attention_layernorm",

@@ -18,14 +18,18 @@ Every checkpoint is brought to these names when loaded (:func:`to_llama_names`):
   ``down_proj`` [experts, f, hidden] with their ``*_bias`` -> per expert ``gate_proj`` /
   ``up_proj`` / ``down_proj`` [out, in] views (``GptOssExperts``); MXFP4 ``*_blocks`` /
   ``*_scales`` are dequantized first (:mod:`.mxfp4`).
+- a GGUF's MLA ``k_b_proj`` [heads, L, nope] and ``v_b_proj`` [heads, v, L] (llama.cpp's
+  converter splits ``kv_b_proj`` so) -> ``kv_b_proj`` [heads * (nope + v), L].
 
 :func:`tensor_shapes` lists what a model of the spec holds: per layer the q/k/v/o and gate/up/
 down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden] and each expert's
 three at ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
 ``k_norm``, the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads], router
-bias and expert biases when the spec has them; the embedding, the final norm and an untied
-``lm_head``.
+bias and expert biases when the spec has them; an MLA layer's ``q_a_proj`` /
+``q_a_layernorm`` / ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``kv_a_layernorm``,
+``kv_b_proj`` and ``o_proj``, and its MoE layers' ``mlp.shared_experts``; the embedding, the
+final norm and an untied ``lm_head``.
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ def to_llama_names(state: dict[str, torch.Tensor], spec: ModelSpec) -> None:
         p = f"model.layers.{i}."
         _split(state, p + "self_attn.qkv_proj", [(p + f"self_attn.{n}_proj", rows) for n, rows
                                                  in (("q", q * d), ("k", kv * d), ("v", kv * d))])
+        k_b = state.pop(p + "self_attn.k_b_proj.weight", None)
+        if k_b is not None:
+            v_b = state.pop(p + "self_attn.v_b_proj.weight")
+            state[p + "self_attn.kv_b_proj.weight"] = torch.cat(
+                (k_b.transpose(1, 2), v_b), dim=1).reshape(-1, k_b.shape[1]).contiguous()
         f = spec.intermediate_size
         _split(state, p + "mlp.gate_up_proj", [(p + "mlp.gate_proj", f), (p + "mlp.up_proj", f)])
         _gpt_oss_names(state, p)
@@ -136,8 +145,12 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         shapes |= {f"{p}{n}.weight": (h,) for n in norms}
-        shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q)}
+        if spec.kv_lora_rank:
+            shapes |= _mla_shapes(spec, p + "self_attn.")
+        else:
+            shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight":
+                       (kv, h), p + "self_attn.v_proj.weight": (kv, h),
+                       p + "self_attn.o_proj.weight": (h, q)}
         shapes |= _mlp_shapes(spec, i)
         if spec.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
@@ -149,6 +162,21 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         if spec.attention_sinks:
             shapes[p + "self_attn.sinks"] = (spec.num_attention_heads,)
     return shapes
+
+
+def _mla_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
+    """An MLA layer's attention tensors (``model/mla.py``), ``p`` its ``self_attn.`` prefix."""
+    h, heads, rank = spec.hidden_size, spec.num_attention_heads, spec.kv_lora_rank
+    q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+    shapes = {p + "kv_a_proj_with_mqa.weight": (rank + spec.qk_rope_head_dim, h),
+              p + "kv_a_layernorm.weight": (rank,),
+              p + "kv_b_proj.weight": (heads * (spec.qk_nope_head_dim + spec.v_head_dim), rank),
+              p + "o_proj.weight": (h, heads * spec.v_head_dim)}
+    if not spec.q_lora_rank:
+        return shapes | {p + "q_proj.weight": (q_dim, h)}
+    return shapes | {p + "q_a_proj.weight": (spec.q_lora_rank, h),
+                     p + "q_a_layernorm.weight": (spec.q_lora_rank,),
+                     p + "q_b_proj.weight": (q_dim, spec.q_lora_rank)}
 
 
 def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -170,6 +198,11 @@ def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
             shapes |= {f"{p}experts.{e}.gate_proj.bias": (f,),
                        f"{p}experts.{e}.up_proj.bias": (f,),
                        f"{p}experts.{e}.down_proj.bias": (h,)}
+    if spec.num_shared_experts and not spec.shared_expert_gate:  # DeepSeek's, one MLP of all
+        f = spec.num_shared_experts * spec.shared_expert_intermediate_size
+        shapes |= {p + "shared_experts.gate_proj.weight": (f, h),
+                   p + "shared_experts.up_proj.weight": (f, h),
+                   p + "shared_experts.down_proj.weight": (h, f)}
     return shapes
 
 

@@ -23,7 +23,9 @@ inline void store(uint16_t* p, int64_t i, float f) {  // round to nearest even
     p[i] = static_cast<uint16_t>(u >> 16);
 }
 
-constexpr int kMaxGroup = 16, kMaxDim = 256, kMaxBlock = 256, kLanes = 8;
+// kMaxDim 576: an MLA latent entry (DeepSeek-V2: kv_lora_rank 512 + qk_rope_head_dim 64), read in
+// place as one KV head (model/mla.py)
+constexpr int kMaxGroup = 16, kMaxDim = 576, kMaxBlock = 256, kLanes = 8;
 
 // Eight fp32 lanes as a GCC vector type: one AVX register where the CPU has AVX, two SSE ones
 // otherwise; head_dim must be a multiple of kLanes (the caller checks).

@@ -3,7 +3,8 @@ chain and link.
 
 What the tiers do not support yet is refused by name before anything is written: layouts with
 more than one layer group or sliding-window layers (Gemma 2/3, Phi-3 with a sliding window:
-a sliding layer's blocks are not the full prefix's), tensor parallelism (the blocks are spread
+a sliding layer's blocks are not the full prefix's), MLA (its latent blocks are untested
+there), tensor parallelism (the blocks are spread
 over ranks), no KV cache, and no prefix caching (blocks are found by their prefix hash).
 """
 
@@ -23,7 +24,7 @@ from kvledger.engine.kv.tiers.tier_dir import TierDir
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.params import count_params
 from kvledger.ledger.tier_load import saved_figures
-from kvledger.spec import SLIDING, ModelSpec
+from kvledger.spec import MLA, SLIDING, ModelSpec
 
 log = logging.getLogger("kvledger.kv_tier")
 DEFAULT_DISK_GIB = 10.0
@@ -54,6 +55,10 @@ def refuse_unsupported(config, spec: ModelSpec) -> None:
     if not wanted(config):
         return
     kinds = sorted(set(spec.layer_types))
+    if MLA in kinds:
+        raise InvalidParameterError(
+            f"the KV tiers (--kv-disk-dir, --kv-ram-gib) do not support MLA (multi-head latent "
+            f"attention, {spec.model_type}) yet")
     if len(kinds) > 1 or SLIDING in kinds or spec.sliding_window:
         layout = ", ".join(f"{spec.layer_types.count(k)} {k}" for k in kinds)
         raise InvalidParameterError(

@@ -1,0 +1,162 @@
+"""Multi-head latent attention at the shape of DeepSeek-V2-Lite (issue 36): KV bytes per token
+and batch-1 TPOT at 4,096 and 16,384 tokens of context, against the same shape with per-head
+K/V and against llama.cpp on a GGUF of the same model.
+
+The full model (27 layers, 31 GB in bf16) does not fit the machines here, so both models keep
+DeepSeek-V2-Lite's config (hidden 2,048, 16 heads, kv_lora_rank 512, qk_rope_head_dim 64,
+qk_nope_head_dim 128, v_head_dim 128, vocabulary 102,400, 64 experts of 1,408 with top 6 and 2
+shared, the first layer dense) with ``--layers`` decoder layers (default 2) and DeepSeek-V2's
+``q_lora_rank`` 1,536 (llama.cpp takes a file for V2-Lite's plain ``q_proj`` only at 26 or 27
+layers, ``src/models/deepseek2.cpp``'s ``is_lite``). The per-head model
+is ``model_type: llama`` with the same hidden size and 16 heads of 128 for K and V (what MLA's
+expanded form would cache per head, less the 64 RoPE dims of its keys) and a dense MLP of
+``intermediate_size`` 11,264 = (6 + 2) x 1,408, per layer the MoE layer's active MLP width.
+
+``prepare`` (not timed): per model, a Hugging Face folder with the shrunk config, kvledger's
+dummy weights in bf16 and the bundled tokenizer padded to the vocabulary; the MLA model also
+converted by llama.cpp's ``convert_hf_to_gguf.py`` to bf16 and Q8_0 GGUF files.
+``time``: kvledger's KV bytes per token (the ledger's, which the pool holds) and TPOT over
+``--new`` greedy tokens after a prompt of each length (bf16, the default fast mode), then
+``llama-bench`` tg at the same depths on each GGUF file, same threads.
+
+Usage:
+  python benchmarks/bench_mla.py prepare --work DIR --llama-src SRC [--sentencepiece DIR]
+  python benchmarks/bench_mla.py time --work DIR [--threads 2] [--contexts 4096 16384]
+      [--models mla perhead llama.cpp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import peer_llamacpp as peer
+from bench_families import _padded_tokenizer
+from common import machine_line
+
+BASE = "deepseek-ai/DeepSeek-V2-Lite"
+MODELS = ("mla", "perhead")
+GGUF_TYPES = ("bf16", "q8_0")
+
+
+def _config(kind: str, layers: int) -> dict:
+    """The shrunk config of ``kind`` (module docstring)."""
+    from kvledger.catalogue import lookup
+
+    raw = json.loads(Path(lookup(BASE).path).read_text())
+    raw.update(num_hidden_layers=layers, architectures=["DeepseekV2ForCausalLM"],
+               q_lora_rank=1536)
+    if kind == "perhead":
+        width = (raw["num_experts_per_tok"] + raw["n_shared_experts"]) * raw[
+            "moe_intermediate_size"]
+        raw = {key: raw[key] for key in ("hidden_size", "num_attention_heads", "vocab_size",
+                                         "max_position_embeddings", "rms_norm_eps",
+                                         "rope_theta", "bos_token_id", "eos_token_id")}
+        raw.update(model_type="llama", architectures=["LlamaForCausalLM"],
+                   num_hidden_layers=layers, num_key_value_heads=raw["num_attention_heads"],
+                   head_dim=128, intermediate_size=width, tie_word_embeddings=False,
+                   torch_dtype="bfloat16")
+    return raw
+
+
+def prepare(args) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from kvledger.model.weights.loader import load_weights
+
+    work = Path(args.work)
+    for kind in args.models or MODELS:
+        folder = work / f"{kind}-hf"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(_config(kind, args.layers), indent=1))
+        spec, weights = load_weights(folder, torch.bfloat16, "dummy")
+        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors")
+        del weights
+        _padded_tokenizer(folder, spec.vocab_size)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(Path(args.llama_src) / "gguf-py"), args.sentencepiece) if p))
+    for outtype in GGUF_TYPES:
+        out = work / f"mla-{outtype}.gguf"
+        subprocess.run([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"),
+                        str(work / "mla-hf"), "--outtype", outtype, "--outfile", str(out)],
+                       env=env, check=True)
+        print(f"mla {outtype}: {out} ({out.stat().st_size / 1e9:.2f} GB)")
+
+
+def ours(folder: Path, threads: int, contexts: list[int], new: int) -> dict:
+    import torch
+
+    from kvledger import LLM, SamplingParams
+
+    llm = LLM(str(folder), enable_prefix_caching=False, num_threads=threads, max_num_seqs=1,
+              num_blocks=(max(contexts) + new) // 16 + 2)
+    params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
+    llm.generate([list(range(1000, 1064))], params)  # warm-up
+    g = torch.Generator().manual_seed(0)
+    tpot = {}
+    for n in contexts:
+        prompt = torch.randint(1000, 40_000, (n,), generator=g).tolist()
+        out = llm.generate([prompt], params)[0]
+        tpot[n] = (out.tpot_s * 1e3, out.metrics.ttft_s)
+    engine = llm.engine
+    return {"kv_bytes_per_token": engine.kv_layout.bytes_per_token, "tpot": tpot,
+            "attention": engine.model.attention.name, "formats": engine.model.weight_formats,
+            "store": type(engine.store).__name__}
+
+
+def time_models(args) -> None:
+    print(machine_line(args.threads))
+    print(f"shape: {BASE} with {args.layers} of its 27 layers (stated), bf16 dummy weights; "
+          f"TPOT over {args.new} greedy tokens after the context")
+    chosen = args.models or [*MODELS, "llama.cpp"]
+    for kind in [k for k in chosen if k in MODELS]:
+        mine = ours(Path(args.work) / f"{kind}-hf", args.threads, args.contexts, args.new)
+        print(f"{kind} kvledger: KV {mine['kv_bytes_per_token']:,} B/token ({mine['store']}), "
+              f"attention {mine['attention']}, formats {mine['formats']}")
+        for n, (tpot, ttft) in mine["tpot"].items():
+            print(f"  context {n}: TPOT {tpot:.2f} ms (prefill {ttft:.1f} s)")
+    if "llama.cpp" not in chosen:
+        return
+    if peer.binary("llama-bench") is None:
+        print(peer.skip_reason("llama-bench"))
+        return
+    for outtype in GGUF_TYPES:
+        path = Path(args.work) / f"mla-{outtype}.gguf"
+        try:
+            rows = peer.llama_bench(path, args.threads, 0, args.new, tuple(args.contexts), 1)
+        except RuntimeError as e:
+            print(f"llama.cpp {outtype}: {e}")
+            continue
+        for row in rows:
+            if row["n_gen"]:
+                print(f"llama.cpp {outtype} tg{args.new} at depth {row['n_depth']}: "
+                      f"{row['avg_ts']:.1f} tok/s (TPOT {1e3 / row['avg_ts']:.2f} ms)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--work", required=True)
+    p.add_argument("--llama-src", required=True)
+    p.add_argument("--sentencepiece", default="")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--models", nargs="*", choices=MODELS)
+    t = sub.add_parser("time")
+    t.add_argument("--work", required=True)
+    t.add_argument("--threads", type=int, default=2)
+    t.add_argument("--new", type=int, default=32)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384])
+    t.add_argument("--models", nargs="*", choices=[*MODELS, "llama.cpp"])
+    args = ap.parse_args()
+    prepare(args) if args.cmd == "prepare" else time_models(args)
+
+
+if __name__ == "__main__":
+    main()
