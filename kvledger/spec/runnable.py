@@ -134,7 +134,7 @@ FAMILY_RUNS: dict[str, dict[str, Callable[[Any], bool]]] = {
                 "rope_scaling": _rope("default", "yarn"), "router_bias": _is(True),
                 "mlp_bias": _is(True), "attention_sinks": _is(True),
                 "swiglu_limit": _set, "swiglu_alpha": _set,
-                "norm_topk_prob": _is(True)},  # biased experts, sinks, top-k softmax
+                "norm_topk_prob": _any},  # biased experts, sinks
     # DeepSeek-V2: MLA, the first k layers dense, then routed + shared experts; transformers'
     # DeepseekV2Moe never renormalises (norm_topk_prob) and has no dense layer past the first k
     "deepseek": {"layer_types": lambda kinds: set(kinds) == {MLA},
