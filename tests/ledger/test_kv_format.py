@@ -86,7 +86,7 @@ def test_sealed_blocks_keep_the_window(name, bs, group, window):
     fmt = KVFormatSpec(name, key_group_tokens=group, residual_tokens=window)
     g = fmt.key_group_blocks(bs) * bs
     r = fmt.residual_blocks(bs) * bs
-    for tokens in range(0, 400):
+    for tokens in range(400):
         sealed = fmt.sealed_blocks(tokens, bs)
         assert sealed == _sealed_oracle(tokens, bs, g, r), tokens
         assert sealed % (g // bs) == 0
@@ -111,11 +111,9 @@ def test_default_key_group_and_window():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"key_group_tokens": 40}, "--kv-key-group-tokens 40 must be a positive multiple of "
-                               "--block-size 16"),
+    ({"key_group_tokens": 40}, "--kv-key-group-tokens 40 must be a positive multiple of --block"),
     ({"key_group_tokens": 0}, "--kv-key-group-tokens 0 must be a positive multiple"),
-    ({"residual_tokens": 24}, "--kv-residual-tokens 24 must be a positive multiple of "
-                              "--block-size 16"),
+    ({"residual_tokens": 24}, "--kv-residual-tokens 24 must be a positive multiple of --block"),
     ({"residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
 ])
 def test_key_group_and_window_refused(kwargs, message):

@@ -76,7 +76,10 @@ class KVCacheManager:
         req.missed_hit_tokens = 0
         if req.params.prompt_logprobs is not None:
             return [[] for _ in self.groups]  # every prompt position's logits are wanted
-        limit = req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size
+        # no further than a cold prefill of the request seals: the hit then reads what a
+        # cold run reads (a quantized format's window is not in the cache anyway)
+        limit = min(req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size,
+                    self.sealed_blocks(req.num_tokens))
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
         req.missed_hit_tokens = missed * self.block_size
         if self.tiers is not None and self.prefix.enabled:  # one group: tiers refuse more

@@ -146,13 +146,15 @@ class QuantizedKVStore:
 
     def _seal_ids(self, written: torch.Tensor, last: torch.Tensor,
                   seal: torch.Tensor | None) -> torch.Tensor:
-        """Block ids a step seals that writes blocks ``written`` up to offsets ``last``: each
-        block it fills when ``seal`` is None, else those of ``seal`` unsealed or written now
-        (a block a prefix-cache hit brought is sealed already)."""
+        """Block ids a step seals that writes blocks ``written`` (sorted) up to offsets
+        ``last``: when ``seal`` is None, the blocks it fills, whole key groups of consecutive
+        ones in id order (a direct write of a run of slots); else those of ``seal`` unsealed or
+        written now (a block a prefix-cache hit brought is sealed already)."""
+        k = self.key_group_blocks
         if seal is None:
-            return written[last == self.block_size - 1]
-        todo = ((self.residual_of[seal] >= 0) | torch.isin(seal, written)).view(
-            -1, self.key_group_blocks)
+            filled = written[last == self.block_size - 1]
+            return filled[: len(filled) // k * k]
+        todo = ((self.residual_of[seal] >= 0) | torch.isin(seal, written)).view(-1, k)
         assert bool((todo.all(1) | ~todo.any(1)).all()), "a key group is sealed whole"
         return seal[todo.flatten()]
 
@@ -197,8 +199,9 @@ class QuantizedKVStore:
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
               value: torch.Tensor, seal: torch.Tensor | None = None) -> None:
         """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` and
-        seal blocks ``seal`` (int64 ids, whole key groups in order; None: each block the
-        step fills): sealed blocks are quantized whole, the others kept in their buffer.
+        seal blocks ``seal`` (int64 ids, whole key groups in order; None: the blocks the step
+        fills, ``_seal_ids``): sealed blocks are quantized whole, the others kept in their
+        buffer.
 
         Only ``index_select`` / ``index_copy_`` move rows: PyTorch's advanced indexing
         (``x[idx]``, ``x[idx] = y``) is far slower on CPU with two threads (measured: ~8 ms
