@@ -200,6 +200,10 @@ class LLMEngine:
         self.model_name = _model_name(config.model, config.load_format)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
+        if not self.kv_layout.cacheable and tiers_wanted(config):
+            raise InvalidParameterError(
+                f"KV tiers need the prefix cache, which {self.kv_layout.kv_format} keys grouped "
+                f"over several blocks turn off: add --kv-key-group-tokens {config.block_size}")
         if config.enable_prefix_caching and not self.kv_layout.cacheable:
             log.warning("prefix caching off: %s keys are grouped over several blocks",
                         self.kv_layout.kv_format)

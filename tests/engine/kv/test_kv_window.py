@@ -135,3 +135,10 @@ def test_bad_key_group_or_window_is_refused(tiny_engine_factory, options, messag
 
     with pytest.raises(InvalidParameterError, match=message):
         tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **options)
+
+
+def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, tmp_path):  # noqa: F811
+    from kvledger.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="KV tiers need the prefix cache"):
+        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_disk_dir=str(tmp_path))
