@@ -142,3 +142,19 @@ def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, t
 
     with pytest.raises(InvalidParameterError, match="KV tiers need the prefix cache"):
         tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_disk_dir=str(tmp_path))
+
+
+def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine_factory):  # noqa: F811
+    """Prompts of 100 tokens prefilled 16 at a time, two sequences at once, decoded 10 steps:
+    the store never needs more than R / block_size buffers per running sequence (it asserts
+    so), every backend agrees, and every buffer is back once the requests are done."""
+    prompts = _prompts(3, length=100)
+    options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 48,
+               "max_num_seqs": 2, "max_num_batched_tokens": 16, "num_blocks": 64}
+    ref = _run(tiny_engine_factory(attention="reference", **options), prompts)
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(attention=backend, **options)
+        assert _run(engine, prompts) == ref, backend
+        store = engine.store
+        assert int((store.residual_of >= 0).sum()) == 0
+        assert len(store._free_residuals) == 2 * 3  # max_num_seqs x R / block_size
