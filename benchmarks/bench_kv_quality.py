@@ -3,7 +3,8 @@
 Quality: ``kvledger eval perplexity``'s protocol (llama.cpp's: non-overlapping chunks of
 ``--context`` tokens, second half scored, whole chunk in one prefill) on Python's
 ``pydoc_data.topics`` text, for fp8 / int8 / int4 / int3 / int2 (per-channel and per-token
-keys, with and without fp16 outlier channels or a Hadamard rotation), each against a base run
+keys, with and without fp16 outlier channels or a Hadamard rotation; key groups of G tokens
+and a full-precision window of R, fed ``--stride`` tokens per step), each against a base run
 in lockstep (``--base``, default fp16 KV as llama.cpp's f16): ΔPPL, the KL divergence's mean,
 maximum, 99.9 % / 99.0 % percentiles and median, top-1 agreement. fp32 compute. Accuracy
 figures do not depend on machine load.
@@ -24,7 +25,7 @@ for N depths evenly spread over [0, 1], per KV format, bf16 compute (the default
 prompt finds the filler before its key in the prefix cache (the answers do not change: cold
 and warm runs give the same tokens).
 
-    python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--base fp16]
+    python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--stride 16] [--base fp16]
         [--only LABELS] [--no-peer] [--json OUT] [--passkey-depths 10 [--passkey-only]]
 """
 
@@ -61,12 +62,22 @@ VARIANTS = [  # label, EngineConfig overrides
     *((f"{f} per-token keys + rotation", {"kv_cache_dtype": f, "kv_key_quant": "per-token",
                                           "kv_rotation": "hadamard"})
       for f in ("int4", "int3", "int2")),
+    # key groups (G tokens) and the full-precision window (R tokens); run them with
+    # --stride 16 to see the window as generation does (docs/kv-formats.md)
+    ("int4 + rotation, R 128", {"kv_cache_dtype": "int4", "kv_rotation": "hadamard",
+                                "kv_residual_tokens": 128}),
+    *((f"{f}{rot}, G {g}, R {r}", {"kv_cache_dtype": f, "kv_key_group_tokens": g,
+                                   "kv_residual_tokens": r,
+                                   "kv_rotation": "hadamard" if rot else "none"})
+      for f in ("int3", "int2") for rot in ("", " + rotation")
+      for g, r in ((16, 16), (32, 128), (64, 128))),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
 
 
-def quality(context: int, chunks: int, variants, base_kv: str) -> tuple[list[dict], str]:
+def quality(context: int, chunks: int, variants, base_kv: str,
+            stride: int | None = None) -> tuple[list[dict], str]:
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -87,7 +98,7 @@ def quality(context: int, chunks: int, variants, base_kv: str) -> tuple[list[dic
         t0 = time.perf_counter()
         engine = LLMEngine(dataclasses.replace(base_cfg, **over), spec=spec, weights=weights,
                            tokenizer=tokenizer)
-        r = perplexity(engine, ids, context, max_chunks=chunks, base=base)
+        r = perplexity(engine, ids, context, stride, max_chunks=chunks, base=base)
         rows.append({"variant": label, "layout": engine.kv_layout.describe(),
                      "bytes_per_token": engine.bytes_per_token, **r.to_json(),
                      "seconds": round(time.perf_counter() - t0, 1)})
@@ -218,6 +229,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--stride", type=int, help="tokens fed per step (default: one prefill)")
     ap.add_argument("--only", help="comma-separated variant labels (default: all)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
@@ -238,7 +250,7 @@ def main() -> None:
         return
     variants = [v for v in VARIANTS if wanted is None or v[0] in wanted]
     print(machine_line(2), flush=True)
-    rows, text = quality(args.context, args.chunks, variants, args.base)
+    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride)
     peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
     cap = [] if args.no_capacity else capacity(256 << 20, 4096, 8)
     for row in cap:
@@ -246,6 +258,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
                                          "machine": machine_line(2), "base": args.base,
+                                         "stride": args.stride,
                                          "chunks": args.chunks, "kvledger": rows,
                                          "llama_cpp": peer, "capacity_256MiB_4K": cap,
                                          "passkey": keys},

@@ -103,6 +103,10 @@ def plan(
     kv_outlier_channels: Annotated[int | None, Opt(
         help="Key channels per layer and KV head kept in fp16 (wins over --kv-outlier-frac)")] = None,
     kv_key_quant: Annotated[str, Opt(help=field_help()["kv_key_quant"])] = "per-channel",
+    kv_key_group_tokens: Annotated[int | None, Opt(
+        help=field_help()["kv_key_group_tokens"])] = None,
+    kv_residual_tokens: Annotated[int | None, Opt(
+        help=field_help()["kv_residual_tokens"])] = None,
     shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
     turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
     mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,
@@ -153,6 +157,8 @@ def plan(
         kv_outlier_frac=kv_outlier_frac,
         kv_outlier_channels=kv_outlier_channels,
         kv_key_quant=kv_key_quant,
+        kv_key_group_tokens=kv_key_group_tokens,
+        kv_residual_tokens=kv_residual_tokens,
         shared_prefix=shared_prefix,
         turn_tokens=turn_tokens,
         mfu=mfu,

@@ -68,6 +68,11 @@ class EngineConfig:
         kv_rotation: none, or hadamard: quantized K and V rows rotated by a Hadamard matrix
             before quantization, queries and the attention output by the same (the bytes are
             unchanged; docs/kv-formats.md).
+        kv_key_group_tokens: int keys per channel: tokens per key group (its scale and zero
+            point), a multiple of block_size; None = 64 for int3 / int2, one block otherwise.
+        kv_residual_tokens: quantized formats: the full-precision window of the most recent
+            tokens per running sequence, a multiple of block_size, at least the key group;
+            None = the key group (one block for int8 / int4).
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
         tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
@@ -118,6 +123,8 @@ class EngineConfig:
     kv_key_quant: str = "per-channel"
     kv_outlier_channels: int = 0
     kv_rotation: str = "none"
+    kv_key_group_tokens: int | None = None
+    kv_residual_tokens: int | None = None
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
@@ -133,6 +140,8 @@ class EngineConfig:
                     "long_prompt_tokens": self.long_prompt_tokens,
                     "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
                     "num_threads": self.num_threads, "kv_group_size": self.kv_group_size,
+                    "kv_key_group_tokens": self.kv_key_group_tokens,
+                    "kv_residual_tokens": self.kv_residual_tokens,
                     "tensor_parallel_size": self.tensor_parallel_size,
                     "tp_timeout_s": self.tp_timeout_s, "kv_disk_gib": self.kv_disk_gib,
                     "kv_ram_gib": self.kv_ram_gib}
@@ -173,4 +182,6 @@ class EngineConfig:
         return KVFormatSpec.from_options(self.kv_cache_dtype, compute_format or self.dtype,
                                          self.kv_group_size, self.kv_key_quant,
                                          self.kv_outlier_channels,
-                                         rotation=self.kv_rotation)
+                                         residual_tokens=self.kv_residual_tokens,
+                                         rotation=self.kv_rotation,
+                                         key_group_tokens=self.kv_key_group_tokens)

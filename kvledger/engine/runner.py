@@ -130,11 +130,14 @@ class ModelRunner:
             pos.extend(range(start, start + n))
             last_of[id(c)] = len(ids) - 1
         meta.slot_mapping = torch.cat(slot_chunks)
+        meta.seal = self._seal(chunks, 0)
         layer_groups = getattr(self.store, "group_of_layer", None)
         if layer_groups is not None:
             meta.group_of_layer = layer_groups
             meta.groups = [meta] + [self._group_meta(g, decode_groups, prefills, meta)
                                     for g in range(1, max(layer_groups) + 1)]
+            for g, group_meta in enumerate(meta.groups[1:], 1):
+                group_meta.seal = self._seal(chunks, g)
         return _as_tensor(ids), _as_tensor(pos), meta, _wanted_rows(chunks, last_of)
 
     def _group_meta(self, g: int, decode_groups: list[list], prefills: list,
@@ -187,6 +190,20 @@ class ModelRunner:
         if observer is not None:
             meta.observers.append(observer)
         return context.new_slots
+
+    def _seal(self, chunks: Seq, group: int) -> torch.Tensor | None:
+        """Block ids of layer group ``group`` the step seals (a quantized store): per chunk,
+        its table's blocks from ``sealed_blocks`` before the step to after it, whole key
+        groups in order (entries a sliding group dropped are left out)."""
+        if not self.store.quantized:
+            return None
+        ids = []
+        for c in chunks:
+            start = c.request.num_computed_tokens
+            lo = self.store.sealed_blocks(start)
+            hi = self.store.sealed_blocks(start + c.num_new_tokens)
+            ids.extend(b for b in c.request.block_tables[group][lo:hi] if b >= 0)
+        return torch.tensor(ids, dtype=torch.int64)
 
     def _context_slots(self, req, length: int, group: int = 0) -> torch.Tensor:
         """Slots [length] of positions 0..length-1 of ``req`` through its block table of

@@ -50,6 +50,7 @@ block counts once per holder, so the cap is conservative).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import ONE_TABLE, KVCacheManager
@@ -80,6 +81,7 @@ class Scheduler:
         bytes_per_block: KV bytes of one block over all layers (the ledger's figure; for
             messages and stats).
         max_model_len: the model's context limit in tokens.
+        store, groups, sealed_blocks: the KV manager's (``KVCacheManager``).
     """
 
     def __init__(
@@ -91,12 +93,13 @@ class Scheduler:
         max_model_len: int,
         store: KVStore | None = None,
         groups: tuple[KVGroup, ...] = ONE_TABLE,
+        sealed_blocks: Callable[[int], int] | None = None,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
-                                 groups)
+                                 groups, sealed_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

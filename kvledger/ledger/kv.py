@@ -18,8 +18,8 @@ Every function takes ``(spec, fmt, tp, block_size)``: the model, the KV format w
 tensor-parallel ranks and the tokens per block. K and V of attention layers are priced per
 *block* of ``block_size`` tokens and KV head (:func:`head_block_bytes`); per token, a format
 costs its block's bytes / block size, rounded up (metadata per block does not divide evenly). A
-quantized engine also keeps each running sequence's last, partial block in the compute dtype
-(:func:`residual_bytes`). An MLA latent is priced per vector (:func:`vector_bytes`), groups
+quantized engine also keeps each running sequence's window of recent blocks in the compute
+dtype (:func:`residual_bytes`). An MLA latent is priced per vector (:func:`vector_bytes`), groups
 along the latent, no per-block scale; the engine runs MLA in the full-precision formats
 (``engine/kv/latent_store.py``), a quantized latent is a planner figure only.
 
@@ -50,8 +50,8 @@ def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int
     stores them.
 
     Raises:
-        InvalidParameterError: bad group size or outlier count, outliers on a full-precision
-            format, int4 with an odd head_dim.
+        InvalidParameterError: bad group size, key group or outlier count, outliers on a
+            full-precision format, int4 with an odd head_dim.
     """
     f, head_dim = fmt.storage, spec.head_dim
     outliers = fmt.outlier_count(head_dim)
@@ -70,7 +70,14 @@ def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int
     else:
         g = resolve_group_size(fmt.group_size, head_dim)
         meta_v = block_size * (head_dim // g) * f.group_meta_bytes
-        meta_k = head_dim * f.group_meta_bytes if fmt.key_quant == "per-channel" else meta_v
+        meta_k = meta_v
+        if fmt.key_quant == "per-channel":  # a key group's scales, D / k channels per block
+            k = fmt.key_group_blocks(block_size)
+            if head_dim % k:
+                raise InvalidParameterError(
+                    f"a key group of {k} blocks splits its head_dim {head_dim} channels' "
+                    f"scales over its blocks: head_dim must be a multiple of {k}")
+            meta_k = head_dim // k * f.group_meta_bytes
     return 2 * codes + meta_k + meta_v + block_size * outliers * FP16_BYTES
 
 
@@ -172,11 +179,13 @@ def kv_bytes_per_block(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: 
 def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
                    compute_format: str) -> int:
     """Bytes a quantized format keeps per running sequence at full precision, in the compute
-    format ``compute_format``: its ``residual_tokens`` (by default the last, partial block).
+    format ``compute_format``: its window of ``residual_blocks`` blocks (by default the key
+    group: the last, partial block for int8 / int4).
     0 for a full-precision format.
 
     Raises:
-        InvalidParameterError: residual tokens not a multiple of ``block_size``.
+        InvalidParameterError: residual tokens not a multiple of ``block_size`` or below the
+            key group.
     """
     if not fmt.quantized:
         return 0

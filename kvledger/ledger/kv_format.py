@@ -10,7 +10,12 @@ The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.
                        eight in three bytes) + an fp16 scale and an fp16 zero point per
                        group (asymmetric). Values: groups of ``group_size``
                        along head_dim, per token. Keys ``per-channel`` (default, KIVI): one
-                       group per channel over the block's tokens; or ``per-token`` like values.
+                       group per channel over a *key group* of G tokens (G a multiple of the
+                       block size: its k = G / block_size blocks each hold D / k channels' scale
+                       and zero point); or ``per-token`` like values.
+  window               the most recent tokens stay in the compute dtype (KIVI's residual, R
+                       tokens per running sequence); older tokens are quantized a whole key
+                       group at a time (:meth:`KVFormatSpec.sealed_blocks`).
   outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
                        token each); the codes still cover every channel. Channel indices are
                        calibrated once per layer, so they cost no bytes per block.
@@ -35,6 +40,9 @@ head_dim must be a multiple."""
 KEY_QUANT_MODES = ("per-channel", "per-token")
 ROTATIONS = ("none", "hadamard")
 DEFAULT_GROUP_SIZE = 32
+DEFAULT_KEY_GROUP_TOKENS = {"int3": 64, "int2": 64}
+"""Tokens per key group of the formats whose default spans blocks (KIVI-2's 64; the others'
+default is one block)."""
 FP16_BYTES = 2
 FP32_BYTES = 4
 
@@ -115,8 +123,12 @@ class KVFormatSpec:
         outlier_frac: fraction of key channels kept in fp16 when ``outlier_channels`` is None
             (``kvledger plan --kv-outlier-frac``; an MLA latent's outliers are always this
             fraction of the latent).
-        residual_tokens: most recent tokens of a running sequence kept at full precision by a
-            quantized format, a multiple of the block size; None = one block.
+        residual_tokens: R, the full-precision window of a running sequence (quantized
+            formats): blocks not yet sealed, at most R tokens; a multiple of the block size
+            and at least the key group; None = the key group (one block for int8 / int4).
+        key_group_tokens: G, tokens of one per-channel key group (int formats, per-channel
+            keys): a multiple of the block size; None = 64 for int3 / int2 (rounded up to a
+            multiple of the block size), one block for the others.
         rotation: ``none`` or ``hadamard`` (quantized formats: K and V rows rotated by an
             orthogonal matrix before quantization, ``engine/kv/rotation.py``); the bytes are
             the same either way.
@@ -133,6 +145,7 @@ class KVFormatSpec:
     outlier_frac: float = 0.0
     residual_tokens: int | None = None
     rotation: str = "none"
+    key_group_tokens: int | None = None
 
     def __post_init__(self) -> None:
         kv_format(self.name)
@@ -150,14 +163,14 @@ class KVFormatSpec:
     def from_options(cls, kv_cache_dtype: str, compute_format: str = "bf16",
                      group_size: int | None = None, key_quant: str = "per-channel",
                      outlier_channels: int | None = None, outlier_frac: float = 0.0,
-                     residual_tokens: int | None = None, rotation: str = "none"
-                     ) -> KVFormatSpec:
+                     residual_tokens: int | None = None, rotation: str = "none",
+                     key_group_tokens: int | None = None) -> KVFormatSpec:
         """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
         format, bf16 or fp32); every other option as given. The one place the engine
         (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
         name = compute_format if kv_cache_dtype == "auto" else kv_cache_dtype
         return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens,
-                   rotation)
+                   rotation, key_group_tokens)
 
     @property
     def quantized(self) -> bool:
@@ -190,19 +203,59 @@ class KVFormatSpec:
                 f"--kv-outlier-channels must be in [0, head_dim {head_dim}), got {n}")
         return n
 
-    def residual_blocks(self, block_size: int) -> int:
-        """Blocks of ``residual_tokens`` (one when None).
+    def key_group_blocks(self, block_size: int) -> int:
+        """Blocks per key group, k = G / block_size (1 but for per-channel int keys).
 
         Raises:
-            InvalidParameterError: residual tokens not a positive multiple of ``block_size``.
+            InvalidParameterError: G not a positive multiple of ``block_size``.
         """
+        if self.name not in INT_FORMATS or self.key_quant != "per-channel":
+            return 1
+        g = self.key_group_tokens
+        if g is None:
+            default = DEFAULT_KEY_GROUP_TOKENS.get(self.name, block_size)
+            return -(-default // block_size)
+        if g <= 0 or g % block_size:
+            raise InvalidParameterError(f"--kv-key-group-tokens {g} must be a positive multiple "
+                                        f"of --block-size {block_size}")
+        return g // block_size
+
+    def residual_blocks(self, block_size: int) -> int:
+        """Blocks of the full-precision window R (None: the key group's blocks).
+
+        Raises:
+            InvalidParameterError: R not a positive multiple of ``block_size``, or smaller
+                than the key group (a group is sealed whole, from the window).
+        """
+        group = self.key_group_blocks(block_size)
         r = self.residual_tokens
         if r is None:
-            return 1
+            return group
         if r <= 0 or r % block_size:
-            raise InvalidParameterError(f"residual tokens {r} must be a positive multiple of "
-                                        f"--block-size {block_size}")
+            raise InvalidParameterError(f"--kv-residual-tokens {r} must be a positive multiple "
+                                        f"of --block-size {block_size}")
+        if r // block_size < group:
+            raise InvalidParameterError(f"--kv-residual-tokens {r} must be at least the key "
+                                        f"group of {group * block_size} tokens")
         return r // block_size
+
+    def sealed_blocks(self, tokens: int, block_size: int) -> int:
+        """Leading blocks of a sequence of ``tokens`` tokens that are quantized: whole key
+        groups (k blocks), as many as leave at most R tokens in the window, i.e.
+        ``k x floor((tokens - R + G) / G)`` blocks, 0 while ``tokens < R``. The window then
+        holds between R - G and R - 1 tokens (with G = R = one block: every full block is
+        sealed, the partial one is not). A full-precision format seals nothing."""
+        if not self.quantized:
+            return 0
+        k, r = self.key_group_blocks(block_size), self.residual_blocks(block_size)
+        groups = max(0, tokens - (r - k) * block_size) // (k * block_size)
+        return groups * k
+
+    def full_precision_blocks(self, tokens: int, block_size: int) -> int:
+        """Blocks of a sequence of ``tokens`` tokens held in the window (at most R / bs)."""
+        if not self.quantized:
+            return 0
+        return -(-tokens // block_size) - self.sealed_blocks(tokens, block_size)
 
     def to_json(self) -> str:
         """Every field, keys sorted, no spaces: a stable text (cache keys, file headers)."""

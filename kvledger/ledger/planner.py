@@ -53,6 +53,8 @@ class PlanOptions:
     kv_outlier_frac: float = 0.0
     kv_outlier_channels: int | None = None
     kv_key_quant: str = "per-channel"
+    kv_key_group_tokens: int | None = None
+    kv_residual_tokens: int | None = None
     shared_prefix: int = 0
     turn_tokens: int = 1024
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -66,7 +68,8 @@ class PlanOptions:
         """The KV format of the kv_* options."""
         return KVFormatSpec.from_options(self.kv_format, RESIDUAL_FORMAT, self.kv_group_size,
                                          self.kv_key_quant, self.kv_outlier_channels,
-                                         self.kv_outlier_frac)
+                                         self.kv_outlier_frac, self.kv_residual_tokens,
+                                         key_group_tokens=self.kv_key_group_tokens)
 
 
 @dataclass(frozen=True)

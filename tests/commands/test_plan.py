@@ -185,7 +185,24 @@ def test_kv_layout_options_price_the_engine_layout():
     assert auto["options"]["kv_format"] == "bf16"
 
 
+def test_key_group_and_window_price_the_engine_layout():
+    """int2 on the bundled model (30 layers x 3 KV heads, head_dim 64), keys over 64 tokens:
+    per 16-token block and KV head 2 x 16 x 16 code bytes + 64 / 4 channels x 4 B of key
+    scales + 16 x 2 groups x 4 B of value scales; concurrency leaves each request a window of
+    128 bf16 tokens (8 blocks of 30 x 3 x 2 x 16 x 64 x 2 B)."""
+    r = run("plan", "default", "--json", "--context", "4096", "--kv-cache-dtype", "int2",
+            "--kv-residual-tokens", "128")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["block_bytes"] == 30 * 3 * (2 * 16 * 16 + 16 * 4 + 16 * 2 * 4)
+    window = 8 * 30 * 3 * 2 * 16 * 64 * 2
+    per_request = 4096 // 16 * out["block_bytes"] + window
+    assert out["contexts"][0]["max_concurrency"] == out["pool_bytes"] // per_request
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--kv-key-group-tokens", "24"], "must be a positive multiple of --block-size 16"),
+    (["--kv-residual-tokens", "32", "--kv-key-group-tokens", "64"], "at least the key group"),
     (["--kv-group-size", "48"], "divide head_dim 128"),
     (["--kv-outlier-channels", "128"], "--kv-outlier-channels must be in"),
     (["--kv-key-quant", "per-row"], "--kv-key-quant must be one of"),

@@ -15,11 +15,11 @@ def test_to_json_is_pinned():
     spec = KVFormatSpec("int4", group_size=32, key_quant="per-token", outlier_channels=4,
                         residual_tokens=64)
     assert spec.to_json() == (
-        '{"group_size":32,"key_quant":"per-token","name":"int4","outlier_channels":4,'
-        '"outlier_frac":0.0,"residual_tokens":64,"rotation":"none"}')
+        '{"group_size":32,"key_group_tokens":null,"key_quant":"per-token","name":"int4",'
+        '"outlier_channels":4,"outlier_frac":0.0,"residual_tokens":64,"rotation":"none"}')
     assert KVFormatSpec().to_json() == (
-        '{"group_size":null,"key_quant":"per-channel","name":"bf16","outlier_channels":null,'
-        '"outlier_frac":0.0,"residual_tokens":null,"rotation":"none"}')
+        '{"group_size":null,"key_group_tokens":null,"key_quant":"per-channel","name":"bf16",'
+        '"outlier_channels":null,"outlier_frac":0.0,"residual_tokens":null,"rotation":"none"}')
 
 
 def test_rotation_is_in_the_json():
@@ -65,3 +65,57 @@ def test_outlier_count_channels_or_fraction():
     assert KVFormatSpec("int4").outlier_count(128) == 0
     with pytest.raises(InvalidParameterError, match=r"in \[0, head_dim 128\), got 128"):
         KVFormatSpec("int4", outlier_channels=128).outlier_count(128)
+
+
+def _sealed_oracle(tokens: int, bs: int, group: int, window: int) -> int:
+    """Blocks sealed, simulated token by token: append a token; while the unsealed tokens
+    fill the window of ``window`` tokens, seal the oldest whole key group."""
+    sealed = 0
+    for n in range(1, tokens + 1):
+        while n - sealed >= window:  # the window is full: the oldest group leaves it
+            sealed += group
+    return sealed // bs
+
+
+@pytest.mark.parametrize("name, bs, group, window", [
+    ("int4", 16, None, None), ("int4", 16, None, 128), ("int2", 16, None, None),
+    ("int2", 16, 32, 128), ("int3", 32, 64, 64), ("int2", 16, 64, 128)])
+def test_sealed_blocks_keep_the_window(name, bs, group, window):
+    """The closed form equals the token-by-token rule; the window then holds between R - G
+    and R - 1 tokens, and full_precision_blocks counts the rest."""
+    fmt = KVFormatSpec(name, key_group_tokens=group, residual_tokens=window)
+    g = fmt.key_group_blocks(bs) * bs
+    r = fmt.residual_blocks(bs) * bs
+    for tokens in range(400):
+        sealed = fmt.sealed_blocks(tokens, bs)
+        assert sealed == _sealed_oracle(tokens, bs, g, r), tokens
+        assert sealed % (g // bs) == 0
+        if tokens >= r:
+            assert r - g <= tokens - sealed * bs <= r - 1
+        assert fmt.full_precision_blocks(tokens, bs) == -(-tokens // bs) - sealed
+        assert fmt.full_precision_blocks(tokens, bs) <= r // bs
+
+
+def test_default_key_group_and_window():
+    """int3 / int2: keys over 64 tokens (KIVI-2), rounded up to whole blocks; others one
+    block; the window defaults to the key group (one block for int8 / int4, as before)."""
+    assert KVFormatSpec("int2").key_group_blocks(16) == 4
+    assert KVFormatSpec("int3").key_group_blocks(48) == 2
+    assert KVFormatSpec("int4").key_group_blocks(16) == 1
+    assert KVFormatSpec("int2", key_quant="per-token").key_group_blocks(16) == 1
+    assert KVFormatSpec("fp8", key_group_tokens=64).key_group_blocks(16) == 1
+    assert KVFormatSpec("int2").residual_blocks(16) == 4
+    assert KVFormatSpec("int4").residual_blocks(16) == 1
+    assert KVFormatSpec("int4").sealed_blocks(40, 16) == 2  # full blocks, as before
+    assert KVFormatSpec("bf16").sealed_blocks(40, 16) == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"key_group_tokens": 40}, "--kv-key-group-tokens 40 must be a positive multiple of --block"),
+    ({"key_group_tokens": 0}, "--kv-key-group-tokens 0 must be a positive multiple"),
+    ({"residual_tokens": 24}, "--kv-residual-tokens 24 must be a positive multiple of --block"),
+    ({"residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
+])
+def test_key_group_and_window_refused(kwargs, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        KVFormatSpec("int2", **kwargs).residual_blocks(16)

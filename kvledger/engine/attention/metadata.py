@@ -109,6 +109,9 @@ class AttentionMetadata:
     """Everything attention needs about one step, built once and shared by all layers."""
 
     slot_mapping: torch.Tensor | None
+    seal: torch.Tensor | None = None
+    """Block ids [n] int64 a quantized store seals this step, after writing (whole key groups
+    in order, ``QuantizedKVStore.write``); None: a full-precision store."""
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSegment] = field(default_factory=list)
     observers: list = field(default_factory=list)

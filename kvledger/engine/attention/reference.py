@@ -57,7 +57,7 @@ class AttentionBackend:
         """
         meta = meta.of_layer(layer)
         if meta.slot_mapping is not None:
-            store.write(layer, meta.slot_mapping, k, v)
+            store.write(layer, meta.slot_mapping, k, v, meta.seal)
             # a prefill without a prefix attends over the step's own k, v: over what the cache
             # holds, as a later hit will (decodes and prefixed segments read the store itself)
             if store.lossy and any(seg.slots is None for seg in meta.prefills):

@@ -17,6 +17,11 @@ Layouts (the ledger's ``kv.head_block_bytes`` prices exactly these fields):
 - :class:`Fp8Codec` (fp8 e4m3): one fp32 scale per block and KV head, amax / 448; values are
   clamped to +-448 before the cast, so a large channel saturates instead of becoming NaN (the
   e4m3fn type has no inf).
+- :class:`GroupedKeys`: per-channel keys over a *key group* of k blocks (KIVI's G = k x
+  block_size tokens): the k blocks of a group are encoded together, one scale and zero point
+  per channel over all G tokens, and block j of the group stores channels ``[j D/k, (j+1) D/k)``
+  of them (its ``group_fields``), so the group's metadata is stored once. Decoding a block needs
+  its group's k slices: the store gathers them (``[n, k, *slice]``) by the group's block ids.
 - :class:`OutlierKeys`: wraps a codec; the calibrated channels (per layer and KV head) are
   stored in fp16 beside it and zeroed before the inner codec sees the block, so they do not
   stretch its scales. The inner codes still cover every channel (a zeroed channel costs its
@@ -45,6 +50,10 @@ class BlockCodec:
     """
 
     name = "abstract"
+    group_blocks = 1
+    """Blocks encoded together (a key group); ``group_fields`` hold one slice of the group's
+    tensor per block, and decode takes them gathered as [n, group_blocks, *slice]."""
+    group_fields: tuple[str, ...] = ()
 
     def __init__(self, block_size: int, kv_heads: int, head_dim: int) -> None:
         self.block_size, self.kv_heads, self.head_dim = block_size, kv_heads, head_dim
@@ -153,6 +162,54 @@ class IntCodec(BlockCodec):
         return self._ungrouped(x).to(dtype)
 
 
+class GroupedKeys(BlockCodec):
+    """Per-channel int keys over groups of ``group_blocks`` blocks (:class:`IntCodec` on the
+    group's ``group_blocks x block_size`` tokens), the scales split over the group's blocks.
+
+    ``encode`` takes the blocks of whole groups, each group's blocks consecutive and in order
+    ([n x k, bs, H, D]); ``decode`` takes per block its codes and its group's gathered
+    ``scale`` / ``zero`` slices [n, k, H, D / k].
+
+    Raises:
+        InvalidParameterError: head_dim not a multiple of ``group_blocks``, or what
+            :class:`IntCodec` raises.
+    """
+
+    group_fields = ("scale", "zero")
+
+    def __init__(self, block_size, kv_heads, head_dim, bits: int, group_blocks: int) -> None:
+        super().__init__(block_size, kv_heads, head_dim)
+        if head_dim % group_blocks:
+            raise InvalidParameterError(f"a key group of {group_blocks} blocks needs head_dim "
+                                        f"{head_dim} to be a multiple of {group_blocks}")
+        self.group_blocks, self.bits = group_blocks, bits
+        self.whole = IntCodec(block_size * group_blocks, kv_heads, head_dim, bits,
+                              "per-channel", head_dim)
+        self.block = IntCodec(block_size, kv_heads, head_dim, bits, "per-channel", head_dim)
+        self.name = f"int{bits}/per-channel over {group_blocks} blocks"
+
+    def fields(self) -> Fields:
+        h, d, k = self.kv_heads, self.head_dim, self.group_blocks
+        return {"codes": ((self.block_size, h, d * self.bits // 8), torch.uint8),
+                "scale": ((h, d // k), torch.float16), "zero": ((h, d // k), torch.float16)}
+
+    def encode(self, x):
+        n, bs, h, d = x.shape
+        k = self.group_blocks
+        parts = self.whole.encode(x.reshape(n // k, k * bs, h, d))
+        out = {"codes": parts["codes"].reshape(n, bs, h, -1)}
+        for name in self.group_fields:  # [g, H, D] -> block j of a group: channels of slice j
+            meta = parts[name].reshape(n // k, h, k, d // k).transpose(1, 2)
+            out[name] = meta.reshape(n, h, d // k).contiguous()
+        return out
+
+    def decode(self, parts, dtype):
+        n, h, d = parts["codes"].shape[0], self.kv_heads, self.head_dim
+        whole = {name: parts[name].transpose(1, 2).reshape(n, h, d)
+                 for name in self.group_fields}
+        return self.block.decode({"codes": parts["codes"], **whole}, dtype)
+
+
 class Fp8Codec(BlockCodec):
     """float8 e4m3 with one fp32 scale per block and KV head; values clamped before the cast.
 
@@ -192,6 +249,7 @@ class OutlierKeys(BlockCodec):
     def __init__(self, inner: BlockCodec, channels: torch.Tensor) -> None:
         super().__init__(inner.block_size, inner.kv_heads, inner.head_dim)
         self.inner, self.channels = inner, channels.long()
+        self.group_blocks, self.group_fields = inner.group_blocks, inner.group_fields
         self.name = f"{inner.name}+{channels.shape[1]} fp16 outliers"
 
     def fields(self) -> Fields:
@@ -213,9 +271,10 @@ class OutlierKeys(BlockCodec):
 
 
 def make_codecs(kv_format: str, block_size: int, kv_heads: int, head_dim: int,
-                group_size: int, key_quant: str, outlier_channels: torch.Tensor | None = None
-                ) -> tuple[list[BlockCodec] | BlockCodec, BlockCodec]:
-    """(key codec, value codec) of a quantized format.
+                group_size: int, key_quant: str, outlier_channels: torch.Tensor | None = None,
+                key_group_blocks: int = 1) -> tuple[list[BlockCodec] | BlockCodec, BlockCodec]:
+    """(key codec, value codec) of a quantized format; per-channel int keys over key groups
+    of ``key_group_blocks`` blocks (:class:`GroupedKeys` when more than one).
 
     The key codec is one per layer (a list) when ``outlier_channels`` [layers, kv_heads, n]
     is given (each layer has its own channels), else one shared codec.
@@ -227,6 +286,9 @@ def make_codecs(kv_format: str, block_size: int, kv_heads: int, head_dim: int,
         if kv_format == "fp8":
             return Fp8Codec(block_size, kv_heads, head_dim)
         if kv_format in INT_FORMATS:
+            if axis == "per-channel" and key_group_blocks > 1:
+                return GroupedKeys(block_size, kv_heads, head_dim, int(kv_format[3:]),
+                                   key_group_blocks)
             return IntCodec(block_size, kv_heads, head_dim, int(kv_format[3:]), axis, group_size)
         raise InvalidParameterError(f"{kv_format} is not a quantized KV format")
 

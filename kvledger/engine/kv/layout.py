@@ -35,7 +35,9 @@ class KVLayout:
         fmt: the format with its options resolved on the model: ``group_size`` set for
             int8/int4 (None for the others), ``outlier_channels`` a count (quantized formats).
         compute_dtype: attention's dtype.
-        block_size: tokens per block; residual_slots: partial blocks kept at full precision.
+        block_size: tokens per block; residual_slots: running sequences whose window of
+            ``fmt.residual_blocks`` recent blocks is kept at full precision (a quantized
+            format).
         tp: tensor-parallel ranks; every figure is one rank's (its ``kv_heads_per_rank``).
     """
 
@@ -57,6 +59,19 @@ class KVLayout:
         return self.fmt.quantized
 
     @property
+    def cacheable(self) -> bool:
+        """Whether the prefix cache may share blocks: not when a key group spans blocks (a
+        block's scales sit in its group's other blocks)."""
+        return self.fmt.key_group_blocks(self.block_size) == 1
+
+    def sealed_blocks(self, tokens: int) -> int:
+        """Leading blocks of a sequence of ``tokens`` that are final: a quantized format's
+        sealed ones (``KVFormatSpec.sealed_blocks``), else the full ones."""
+        if self.quantized:
+            return self.fmt.sealed_blocks(tokens, self.block_size)
+        return tokens // self.block_size
+
+    @property
     def groups(self) -> tuple[KVGroup, ...]:
         """The model's layer groups, one block table each (``ledger/kv_groups.py``)."""
         return kv_groups(self.spec)
@@ -74,14 +89,15 @@ class KVLayout:
 
     @property
     def reserved_bytes(self) -> int:
-        """Bytes of the residual buffers outside the blocks (0 for full-precision formats)."""
+        """Bytes of the residual buffers (the windows) outside the blocks (0 for
+        full-precision formats)."""
         compute = KV_FORMAT_OF_DTYPE[self.compute_dtype]
         return self.residual_slots * residual_bytes(self.spec, self.fmt, self.tp,
                                                     self.block_size, compute)
 
     def describe(self) -> str:
         """E.g. ``int4 (keys per-channel, values per-token groups of 32, 4 fp16 outlier
-        channels, residual block fp32)`` or ``bf16``."""
+        channels, window of 16 tokens fp32)`` or ``bf16``."""
         f = self.fmt
         if not f.quantized:
             return f.name
@@ -89,12 +105,16 @@ class KVLayout:
         if f.name == "fp8":
             parts = ["e4m3, a scale per block and KV head"]
         else:
-            parts = [f"keys {f.key_quant}", f"values per-token groups of {f.group_size}"]
+            keys = f"keys {f.key_quant}"
+            if f.key_quant == "per-channel":
+                keys += f" over {f.key_group_blocks(self.block_size) * self.block_size} tokens"
+            parts = [keys, f"values per-token groups of {f.group_size}"]
         if f.outlier_channels:
             parts.append(f"{f.outlier_channels} fp16 outlier key channels")
         if f.rotation != "none":
             parts.append(f"{f.rotation}-rotated")
-        parts.append(f"residual block {compute}")
+        parts.append(f"window of {f.residual_blocks(self.block_size) * self.block_size} "
+                     f"tokens {compute}")
         return f"{f.name} ({', '.join(parts)})"
 
     def build_store(self, num_blocks: int, outlier_index: torch.Tensor | None = None,
@@ -122,11 +142,12 @@ class KVLayout:
             own = kv_head_range(s, self.tp, rank)
             outlier_index = outlier_index[:, own.start:own.stop]
         keys, values = make_codecs(f.name, self.block_size, heads, s.head_dim,
-                                   f.group_size or s.head_dim, f.key_quant, outlier_index)
+                                   f.group_size or s.head_dim, f.key_quant, outlier_index,
+                                   f.key_group_blocks(self.block_size))
+        slots = self.residual_slots * len(self.groups) * f.residual_blocks(self.block_size)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                                f.name, keys, values, self.compute_dtype,
-                                self.residual_slots * len(self.groups), places=places,
-                                rotation=rotation_matrix(f.rotation, s.head_dim))
+                                f.name, keys, values, self.compute_dtype, slots, places=places,
+                                rotation=rotation_matrix(f.rotation, s.head_dim), fmt=f)
 
 
 def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
@@ -152,7 +173,9 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
 
     Raises:
         InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim; a
-            rotation of a head size without a power-of-two divisor >= 8; a quantized format
+            rotation of a head size without a power-of-two divisor >= 8; a key group or
+            window that is not a multiple of the block size, a window below the key group, a
+            key group over several blocks on a model with sliding layers; a quantized format
             or a rotation on an MLA model.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
@@ -162,8 +185,18 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
         raise InvalidParameterError(
             f"{what} is not supported on MLA (multi-head latent attention) models: the engine "
             "caches their latent in fp32, bf16 or fp16 only (`kvledger plan` still sizes it)")
-    layout = KVLayout(spec, resolve_format(fmt, spec.head_dim), compute_dtype,
-                      config.block_size, config.max_num_seqs, config.tensor_parallel_size)
+    fmt = resolve_format(fmt, spec.head_dim)
+    bs = config.block_size
+    if fmt.quantized:
+        k = fmt.key_group_blocks(bs)
+        fmt = replace(fmt, key_group_tokens=k * bs if fmt.name in INT_FORMATS else None,
+                      residual_tokens=fmt.residual_blocks(bs) * bs)
+        if k > 1 and len(kv_groups(spec)) > 1:
+            raise InvalidParameterError(
+                f"a key group of {k * bs} tokens spans blocks, which a sliding layer gives back "
+                f"one by one: use --kv-key-group-tokens {bs} on this model")
+    layout = KVLayout(spec, fmt, compute_dtype, bs, config.max_num_seqs,
+                      config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)
     if fmt.rotation != "none":
         from kvledger.engine.kv.rotation import rotation_matrix

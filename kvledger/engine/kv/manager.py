@@ -5,7 +5,7 @@ so tokens ``[0, num_computed_tokens + num_new_tokens)`` have slots, all-or-nothi
 a prefix-cache hit puts the hit blocks at the head of the table (a reference each, no copy: hit
 blocks are full, so the request never writes into a shared block) and starts
 ``num_computed_tokens`` at the hit length. After the model ran, ``cache_full_blocks`` puts newly
-full blocks in the prefix cache. ``free`` drops the references tail-first (see pool.py for why).
+sealed blocks in the prefix cache (full ones; a quantized format's window only once sealed). ``free`` drops the references tail-first (see pool.py for why).
 The manager keeps no per-request state of its own: the block table and the count of blocks
 already in the prefix cache live on the Request.
 
@@ -20,6 +20,7 @@ computes, and a policy never writes into a block another sequence holds or the c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
@@ -44,11 +45,16 @@ class KVCacheManager:
             KV store, or under tensor parallelism the runner that has every rank copy (None: no
             compaction).
         groups: the model's layer groups, one block table each (default: one full table).
+        sealed_blocks: leading blocks of a sequence of n tokens that are final, the only ones
+            the prefix cache shares (a quantized format's window is not; default: the full
+            blocks, ``KVLayout.sealed_blocks``).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE):
+                 store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE,
+                 sealed_blocks: Callable[[int], int] | None = None):
         self.block_size = block_size
+        self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.store = store
         self.groups = groups
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
@@ -70,7 +76,10 @@ class KVCacheManager:
         req.missed_hit_tokens = 0
         if req.params.prompt_logprobs is not None:
             return [[] for _ in self.groups]  # every prompt position's logits are wanted
-        limit = req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size
+        # no further than a cold prefill of the request seals: the hit then reads what a
+        # cold run reads (a quantized format's window is not in the cache anyway)
+        limit = min(req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size,
+                    self.sealed_blocks(req.num_tokens))
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
         req.missed_hit_tokens = missed * self.block_size
         if self.tiers is not None and self.prefix.enabled:  # one group: tiers refuse more
@@ -157,8 +166,10 @@ class KVCacheManager:
         return first_live_block(self.groups[self.sliding[0]], num_tokens, self.block_size)
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Put the full blocks of ``req``'s computed tokens in the prefix cache (after compute)."""
-        limit = req.retention.shareable_tokens(req.num_prompt_tokens) // self.block_size
+        """Put the sealed blocks of ``req``'s computed tokens in the prefix cache (after
+        compute)."""
+        limit = min(req.retention.shareable_tokens(req.num_prompt_tokens) // self.block_size,
+                    self.sealed_blocks(req.num_computed_tokens))
         req.num_hashed_blocks = self.prefix.cache_full_blocks(req, req.num_hashed_blocks, limit)
 
     def retain(self, req: Request) -> None:

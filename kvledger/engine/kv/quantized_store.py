@@ -4,14 +4,19 @@ Per layer, one tensor per codec field (codes, scales, zero points, outliers; see
 ``codecs.py``) for K and one for V, each ``[num_blocks, *field shape]``: a block's scales sit
 at its physical block id beside its codes and are rewritten whenever the block is.
 
-Full blocks only are quantized. A sequence's last, partial block lives in a *residual* buffer
-in the compute dtype (KIVI's full-precision residual with R = block size): ``residual_slots``
-buffers [R, block_size, kv_heads, head_dim] per layer for K and V, one per running sequence.
-``residual_of[block_id]`` is the buffer a partial block uses (-1: none). When a write fills a
-block, the block (residual part + new tokens) is quantized as a whole and its buffer is
-released; a block freed while partial releases its buffer too (``release``, called by the
-block pool). Prefill attention reads the step's K/V back through the store (``lossy``), so the
-step that writes a block sees the values a later prefix-cache hit on it reads.
+Blocks are quantized (*sealed*) a whole key group at a time, when the step's attention
+metadata lists them (``seal``: the runner applies the format's ``KVFormatSpec.sealed_blocks``,
+which keeps a sequence's last tokens, KIVI's full-precision residual of R tokens, unsealed);
+without a list, each block a step fills is sealed (R = G = one block). A block not yet sealed
+lives in a *residual* buffer in the compute dtype: ``residual_slots`` buffers [block_size,
+kv_heads, head_dim] per layer for K and V (R / block_size per running sequence).
+``residual_of[block_id]`` is the buffer a block uses (-1: sealed or unused). A step stages the
+blocks it writes or seals (buffer + new tokens), encodes the sealed ones from there and
+releases their buffers; a block freed unsealed releases its buffer too (``release``, called by
+the block pool). A key group of k > 1 blocks (``GroupedKeys``) splits its scales over its
+blocks: ``group_members[block_id]`` (bookkeeping) holds the k block ids of the group the block
+was sealed in, read to decode it. Prefill attention reads the step's K/V back through the store
+(``lossy``), so the step that writes a block sees the values a later prefix-cache hit reads.
 
 With a rotation ``R`` (``rotation.py``) the store holds ``k R`` and ``v R``: a step's K/V are
 rotated once as they are written (before the residual buffer and the encoder), and
@@ -33,17 +38,18 @@ import torch
 from kvledger.device.cpu.kernels import KERNELS
 from kvledger.engine.kv.codecs import BlockCodec
 from kvledger.engine.kv.store import distinct, group_layout, lazy_zeros
+from kvledger.ledger.kv_format import KVFormatSpec
 
 
 class _WritePlan(NamedTuple):
     """Where one step's tokens go (indices into the step's distinct blocks, or row indices)."""
 
-    blocks: int  # distinct blocks the step writes
+    blocks: int  # distinct blocks the step writes or seals
     staged_rows: torch.Tensor  # token -> row of the staged blocks [blocks * bs]
-    buffer_rows: torch.Tensor  # token -> row of the residual buffers (when none fills)
-    filled: torch.Tensor  # staged blocks that are full now, and their block ids
+    buffer_rows: torch.Tensor  # token -> row of the residual buffers (when none is sealed)
+    filled: torch.Tensor  # staged blocks sealed now (whole key groups in order), their ids
     filled_ids: torch.Tensor
-    kept: torch.Tensor  # staged blocks still partial, and their buffers
+    kept: torch.Tensor  # staged blocks still unsealed, and their buffers
     kept_buffers: torch.Tensor
     had: torch.Tensor  # staged blocks that had a buffer before the step, and which
     had_buffers: torch.Tensor
@@ -59,15 +65,17 @@ class QuantizedKVStore:
 
     Args:
         num_layers, num_blocks, block_size, num_kv_heads, head_dim: shape of the pool.
-        kv_format: fp8, int8 or int4 (for logs and stats).
+        kv_format: fp8, int8, int4, int3 or int2 (for logs and stats).
         key_codecs: one codec per layer, or one for all; value_codec: one for all layers.
         compute_dtype: dtype of the residual blocks and of what reads return.
-        residual_slots: most partial blocks at once (the engine's ``max_num_seqs`` x the
-            layer groups: a sequence has one partial block per group).
+        residual_slots: most unsealed blocks at once (the engine's ``max_num_seqs`` x the
+            layer groups x the window's R / block_size blocks).
         use_native: encode filled int8 / int4 blocks with the native encoder
             (``kvledger.device.Kernels.kv_encoder``, same bytes) when it builds.
         rotation: [head_dim, head_dim] fp32 orthogonal matrix the rows are stored rotated by,
             or None.
+        fmt: the format's spec, whose ``sealed_blocks`` rule the runner applies (None: the
+            defaults of ``kv_format``, R = G = one block).
     """
 
     quantized = lossy = True
@@ -77,7 +85,7 @@ class QuantizedKVStore:
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
                  residual_slots: int, use_native: bool = True,
                  places: tuple[tuple[int, int], ...] | None = None,
-                 rotation: torch.Tensor | None = None) -> None:
+                 rotation: torch.Tensor | None = None, fmt: KVFormatSpec | None = None) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
         self.num_kv_heads = num_kv_heads
         self.compute_dtype = compute_dtype
@@ -102,6 +110,9 @@ class QuantizedKVStore:
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
         self._encoder = KERNELS.kv_encoder() if use_native else None
         self.rotation = rotation
+        self.fmt = fmt or KVFormatSpec(kv_format)
+        self.key_group_blocks = key_codecs[0].group_blocks
+        self.group_members = torch.zeros((num_blocks, self.key_group_blocks), dtype=torch.int64)
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
         return {name: lazy_zeros((self.num_blocks, *shape), dtype)
@@ -121,48 +132,82 @@ class QuantizedKVStore:
             self.residual_of[block_id] = -1
             self._free_residuals.append(slot)
 
-    def _write_plan(self, slot_mapping: torch.Tensor) -> _WritePlan:
-        """Which blocks a step's slots fill and where partial ones go; computed once per step
-        and layer group (the same ``slot_mapping`` object is passed for every layer of a
-        group)."""
+    @property
+    def cacheable(self) -> bool:
+        """Whether the prefix cache may share sealed blocks: not when a key group spans
+        blocks (a block's scales sit in its group's other blocks, freed apart from it)."""
+        return self.key_group_blocks == 1
+
+    def sealed_blocks(self, tokens: int) -> int:
+        """Leading blocks of a sequence of ``tokens`` tokens that are sealed (the format's
+        ``KVFormatSpec.sealed_blocks``: the runner seals them, the prefix cache shares only
+        them)."""
+        return self.fmt.sealed_blocks(tokens, self.block_size)
+
+    def _seal_ids(self, written: torch.Tensor, last: torch.Tensor,
+                  seal: torch.Tensor | None) -> torch.Tensor:
+        """Block ids a step seals that writes blocks ``written`` (sorted) up to offsets
+        ``last``: when ``seal`` is None, the blocks it fills, whole key groups of consecutive
+        ones in id order (a direct write of a run of slots); else those of ``seal`` unsealed or
+        written now (a block a prefix-cache hit brought is sealed already)."""
+        k = self.key_group_blocks
+        if seal is None:
+            filled = written[last == self.block_size - 1]
+            return filled[: len(filled) // k * k]
+        todo = ((self.residual_of[seal] >= 0) | torch.isin(seal, written)).view(-1, k)
+        assert bool((todo.all(1) | ~todo.any(1)).all()), "a key group is sealed whole"
+        return seal[todo.flatten()]
+
+    def _write_plan(self, slot_mapping: torch.Tensor, seal: torch.Tensor | None) -> _WritePlan:
+        """Which blocks a step's slots write and seal, and where unsealed ones go; computed
+        once per step and layer group (the same ``slot_mapping`` object is passed for every
+        layer of a group)."""
         for key, plan in self._plans:
             if key is slot_mapping:
                 return plan
         bs = self.block_size
         blocks, offsets = slot_mapping // bs, slot_mapping % bs
-        uniq, inverse = torch.unique(blocks, return_inverse=True)
-        last = torch.full_like(uniq, -1).scatter_reduce_(0, inverse, offsets, "amax")
-        full = last == bs - 1
+        written, inverse = torch.unique(blocks, return_inverse=True)
+        last = torch.full_like(written, -1).scatter_reduce_(0, inverse, offsets, "amax")
+        seal_ids = self._seal_ids(written, last, seal)
+        uniq = torch.unique(torch.cat([written, seal_ids]))
+        inverse = torch.searchsorted(uniq, blocks)
+        full = torch.isin(uniq, seal_ids)
         old = self.residual_of[uniq]
         new = old.clone()
-        # the buffers of blocks this step fills are free first: a chunk that fills a partial
-        # block and opens the next reuses its buffer (write() reads every old buffer before it
+        # the buffers of blocks this step seals are free first: a chunk that seals a block
+        # and opens the next reuses its buffer (write() reads every old buffer before it
         # writes any new one)
         self._free_residuals += old[full & (old >= 0)].tolist()
         for i in torch.nonzero(~full & (old < 0)).flatten().tolist():
-            assert self._free_residuals, "more partial KV blocks than residual buffers"
+            assert self._free_residuals, "more unsealed KV blocks than residual buffers"
             new[i] = self._free_residuals.pop()
         new[full] = -1
         self.residual_of[uniq] = new
-        filled, kept = _where(full), _where(~full)
-        had = _where(old >= 0)
+        if self.key_group_blocks > 1 and len(seal_ids):
+            groups = seal_ids.view(-1, self.key_group_blocks)
+            self.group_members.index_copy_(
+                0, seal_ids, groups.repeat_interleave(self.key_group_blocks, 0))
+        kept, had = _where(~full), _where(old >= 0)
         plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
-                          filled, uniq[filled], kept, new[kept], had, old[had],
-                          new[_where(old < 0)])
+                          torch.searchsorted(uniq, seal_ids), seal_ids, kept, new[kept], had,
+                          old[had], new[_where(old < 0)])
         keep = self._num_groups - 1  # the other groups' plans of this step
         self._plans = (self._plans[-keep:] if keep else []) + [(slot_mapping, plan)]
         return plan
 
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
-              value: torch.Tensor) -> None:
-        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping``:
-        blocks they fill are quantized whole, the others kept in their residual buffer.
+              value: torch.Tensor, seal: torch.Tensor | None = None) -> None:
+        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` and
+        seal blocks ``seal`` (int64 ids, whole key groups in order; None: the blocks the step
+        fills, ``_seal_ids``): sealed blocks are quantized whole, the others kept in their
+        buffer.
 
         Only ``index_select`` / ``index_copy_`` move rows: PyTorch's advanced indexing
         (``x[idx]``, ``x[idx] = y``) is far slower on CPU with two threads (measured: ~8 ms
         against 0.01-0.03 ms for an [8, 16, 3, 64] bf16 tensor, load ~10), and this runs for
         K and V of every layer at every step."""
-        plan = self._write_plan(slot_mapping)
+        plan = self._write_plan(slot_mapping, seal)
         for x, parts, codec, residual in (
                 (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (value, self.value_parts[layer], self.value_codec,
@@ -188,7 +233,7 @@ class QuantizedKVStore:
     def read_blocks(self, layer: int, block_ids: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Dequantized K and V of blocks ``block_ids`` (any shape S) -> S + [bs, kv_heads, D]
-        each, in the compute dtype; a partial block comes from its residual buffer."""
+        each, in the compute dtype; an unsealed block comes from its residual buffer."""
         flat = block_ids.reshape(-1)
         slots = self.residual_of[flat]
         partial = _where(slots >= 0)
@@ -196,13 +241,25 @@ class QuantizedKVStore:
         for parts, codec, residual in (
                 (self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (self.value_parts[layer], self.value_codec, self.residual_values[layer])):
-            x = codec.decode({n: t.index_select(0, flat) for n, t in parts.items()},
-                             self.compute_dtype)
+            x = codec.decode(self._parts_of(parts, codec, flat), self.compute_dtype)
             if len(partial):
                 x.index_copy_(0, partial, residual.index_select(0, slots[partial]))
             x = self._rotated(x, None if self.rotation is None else self.rotation.T)
             out.append(x.view(*block_ids.shape, *x.shape[1:]))
         return out[0], out[1]
+
+    def _parts_of(self, parts: dict[str, torch.Tensor], codec: BlockCodec,
+                  flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Blocks ``flat``'s tensors per field; a key group's split fields gathered over the
+        group's blocks ([n, k, *slice])."""
+        out = {n: t.index_select(0, flat) for n, t in parts.items()
+               if n not in codec.group_fields}
+        if codec.group_fields:
+            members = self.group_members.index_select(0, flat).reshape(-1)
+            for name in codec.group_fields:
+                t = parts[name].index_select(0, members)
+                out[name] = t.view(len(flat), codec.group_blocks, *t.shape[1:])
+        return out
 
     def _rotated(self, x: torch.Tensor, matrix: torch.Tensor | None) -> torch.Tensor:
         """Rows of ``x`` [..., head_dim] times ``matrix`` (in fp32), in the compute dtype."""

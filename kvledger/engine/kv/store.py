@@ -103,9 +103,16 @@ class KVStore:
         """Bytes held by all K and V tensors (what the ledger must predict exactly)."""
         return sum(t.nbytes for t in distinct(self.key_blocks + self.value_blocks))
 
+    cacheable = True  # the prefix cache may share any full block
+
+    def sealed_blocks(self, tokens: int) -> int:
+        """Blocks of a sequence of ``tokens`` tokens that are final: the full ones."""
+        return tokens // self.block_size
+
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
-              value: torch.Tensor) -> None:
-        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` [tokens]."""
+              value: torch.Tensor, seal: torch.Tensor | None = None) -> None:
+        """Store new tokens' K and V ([tokens, kv_heads, head_dim]) at ``slot_mapping`` [tokens]
+        (``seal`` is the quantized store's; a full-precision block is final as written)."""
         dtype = self._keys[layer].dtype
         self._keys[layer].index_copy_(0, slot_mapping, key.to(dtype))
         self._values[layer].index_copy_(0, slot_mapping, value.to(dtype))

@@ -18,7 +18,7 @@ import torch
 
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
-from kvledger.ledger.kv import kv_bytes_per_block
+from kvledger.ledger.kv import kv_bytes_per_block, residual_bytes
 from kvledger.ledger.kv_format import KVFormatSpec
 
 FORMATS = ["int8", "int4", "int3", "int2", "fp8"]
@@ -71,9 +71,15 @@ def _alone(engine, prompts, tag="a"):
     return [_run(engine, [p], f"{tag}{i}-")[0] for i, p in enumerate(prompts)]
 
 
+# int3 / int2 with one-block key groups (groups over blocks turn prefix caching off) and a
+# window of two blocks: only sealed blocks are shared
+PER_BLOCK = {"int3": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32},
+             "int2": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32}}
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cold_warm_batch_and_alone_agree(tiny_engine_factory, fmt):
-    engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt)
+    engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype=fmt, **PER_BLOCK.get(fmt, {}))
     prompts = _prompts(4, shared=20)
     cold = _alone(engine, prompts)
     assert engine.stats()["prefix_cache_hit_tokens"] > 0  # prompts 2.. hit the shared block
@@ -115,21 +121,35 @@ def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
     assert same >= 0.8 * sum(map(len, full))
 
 
-@pytest.mark.parametrize("fmt, options, per_head_block", [
+@pytest.mark.parametrize("fmt, options, per_head_block, window", [
     # tiny model: 3 layers x 2 KV heads, head_dim 16, 16-token blocks
-    ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4),            # group 16 = head_dim
-    ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4),
-    ("fp8", {}, 2 * 16 * 16 + 2 * 4),
-    ("int3", {}, 2 * 16 * 6 + 16 * 4 + 16 * 4),  # 8 codes in 3 bytes: 6 bytes per row
-    ("int2", {}, 2 * 16 * 4 + 16 * 4 + 16 * 4),
+    ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4, 1),            # group 16 = head_dim
+    ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4, 1),
+    ("fp8", {}, 2 * 16 * 16 + 2 * 4, 1),
+    # 8 codes in 3 bytes: 6 bytes per row; keys over 64 tokens (4 blocks): a block holds 4
+    # channels' scale and zero point; the window defaults to the key group
+    ("int3", {}, 2 * 16 * 6 + 4 * 4 + 16 * 4, 4),
+    ("int2", {}, 2 * 16 * 4 + 4 * 4 + 16 * 4, 4),
+    ("int2", {"kv_key_group_tokens": 32, "kv_residual_tokens": 128},
+     2 * 16 * 4 + 8 * 4 + 16 * 4, 8),
+    ("int3", {"kv_key_group_tokens": 16}, 2 * 16 * 6 + 16 * 4 + 16 * 4, 1),
+    ("int4", {"kv_residual_tokens": 48}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 3),
 ])
-def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block):
+def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block,
+                                       window):
+    """Bytes counted by hand = the ledger's = the pool's tensors, with the window's fp32
+    blocks (R / block_size per running sequence) outside the blocks."""
     engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5, **options)
     spec = engine.spec
-    residual = 5 * 3 * 16 * 2 * 2 * 16 * 4  # max_num_seqs fp32 blocks
+    residual = 5 * window * 3 * 16 * 2 * 2 * 16 * 4  # max_num_seqs windows of fp32 blocks
+    fmt_spec = KVFormatSpec(fmt, options.get("kv_group_size"),
+                            options.get("kv_key_quant", "per-channel"),
+                            residual_tokens=options.get("kv_residual_tokens"),
+                            key_group_tokens=options.get("kv_key_group_tokens"))
     assert engine.bytes_per_block == 3 * 2 * per_head_block == kv_bytes_per_block(
-        spec, KVFormatSpec(fmt, options.get("kv_group_size"),
-                           options.get("kv_key_quant", "per-channel")), 1, 16)
+        spec, fmt_spec, 1, 16)
+    assert engine.kv_layout.reserved_bytes == residual == 5 * residual_bytes(
+        spec, fmt_spec, 1, 16, "fp32")
     assert engine.store.nbytes == 37 * engine.bytes_per_block + residual
 
 
@@ -225,7 +245,8 @@ def test_native_kernel_equals_fp32_attention_over_the_read_back(tiny_engine_fact
     from kvledger.device.cpu import native
     from kvledger.engine.attention.metadata import PagedQueries
 
-    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype=fmt, kv_rotation=rotation)
+    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype=fmt, kv_rotation=rotation,
+                                 kv_key_group_tokens=16)
     store, spec = engine.store, engine.spec
     n = 40  # two full blocks and a partial one
     g = torch.Generator().manual_seed(3)

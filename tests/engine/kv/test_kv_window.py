@@ -1,0 +1,160 @@
+"""Key groups over several blocks and the full-precision window (KIVI, arXiv 2402.02750).
+
+Oracles: per-channel asymmetric quantization over G tokens written out here from the paper's
+formula (scale = (max - min) / (2^b - 1), zero = min, both fp16); the written K/V themselves for
+every token in the window (kept exactly, fp32); fp32 KV for an engine whose window covers the
+whole sequence (nothing is ever quantized, so the greedy tokens are the same); self-consistency
+(batch vs alone, the attention backends against each other).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_quantized_engine import _alone, _prompts, _run, tiny_engine_factory  # noqa: F401
+
+from kvledger.engine.kv.codecs import GroupedKeys, make_codecs
+from kvledger.engine.kv.quantized_store import QuantizedKVStore
+from kvledger.ledger.kv_format import KVFormatSpec
+
+BS, HEADS, DIM = 4, 2, 16
+
+
+def _kivi_keys(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x [G, H, D] quantized per channel over its G tokens and back (fp16 scale, zero)."""
+    lo, hi = x.amin(0), x.amax(0)
+    scale = ((hi - lo) / (2 ** bits - 1)).clamp_min(2.0 ** -14).half().float()
+    zero = lo.half().float()
+    codes = ((x - zero) / scale).round().clamp(0, 2 ** bits - 1)
+    return codes * scale + zero
+
+
+def _gathered(parts: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
+    """Each block's group slices, as the store gathers them (blocks of a group consecutive)."""
+    out = dict(parts)
+    for name in ("scale", "zero"):
+        t = parts[name]
+        out[name] = t.view(-1, 1, k, *t.shape[1:]).expand(-1, k, -1, -1, -1).reshape(
+            -1, k, *t.shape[1:])
+    return out
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_grouped_keys_equal_per_channel_quantization_over_the_group(bits):
+    k, groups = 4, 3
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(groups * k, BS, HEADS, DIM, generator=g)
+    x[..., 5] *= 30  # an outlier channel: its own scale
+    codec = GroupedKeys(BS, HEADS, DIM, bits, k)
+    parts = codec.encode(x)
+    for name, (shape, dtype) in codec.fields().items():
+        assert parts[name].shape == (groups * k, *shape) and parts[name].dtype == dtype
+    # one scale and zero point per channel and group: D / k of them per block
+    assert parts["scale"].shape[-1] == DIM // k
+    back = codec.decode(_gathered(parts, k), torch.float32)
+    want = torch.cat([_kivi_keys(x[i * k:(i + 1) * k].reshape(k * BS, HEADS, DIM), bits)
+                      for i in range(groups)]).view_as(x)
+    assert torch.allclose(back, want, atol=1e-5)
+
+
+def _store(fmt: KVFormatSpec, seqs: int = 1, blocks: int = 64) -> QuantizedKVStore:
+    k = fmt.key_group_blocks(BS)
+    keys, values = make_codecs(fmt.name, BS, HEADS, DIM, 8, "per-channel", key_group_blocks=k)
+    return QuantizedKVStore(1, blocks, BS, HEADS, DIM, fmt.name, keys, values, torch.float32,
+                            seqs * fmt.residual_blocks(BS), use_native=False, fmt=fmt)
+
+
+@pytest.mark.parametrize("group, window, step", [(8, 16, 1), (8, 16, 3), (4, 12, 5),
+                                                 (16, 16, 7)])
+def test_the_window_is_exact_and_sealed_groups_are_kivi_keys(group, window, step):
+    """Feed a sequence ``step`` tokens at a time through blocks in shuffled order, sealing what
+    ``sealed_blocks`` lists: after every step the window reads back exactly what was written,
+    each sealed key group reads back as per-channel quantization over its G tokens, and the
+    window never needs more than R / block_size buffers."""
+    fmt = KVFormatSpec("int2", key_group_tokens=group, residual_tokens=window)
+    store = _store(fmt)
+    table = torch.randperm(64, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    n = 70
+    keys, values = (torch.randn(n, HEADS, DIM, generator=g) for _ in range(2))
+    done = 0
+    while done < n:
+        new = min(step, n - done)
+        lo, hi = fmt.sealed_blocks(done, BS), fmt.sealed_blocks(done + new, BS)
+        slots = table[torch.arange(done, done + new) // BS] * BS + torch.arange(done, done + new) % BS
+        store.write(0, slots, keys[done:done + new], values[done:done + new], table[lo:hi])
+        done += new
+        used = -(-done // BS)
+        got_k, got_v = (x.reshape(-1, HEADS, DIM)[:done] for x in
+                        store.read_blocks(0, table[:used]))
+        sealed = fmt.sealed_blocks(done, BS) * BS
+        assert torch.equal(got_k[sealed:], keys[sealed:done])
+        assert torch.equal(got_v[sealed:], values[sealed:done])
+        for start in range(0, sealed, group):
+            want = _kivi_keys(keys[start:start + group], 2)
+            assert torch.allclose(got_k[start:start + group], want, atol=1e-5)
+        assert not torch.equal(got_v[:sealed], values[:sealed]) or sealed == 0
+        assert int((store.residual_of >= 0).sum()) == fmt.full_precision_blocks(done, BS)
+
+
+def test_a_window_over_the_whole_sequence_equals_fp32_kv(tiny_engine_factory):  # noqa: F811
+    """Nothing is sealed while a sequence is shorter than R: int2 then gives fp32's tokens."""
+    prompts = _prompts(3, length=30)
+    full = _run(tiny_engine_factory(num_blocks=64), prompts)
+    int2 = tiny_engine_factory(num_blocks=64, kv_cache_dtype="int2", kv_residual_tokens=64)
+    assert _run(int2, prompts) == full
+
+
+@pytest.mark.parametrize("options", [{}, {"kv_key_group_tokens": 32, "kv_residual_tokens": 48}])
+def test_key_groups_over_blocks_batch_alone_and_backends_agree(tiny_engine_factory, options,  # noqa: F811
+                                                               caplog):
+    """int2 with its default 64-token key groups (4 blocks) and a smaller group: prefix
+    caching is off (said at start), batch and alone agree, and every backend reads the same
+    blocks (paged-native falls back to paged-torch for keys grouped over blocks)."""
+    prompts = _prompts(3, length=70)
+    ref = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype="int2", attention="reference",
+                                   **options), prompts)
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype="int2", attention=backend,
+                                     **options)
+        assert not engine.config.enable_prefix_caching
+        assert _run(engine, prompts) == ref, backend
+        assert _alone(engine, prompts) == ref, backend
+        assert engine.stats()["kv_blocks_free"] == 64
+    assert "prefix caching off" in caplog.text
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"kv_key_group_tokens": 24}, "--kv-key-group-tokens 24 must be a positive multiple"),
+    ({"kv_residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
+    ({"kv_residual_tokens": 40}, "--kv-residual-tokens 40 must be a positive multiple"),
+    ({"kv_key_group_tokens": 0}, "kv_key_group_tokens must be > 0"),
+])
+def test_bad_key_group_or_window_is_refused(tiny_engine_factory, options, message):  # noqa: F811
+    from kvledger.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match=message):
+        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **options)
+
+
+def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, tmp_path):  # noqa: F811
+    from kvledger.errors import InvalidParameterError
+
+    with pytest.raises(InvalidParameterError, match="KV tiers need the prefix cache"):
+        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_disk_dir=str(tmp_path))
+
+
+def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine_factory):  # noqa: F811
+    """Prompts of 100 tokens prefilled 16 at a time, two sequences at once, decoded 10 steps:
+    the store never needs more than R / block_size buffers per running sequence (it asserts
+    so), every backend agrees, and every buffer is back once the requests are done."""
+    prompts = _prompts(3, length=100)
+    options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 48,
+               "max_num_seqs": 2, "max_num_batched_tokens": 16, "num_blocks": 64}
+    ref = _run(tiny_engine_factory(attention="reference", **options), prompts)
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(attention=backend, **options)
+        assert _run(engine, prompts) == ref, backend
+        store = engine.store
+        assert int((store.residual_of >= 0).sum()) == 0
+        assert len(store._free_residuals) == 2 * 3  # max_num_seqs x R / block_size
