@@ -36,8 +36,9 @@ class LatentStore(KVStore):
         self._values = self._keys
 
     def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
-              value: torch.Tensor) -> None:
-        """Store new tokens' entries ``key`` [tokens, 1, latent_dim] (``value`` is ``key``)."""
+              value: torch.Tensor, seal: torch.Tensor | None = None) -> None:
+        """Store new tokens' entries ``key`` [tokens, 1, latent_dim] (``value`` is ``key``; as
+        in :meth:`KVStore.write`, a full-precision entry is final as written)."""
         self._keys[layer].index_copy_(0, slot_mapping, key.to(self._keys[layer].dtype))
 
     def gather(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
