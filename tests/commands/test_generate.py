@@ -159,10 +159,10 @@ def test_plan_only_families_are_refused_by_name_in_one_line(model_id, model_type
 
 def test_a_folder_of_an_unsupported_family_is_refused_before_its_weights(tmp_path):
     (tmp_path / "config.json").write_text(
-        (config_path("openai__gpt-oss-20b")).read_text())
+        (config_path("deepseek-ai__DeepSeek-V3")).read_text())
     (tmp_path / "model.safetensors").write_bytes(b"not read")
     result = _invoke("hi", "--model", str(tmp_path))
-    assert result.exit_code == 2 and "model_type 'gpt_oss'" in result.output
+    assert result.exit_code == 2 and "model_type 'deepseek_v3'" in result.output
 
 
 def test_dummy_weights_from_a_config_say_whose_tokenizer_runs(tmp_path):
