@@ -225,24 +225,35 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
                                                           spec.num_experts)
 
 
+@pytest.mark.parametrize("down", ["int8", "w8a8"])
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family):
+def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     """bf16 with int8 weights per expert (``gate_up`` w8a8 where the native kernel is built,
-    else int8; ``down`` int8): every expert holds the format reported, and the logits stay
-    within 5 % of their spread of transformers' fp32 ones."""
+    else int8; ``down`` int8 or w8a8): every expert holds the format reported, and the logits
+    stay within 5 % of their spread of transformers' fp32 ones. With both classes w8a8 the
+    experts run as grouped native products (:meth:`Experts._grouped_call`), biases included."""
     from kvledger.model.linear import w8a8_ok
 
     folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
-    formats = {"gate_up": "w8a8", "down": "int8"}
-    model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats)
-    gate_up = "w8a8" if w8a8_ok(spec.hidden_size) else "int8"
-    assert {lin.format for ex in model.experts for lin in ex.gate_up} == {gate_up}
-    assert {lin.format for ex in model.experts for lin in ex.down} == {"int8"}
-    assert (model.weight_formats["gate_up"], model.weight_formats["down"]) == (gate_up, "int8")
+    model = model_class(spec)(spec, weights, torch.bfloat16,
+                              formats={"gate_up": "w8a8", "down": down})
+    held = {cls: fmt if w8a8_ok(width) else "int8" for cls, fmt, width in (
+        ("gate_up", "w8a8", spec.hidden_size), ("down", down, spec.moe_intermediate_size))}
+    assert {lin.format for ex in model.experts for lin in ex.gate_up} == {held["gate_up"]}
+    assert {lin.format for ex in model.experts for lin in ex.down} == {held["down"]}
+    assert (model.weight_formats["gate_up"], model.weight_formats["down"]) == (
+        held["gate_up"], held["down"])
+    assert all((None not in ex._grouped) == (set(held.values()) == {"w8a8"})
+               for ex in model.experts)
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2, 11]
-    logits = ModelRunner(model, store, 16).execute([_Chunk(req, req.num_tokens)])
-    ref, _ = _hf(hf, req.all_token_ids, spec.num_experts_per_tok)
-    assert float((logits[0] - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
+    runner = ModelRunner(model, store, 16)
+    logits, n = runner.execute([_Chunk(req, req.num_tokens)])[0], req.num_tokens
+    for token in (5, 17, 3):  # decode steps: one row per call, the batch-1 path
+        ref, _ = _hf(hf, req.all_token_ids, spec.num_experts_per_tok)
+        assert float((logits - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
+        req.num_computed_tokens, n = req.num_computed_tokens + n, 1
+        req.output_token_ids.append(token)
+        logits = runner.execute([_Chunk(req, 1)])[0]

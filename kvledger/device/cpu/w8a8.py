@@ -42,7 +42,7 @@ THREAD_BYTES = 1 << 16
 
 
 class W8A8Kernel:
-    """ctypes wrapper of ``kvl_w8a8_mm`` and ``kvl_w4a8_mm``.
+    """ctypes wrapper of ``kvl_w8a8_mm``, ``kvl_w8a8_mm_grouped`` and ``kvl_w4a8_mm``.
 
     Attributes:
         vector: whether the library was built with its AVX2 path (else plain loops only).
@@ -59,6 +59,9 @@ class W8A8Kernel:
         self._dense4 = lib.kvl_q4_dequant_bf16
         self._dense4.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32]
         self._dense4.restype = None
+        self._grouped = lib.kvl_w8a8_mm_grouped
+        self._grouped.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, ptr, i32, i32, ptr, i32, i32]
+        self._grouped.restype = i32
         self._dense8 = lib.kvl_q8_dequant_bf16
         self._dense8.argtypes = [ptr, ptr, i32, i32, ptr, i32]
         self._dense8.restype = None
@@ -82,6 +85,18 @@ class W8A8Kernel:
             raise ValueError("w8a8 takes contiguous int8 codes [out, in] with in % 32 == 0 "
                              "and fp32 scales [out, in / 32]")
         return W8A8Weight(self._fn, codes, scales)
+
+    def bind_grouped(self, weights: list[W8A8Weight]) -> W8A8Group:
+        """The grouped product over ``weights`` (each bound by :meth:`bind`, all of one shape):
+        the routed experts of a mixture-of-experts layer.
+
+        Raises:
+            ValueError: no weights, a w4a8 weight, or weights of different shapes.
+        """
+        if not weights or any(w._fn is not self._fn or len(w._held) != 2 for w in weights) or len(
+                {(w.out_features, w.in_features) for w in weights}) != 1:
+            raise ValueError("a grouped w8a8 product takes w8a8 weights of one shape")
+        return W8A8Group(self._grouped, weights)
 
     def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
         """The w4a8 product with one Q4 weight (:func:`kvledger.model.q4.q4_blocks`): uint8
@@ -149,6 +164,46 @@ class W8A8Weight:
         self._fn(x.data_ptr(), rows, self.in_features, *self._weight,
                  self.out_features, y.data_ptr(),
                  torch.get_num_threads() if self._threaded else 1, int(scalar))
+        return y
+
+
+class W8A8Group:
+    """The product of each group of activation rows with its own weight, of one set of w8a8
+    weights of one shape (:meth:`W8A8Kernel.bind_grouped`): one native call, one quantization of
+    the rows and one thread team for all groups (``kvl_w8a8_mm_grouped``)."""
+
+    def __init__(self, fn, weights: list[W8A8Weight]) -> None:
+        self._fn, self._held = fn, weights
+        self.out_features, self.in_features = weights[0].out_features, weights[0].in_features
+        self._tables = [torch.tensor([w._weight[i] for w in weights], dtype=torch.int64)
+                        for i in (0, 1)]
+        self._threaded = weights[0]._threaded
+
+    def __call__(self, x: torch.Tensor, experts: torch.Tensor, starts: torch.Tensor,
+                 scalar: bool = False) -> torch.Tensor:
+        """[rows, in] bf16 -> [rows, out] bf16: rows ``starts[g]:starts[g + 1]`` times weight
+        ``experts[g]``, for ``experts`` int64 [groups] and ``starts`` int64 [groups + 1]
+        (non-decreasing, from 0 to rows); ``scalar`` as :meth:`W8A8Weight.__call__`.
+
+        Raises:
+            ValueError: x not bf16 [rows, in]; ``experts`` or ``starts`` of another dtype or
+                length, or out of range.
+        """
+        rows = x.shape[0] if x.dim() == 2 else -1
+        if x.dtype != torch.bfloat16 or rows < 0 or x.shape[1] != self.in_features:
+            raise ValueError(f"w8a8 takes bf16 x [rows, {self.in_features}]")
+        groups = experts.numel()
+        if (experts.dtype != torch.int64 or starts.dtype != torch.int64
+                or starts.shape != (groups + 1,)):
+            raise ValueError("grouped w8a8 takes int64 experts [groups] and starts [groups + 1]")
+        x, experts, starts = x.contiguous(), experts.contiguous(), starts.contiguous()
+        y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
+        if self._fn(x.data_ptr(), rows, self.in_features, self._tables[0].data_ptr(),
+                    self._tables[1].data_ptr(), len(self._held), experts.data_ptr(),
+                    starts.data_ptr(), groups, self.out_features, y.data_ptr(),
+                    torch.get_num_threads() if self._threaded else 1, int(scalar)) != 0:
+            raise ValueError(f"grouped w8a8: experts must lie in [0, {len(self._held)}) and "
+                             f"starts rise from 0 to the {rows} rows")
         return y
 
 

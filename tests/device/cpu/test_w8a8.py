@@ -253,3 +253,48 @@ def test_bf16_weight_of_the_gguf_blocks_is_each_weight_rounded_once(monkeypatch,
         got = linear.dense_weight(torch.bfloat16)
         assert got.dtype == torch.bfloat16 and got.shape == expected.shape
         assert ((got.double() - expected).abs() <= expected.abs() * 2 ** -8 + 1e-7).all()
+
+
+def _experts(kernel, n, out_f, in_f, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    parts = [int8_blocks(torch.randn(out_f, in_f, generator=gen) * 0.05) for _ in range(n)]
+    return parts, kernel.bind_grouped([kernel.bind(c, s) for c, s in parts])
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_grouped_product_is_each_rows_own_experts_product(kernel, scalar):
+    """Rows [starts[g], starts[g + 1]) times expert experts[g] (unsorted, one repeated, one
+    group empty): within the rounding bound of the exact product with that expert's weight, and
+    bit for bit the rows the one-weight kernel gives, at 1 and 2 threads."""
+    parts, group = _experts(kernel, 6, 200, 256)
+    x, _, _ = _case(7, 8, 256, seed=11)
+    experts = torch.tensor([4, 0, 5, 2, 4], dtype=torch.int64)
+    starts = torch.tensor([0, 1, 3, 3, 6, 7], dtype=torch.int64)
+    threads = torch.get_num_threads()
+    try:
+        got = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got.append(group(x, experts, starts, scalar=scalar))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(got[0], got[1])
+    for e, r0, r1 in zip(experts.tolist(), starts[:-1].tolist(), starts[1:].tolist()):
+        codes, scales = parts[e]
+        if r1 > r0:
+            _check(got[0][r0:r1], x[r0:r1], _int8_weight(codes, scales))
+            assert torch.equal(got[0][r0:r1], kernel(x[r0:r1], codes, scales, scalar=scalar))
+
+
+def test_grouped_product_refuses_bad_groups(kernel):
+    parts, group = _experts(kernel, 3, 16, 64)
+    x, _, _ = _case(4, 8, 64)
+    i64 = {"dtype": torch.int64}
+    for experts, starts in ([[0, 3], [0, 2, 4]], [[0, -1], [0, 2, 4]], [[0, 1], [0, 3, 2]],
+                            [[0, 1], [0, 2, 3]], [[0, 1], [1, 2, 4]]):
+        with pytest.raises(ValueError, match="experts must lie"):
+            group(x, torch.tensor(experts, **i64), torch.tensor(starts, **i64))
+    with pytest.raises(ValueError):
+        group(x, torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 2, 4], **i64))
+    with pytest.raises(ValueError):
+        kernel.bind_grouped([kernel.bind(*parts[0]), kernel.bind(*int8_blocks(torch.ones(8, 64)))])

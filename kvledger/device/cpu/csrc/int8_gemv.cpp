@@ -29,8 +29,48 @@ void kvl_w8a8_mm(const uint16_t* x, int rows, int in, const int8_t* w, const flo
                 tile_avx2<decltype(t)::value, decltype(r)::value>(w, s, in, o, a, r0, y, out);
             });
 #endif
-        rows_scalar(w, s, in, o0, o1, a, rows, y, out);
+        rows_scalar(w, s, in, o0, o1, a, 0, rows, y, out);
     });
+}
+
+// Grouped products (the routed experts of a mixture-of-experts layer, kvledger/model/
+// experts.py): activation rows [starts[g], starts[g + 1]) times the weight of expert
+// experts[g], whose codes [out, in] and scales [out, in / 32] start at table_w[e] and
+// table_s[e] (addresses), for g in [0, groups); y [rows, out] as kvl_w8a8_mm. One call quantizes
+// every row once and one thread team shares all groups' tiles of output rows, so k small
+// products cost one parallel region, not k. Returns -1 (computing nothing) when an expert is
+// outside [0, n_experts) or starts do not rise from 0 to rows, else 0.
+int kvl_w8a8_mm_grouped(const uint16_t* x, int rows, int in, const int64_t* table_w,
+                        const int64_t* table_s, int n_experts, const int64_t* experts,
+                        const int64_t* starts, int groups, int out, uint16_t* y, int threads,
+                        int scalar) {
+    if (groups < 1 || starts[0] != 0 || starts[groups] != rows) return -1;
+    for (int g = 0; g < groups; ++g)
+        if (experts[g] < 0 || experts[g] >= n_experts || starts[g + 1] < starts[g]) return -1;
+    const bool vector = use_vector(scalar);
+    const Quantized& a = quantize(x, rows, in, vector);
+    const int span = (out + TILE - 1) / TILE * TILE;  // one group's rows, in whole tiles
+    split_rows(groups * span, threads, [&](int lo, int hi) {
+        for (int g = lo / span; g < groups && g * span < hi; ++g) {
+            const int o0 = lo > g * span ? lo - g * span : 0;
+            const int o1 = hi - g * span < out ? hi - g * span : out;
+            const int r0 = static_cast<int>(starts[g]), r1 = static_cast<int>(starts[g + 1]);
+            const auto* w = reinterpret_cast<const int8_t*>(table_w[experts[g]]);
+            const auto* s = reinterpret_cast<const float*>(table_s[experts[g]]);
+            if (o0 >= o1 || r0 >= r1) continue;
+#if defined(__AVX2__)
+            if (vector) {
+                tiles(o0, o1, r1 - r0, false, [&](auto t, auto r, int o, int rt) {
+                    tile_avx2<decltype(t)::value, decltype(r)::value>(w, s, in, o, a, r0 + rt,
+                                                                       y, out);
+                });
+                continue;
+            }
+#endif
+            rows_scalar(w, s, in, o0, o1, a, r0, r1, y, out);
+        }
+    });
+    return 0;
 }
 
 // As kvl_w8a8_mm with a Q4 weight: qs [out, in / 2] uint8 (ggml block order), e and m

@@ -33,13 +33,13 @@
 
 namespace {
 
-// Dot products of weight rows [o0, o1) with every activation row, plain loops.
+// Dot products of weight rows [o0, o1) with activation rows [r0, r1), plain loops.
 void rows_scalar(const int8_t* w, const float* s, int in, int o0, int o1, const Quantized& a,
-                 int rows, uint16_t* y, int out) {
+                 int r0, int r1, uint16_t* y, int out) {
     const int nb = in / BLOCK;
     for (int o = o0; o < o1; ++o) {
         const int8_t* wr = w + static_cast<int64_t>(o) * in;
-        for (int r = 0; r < rows; ++r) {
+        for (int r = r0; r < r1; ++r) {
             const int8_t* ar = a.q.data() + static_cast<int64_t>(r) * in;
             float acc = 0.f;
             for (int b = 0; b < nb; ++b) {
