@@ -16,10 +16,10 @@ for the ``gate_up`` / ``down`` shape classes (the kernel probe times them at the
 ``kernel_probe.shapes``). :attr:`Experts.bytes_read` counts the weight bytes each call reads
 (router and chosen experts), the figure checked against the ledger's active parameters.
 
-When every expert is ``w8a8`` and the call has fewer rows than the experts' GEMM threshold
-(decode), each of gate_up and down is one grouped native product over all chosen experts
-(``kvl_w8a8_mm_grouped``: one activation quantization, one thread team) and a token's k terms
-are summed in fp32; otherwise one product per chosen expert, summed in the compute dtype.
+When every expert is ``w8a8``, the experts given fewer rows than their GEMM threshold (all of
+them in decode) run as one grouped native product for gate_up and one for down
+(``kvl_w8a8_mm_grouped``: one activation quantization, one thread team); the others one
+product each. A token's k terms are summed in fp32.
 """
 
 from __future__ import annotations
@@ -71,34 +71,44 @@ class Experts:
         return probs, weights, chosen
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """The MoE output [T, hidden] of x [T, hidden] (module docstring)."""
+        """The MoE output [T, hidden] of x [T, hidden] (module docstring): each token's k terms
+        summed in fp32 and rounded once to x's dtype."""
         _, weights, chosen = self.route(x)
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)
-        rows = order // self.top_k
+        experts, rows = flat[order], order // self.top_k
         scale = weights.flatten()[order][:, None]
-        if None not in self._grouped and x.shape[0] < min(
-                lin.gemm_rows or x.shape[0] + 1 for lin in (self.gate_up[0], self.down[0])):
-            return self._grouped_call(x, flat[order], rows, scale)
-        counts = torch.bincount(flat, minlength=len(self.down)).tolist()
-        out = torch.zeros_like(x)
-        read, start = self.router.nbytes, 0
-        for e, n in enumerate(counts):
-            if n:
-                idx = rows[start:start + n]
-                y = self.down[e](self.act(self.gate_up[e](x[idx])))
-                out.index_add_(0, idx, (y * scale[start:start + n]).to(x.dtype))
-                read += self.gate_up[e].nbytes + self.down[e].nbytes
-            start += n
-        self.bytes_read += read
-        return out
-
-    def _grouped_call(self, x: torch.Tensor, experts: torch.Tensor, rows: torch.Tensor,
-                      scale: torch.Tensor) -> torch.Tensor:
-        """__call__ by the grouped native products: ``experts`` [T k] of the (token, expert)
-        pairs sorted by expert, ``rows`` their tokens, ``scale`` [T k, 1] their weights; the k
-        terms of a token are summed in fp32, in expert order, and rounded once."""
         used, counts = torch.unique_consecutive(experts, return_counts=True)
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        few = counts < self._gemm_rows() if None not in self._grouped else counts < 0
+        if bool(few.all()):
+            self._grouped_add(out, x, experts, rows, scale, used, counts)
+        elif bool(few.any()):
+            pick = torch.repeat_interleave(few, counts)
+            self._grouped_add(out, x, experts[pick], rows[pick], scale[pick], used[few],
+                              counts[few])
+        if not bool(few.all()):
+            start = 0
+            for e, n, grouped_ in zip(used.tolist(), counts.tolist(), few.tolist()):
+                if not grouped_:
+                    idx = rows[start:start + n]
+                    y = self.down[e](self.act(self.gate_up[e](x[idx])))
+                    out.index_add_(0, idx, y.float() * scale[start:start + n])
+                start += n
+        self.bytes_read += self.router.nbytes + len(used) * self.expert_bytes
+        return out.to(x.dtype)
+
+    def _gemm_rows(self) -> float:
+        """Rows from which an expert's products run as a GEMM (:meth:`Linear.use_gemm`)."""
+        rows = [lin.gemm_rows for lin in (self.gate_up[0], self.down[0])]
+        return min((r for r in rows if r is not None), default=float("inf"))
+
+    def _grouped_add(self, out: torch.Tensor, x: torch.Tensor, experts: torch.Tensor,
+                     rows: torch.Tensor, scale: torch.Tensor, used: torch.Tensor,
+                     counts: torch.Tensor) -> None:
+        """Adds to ``out`` [T, hidden] fp32 the terms of the (token, expert) pairs sorted by
+        expert (``experts``, their tokens ``rows``, weights ``scale`` [pairs, 1]; ``used`` the
+        distinct experts, ``counts`` their pairs) by the grouped native products."""
         starts = torch.zeros(len(used) + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=starts[1:])
         h = self._grouped[0](x[rows], used, starts)
@@ -107,9 +117,7 @@ class Experts:
         y = self._grouped[1](self.act(h), used, starts)
         if self._biases[1] is not None:
             y = y + self._biases[1][experts]
-        out = torch.zeros(x.shape, dtype=torch.float32).index_add_(0, rows, y.float() * scale)
-        self.bytes_read += self.router.nbytes + len(used) * self.expert_bytes
-        return out.to(x.dtype)
+        out.index_add_(0, rows, y.float() * scale)
 
     def linears(self, shape_class: str) -> list[Linear]:
         """The experts' Linears of ``gate_up`` or ``down`` (``[]`` for another class)."""

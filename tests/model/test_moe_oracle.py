@@ -230,8 +230,10 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
 def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     """bf16 with int8 weights per expert (``gate_up`` w8a8 where the native kernel is built,
     else int8; ``down`` int8 or w8a8): every expert holds the format reported, and the logits
-    stay within 5 % of their spread of transformers' fp32 ones. With both classes w8a8 the
-    experts run as grouped native products (:meth:`Experts._grouped_call`), biases included."""
+    stay within 5 % of their spread of transformers' fp32 ones. Experts given 20 rows or more
+    run as a bf16 GEMM; with both classes w8a8 the others run as grouped native products
+    (:meth:`Experts._grouped_add`, biases included): the prompt mixes both, a decode step is
+    all grouped."""
     from kvledger.model.linear import w8a8_ok
 
     folder, hf, _, _ = tiny(family)
@@ -246,6 +248,9 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
         held["gate_up"], held["down"])
     assert all((None not in ex._grouped) == (set(held.values()) == {"w8a8"})
                for ex in model.experts)
+    for ex in model.experts:
+        for lin in ex.gate_up + ex.down:
+            lin.use_gemm(20, "bf16")
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2, 11]
