@@ -14,62 +14,30 @@ Usage:
   python benchmarks/bench_families.py time --work DIR [--threads 2]
 (``SRC``: llama.cpp's source tree, holding convert_hf_to_gguf.py and gguf-py; the converter
 imports sentencepiece, which ``--sentencepiece`` puts on its path. llama-bench comes from
-``$KVLEDGER_LLAMA_CPP_DIR``, ``peer_llamacpp.py``.)
+``$KVLEDGER_LLAMA_CPP_DIR``, ``peer_llamacpp.py``. The folders: ``dummy_gguf.py``.)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import peer_llamacpp as peer
 from common import machine_line, real_text_ids
+from dummy_gguf import command_line, dummy_folder
 
 MODELS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "gemma3-1b": "google/gemma-3-1b-it"}
 
 
-def _padded_tokenizer(folder: Path, vocab_size: int) -> None:
-    """The bundled tokenizer saved in ``folder``, its BPE vocabulary padded to ``vocab_size``
-    entries that no merge produces (the encoding is unchanged)."""
-    from kvledger.model.weights.loader import load_tokenizer
-
-    load_tokenizer("default").save_pretrained(folder)
-    path = folder / "tokenizer.json"
-    doc = json.loads(path.read_text())
-    vocab = doc["model"]["vocab"]
-    for i in range(len(vocab), vocab_size):
-        vocab[f"<unused_{i}>"] = i
-    path.write_text(json.dumps(doc))
-
-
 def prepare(args) -> None:
-    import shutil
-
-    import torch
-    from safetensors.torch import save_file
-
     from kvledger.catalogue import lookup
-    from kvledger.model.weights.loader import load_weights
 
     work = Path(args.work)
     for name, model_id in MODELS.items():
-        folder = work / f"{name}-hf"
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(lookup(model_id).path, folder / "config.json")
-        spec, weights = load_weights(model_id, torch.bfloat16, "dummy")
-        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors")
-        del weights
-        _padded_tokenizer(folder, spec.vocab_size)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (str(Path(args.llama_src) / "gguf-py"), args.sentencepiece) if p))
-        out = work / f"{name}-q8_0.gguf"
-        subprocess.run([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"),
-                        str(folder), "--outtype", "q8_0", "--outfile", str(out)], env=env,
-                       check=True)
+        config = json.loads(Path(lookup(model_id).path).read_text())
+        folder = dummy_folder(work / f"{name}-hf", config)
+        out = peer.convert_hf_to_gguf(folder, work / f"{name}-q8_0.gguf", "q8_0",
+                                      args.llama_src, args.sentencepiece)
         print(f"{name}: {out} ({out.stat().st_size / 1e9:.2f} GB)")
 
 
@@ -97,32 +65,12 @@ def time_models(args) -> None:
         for ctx in contexts:
             print(f"  prompt {ctx}: TTFT {mine[ctx]['ttft_ms']:.0f} ms, "
                   f"TPOT {mine[ctx]['tpot_ms']:.1f} ms")
-        if peer.binary("llama-bench") is None:
-            print(" ", peer.skip_reason("llama-bench"))
-            continue
-        rows = peer.llama_bench(path, args.threads, 512, args.new, contexts)
-        for row in rows:
-            kind = "pp512" if row["n_prompt"] else f"tg{args.new}"
-            per_token = 1e3 / row["avg_ts"]
-            what = (f"TTFT {row['n_prompt'] * per_token:.0f} ms" if row["n_prompt"]
-                    else f"TPOT {per_token:.1f} ms")
-            print(f"  llama.cpp {kind} at depth {row['n_depth']}: {row['avg_ts']:.1f} tok/s "
-                  f"({what})")
+        for line in peer.bench_lines(path, args.threads, 512, args.new, contexts):
+            print(" ", line)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--work", required=True)
-    p.add_argument("--llama-src", required=True)
-    p.add_argument("--sentencepiece", default="")
-    t = sub.add_parser("time")
-    t.add_argument("--work", required=True)
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--new", type=int, default=64)
-    t.add_argument("--models", nargs="*", choices=sorted(MODELS))
-    args = ap.parse_args()
+    args = command_line(sorted(MODELS), new=64)[0].parse_args()
     prepare(args) if args.cmd == "prepare" else time_models(args)
 
 

@@ -27,11 +27,10 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
-from common import machine_line, real_text_ids, tpot_floor_ms
+from common import decode_step_times, machine_line, real_text_ids, tpot_floor_ms
 
 
 def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
@@ -39,18 +38,7 @@ def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
     from kvledger.engine.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{time.monotonic_ns()}-{i}", p, params)
-    started, times = set(), []
-    while engine.has_unfinished_requests():
-        all_decoding = len(started) == len(prompts)
-        t = time.perf_counter()
-        outputs = engine.step()
-        elapsed = time.perf_counter() - t
-        if all_decoding and len(outputs) == len(prompts):
-            times.append(elapsed)
-        started.update(o.request_id for o in outputs if o.token_ids)
-    return times
+    return decode_step_times(engine, prompts, [params] * len(prompts))
 
 
 def main() -> None:

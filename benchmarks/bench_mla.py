@@ -27,16 +27,12 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import peer_llamacpp as peer
-from bench_families import _padded_tokenizer
 from common import machine_line
+from dummy_gguf import command_line, dummy_folder
 
 BASE = "deepseek-ai/DeepSeek-V2-Lite"
 MODELS = ("mla", "perhead")
@@ -64,27 +60,12 @@ def _config(kind: str, layers: int) -> dict:
 
 
 def prepare(args) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    from kvledger.model.weights.loader import load_weights
-
     work = Path(args.work)
     for kind in args.models or MODELS:
-        folder = work / f"{kind}-hf"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(_config(kind, args.layers), indent=1))
-        spec, weights = load_weights(folder, torch.bfloat16, "dummy")
-        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors")
-        del weights
-        _padded_tokenizer(folder, spec.vocab_size)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(Path(args.llama_src) / "gguf-py"), args.sentencepiece) if p))
+        dummy_folder(work / f"{kind}-hf", _config(kind, args.layers))
     for outtype in GGUF_TYPES:
-        out = work / f"mla-{outtype}.gguf"
-        subprocess.run([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"),
-                        str(work / "mla-hf"), "--outtype", outtype, "--outfile", str(out)],
-                       env=env, check=True)
+        out = peer.convert_hf_to_gguf(work / "mla-hf", work / f"mla-{outtype}.gguf", outtype,
+                                      args.llama_src, args.sentencepiece)
         print(f"mla {outtype}: {out} ({out.stat().st_size / 1e9:.2f} GB)")
 
 
@@ -122,38 +103,19 @@ def time_models(args) -> None:
             print(f"  context {n}: TPOT {tpot:.2f} ms (prefill {ttft:.1f} s)")
     if "llama.cpp" not in chosen:
         return
-    if peer.binary("llama-bench") is None:
-        print(peer.skip_reason("llama-bench"))
-        return
     for outtype in GGUF_TYPES:
         path = Path(args.work) / f"mla-{outtype}.gguf"
-        try:
-            rows = peer.llama_bench(path, args.threads, 0, args.new, tuple(args.contexts), 1)
-        except RuntimeError as e:
-            print(f"llama.cpp {outtype}: {e}")
-            continue
-        for row in rows:
-            if row["n_gen"]:
-                print(f"llama.cpp {outtype} tg{args.new} at depth {row['n_depth']}: "
-                      f"{row['avg_ts']:.1f} tok/s (TPOT {1e3 / row['avg_ts']:.2f} ms)")
+        for line in peer.bench_lines(path, args.threads, 0, args.new, tuple(args.contexts), 1,
+                                     label=f"llama.cpp {outtype}"):
+            print(line)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--work", required=True)
-    p.add_argument("--llama-src", required=True)
-    p.add_argument("--sentencepiece", default="")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--models", nargs="*", choices=MODELS)
-    t = sub.add_parser("time")
-    t.add_argument("--work", required=True)
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--new", type=int, default=32)
-    t.add_argument("--layers", type=int, default=2)
-    t.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384])
-    t.add_argument("--models", nargs="*", choices=[*MODELS, "llama.cpp"])
+    ap, prepare_args, time_args = command_line([*MODELS, "llama.cpp"], new=32)
+    prepare_args.add_argument("--models", nargs="*", choices=MODELS)
+    for sub in (prepare_args, time_args):
+        sub.add_argument("--layers", type=int, default=2)
+    time_args.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384])
     args = ap.parse_args()
     prepare(args) if args.cmd == "prepare" else time_models(args)
 

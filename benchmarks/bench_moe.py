@@ -8,8 +8,7 @@ dense model is ``model_type: qwen3`` with ``intermediate_size`` 6,144 = 8 x 768:
 same active MLP parameters (less the router's 262,144).
 
 ``prepare`` (not timed): per model, a Hugging Face folder with the shrunk config, kvledger's
-dummy weights in bf16 and the bundled tokenizer padded to the vocabulary (as
-``bench_families.py``), converted by llama.cpp's ``convert_hf_to_gguf.py --outtype q8_0``.
+dummy weights in bf16 and the bundled tokenizer padded to the vocabulary (``dummy_gguf.py``), converted by llama.cpp's ``convert_hf_to_gguf.py --outtype q8_0``.
 ``time``: kvledger's TPOT (64 new tokens after a 512-token prompt, greedy, EOS ignored, the
 default fast mode: the probe's formats, w8a8 on the file's Q8_0 codes where it picks it) and
 the bytes of weights one decode step reads (``decode_weight_bytes``, measured per step as the
@@ -23,16 +22,12 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import peer_llamacpp as peer
-from bench_families import _padded_tokenizer
 from common import machine_line, real_text_ids
+from dummy_gguf import command_line, dummy_folder
 
 BASE = "Qwen/Qwen3-30B-A3B"
 MODELS = ("moe", "dense")
@@ -55,26 +50,11 @@ def _config(kind: str, layers: int) -> dict:
 
 
 def prepare(args) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    from kvledger.model.weights.loader import load_weights
-
     work = Path(args.work)
     for kind in MODELS:
-        folder = work / f"{kind}-hf"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(_config(kind, args.layers), indent=1))
-        spec, weights = load_weights(folder, torch.bfloat16, "dummy")
-        save_file({k: v.contiguous() for k, v in weights.items()}, folder / "model.safetensors")
-        del weights
-        _padded_tokenizer(folder, spec.vocab_size)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (str(Path(args.llama_src) / "gguf-py"), args.sentencepiece) if p))
-        out = work / f"{kind}-q8_0.gguf"
-        subprocess.run([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"),
-                        str(folder), "--outtype", "q8_0", "--outfile", str(out)], env=env,
-                       check=True)
+        folder = dummy_folder(work / f"{kind}-hf", _config(kind, args.layers))
+        out = peer.convert_hf_to_gguf(folder, work / f"{kind}-q8_0.gguf", "q8_0",
+                                      args.llama_src, args.sentencepiece)
         (folder / "model.safetensors").unlink()  # the GGUF is what both engines run
         print(f"{kind}: {out} ({out.stat().st_size / 1e9:.2f} GB)")
 
@@ -115,28 +95,13 @@ def time_models(args) -> None:
         if mine["expert_bytes_per_token"]:
             print(f"  expert + router bytes read per token over the run (prefill rows "
                   f"included): {mine['expert_bytes_per_token'] / 1e6:.2f} MB")
-        if peer.binary("llama-bench") is None:
-            print(" ", peer.skip_reason("llama-bench"))
-            continue
-        for row in peer.llama_bench(path, args.threads, 512, args.new, (512,)):
-            if row["n_gen"]:
-                print(f"  llama.cpp tg{args.new} at depth 512: {row['avg_ts']:.1f} tok/s "
-                      f"(TPOT {1e3 / row['avg_ts']:.2f} ms)")
+        for line in peer.bench_lines(path, args.threads, 512, args.new, (512,)):
+            print(" ", line)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--work", required=True)
-    p.add_argument("--llama-src", required=True)
-    p.add_argument("--sentencepiece", default="")
-    p.add_argument("--layers", type=int, default=2)
-    t = sub.add_parser("time")
-    t.add_argument("--work", required=True)
-    t.add_argument("--threads", type=int, default=2)
-    t.add_argument("--new", type=int, default=64)
-    t.add_argument("--models", nargs="*", choices=MODELS)
+    ap, prepare_args, _ = command_line(MODELS, new=64)
+    prepare_args.add_argument("--layers", type=int, default=2)
     args = ap.parse_args()
     prepare(args) if args.cmd == "prepare" else time_models(args)
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import machine_line
+from common import decode_step_times, machine_line
 
 DATA = Path(__file__).parent / "data" / "structured_prompts.json"
 LIST = {"type": "array", "minItems": 30, "maxItems": 30, "items": {
@@ -47,22 +47,6 @@ def _engine(threads: int):
     from kvledger.engine.engine import LLMEngine
 
     return LLMEngine(EngineConfig(dtype="bf16", num_threads=threads))
-
-
-def decode_step_times(engine, prompts: list, params_list: list) -> list[float]:
-    """Seconds of each step in which every request of ``prompts`` decodes one token."""
-    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-        engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
-    started, times = set(), []
-    while engine.has_unfinished_requests():
-        all_decoding = len(started) == len(prompts)
-        t = time.perf_counter()
-        outputs = engine.step()
-        elapsed = time.perf_counter() - t
-        if all_decoding and len(outputs) == len(prompts):
-            times.append(elapsed)
-        started.update(o.request_id for o in outputs if o.token_ids)
-    return times
 
 
 def tpot(args) -> None:

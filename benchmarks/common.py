@@ -78,6 +78,23 @@ def tpot_floor_ms(weight_bytes: int, kv_bytes: int) -> float | None:
     return tpot_floor_s(weight_bytes, kv_bytes, bandwidth) * 1e3
 
 
+def decode_step_times(engine, prompts: list, params_list: list) -> list[float]:
+    """Seconds of each engine step in which every request of ``prompts`` (each with its
+    ``params_list`` entry) decodes one token: the steps after all have their first token."""
+    for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+        engine.add_request(f"r{time.monotonic_ns()}-{i}", prompt, params)
+    started, times = set(), []
+    while engine.has_unfinished_requests():
+        all_decoding = len(started) == len(prompts)
+        t = time.perf_counter()
+        outputs = engine.step()
+        elapsed = time.perf_counter() - t
+        if all_decoding and len(outputs) == len(prompts):
+            times.append(elapsed)
+        started.update(o.request_id for o in outputs if o.token_ids)
+    return times
+
+
 def median_time(fn, repeat: int) -> float:
     """Median wall time of ``fn()`` in seconds over ``repeat`` runs (after one warm-up)."""
     fn()

@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
+from peer_llamacpp import convert_hf_to_gguf
 
 
 def hf_model(folder: Path) -> Path:
@@ -51,13 +51,8 @@ def convert(folder: Path, target: Path, sentencepiece: str | None) -> Path:
     """``convert_hf_to_gguf.py`` of ``folder`` to a bf16 GGUF at ``target``."""
     if target.is_file():
         return target
-    src = Path(os.environ["KVLEDGER_LLAMA_CPP_SRC"])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src / "gguf-py"), sentencepiece,
-                                                    env.get("PYTHONPATH")) if p)
-    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder),
-                    "--outtype", "bf16", "--outfile", str(target)], env=env, check=True)
-    return target
+    return convert_hf_to_gguf(folder, target, "bf16", os.environ["KVLEDGER_LLAMA_CPP_SRC"],
+                              sentencepiece)
 
 
 def quantize(source: Path, target: Path, type_name: str) -> Path:

@@ -1,4 +1,5 @@
-"""llama.cpp as an optional peer: ``llama-bench`` figures and a ``llama-server`` process.
+"""llama.cpp as an optional peer: ``llama-bench`` figures and their lines, a ``llama-server``
+process, and its converter from a Hugging Face folder to GGUF.
 
 The binaries are found through ``$KVLEDGER_LLAMA_CPP_DIR`` (a folder holding ``llama-bench`` and
 ``llama-server``, e.g. a CMake ``build/bin``); nothing else is searched. When the variable is
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Self
@@ -54,6 +56,48 @@ def llama_bench(model: Path, threads: int, prompt: int, new: int, depths: tuple[
     if done.returncode != 0:
         raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-400:]}")
     return json.loads(done.stdout)
+
+
+def row_line(row: dict, label: str = "llama.cpp") -> str:
+    """One ``llama-bench`` row as a line: prefill (``pp512``) with its TTFT or decode
+    (``tg64``) with its TPOT, at its context depth."""
+    per_token_ms = 1e3 / row["avg_ts"]
+    if row["n_prompt"]:
+        kind, what = f"pp{row['n_prompt']}", f"TTFT {row['n_prompt'] * per_token_ms:.0f} ms"
+    else:
+        kind, what = f"tg{row['n_gen']}", f"TPOT {per_token_ms:.2f} ms"
+    return f"{label} {kind} at depth {row['n_depth']}: {row['avg_ts']:.1f} tok/s ({what})"
+
+
+def bench_lines(model: Path, threads: int, prompt: int, new: int, depths: tuple[int, ...],
+                repeat: int = 2, label: str = "llama.cpp") -> list[str]:
+    """:func:`row_line` of every :func:`llama_bench` row, or the one line that says why there
+    is none (no llama-bench, or it failed)."""
+    if binary("llama-bench") is None:
+        return [skip_reason("llama-bench")]
+    try:
+        rows = llama_bench(model, threads, prompt, new, depths, repeat)
+    except RuntimeError as e:
+        return [f"{label}: {e}"]
+    return [row_line(row, label) for row in rows]
+
+
+def convert_hf_to_gguf(folder: Path, out: Path, outtype: str, llama_src: Path | str,
+                       sentencepiece: str | None = None) -> Path:
+    """``out``: llama.cpp's ``convert_hf_to_gguf.py`` of the Hugging Face ``folder`` as
+    ``outtype`` (``bf16``, ``q8_0``, ...), run from the source tree ``llama_src`` with its
+    ``gguf-py`` and the folder ``sentencepiece`` (the converter imports it) on the path.
+
+    Raises:
+        subprocess.CalledProcessError: the converter failed.
+    """
+    src = Path(llama_src)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src / "gguf-py"), sentencepiece,
+                                                    env.get("PYTHONPATH")) if p)
+    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder),
+                    "--outtype", outtype, "--outfile", str(out)], env=env, check=True)
+    return out
 
 
 class Server:

@@ -4,7 +4,7 @@ Each ``step()``: the scheduler picks chunks (continuous batching, chunked prefil
 and allocates their KV slots; the runner runs one forward over all of them; the sampler picks a
 token for every request that reached its end; the detokenizer turns tokens into text and stop
 conditions finish requests, whose blocks go back to the pool (full blocks stay in the prefix
-cache). The pool is sized with the ledger's bytes per block and ``blocks_for``, so the pool
+cache). The pool is sized with the ledger's bytes per block (``pool_size.py``), so the pool
 tensors hold exactly what ``kvledger plan`` predicts. Each request is one ``Request`` object,
 registered in ``scheduler.requests`` while it is unfinished. The engine is single-threaded:
 callers serialize access.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 
 import torch
 
@@ -29,8 +28,10 @@ from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.tiers.build import build_link, refuse_unsupported, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
+from kvledger.engine.model_load import compute_dtype, load_model, model_name, model_spec
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
+from kvledger.engine.pool_size import pool_blocks
 from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import NULL_BLOCK, Request
@@ -43,29 +44,12 @@ from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.engine.scheduler import Scheduler
 from kvledger.engine.structured.compiler import GrammarCompiler
 from kvledger.engine.structured.masks import advance_grammar
-from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
-from kvledger.ledger.admission import blocks_for_kv_tokens
-from kvledger.ledger.costs import blocks_for
-from kvledger.ledger.kv_groups import KVGroup, describe_groups, peak_blocks
+from kvledger.errors import ContextLengthError, InvalidParameterError
+from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.model.families import model_class
 from kvledger.spec import MLA, SLIDING, ModelSpec
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def compute_dtype(name: str) -> torch.dtype:
-    """The activation (compute) dtype called ``name`` (:data:`DTYPES`).
-
-    Raises:
-        InvalidParameterError: an unknown name.
-    """
-    if name not in DTYPES:
-        raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
-                                    f"got {name!r}")
-    return DTYPES[name]
-
-DEFAULT_POOL_CAP_BYTES = 1 << 30
 log = logging.getLogger("kvledger.engine")
 
 
@@ -77,80 +61,6 @@ def _text_chars(prompt) -> int:
         return sum(len(m["content"]) for m in prompt
                    if isinstance(m, dict) and isinstance(m.get("content"), str))
     return 0
-
-
-def _model_name(model: str, load_format: str = "auto") -> str:
-    """The id clients use (``paths.model_id`` of the resolved path; a catalogue id as given
-    under dummy weights)."""
-    from kvledger.paths import model_id, resolve_model_path
-
-    if load_format == "dummy" and model != "default" and not Path(model).expanduser().exists():
-        return model
-    return model_id(resolve_model_path(model))
-
-
-def _model_spec(config: EngineConfig) -> ModelSpec:
-    """The spec of ``config.model``, read without its weights (a catalogue id under dummy
-    weights)."""
-    from kvledger.spec import load_spec
-
-    if config.load_format == "dummy":
-        from kvledger.model.weights.dummy import dummy_spec
-
-        return dummy_spec(config.model)
-    return load_spec(config.model)
-
-
-def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> None:
-    """Refuse a model whose weights (the ledger's bytes in the compute dtype) and KV pool
-    (its blocks times the ledger's bytes per block, plus a quantized format's residual blocks)
-    exceed the memory available now (``MemAvailable``).
-
-    Raises:
-        KVBudgetError: they do not fit (the message gives the three figures).
-    """
-    from kvledger.device.measure import available_memory_bytes
-    from kvledger.ledger.params import spec_weight_bytes
-
-    layout = resolve_layout(config, spec, dtype)
-    blocks = pool_blocks(config, layout.bytes_per_block, spec.max_position_embeddings,
-                         layout.reserved_bytes, layout.groups)
-    weights = spec_weight_bytes(spec, config.dtype) // config.tensor_parallel_size
-    kv = blocks * layout.bytes_per_block + layout.reserved_bytes
-    available = available_memory_bytes()
-    if weights + kv > available:
-        gib = 1 << 30
-        raise KVBudgetError(
-            f"{spec.name} does not fit: its weights take {weights / gib:.2f} GiB in "
-            f"{config.dtype} and its KV pool {kv / gib:.2f} GiB, {available / gib:.2f} GiB is "
-            "available (lower --kv-cache-gib or --num-blocks, or pick a smaller model)")
-
-
-def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
-                reserved_bytes: int = 0, groups: tuple[KVGroup, ...] = ()) -> int:
-    """KV pool size in blocks: ``num_blocks``, else ``kv_cache_gib`` (less ``reserved_bytes``,
-    a quantized format's residual blocks) turned into whole blocks, else ``max_num_seqs``
-    full-context sequences (in pages of the layer ``groups``, ``kv_groups.peak_blocks``)
-    capped at ``DEFAULT_POOL_CAP_BYTES`` (less ``reserved_bytes``).
-
-    Raises:
-        KVBudgetError: the pool has no room for one block.
-    """
-    c = config
-    if c.num_blocks is not None:
-        blocks = c.num_blocks
-    elif c.kv_cache_gib is not None:
-        blocks = blocks_for(int(c.kv_cache_gib * (1 << 30)) - reserved_bytes, bytes_per_block)
-    else:
-        per_seq = (peak_blocks(groups, max_model_len, c.block_size) if groups
-                   else blocks_for_kv_tokens(max_model_len, c.block_size))
-        blocks = min(per_seq * c.max_num_seqs,
-                     blocks_for(DEFAULT_POOL_CAP_BYTES - reserved_bytes, bytes_per_block))
-    if blocks < 1:
-        raise KVBudgetError(
-            f"KV budget too small: one block of {c.block_size} tokens needs "
-            f"{bytes_per_block} bytes")
-    return blocks
 
 
 class LLMEngine:
@@ -178,7 +88,7 @@ class LLMEngine:
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel
-            self.parallel = TensorParallel.start(config, spec or _model_spec(config))
+            self.parallel = TensorParallel.start(config, spec or model_spec(config))
         try:
             self._build(config, dtype, spec, weights, tokenizer)
         except BaseException:
@@ -192,12 +102,12 @@ class LLMEngine:
         self._tier_dir = open_tier_dir(config.kv_disk_dir) if config.kv_disk_dir else None
         weights_id = weights_id_of(config, weights) if tiers_wanted(config) else None
         if spec is None:
-            spec, weights, tokenizer = self._load(config, dtype)
+            spec, weights, tokenizer, self.tokenizer_note = load_model(config, dtype)
         refuse_unsupported(config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
-        self.model_name = _model_name(config.model, config.load_format)
+        self.model_name = model_name(config.model, config.load_format)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
         if not self.kv_layout.cacheable and tiers_wanted(config):
@@ -250,24 +160,6 @@ class LLMEngine:
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
-
-    def _load(self, config: EngineConfig, dtype: torch.dtype):
-        """(spec, weights, tokenizer) of ``config.model``; dummy weights (``load_format``) are
-        refused before they are made when they and the KV pool exceed the available memory."""
-        from kvledger.model.weights.loader import load_tokenizer, load_weights
-
-        if config.load_format != "dummy":
-            spec, weights = load_weights(config.model, dtype)
-            return spec, weights, load_tokenizer(config.model)
-        from kvledger.model.weights.loader import load_tokenizer_or_bundled
-
-        spec = _model_spec(config)
-        model_class(spec)  # an engine family, or refused by name
-        check_memory(config, spec, dtype)
-        tokenizer, self.tokenizer_note = load_tokenizer_or_bundled(config.model)
-        if self.tokenizer_note:
-            log.warning("%s", self.tokenizer_note)
-        return (*load_weights(config.model, dtype, "dummy"), tokenizer)
 
     @property
     def cache_config(self) -> dict[str, str]:

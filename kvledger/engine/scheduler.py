@@ -56,13 +56,10 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import ONE_TABLE, KVCacheManager
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.kv.tiers.tier import cached_by_tier
+from kvledger.engine.max_tokens import max_tokens_effective
 from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.engine.schedule_output import ScheduledChunk, SchedulerOutput
-from kvledger.errors import (
-    ContextLengthError,
-    InvalidParameterError,
-    KVBudgetError,
-)
+from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.kv_groups import KVGroup, is_hybrid
 
@@ -133,50 +130,10 @@ class Scheduler:
             raise InvalidParameterError(f"request id {req.request_id!r} is already running")
         budget = self.budget_for(req.num_prompt_tokens)
         req.is_long = budget is self.long_budget
-        req.max_tokens_effective = self._max_tokens(req, budget)
+        req.max_tokens_effective = max_tokens_effective(req, budget, self.bytes_per_block)
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
         self.requests[req.request_id] = req
-
-    def _max_tokens(self, req: Request, budget: RequestBudget) -> int:
-        """``params.max_tokens``, or the room the admission rule leaves when it is None;
-        raises when the request can never run (see ``add``)."""
-        prompt, asked = req.num_prompt_tokens, req.params.max_tokens
-        context, spec = budget.context_tokens, req.retention.spec
-        if budget.exceeded_by(prompt + 1, spec, prompt) == "context":  # no room for a token
-            raise ContextLengthError(
-                f"this model's maximum context length is {context} tokens, but the prompt has "
-                f"{prompt} tokens (max_tokens {'up to the limit' if asked is None else asked}; "
-                "no room for one new token)")
-        if asked is None:
-            room = budget.max_total_tokens - prompt
-            if room < 1:
-                raise KVBudgetError(
-                    f"the prompt has {prompt} tokens and leaves no room for one new token "
-                    "within the KV quota or pool (--max-kv-tokens-per-request, --kv-cache-gib)")
-            return room
-        total = prompt + asked
-        limit = budget.exceeded_by(total, spec, prompt)
-        if limit == "context":
-            raise ContextLengthError(
-                f"this model's maximum context length is {context} tokens; the prompt has "
-                f"{prompt} tokens and max_tokens is {asked} ({total} in total); shorten the "
-                "prompt or lower max_tokens")
-        what = f"request {req.request_id!r} (prompt {prompt} + max_tokens {asked} = {total} tokens)"
-        if limit == "quota":
-            raise KVBudgetError(
-                f"{what} exceeds the per-request KV quota of {budget.quota_tokens} tokens "
-                "(--max-kv-tokens-per-request); lower max_tokens or shorten the prompt")
-        if limit == "kv":
-            kv_tokens = spec.max_kv_tokens(prompt, total)
-            blocks = budget.kv_blocks_of(total, spec, prompt)
-            cap, bpb = budget.max_blocks, self.bytes_per_block
-            where = "the long-request share of the KV pool" if req.is_long else "the KV pool"
-            raise KVBudgetError(
-                f"{what} needs up to {kv_tokens} KV tokens = {blocks} blocks "
-                f"({blocks * bpb} bytes) but {where} holds {cap} blocks ({cap * bpb} bytes); "
-                "lower max_tokens or raise --kv-cache-gib / --num-blocks")
-        return asked
 
     def finish(self, req: Request) -> None:
         """Free ``req``'s blocks tail-first and mark it FINISHED (EOS, stop, length, error)."""

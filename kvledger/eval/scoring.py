@@ -45,7 +45,8 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
         ContextLengthError: ``context`` exceeds the model's context.
         plus what :class:`LLMEngine` raises for bad options or a missing model.
     """
-    from kvledger.engine.engine import LLMEngine, compute_dtype
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.engine.model_load import compute_dtype
     from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights(config.model, compute_dtype(config.dtype))

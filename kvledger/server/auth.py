@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvledger.server.protocol import error_body
+from kvledger.server.openai_errors import error_body
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs",
                         "/docs/oauth2-redirect", "/redoc",

@@ -23,7 +23,7 @@ import time
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvledger.server.protocol import error_body
+from kvledger.server.openai_errors import error_body
 
 CLOSE = {"Connection": "close"}
 

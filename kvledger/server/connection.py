@@ -18,7 +18,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from kvledger.server.limits import ServerLimits
-from kvledger.server.protocol import error_body
+from kvledger.server.openai_errors import error_body
 
 
 def _raw_response(status: str, message: str, code: str) -> bytes:

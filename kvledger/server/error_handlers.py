@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from kvledger.errors import KVLedgerError
-from kvledger.server.protocol import UNION_RULES, error_body
+from kvledger.server.openai_errors import error_body
+from kvledger.server.protocol import UNION_RULES
 from kvledger.server.validation import describe
 
 log = logging.getLogger("kvledger.server")

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible API, and the OpenAI error shape.
+"""Request bodies of the OpenAI-compatible API.
 
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
@@ -32,8 +32,8 @@ overflows), and for a ``top_p`` below 1e-6 (such a nucleus holds only the most l
 fp32 it underflows to 0). Text must be valid Unicode: JSON can carry lone surrogates. Numbers
 must be finite (Python's JSON parser accepts ``NaN`` and ``Infinity``).
 
-Every error, whatever its source, leaves the server as
-``{"error": {"message", "type", "param", "code"}}`` (:func:`error_body`).
+Every error, whatever its source, leaves the server in the OpenAI shape of
+:mod:`.openai_errors`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     field_validator,
@@ -50,7 +49,6 @@ from pydantic import (
 )
 
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.errors import InvalidParameterError
 from kvledger.server.api_fields import (
     CHAT_UNSUPPORTED,
     COMPLETIONS_UNSUPPORTED,
@@ -60,6 +58,7 @@ from kvledger.server.api_fields import (
     first_refused,
 )
 from kvledger.server.input_limits import check_input_size
+from kvledger.server.openai_errors import UnsupportedParameterError
 from kvledger.server.protocol_types import Text, _Part
 from kvledger.server.structured_protocol import (
     ChatNamedToolChoice,
@@ -88,36 +87,6 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
 TokenId = Annotated[int, Field(ge=0)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]  # OpenAI's range of presence/frequency penalty
-
-
-class UnsupportedParameterError(InvalidParameterError):
-    """A request field of the OpenAI API that this server does not implement (HTTP 400)."""
-
-    code = "unsupported_parameter"
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def error_body(message: str, err_type: str, param: str | None = None, code: Any = None) -> dict:
-    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-
-
-class ErrorDetail(BaseModel):
-    """The inside of an OpenAI error."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    """OpenAPI schema of every 4xx answer (see :func:`error_body`)."""
-
-    error: ErrorDetail
 
 
 class _Body(_Part):

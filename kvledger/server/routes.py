@@ -26,13 +26,8 @@ from kvledger.engine.structured.constraint import StructuredOutputsParams
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.error_handlers import error_response
 from kvledger.server.input_limits import bind_input_limits
-from kvledger.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-    TokenizeRequest,
-    UnsupportedParameterError,
-)
+from kvledger.server.openai_errors import ErrorResponse, UnsupportedParameterError
+from kvledger.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from kvledger.server.responses import ChatFormatter, CompletionFormatter, merge_choices
 from kvledger.server.streaming import (
     ClientGone,

@@ -32,7 +32,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from kvledger.engine.outputs import RequestOutput, TokenLogprob
 from kvledger.server.engine_loop import INTERNAL_ERROR, SHUTDOWN_ERROR, UNAVAILABLE_ERROR
-from kvledger.server.protocol import error_body
+from kvledger.server.openai_errors import error_body
 from kvledger.server.responses import step_logprobs
 
 log = logging.getLogger("kvledger.server")

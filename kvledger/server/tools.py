@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 
 from kvledger.engine.structured.constraint import StructuredOutputsParams
-from kvledger.server.protocol import UnsupportedParameterError
+from kvledger.server.openai_errors import UnsupportedParameterError
 from kvledger.server.structured_protocol import FunctionDefinition
 from kvledger.server.tool_formats import (
     ToolFormat,

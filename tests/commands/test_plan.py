@@ -167,10 +167,10 @@ def test_engine_option_names_and_their_old_aliases(names):
 def test_the_bundled_model_has_one_name_in_plan_and_serve():
     """The name a client sends to ``serve`` (/v1/models, vLLM's default served name: the file)
     is the name ``plan`` prints, not the GGUF's ``general.name`` ("Smollm2 135M 8k Lc100K ...")."""
-    from kvledger.engine.engine import _model_name
+    from kvledger.engine.model_load import model_name
 
     planned = json.loads(run("plan", "default", "--context", "2048", "--json").stdout)["model"]
-    assert planned == "SmolLM2-135M-Instruct.Q4_1" == _model_name("default")
+    assert planned == "SmolLM2-135M-Instruct.Q4_1" == model_name("default")
 
 
 def test_kv_layout_options_price_the_engine_layout():

@@ -47,16 +47,9 @@ def config(variant: str):
 def make_tiny(variant: str, folder, seed: int = 0):
     """Save ``variant``'s tiny random model (safetensors) in ``folder``; return it (fp32,
     eval)."""
-    from transformers import AutoModelForCausalLM
+    from family_kit import save_tiny
 
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config(variant), dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.copy_(torch.randn(param.shape, generator=g) * 0.25)
-    model.save_pretrained(folder, safe_serialization=True)
-    return model
+    return save_tiny(config(variant), folder, seed)
 
 
 def hf_step(model, ids: list[int], tie: float) -> tuple[torch.Tensor, bool]:
@@ -91,7 +84,7 @@ def write_gguf(model, path) -> None:
     ``yarn_log_multiplier`` = 0.1 x it; gguf-py's own tensor names, F32 tensors."""
     import gguf
     import numpy as np
-    from family_kit import _expert_tensors
+    from family_kit import _expert_tensors, add_metadata
 
     cfg, arch = model.config, "deepseek2"
     rope = cfg.rope_parameters
@@ -118,13 +111,7 @@ def write_gguf(model, path) -> None:
             "rope.scaling.yarn_log_multiplier": 0.1 * rope["mscale_all_dim"]}
     if cfg.q_lora_rank:
         meta["attention.q_lora_rank"] = cfg.q_lora_rank
-    for key, value in meta.items():
-        if isinstance(value, str):
-            w.add_string(f"{arch}.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"{arch}.{key}", value)
-        else:
-            w.add_uint32(f"{arch}.{key}", value)
+    add_metadata(w, arch, meta)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
     w.add_bos_token_id(1)

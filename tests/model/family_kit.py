@@ -133,16 +133,26 @@ def _config(family: str, gguf_compatible: bool = False):
 def make_tiny(family: str, folder, seed: int = 0, gguf_compatible: bool = False):
     """Save ``family``'s tiny random model (safetensors) in ``folder``; return it (fp32,
     eval)."""
+    return save_tiny(_config(family, gguf_compatible), folder, seed)
+
+
+def save_tiny(config, folder, seed: int = 0):
+    """Save the causal LM of the transformers ``config``, its weights drawn with ``seed``
+    (:func:`redraw`), in ``folder`` (safetensors); return it (fp32, eval)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(family, gguf_compatible),
-                                             dtype=torch.float32).eval()
+    model = redraw(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval(), seed)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+def redraw(model, seed: int):
+    """``model`` with every parameter, norms too, drawn anew from N(0, 0.25) with ``seed``."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.parameters():
             param.copy_(torch.randn(param.shape, generator=g) * 0.25)
-    model.save_pretrained(folder, safe_serialization=True)
     return model
 
 
@@ -166,6 +176,21 @@ GGUF_ARCH = {"qwen3": "qwen3", "phi3": "phi3", "phi3-long": "phi3", "gemma2": "g
              "gemma3": "gemma3", "mixtral": "llama", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
+def add_metadata(w, arch: str, meta: dict) -> None:
+    """Each ``meta`` entry as the key ``{arch}.{key}`` of the GGUF writer ``w``, in the type of
+    its value (string, float32, array, else uint32)."""
+    for key, value in meta.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, str):
+            w.add_string(full, value)
+        elif isinstance(value, float):
+            w.add_float32(full, value)
+        elif isinstance(value, list):
+            w.add_array(full, value)
+        else:
+            w.add_uint32(full, value)
+
+
 def write_gguf(family: str, model, path) -> None:
     """Write ``model`` (a tiny model of ``family``) as a GGUF file at ``path``: gguf-py's
     tensor names for the architecture, F32 tensors, Gemma's norms stored as ``1 + w``, Phi-3's
@@ -180,16 +205,7 @@ def write_gguf(family: str, model, path) -> None:
     w = gguf.GGUFWriter(str(path), arch)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper().replace("-", "_")],
                                      cfg.num_hidden_layers)
-    for key, value in _metadata(family, cfg).items():
-        full = f"{arch}.{key}"
-        if isinstance(value, str):
-            w.add_string(full, value)
-        elif isinstance(value, float):
-            w.add_float32(full, value)
-        elif isinstance(value, list):
-            w.add_array(full, value)
-        else:
-            w.add_uint32(full, value)
+    add_metadata(w, arch, _metadata(family, cfg))
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
     w.add_bos_token_id(1)

@@ -8,10 +8,9 @@ token slot; what the latent does not run is refused at start, naming MLA.
 from __future__ import annotations
 
 import pytest
-import torch
-from deepseek_kit import FEATURES, hf_step, make_tiny
+from deepseek_kit import FEATURES, make_tiny
+from oracle_kit import fp32_engine, greedy_case, run_together
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
@@ -19,53 +18,32 @@ from kvledger.ledger.kv import kv_bytes_per_sequence, kv_bytes_per_token
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks
 from kvledger.ledger.retention import RetentionSpec
-from kvledger.model.weights.loader import load_weights
 
 LENGTHS = (1, 15, 16, 17, 53)
 STEPS = 16
 GREEDY = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
 
 
-def _hf_greedy(hf, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    for _ in range(STEPS):
-        ids.append(int(hf_step(hf, ids, 0.0)[0].argmax()))
-    return ids[len(prompt):]
-
-
 @pytest.fixture(scope="module", params=sorted(FEATURES))
 def variant(request, tmp_path_factory):
     """(folder, spec, weights, prompts, transformers' greedy tokens per prompt)."""
-    folder = tmp_path_factory.mktemp(request.param)
-    hf = make_tiny(request.param, folder)
-    spec, weights = load_weights(folder, torch.float32)
-    prompts = [torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in LENGTHS]
-    return folder, spec, weights, prompts, [_hf_greedy(hf, p) for p in prompts]
+    return greedy_case(make_tiny, request.param, tmp_path_factory, LENGTHS, STEPS)
 
 
 def _engine(variant, **options) -> LLMEngine:
-    folder, spec, weights, _, _ = variant
-    options.setdefault("attention", "paged-native")
-    return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", **options), spec=spec,
-                     weights=weights)
+    return fp32_engine(*variant[:3], **options)
+
+
+def _holds_the_ledgers_bytes(engine, req) -> None:
+    assert len(req.block_table) * engine.bytes_per_block == kv_bytes_per_sequence(
+        engine.spec, engine.kv_layout.fmt, 1, engine.config.block_size,
+        req.num_computed_tokens, paged=True)
 
 
 def _run(engine, prompts, first: int = 0) -> list[list[int]]:
     """Greedy tokens of ``prompts`` run together; between steps every running sequence holds
     the ledger's bytes for its computed tokens."""
-    spec, block = engine.spec, engine.config.block_size
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{first + i}", p, GREEDY)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-        for req in engine.scheduler.running:
-            assert len(req.block_table) * engine.bytes_per_block == kv_bytes_per_sequence(
-                spec, engine.kv_layout.fmt, 1, block, req.num_computed_tokens, paged=True)
-    return [done[f"r{first + i}"] for i in range(len(prompts))]
+    return run_together(engine, prompts, GREEDY, first, _holds_the_ledgers_bytes)
 
 
 @pytest.mark.parametrize("attention", ["reference", "paged-torch", "paged-native"])

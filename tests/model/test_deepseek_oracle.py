@@ -18,6 +18,7 @@ import dataclasses
 import pytest
 import torch
 from deepseek_kit import FEATURES, hf_step, make_tiny
+from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_prompt, tiny_models
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.latent_store import LatentStore
@@ -27,32 +28,12 @@ from kvledger.engine.sampling_params import SamplingParams
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
-TOL = 1e-4
-TIE = 1e-5
-DECODE_STEPS = 16
 VARIANTS = sorted(FEATURES)
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """variant -> (folder, transformers model, spec, fp32 weights), built once each."""
-    def get(variant: str):
-        if variant not in _BUILT:
-            folder = tmp_path_factory.mktemp(variant)
-            hf = make_tiny(variant, folder)
-            _BUILT[variant] = (folder, hf, *load_weights(folder, torch.float32))
-        return _BUILT[variant]
-    return get
-
-
-class _Chunk:
-    def __init__(self, req, n):
-        self.request, self.num_new_tokens = req, n
+tiny = tiny_models(make_tiny)
 
 
 def _prompt(n: int = 53) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    return seeded_prompt(n)
 
 
 def _latent_store(spec, blocks: int = 32) -> LatentStore:
@@ -61,26 +42,10 @@ def _latent_store(spec, blocks: int = 32) -> LatentStore:
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
-    """(max |logit difference| per compared step, the excepted steps)."""
-    model = model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
-    runner = ModelRunner(model, _latent_store(spec), 16)
-    req = Request("r", list(prompt), SamplingParams(max_tokens=max(steps, 1)))
-    req.block_table = [9, 3, 20, 7, 12, 1, 30, 4]
-    first = len(prompt) // 3
-    for n in (first, len(prompt) - first):
-        logits = runner.execute([_Chunk(req, n)])
-        req.num_computed_tokens += n
-    diffs, excepted = [], []
-    for step in range(steps + 1):
-        ref, tie = hf_step(hf, req.all_token_ids, TIE)
-        if excepted or tie:
-            excepted.append(step)  # a tie at one position changes every later step's context
-        else:
-            diffs.append(float((logits[0] - ref).abs().max()))
-        req.output_token_ids.append(int(ref.argmax()))
-        logits = runner.execute([_Chunk(req, 1)])
-        req.num_computed_tokens += 1
-    return diffs, excepted
+    """(max |logit difference| per compared step, the excepted steps; a step is excepted for
+    a router tie, ``deepseek_kit.hf_step``), :func:`oracle_kit.scattered_diffs`."""
+    return scattered_diffs(spec, weights, _latent_store(spec), prompt,
+                           lambda ids: hf_step(hf, ids, TIE), attention, steps)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -166,7 +131,7 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
         for n in (17, 23, 1, 1):
             if n == 1:
                 req.output_token_ids.append(7)
-            out += list(runner.execute([_Chunk(req, n)]))
+            out += list(runner.execute([Chunk(req, n)]))
             req.num_computed_tokens += n
         logits[attention] = torch.stack(out)
     assert len(logits["reference"]) == 3
@@ -225,6 +190,6 @@ def test_bf16_with_int8_weights_and_a_bf16_latent(tiny):
                         torch.bfloat16)
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2]
-    logits = ModelRunner(model, store, 16).execute([_Chunk(req, req.num_tokens)])
+    logits = ModelRunner(model, store, 16).execute([Chunk(req, req.num_tokens)])
     ref = hf_step(hf, req.all_token_ids, TIE)[0]
     assert float((logits[0] - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())

@@ -14,17 +14,15 @@ in test_family_oracle.py.
 from __future__ import annotations
 
 import pytest
-import torch
-from family_kit import W, hf_greedy, make_tiny
+from family_kit import W, make_tiny
+from oracle_kit import fp32_engine, greedy_case, run_together
 
-from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.request import NULL_BLOCK
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.kv import kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks
-from kvledger.model.weights.loader import load_weights
 
 FAMILIES = ["gemma2", "gemma3", "phi3", "qwen3", "mixtral", "qwen3_moe", "gpt_oss"]
 LENGTHS = (1, W - 1, W, W + 1, 3 * W + 5)
@@ -35,42 +33,29 @@ FP32 = KVFormatSpec("fp32")
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request, tmp_path_factory):
-    """(name, folder, spec, weights, transformers' greedy tokens per prompt)."""
-    folder = tmp_path_factory.mktemp(request.param)
-    hf = make_tiny(request.param, folder)
-    spec, weights = load_weights(folder, torch.float32)
-    prompts = [torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-               for n in LENGTHS]
-    return request.param, folder, spec, weights, prompts, [hf_greedy(hf, p, STEPS)
-                                                           for p in prompts]
+    """(name, folder, spec, weights, prompts, transformers' greedy tokens per prompt)."""
+    return (request.param,
+            *greedy_case(make_tiny, request.param, tmp_path_factory, LENGTHS, STEPS))
 
 
 def _engine(family, **options) -> LLMEngine:
-    _, folder, spec, weights, _, _ = family
-    options.setdefault("attention", "paged-native")
-    return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", **options), spec=spec,
-                     weights=weights)
+    return fp32_engine(*family[1:4], **options)
+
+
+def _holds_the_ledgers_blocks(engine, req) -> None:
+    """``req`` holds in use the ledger's whole blocks for its computed tokens, sliding
+    layers' windows only."""
+    in_use = [b for table in req.block_tables for b in table if b != NULL_BLOCK]
+    assert not any(engine.scheduler.kv.pool.is_free(b) for b in in_use)
+    assert len(in_use) * engine.bytes_per_block == kv_bytes_per_sequence(
+        engine.spec, engine.kv_layout.fmt, 1, engine.config.block_size,
+        req.num_computed_tokens, window_aware=True, paged=True)
 
 
 def _run(engine, prompts, first: int = 0) -> list[list[int]]:
-    """Greedy tokens of ``prompts`` run together; between steps every running sequence holds
-    in use the ledger's whole blocks for its computed tokens, sliding layers' windows only."""
-    spec, block = engine.spec, engine.config.block_size
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{first + i}", p, GREEDY)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out.token_ids
-        pool = engine.scheduler.kv.pool
-        for req in engine.scheduler.running:
-            in_use = [b for table in req.block_tables for b in table if b != NULL_BLOCK]
-            assert not any(pool.is_free(b) for b in in_use)
-            assert len(in_use) * engine.bytes_per_block == kv_bytes_per_sequence(
-                spec, engine.kv_layout.fmt, 1, block, req.num_computed_tokens,
-                window_aware=True, paged=True)
-    return [done[f"r{first + i}"] for i in range(len(prompts))]
+    """Greedy tokens of ``prompts`` run together, every running sequence checked between
+    steps (:func:`_holds_the_ledgers_blocks`)."""
+    return run_together(engine, prompts, GREEDY, first, _holds_the_ledgers_blocks)
 
 
 @pytest.mark.parametrize("attention", ["reference", "paged-native"])

@@ -15,7 +15,16 @@ import dataclasses
 
 import pytest
 import torch
-from family_kit import FEATURES, W, hf_logits, make_tiny, write_gguf
+from family_kit import FEATURES, W, hf_logits, make_tiny, redraw, write_gguf
+from oracle_kit import (
+    DECODE_STEPS,
+    TOL,
+    Chunk,
+    dense_reference,
+    scattered_diffs,
+    seeded_prompt,
+    tiny_models,
+)
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
@@ -26,56 +35,20 @@ from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 from kvledger.spec import FULL
 
-TOL = 1e-4
-DECODE_STEPS = 16
 FAMILIES = sorted(FEATURES)
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model, spec, fp32 weights), built once each."""
-    def get(family: str):
-        if family not in _BUILT:
-            folder = tmp_path_factory.mktemp(family)
-            hf = make_tiny(family, folder)
-            _BUILT[family] = (folder, hf, *load_weights(folder, torch.float32))
-        return _BUILT[family]
-    return get
-
-
-class _Chunk:
-    def __init__(self, req, n):
-        self.request, self.num_new_tokens = req, n
+tiny = tiny_models(make_tiny)
 
 
 def _prompt(family: str, n: int | None = None) -> list[int]:
     """3W + 5 tokens; 70 for the long-LongRoPE model (past its 64 original positions)."""
-    n = n or (70 if family == "phi3-long" else 3 * W + 5)
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    return seeded_prompt(n or (70 if family == "phi3-long" else 3 * W + 5))
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS) -> list[float]:
-    """Max |logit difference| per step: prefill in two chunks into scattered blocks, then
-    ``steps`` greedy decodes on transformers' own argmax."""
-    model = model_class(spec)(spec, weights, torch.float32, attention=attention)
+    """Max |logit difference| per step (:func:`oracle_kit.scattered_diffs`, no step
+    excepted: these families do not route)."""
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
-    runner = ModelRunner(model, store, 16)
-    req = Request("r", list(prompt), SamplingParams(max_tokens=max(steps, 1)))
-    req.block_table = [9, 3, 20, 7, 12, 1, 30, 4]
-    first = len(prompt) // 3 or len(prompt)
-    for n in (first, len(prompt) - first):
-        if n:
-            logits = runner.execute([_Chunk(req, n)])
-            req.num_computed_tokens += n
-    diffs = []
-    for _ in range(steps + 1):
-        ref = hf_logits(hf, req.all_token_ids)
-        diffs.append(float((logits[0] - ref).abs().max()))
-        req.output_token_ids.append(int(ref.argmax()))
-        logits = runner.execute([_Chunk(req, 1)])
-        req.num_computed_tokens += 1
-    return diffs
+    return scattered_diffs(spec, weights, store, prompt, dense_reference(hf), attention, steps)[0]
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -144,11 +117,7 @@ def test_multimodal_gemma3_folder_runs_its_text_model(tmp_path):
               "patch_size": 14}
     cfg = tf.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
     torch.manual_seed(0)
-    hf = tf.Gemma3ForConditionalGeneration(cfg).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in hf.parameters():
-            param.copy_(torch.randn(param.shape, generator=g) * 0.25)
+    hf = redraw(tf.Gemma3ForConditionalGeneration(cfg).eval(), 0)
     hf.save_pretrained(tmp_path, safe_serialization=True)
     spec, weights = load_weights(tmp_path, torch.float32)
     assert spec.model_type == "gemma3_text"
@@ -167,6 +136,6 @@ def test_bf16_fast_mode_tracks_the_fp32_oracle(tiny, family):
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     req = Request("r", _prompt(family), SamplingParams())
     req.block_table = [4, 1, 9, 2, 11]
-    logits = ModelRunner(model, store, 16).execute([_Chunk(req, req.num_tokens)])
+    logits = ModelRunner(model, store, 16).execute([Chunk(req, req.num_tokens)])
     ref = hf_logits(hf, req.all_token_ids)
     assert float((logits[0] - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())

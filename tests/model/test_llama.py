@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from oracle_kit import Chunk, dense_reference, logit_diffs
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
@@ -20,11 +21,6 @@ from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-3
 DECODE_STEPS = 16
-
-
-class _Chunk:
-    def __init__(self, req, n):
-        self.request, self.num_new_tokens = req, n
 
 
 def _paged_runner(spec, weights, num_blocks=64, block_size=16, attention="reference"):
@@ -39,18 +35,7 @@ def _compare_with_oracle(runner, hf_model, prompt, block_table, prefill_chunks):
     """Prefill in the given chunks, then greedy-decode; return the max |diff| per step."""
     req = Request("r", list(prompt), SamplingParams(max_tokens=DECODE_STEPS))
     req.block_table = list(block_table)
-    diffs = []
-    for n in prefill_chunks:
-        logits = runner.execute([_Chunk(req, n)])
-        req.num_computed_tokens += n
-    for _ in range(DECODE_STEPS + 1):
-        with torch.no_grad():
-            ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
-        diffs.append(float((logits[0] - ref).abs().max()))
-        req.output_token_ids.append(int(ref.argmax()))
-        logits = runner.execute([_Chunk(req, 1)])
-        req.num_computed_tokens += 1
-    return diffs
+    return logit_diffs(runner, req, dense_reference(hf_model), prefill_chunks, DECODE_STEPS)[0]
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -69,7 +54,7 @@ def test_tiny_llama_no_cache_matches_transformers(tiny_llama):
     spec, weights = load_weights(folder, torch.float32)
     runner = ModelRunner(LlamaModel(spec, weights, torch.float32), None, 16)
     req = Request("r", [5, 17, 33, 2, 99, 100, 7], SamplingParams())
-    logits = runner.execute([_Chunk(req, req.num_tokens)])
+    logits = runner.execute([Chunk(req, req.num_tokens)])
     with torch.no_grad():
         ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
     assert float((logits[0] - ref).abs().max()) <= TOL
@@ -96,9 +81,9 @@ def test_tiny_llama_bf16_paged_logits_track_fp32_oracle(tiny_llama):
     runner = ModelRunner(model, store, 16)
     req = Request("r", list(range(10, 60)), SamplingParams())
     req.block_table = [4, 1, 9, 2]
-    runner.execute([_Chunk(req, 30)])
+    runner.execute([Chunk(req, 30)])
     req.num_computed_tokens = 30
-    logits = runner.execute([_Chunk(req, 20)])
+    logits = runner.execute([Chunk(req, 20)])
     with torch.no_grad():
         ref = hf_model(torch.tensor([req.all_token_ids])).logits[0, -1]
     spread = float(ref.max() - ref.min())

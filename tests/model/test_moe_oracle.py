@@ -25,6 +25,7 @@ import dataclasses
 import pytest
 import torch
 from family_kit import MOE_FEATURES, W, make_tiny, write_gguf
+from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_prompt, tiny_models
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
@@ -35,32 +36,12 @@ from kvledger.ledger.params import count_params
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
-TOL = 1e-4
-TIE = 1e-5
-DECODE_STEPS = 16
 FAMILIES = sorted(MOE_FEATURES)
-_BUILT: dict = {}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """family -> (folder, transformers model, spec, fp32 weights), built once each."""
-    def get(family: str):
-        if family not in _BUILT:
-            folder = tmp_path_factory.mktemp(family)
-            hf = make_tiny(family, folder)
-            _BUILT[family] = (folder, hf, *load_weights(folder, torch.float32))
-        return _BUILT[family]
-    return get
-
-
-class _Chunk:
-    def __init__(self, req, n):
-        self.request, self.num_new_tokens = req, n
+tiny = tiny_models(make_tiny)
 
 
 def _prompt(n: int = 3 * W + 5) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    return seeded_prompt(n)
 
 
 def _hf(hf, ids: list[int], k: int) -> tuple[torch.Tensor, bool]:
@@ -80,28 +61,11 @@ def _model(spec, weights, attention="reference"):
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
-    """(max |logit difference| per compared step, the excepted steps): prefill in two chunks
-    into scattered blocks, then ``steps`` greedy decodes on transformers' own argmax."""
-    model = _model(spec, weights, attention)
+    """(max |logit difference| per compared step, the excepted steps; a step is excepted for
+    a router tie, :func:`_hf`), :func:`oracle_kit.scattered_diffs`."""
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
-    runner = ModelRunner(model, store, 16)
-    req = Request("r", list(prompt), SamplingParams(max_tokens=max(steps, 1)))
-    req.block_table = [9, 3, 20, 7, 12, 1, 30, 4]
-    first = len(prompt) // 3
-    for n in (first, len(prompt) - first):
-        logits = runner.execute([_Chunk(req, n)])
-        req.num_computed_tokens += n
-    diffs, excepted = [], []
-    for step in range(steps + 1):
-        ref, tie = _hf(hf, req.all_token_ids, spec.num_experts_per_tok)
-        if tie or excepted:  # a tie at one position changes every later step's context
-            excepted.append(step)
-        else:
-            diffs.append(float((logits[0] - ref).abs().max()))
-        req.output_token_ids.append(int(ref.argmax()))
-        logits = runner.execute([_Chunk(req, 1)])
-        req.num_computed_tokens += 1
-    return diffs, excepted
+    return scattered_diffs(spec, weights, store, prompt,
+                           lambda ids: _hf(hf, ids, spec.num_experts_per_tok), attention, steps)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -207,18 +171,18 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     reqs = [Request(f"r{i}", _prompt(5 + i), SamplingParams(max_tokens=8)) for i in range(4)]
     for i, req in enumerate(reqs):
         req.block_table = [i]
-        runner.execute([_Chunk(req, req.num_tokens)])
+        runner.execute([Chunk(req, req.num_tokens)])
         req.num_computed_tokens = req.num_tokens
     for _ in range(3):
         before = sum(ex.bytes_read for ex in model.experts)
         reqs[0].output_token_ids.append(7)
-        runner.execute([_Chunk(reqs[0], 1)])
+        runner.execute([Chunk(reqs[0], 1)])
         reqs[0].num_computed_tokens += 1
         assert static + sum(ex.bytes_read for ex in model.experts) - before == want
     before = [ex.bytes_read for ex in model.experts]
     for req in reqs:
         req.output_token_ids.append(9)
-    runner.execute([_Chunk(req, 1) for req in reqs])
+    runner.execute([Chunk(req, 1) for req in reqs])
     for ex, start in zip(model.experts, before):
         touched = (ex.bytes_read - start - ex.router.nbytes) // ex.expert_bytes
         assert spec.num_experts_per_tok <= touched <= min(4 * spec.num_experts_per_tok,
@@ -255,10 +219,10 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2, 11]
     runner = ModelRunner(model, store, 16)
-    logits, n = runner.execute([_Chunk(req, req.num_tokens)])[0], req.num_tokens
+    logits, n = runner.execute([Chunk(req, req.num_tokens)])[0], req.num_tokens
     for token in (5, 17, 3):  # decode steps: one row per call, the batch-1 path
         ref, _ = _hf(hf, req.all_token_ids, spec.num_experts_per_tok)
         assert float((logits - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
         req.num_computed_tokens, n = req.num_computed_tokens + n, 1
         req.output_token_ids.append(token)
-        logits = runner.execute([_Chunk(req, 1)])[0]
+        logits = runner.execute([Chunk(req, 1)])[0]

@@ -5,12 +5,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kvledger.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    TokenizeRequest,
-    error_body,
-)
+from kvledger.server.openai_errors import error_body
+from kvledger.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 
 MSG = [{"role": "user", "content": "hi"}]
 

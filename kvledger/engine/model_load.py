@@ -1,0 +1,79 @@
+"""What an engine loads before it builds anything: the compute dtype, the model's id and
+spec, and its weights and tokenizer (``model/weights/loader.py``; dummy weights at a
+catalogue config's shapes, refused before they are made when they and the KV pool exceed the
+available memory, ``pool_size.check_memory``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from kvledger.engine.config import EngineConfig
+from kvledger.engine.pool_size import check_memory
+from kvledger.errors import InvalidParameterError
+from kvledger.model.families import model_class
+from kvledger.spec import ModelSpec
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+log = logging.getLogger("kvledger.engine")
+
+
+def compute_dtype(name: str) -> torch.dtype:
+    """The activation (compute) dtype called ``name`` (:data:`DTYPES`).
+
+    Raises:
+        InvalidParameterError: an unknown name.
+    """
+    if name not in DTYPES:
+        raise InvalidParameterError(f"dtype must be one of {', '.join(sorted(DTYPES))}, "
+                                    f"got {name!r}")
+    return DTYPES[name]
+
+
+def model_name(model: str, load_format: str = "auto") -> str:
+    """The id clients use (``paths.model_id`` of the resolved path; a catalogue id as given
+    under dummy weights)."""
+    from kvledger.paths import model_id, resolve_model_path
+
+    if load_format == "dummy" and model != "default" and not Path(model).expanduser().exists():
+        return model
+    return model_id(resolve_model_path(model))
+
+
+def model_spec(config: EngineConfig) -> ModelSpec:
+    """The spec of ``config.model``, read without its weights (a catalogue id under dummy
+    weights)."""
+    from kvledger.spec import load_spec
+
+    if config.load_format == "dummy":
+        from kvledger.model.weights.dummy import dummy_spec
+
+        return dummy_spec(config.model)
+    return load_spec(config.model)
+
+
+def load_model(config: EngineConfig, dtype: torch.dtype):
+    """(spec, weights, tokenizer, tokenizer note) of ``config.model``; the note says which
+    tokenizer stands in for a dummy model without one (else None).
+
+    Raises:
+        ModelNotFoundError, ConfigError, UnsupportedModelError: the model cannot be loaded.
+        KVBudgetError: dummy weights and the KV pool exceed the available memory.
+    """
+    from kvledger.model.weights.loader import load_tokenizer, load_weights
+
+    if config.load_format != "dummy":
+        spec, weights = load_weights(config.model, dtype)
+        return spec, weights, load_tokenizer(config.model), None
+    from kvledger.model.weights.loader import load_tokenizer_or_bundled
+
+    spec = model_spec(config)
+    model_class(spec)  # an engine family, or refused by name
+    check_memory(config, spec, dtype)
+    tokenizer, note = load_tokenizer_or_bundled(config.model)
+    if note:
+        log.warning("%s", note)
+    return (*load_weights(config.model, dtype, "dummy"), tokenizer, note)
