@@ -164,7 +164,7 @@ class PagedNativeBackend(_Paged):
         cache = self._sides_of[1]
         if layer not in cache:
             k = native.kv_side(store.key_parts[layer], store.key_codecs[layer],
-                               store.residual_keys[layer], store.rotation)
+                               store.residual_keys[layer], store.rotation, store.group_members)
             v = native.kv_side(store.value_parts[layer], store.value_codec,
                                store.residual_values[layer], store.rotation)
             usable = (k is not None and v is not None and k[0].kind == v[0].kind
