@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
+from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.kv.codecs import make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.kv.rotation import rotation_matrix
@@ -91,6 +92,7 @@ def test_native_kernel_reads_key_groups_and_the_window_step_by_step(name, group_
     lengths = [r + group - 3, r + 2 * group - 8, 2 * r + group - 11, r - DECODES - 3]
     store = _store(fmt, len(lengths), rotation)
     assert store.key_group_blocks == group_blocks
+    assert _native().reader(store) == "paged-native"  # the TPOT table's backend column
     ids = torch.randperm(256, generator=torch.Generator().manual_seed(group + r))
     blocks = -(-(max(lengths) + DECODES) // BLOCK)  # one table width: read back at once
     tables = [ids[i * blocks:(i + 1) * blocks] for i in range(len(lengths))]
@@ -130,3 +132,12 @@ def test_native_kernel_reads_key_groups_and_the_window_step_by_step(name, group_
                                               for i, d in enumerate(done)]))
     assert store.sealed_blocks(lengths[3] + DECODES) == 0  # one sequence never sealed
     assert sealed_at_decode == {0, 1, 2}  # three sequences sealed a group while decoding
+
+
+def test_reader_names_the_layers_handed_to_paged_torch():
+    """A soft-capped layer is attended by paged-torch: the reader says so, layers counted."""
+    store = _store(KVFormatSpec("int2"), 1, "none")
+    backend = make_backend("paged-native")
+    backend.set_layers([LayerAttention(0.125, softcap=30.0)])
+    assert backend.reader(store) == "paged-native (paged-torch: 1 of 1 layers)"
+    assert make_backend("paged-torch").reader(store) == "paged-torch"

@@ -159,36 +159,3 @@ def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine
         assert int((store.residual_of >= 0).sum()) == 0
         assert len(store._free_residuals) == 2 * 3  # max_num_seqs x R / block_size
 
-
-@pytest.mark.parametrize("fmt", ["int3", "int2"])
-@pytest.mark.parametrize("rotation", ["none", "hadamard"])
-def test_native_kernel_reads_key_groups_over_blocks(tiny_engine_factory, fmt, rotation):  # noqa: F811
-    """The kernel gathers a block's key scales from its group's blocks: its output equals
-    softmax attention in fp32 over the store's read-back (one sealed 64-token group of 4
-    blocks in shuffled order and a partial block), within 1e-4, without falling back."""
-    from kvledger.device.cpu import native
-    from kvledger.engine.attention.metadata import PagedQueries
-
-    engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype=fmt, kv_rotation=rotation)
-    store, spec = engine.store, engine.spec
-    assert store.key_group_blocks == 4
-    n, table = 70, torch.tensor([6, 2, 7, 0, 3])
-    g = torch.Generator().manual_seed(4)
-    k, v = (torch.randn(n, spec.num_kv_heads, spec.head_dim, generator=g) for _ in range(2))
-    k[..., 3] *= 20
-    slots = table[torch.arange(n) // 16] * 16 + torch.arange(n) % 16
-    store.write(0, slots, k, v, table[:4])
-    assert (store.residual_of[table] >= 0).tolist() == [False] * 4 + [True]
-    q = torch.randn(1, spec.num_attention_heads, spec.head_dim, generator=g)
-    paged = PagedQueries(table[None].to(torch.int32), torch.tensor([0], dtype=torch.int32),
-                         torch.tensor([n], dtype=torch.int32))
-    backend = engine.model.attention
-    assert backend.name == "paged-native" and native.load() is not None
-    assert backend._sides(store, 0) is not None
-    out = backend.attend(0, q, paged, store)
-    keys, values = (x.reshape(-1, *x.shape[2:])[:n] for x in store.read_blocks(0, table))
-    group = spec.num_attention_heads // spec.num_kv_heads
-    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    p = torch.softmax(torch.einsum("hd,thd->ht", q[0], keys) * spec.head_dim ** -0.5, -1)
-    want = torch.einsum("ht,thd->hd", p, values)
-    assert torch.allclose(out[0], want, atol=1e-4)
