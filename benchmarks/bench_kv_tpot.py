@@ -16,9 +16,13 @@ the batch's KV bytes at the mid-decode context, read at the bandwidth ``kvledger
 A timing figure: run it on a quiet machine (``uptime`` load < 1.5), unniced, and say the load.
 
     python benchmarks/bench_kv_tpot.py [--context 4096] [--batch 8] [--new 32]
-        [--formats bf16,int8,int4,fp8] [--repeats 3] [--threads 2] [--json OUT]
+        [--formats bf16,int8,int4,fp8] [--repeats 3] [--threads 2] [--attention NAME]
+        [--json OUT]
 
-A format may name a rotation after a ``+``: ``int4+hadamard`` (``--kv-rotation``).
+A format may name a rotation after a ``+`` and a key group and window after ``/``:
+``int4+hadamard`` (``--kv-rotation``), ``int2+hadamard/G64/R128`` (``--kv-key-group-tokens 64
+--kv-residual-tokens 128``). The table names the backend that reads each format's KV (the
+native kernel, or paged-torch for the layers it hands over: ``AttentionBackend.reader``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
     return decode_step_times(engine, prompts, [params] * len(prompts))
 
 
+def format_options(label: str) -> dict:
+    """Engine options of a format label: ``name[+rotation][/G<tokens>][/R<tokens>]``."""
+    head, *sizes = label.split("/")
+    name, _, rotation = head.partition("+")
+    options = {"kv_cache_dtype": name, "kv_rotation": rotation or "none"}
+    for size in sizes:
+        key = {"G": "kv_key_group_tokens", "R": "kv_residual_tokens"}[size[0]]
+        options[key] = int(size[1:])
+    return options
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", type=int, default=4096, help="prompt tokens per request")
@@ -49,6 +64,7 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16,int8,int4,fp8")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention", help="attention backend (default: the kernel probe's pick)")
     ap.add_argument("--json", type=Path, help="write every figure here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -65,10 +81,9 @@ def main() -> None:
     blocks = args.batch * (-(-(args.context + args.new) // 16) + 1)
     engines = {}
     for fmt in formats:
-        name, _, rotation = fmt.partition("+")
-        cfg = EngineConfig(dtype="bf16", kv_cache_dtype=name, num_blocks=blocks,
-                           max_num_seqs=args.batch, num_threads=args.threads,
-                           kv_rotation=rotation or "none")
+        cfg = EngineConfig(dtype="bf16", num_blocks=blocks, max_num_seqs=args.batch,
+                           num_threads=args.threads, attention=args.attention,
+                           **format_options(fmt))
         engines[fmt] = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
     runs = {fmt: [] for fmt in formats}
     for _ in range(args.repeats):
@@ -81,14 +96,15 @@ def main() -> None:
         tpot = statistics.median(runs[fmt])
         engine = engines[fmt]
         rows.append({"kv_format": fmt, "layout": engine.kv_layout.describe(),
-                     "attention": engine.model.attention.name, "tpot_ms": round(tpot * 1e3, 2),
+                     "attention": engine.model.attention.reader(engine.store),
+                     "tpot_ms": round(tpot * 1e3, 2),
                      "runs_ms": [round(t * 1e3, 2) for t in runs[fmt]],
                      f"vs_{formats[0]}": round(tpot / base, 3),
                      "kv_bytes_per_token": engine.bytes_per_token})
         kv_read = args.batch * (args.context + args.new // 2) * engine.bytes_per_token
         floor = tpot_floor_ms(engine.model.decode_weight_bytes, kv_read)
         rows[-1]["floor_ms"] = None if floor is None else round(floor, 2)
-        print(f"{fmt:5s} TPOT {tpot * 1e3:8.2f} ms  ({tpot / base:.3f}x {formats[0]})  "
+        print(f"{fmt:22s} TPOT {tpot * 1e3:8.2f} ms  ({tpot / base:.3f}x {formats[0]})  "
               f"floor {floor or float('nan'):.2f} ms  "
               f"runs {rows[-1]['runs_ms']}  backend {rows[-1]['attention']}  "
               f"{engine.kv_layout.describe()}", flush=True)

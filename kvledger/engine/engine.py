@@ -12,7 +12,6 @@ callers serialize access.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -110,14 +109,10 @@ class LLMEngine:
         self.model_name = model_name(config.model, config.load_format)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
-        if not self.kv_layout.cacheable and tiers_wanted(config):
+        if not self.kv_layout.blockwise and tiers_wanted(config):
             raise InvalidParameterError(
-                f"KV tiers need the prefix cache, which {self.kv_layout.kv_format} keys grouped "
-                f"over several blocks turn off: add --kv-key-group-tokens {config.block_size}")
-        if config.enable_prefix_caching and not self.kv_layout.cacheable:
-            log.warning("prefix caching off: %s keys are grouped over several blocks",
-                        self.kv_layout.kv_format)
-            config = self.config = dataclasses.replace(config, enable_prefix_caching=False)
+                f"KV tiers hold blocks one at a time, and {self.kv_layout.kv_format} keys are "
+                f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
         attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:
             self.model = model_class(spec)(spec, weights, dtype, attention=attention)
@@ -142,7 +137,8 @@ class LLMEngine:
         store_ops = self.store if self.parallel is None or self.store is None else self.runner
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, store_ops, self.kv_layout.groups,
-                                   self.kv_layout.sealed_blocks)
+                                   self.kv_layout.sealed_blocks,
+                                   len if self.store is None else self.store.shareable)
         self._check_retention(config.retention)
         if self.store is not None:
             self.scheduler.kv.pool.on_release = store_ops.release

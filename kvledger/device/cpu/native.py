@@ -148,7 +148,8 @@ class KVSide(ctypes.Structure):
                 ("zero", ctypes.c_void_p), ("outliers", ctypes.c_void_p),
                 ("outlier_channels", ctypes.c_void_p), ("residual", ctypes.c_void_p),
                 ("rotation", ctypes.c_void_p), ("kind", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("num_outliers", ctypes.c_int32)]
+                ("num_outliers", ctypes.c_int32), ("group_members", ctypes.c_void_p),
+                ("group_blocks", ctypes.c_int32)]
 
 
 INT_KINDS = {8: 8, 4: 4, 3: 7, 2: 2}
@@ -160,12 +161,14 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor,
-            rotation: torch.Tensor | None = None) -> tuple[KVSide, list[torch.Tensor]] | None:
+            rotation: torch.Tensor | None = None, group_members: torch.Tensor | None = None
+            ) -> tuple[KVSide, list[torch.Tensor]] | None:
     """The kernel's view of one codec's tensors ``parts`` (``QuantizedKVStore.key_parts[l]``
-    or ``value_parts[l]``), residual buffers [slots, bs, kv_heads, D] and the fp32 rotation
-    [D, D] the rows are stored by (``QuantizedKVStore.rotation``), with the tensors it points
-    into (keep them alive); None for a codec the kernel does not decode."""
-    from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys
+    or ``value_parts[l]``), residual buffers [slots, bs, kv_heads, D], the fp32 rotation
+    [D, D] the rows are stored by (``QuantizedKVStore.rotation``) and, for keys grouped over
+    blocks, the blocks of each block's group (``QuantizedKVStore.group_members``), with the
+    tensors it points into (keep them alive); None for a codec the kernel does not decode."""
+    from kvledger.engine.kv.codecs import Fp8Codec, GroupedKeys, IntCodec, OutlierKeys
 
     channels = None
     if isinstance(codec, OutlierKeys):
@@ -174,16 +177,20 @@ def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor,
         kind, group = 3, 0
     elif isinstance(codec, IntCodec):
         kind, group = INT_KINDS[codec.bits], 0 if codec.axis == "per-channel" else codec.group
+    elif isinstance(codec, GroupedKeys) and group_members is not None:
+        kind, group = INT_KINDS[codec.bits], 0
     else:
         return None
+    members = group_members if codec.group_blocks > 1 else None
     if rotation is not None and rotation.dtype != torch.float32:
         return None
-    held = [t for t in (*parts.values(), residual, channels, rotation) if t is not None]
+    held = [t for t in (*parts.values(), residual, channels, rotation, members) if t is not None]
     if not all(t.is_contiguous() for t in held):
         return None
     side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
                   _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), _ptr(rotation),
-                  kind, group, 0 if channels is None else channels.shape[1])
+                  kind, group, 0 if channels is None else channels.shape[1], _ptr(members),
+                  codec.group_blocks)
     return side, held
 
 

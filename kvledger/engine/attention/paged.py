@@ -156,6 +156,18 @@ class PagedNativeBackend(_Paged):
         return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale,
                            sinks=how.sinks)
 
+    def reader(self, store):
+        """This kernel, or ``paged-torch`` for the layers it hands over (soft-capped, or a
+        quantized format it has no decoder for), e.g. 'paged-native (paged-torch: 2 of 30
+        layers)'."""
+        layers = store.key_parts if store.quantized else store.key_blocks
+        over = sum(self.how(i, 1).softcap is not None
+                   or (store.quantized and self._sides(store, i) is None)
+                   for i in range(len(layers)))
+        if not over:
+            return self.name
+        return f"{self.name} (paged-torch: {over} of {len(layers)} layers)"
+
     def _sides(self, store, layer: int):
         """((K side, V side), tensors held) of ``layer`` of a quantized store, built once per
         store and layer (its tensors never move); None when a codec has no kernel decoder."""
@@ -164,7 +176,7 @@ class PagedNativeBackend(_Paged):
         cache = self._sides_of[1]
         if layer not in cache:
             k = native.kv_side(store.key_parts[layer], store.key_codecs[layer],
-                               store.residual_keys[layer], store.rotation)
+                               store.residual_keys[layer], store.rotation, store.group_members)
             v = native.kv_side(store.value_parts[layer], store.value_codec,
                                store.residual_values[layer], store.rotation)
             usable = (k is not None and v is not None and k[0].kind == v[0].kind

@@ -48,6 +48,10 @@ class AttentionBackend:
         """Layer ``layer``'s parameters; plain 1/sqrt(head_dim) attention when none were set."""
         return self.layers[layer] if self.layers else LayerAttention(head_dim ** -0.5)
 
+    def reader(self, store: KVStore) -> str:
+        """Which backend reads ``store``'s KV (the TPOT table names it): this one."""
+        return self.name
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta: AttentionMetadata, store: KVStore | None) -> torch.Tensor:
         """Attention output [T, heads, head_dim] for queries q [T, heads, head_dim].

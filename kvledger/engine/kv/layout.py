@@ -59,9 +59,10 @@ class KVLayout:
         return self.fmt.quantized
 
     @property
-    def cacheable(self) -> bool:
-        """Whether the prefix cache may share blocks: not when a key group spans blocks (a
-        block's scales sit in its group's other blocks)."""
+    def blockwise(self) -> bool:
+        """Whether each block holds all it needs to be read (KV tiers move blocks one at a
+        time): not when a key group spans blocks (a block's scales sit in its group's other
+        blocks)."""
         return self.fmt.key_group_blocks(self.block_size) == 1
 
     def sealed_blocks(self, tokens: int) -> int:

@@ -48,13 +48,18 @@ class KVCacheManager:
         sealed_blocks: leading blocks of a sequence of n tokens that are final, the only ones
             the prefix cache shares (a quantized format's window is not; default: the full
             blocks, ``KVLayout.sealed_blocks``).
+        shareable: leading blocks of a hit (block ids from position 0) that may be shared
+            (a quantized format's whole key groups, ``QuantizedKVStore.shareable``; default:
+            all).
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE,
-                 sealed_blocks: Callable[[int], int] | None = None):
+                 sealed_blocks: Callable[[int], int] | None = None,
+                 shareable: Callable[[list[int]], int] = len):
         self.block_size = block_size
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
+        self.shareable = shareable
         self.store = store
         self.groups = groups
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
@@ -81,6 +86,10 @@ class KVCacheManager:
         limit = min(req.retention.hit_tokens(req.num_prompt_tokens) // self.block_size,
                     self.sealed_blocks(req.num_tokens))
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
+        keep = self.shareable(hits[0])
+        if keep < len(hits[0]):  # a key group not whole: cached, but not shared
+            missed += len(hits[0]) - keep
+            hits = [h[:keep] for h in hits]
         req.missed_hit_tokens = missed * self.block_size
         if self.tiers is not None and self.prefix.enabled:  # one group: tiers refuse more
             most = min((req.num_tokens - 1) // self.block_size, limit)

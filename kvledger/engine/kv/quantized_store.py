@@ -132,11 +132,18 @@ class QuantizedKVStore:
             self.residual_of[block_id] = -1
             self._free_residuals.append(slot)
 
-    @property
-    def cacheable(self) -> bool:
-        """Whether the prefix cache may share sealed blocks: not when a key group spans
-        blocks (a block's scales sit in its group's other blocks, freed apart from it)."""
-        return self.key_group_blocks == 1
+    def shareable(self, blocks: list[int]) -> int:
+        """Leading blocks of a prefix-cache hit ``blocks`` (from position 0) that another
+        sequence may share: whole key groups, each sealed together (``group_members`` of its
+        k blocks are those k blocks). A block's scales sit in its group's other blocks, which
+        the prefix cache evicts one at a time, and a hit may pair blocks of different
+        sealings (the same tokens cached twice): the hit ends before such a group."""
+        k = self.key_group_blocks
+        if k == 1:
+            return len(blocks)
+        ids = torch.tensor(blocks[: len(blocks) // k * k], dtype=torch.int64).view(-1, k)
+        whole = (self.group_members[ids] == ids[:, None, :]).flatten(1).all(1)
+        return k * int(whole.cumprod(0).sum())
 
     def sealed_blocks(self, tokens: int) -> int:
         """Leading blocks of a sequence of ``tokens`` tokens that are sealed (the format's

@@ -103,7 +103,11 @@ class KVStore:
         """Bytes held by all K and V tensors (what the ledger must predict exactly)."""
         return sum(t.nbytes for t in distinct(self.key_blocks + self.value_blocks))
 
-    cacheable = True  # the prefix cache may share any full block
+    def shareable(self, blocks: list[int]) -> int:
+        """Leading blocks of a prefix-cache hit ``blocks`` (from position 0) that another
+        sequence may share: all of them (a quantized store's key groups:
+        ``QuantizedKVStore.shareable``)."""
+        return len(blocks)
 
     def sealed_blocks(self, tokens: int) -> int:
         """Blocks of a sequence of ``tokens`` tokens that are final: the full ones."""

@@ -106,22 +106,55 @@ def test_a_window_over_the_whole_sequence_equals_fp32_kv(tiny_engine_factory):  
 
 
 @pytest.mark.parametrize("options", [{}, {"kv_key_group_tokens": 32, "kv_residual_tokens": 48}])
-def test_key_groups_over_blocks_batch_alone_and_backends_agree(tiny_engine_factory, options,  # noqa: F811
-                                                               caplog):
-    """int2 with its default 64-token key groups (4 blocks) and a smaller group: prefix
-    caching is off (said at start), batch and alone agree, and every backend reads the same
-    blocks (paged-native falls back to paged-torch for keys grouped over blocks)."""
-    prompts = _prompts(3, length=70)
+def test_key_groups_over_blocks_cold_warm_batch_alone_and_backends_agree(
+        tiny_engine_factory, options):  # noqa: F811
+    """int2 with its default 64-token key groups (4 blocks) and a smaller group, prompts that
+    share 100 tokens: later prompts hit whole sealed key groups only (64 or 96 tokens: the
+    shared blocks 4-5 of a 4-block group are cached but not shared, their group's other
+    blocks hold another prompt's tokens), and cold (no prefix cache), warm, batch and alone
+    agree on every backend."""
+    prompts = _prompts(3, length=140, shared=100)
     ref = _run(tiny_engine_factory(num_blocks=64, kv_cache_dtype="int2", attention="reference",
-                                   **options), prompts)
+                                   enable_prefix_caching=False, **options), prompts)
     for backend in ("paged-torch", "paged-native"):
         engine = tiny_engine_factory(num_blocks=64, kv_cache_dtype="int2", attention=backend,
                                      **options)
-        assert not engine.config.enable_prefix_caching
-        assert _run(engine, prompts) == ref, backend
+        assert engine.config.enable_prefix_caching
         assert _alone(engine, prompts) == ref, backend
+        hit = 96 if options else 64
+        assert engine.stats()["prefix_cache_hit_tokens"] == 2 * hit, backend
+        assert _alone(engine, prompts, "w") == ref, backend
+        assert _run(engine, prompts) == ref, backend
         assert engine.stats()["kv_blocks_free"] == 64
-    assert "prefix caching off" in caplog.text
+
+
+def test_key_groups_over_blocks_under_eviction_and_preemption(tiny_engine_factory):  # noqa: F811
+    """20 prompts (shared prefixes: hits, evictions of single blocks of a group, reuse)
+    through 16 blocks give the tokens of an unbounded pool without a prefix cache."""
+    prompts = _prompts(10, length=70, shared=40) + _prompts(10, length=60, seed=9)
+    options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 32}
+    cold = _run(tiny_engine_factory(num_blocks=400, enable_prefix_caching=False, **options),
+                prompts)
+    pinned = tiny_engine_factory(num_blocks=16, max_num_seqs=4, **options)
+    assert _run(pinned, prompts) == cold
+    stats = pinned.stats()
+    assert stats["prefix_cache_hit_tokens"] > 0 and stats["num_preemptions"] > 0
+
+
+def test_a_hit_ends_before_a_key_group_not_sealed_together():
+    """``shareable``: whole groups whose blocks were sealed together, up to the first that
+    is not (a block of another sealing, or one reused since)."""
+    fmt = KVFormatSpec("int2", key_group_tokens=2 * BS, residual_tokens=2 * BS)
+    store = _store(fmt)
+    g = torch.Generator().manual_seed(5)
+    for group in ([3, 9], [4, 1], [7, 2]):  # three direct writes, each sealing one group
+        slots = (torch.tensor(group)[:, None] * BS + torch.arange(BS)).flatten()
+        store.write(0, slots, *(torch.randn(2 * BS, HEADS, DIM, generator=g) for _ in "kv"),
+                    torch.tensor(group))
+    assert store.shareable([3, 9, 4, 1, 7]) == 4  # a partial group is not shared
+    assert store.shareable([3, 9, 4, 1, 7, 2]) == 6
+    assert store.shareable([3, 9, 4, 2, 7, 1]) == 2  # 4 and 2 were not sealed together
+    assert store.shareable([9, 3]) == 0  # out of order: not the group's layout
 
 
 @pytest.mark.parametrize("options, message", [
@@ -140,7 +173,7 @@ def test_bad_key_group_or_window_is_refused(tiny_engine_factory, options, messag
 def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, tmp_path):  # noqa: F811
     from kvledger.errors import InvalidParameterError
 
-    with pytest.raises(InvalidParameterError, match="KV tiers need the prefix cache"):
+    with pytest.raises(InvalidParameterError, match="KV tiers hold blocks one at a time"):
         tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_disk_dir=str(tmp_path))
 
 
@@ -158,3 +191,4 @@ def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine
         store = engine.store
         assert int((store.residual_of >= 0).sum()) == 0
         assert len(store._free_residuals) == 2 * 3  # max_num_seqs x R / block_size
+

@@ -71,7 +71,7 @@ def _alone(engine, prompts, tag="a"):
     return [_run(engine, [p], f"{tag}{i}-")[0] for i, p in enumerate(prompts)]
 
 
-# int3 / int2 with one-block key groups (groups over blocks turn prefix caching off) and a
+# int3 / int2 with one-block key groups (groups over blocks: test_kv_window.py) and a
 # window of two blocks: only sealed blocks are shared
 PER_BLOCK = {"int3": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32},
              "int2": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32}}

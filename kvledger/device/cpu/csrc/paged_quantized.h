@@ -32,8 +32,10 @@ constexpr int row_bytes_of(int D) {
 }
 struct KVSide {
     const uint8_t* codes;      // [blocks, bs, kv_heads, head_dim * bits / 8]
-    const void* scale;         // int: fp16 bits, [blocks, kv_heads, head_dim] when group == 0
-                               // (per channel), else [blocks, bs, kv_heads, head_dim / group];
+    const void* scale;         // int: fp16 bits, [blocks, kv_heads, head_dim / group_blocks]
+                               // when group == 0 (per channel: a key group's block j holds
+                               // channels [j D / k, (j + 1) D / k) of the group's scales),
+                               // else [blocks, bs, kv_heads, head_dim / group];
                                // fp8: fp32 [blocks, kv_heads]
     const uint16_t* zero;      // int: fp16 bits, the shape of scale
     const uint16_t* outliers;  // fp16 bits [blocks, bs, kv_heads, num_outliers], or null
@@ -42,6 +44,8 @@ struct KVSide {
     const float* rotation;     // [head_dim, head_dim] R the rows are stored rotated by (x R),
                                // or null (kvledger.engine.kv.rotation)
     int32_t kind, group, num_outliers;
+    const int64_t* group_members;  // [blocks, group_blocks]: the blocks of a block's key group
+    int32_t group_blocks;          // k: blocks per key group (1: each block has its own)
 };
 
 // x[0..D) <- x R (transpose: x R^T), R [D, D] row-major, in fp32: a query into the basis of
@@ -202,9 +206,14 @@ void open_block(const KVSide& s, int64_t id, int kh, int kv_heads, int D, int bs
         b.tscale = b.scales + kh * b.groups;  // token t, KV head kh: + t * tstride
         b.tzero = b.zeros + kh * b.groups;
         b.tstride = static_cast<int64_t>(kv_heads) * b.groups;
-    } else {
-        halves_to_floats(static_cast<const uint16_t*>(s.scale) + (id * kv_heads + kh) * D, b.cs, D);
-        halves_to_floats(s.zero + (id * kv_heads + kh) * D, b.cz, D);
+    } else {  // per channel: slice j of the key group's scales sits in its block j
+        const int k = s.group_blocks, w = D / k;
+        for (int j = 0; j < k; ++j) {
+            const int64_t m = k == 1 ? id : s.group_members[id * k + j];
+            halves_to_floats(static_cast<const uint16_t*>(s.scale) + (m * kv_heads + kh) * w,
+                             b.cs + j * w, w);
+            halves_to_floats(s.zero + (m * kv_heads + kh) * w, b.cz + j * w, w);
+        }
     }
 }
 
