@@ -64,26 +64,29 @@ VARIANTS = [  # label, EngineConfig overrides
       for f in ("int4", "int3", "int2")),
     # key groups (G tokens) and the full-precision window (R tokens); run them with
     # --stride 16 to see the window as generation does (docs/kv-formats.md)
-    ("int4 + rotation, R 128", {"kv_cache_dtype": "int4", "kv_rotation": "hadamard",
-                                "kv_residual_tokens": 128}),
+    *((f"{f}{rot}, R 128", {"kv_cache_dtype": f, "kv_residual_tokens": 128,
+                            "kv_rotation": "hadamard" if rot else "none"})
+      for f in ("int8", "int4") for rot in ("", " + rotation")),
     *((f"{f}{rot}, G {g}, R {r}", {"kv_cache_dtype": f, "kv_key_group_tokens": g,
                                    "kv_residual_tokens": r,
                                    "kv_rotation": "hadamard" if rot else "none"})
-      for f in ("int3", "int2") for rot in ("", " + rotation")
-      for g, r in ((16, 16), (32, 128), (64, 128))),
+      for f in ("int8", "int4", "int3", "int2") for rot in ("", " + rotation")
+      for g, r in ((16, 16), (32, 128), (64, 128)) if f in ("int3", "int2") or g == 32),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
 
 
-def quality(context: int, chunks: int, variants, base_kv: str,
-            stride: int | None = None) -> tuple[list[dict], str]:
+def quality(context: int, chunks: int, variants, base_kv: str, stride: int | None = None,
+            on_chunk=None) -> tuple[list[dict], str]:
+    """One row per variant over the chunks, every variant against ONE base run per chunk
+    (``perplexity_runs``); ``on_chunk(rows)`` after each chunk with the figures so far."""
     import torch
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.eval.corpus import default_text
-    from kvledger.eval.perplexity import perplexity
+    from kvledger.eval.perplexity import perplexity_runs
     from kvledger.eval.scoring import eval_config
     from kvledger.model.weights.loader import load_tokenizer, load_weights
 
@@ -93,20 +96,20 @@ def quality(context: int, chunks: int, variants, base_kv: str,
     ids = tokenizer.encode(text, add_special_tokens=False)
     base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype=base_kv), context)
     base = LLMEngine(base_cfg, spec=spec, weights=weights, tokenizer=tokenizer)
-    rows = []
-    for label, over in variants:
-        t0 = time.perf_counter()
-        engine = LLMEngine(dataclasses.replace(base_cfg, **over), spec=spec, weights=weights,
-                           tokenizer=tokenizer)
-        r = perplexity(engine, ids, context, stride, max_chunks=chunks, base=base)
-        rows.append({"variant": label, "layout": engine.kv_layout.describe(),
-                     "bytes_per_token": engine.bytes_per_token, **r.to_json(),
-                     "seconds": round(time.perf_counter() - t0, 1)})
-        print(f"{label:34s} ppl {r.ppl:.4f} base {r.ppl_base:.4f} "
-              f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} p99 {r.kld_p99:.4f} "
-              f"max {r.kld_max:.3f} top1 {r.top1_agreement:.4f}",
-              flush=True)
-        del engine
+    engines = [LLMEngine(dataclasses.replace(base_cfg, **over), spec=spec, weights=weights,
+                         tokenizer=tokenizer) for _, over in variants]
+    t0, rows = time.perf_counter(), []
+    for results in perplexity_runs(engines, ids, context, stride, chunks, base):
+        rows = []
+        for (label, _), engine, r in zip(variants, engines, results):
+            rows.append({"variant": label, "layout": engine.kv_layout.describe(),
+                         "bytes_per_token": engine.bytes_per_token, **r.to_json()})
+            print(f"{label:34s} chunks {r.chunks} ppl {r.ppl:.4f} base {r.ppl_base:.4f} "
+                  f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} p99 {r.kld_p99:.4f} "
+                  f"max {r.kld_max:.3f} top1 {r.top1_agreement:.4f}", flush=True)
+        print(f"{time.perf_counter() - t0:.0f} s so far", flush=True)
+        if on_chunk is not None:
+            on_chunk(rows)
     return rows, text
 
 
@@ -230,7 +233,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--stride", type=int, help="tokens fed per step (default: one prefill)")
-    ap.add_argument("--only", help="comma-separated variant labels (default: all)")
+    ap.add_argument("--only", help="variant labels separated by ';' (by ',' when there is no "
+                    "';'; default: all)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
@@ -238,7 +242,12 @@ def main() -> None:
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
     ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
-    wanted = set(args.only.split(",")) if args.only else None
+    wanted = None if not args.only else {
+        w.strip() for w in args.only.split(";" if ";" in args.only else ",")}
+    unknown = (wanted or set()) - {label for label, _ in PASSKEY_VARIANTS}
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; known: "
+                 f"{'; '.join(label for label, _ in PASSKEY_VARIANTS)}")
     keys = None
     if args.passkey_depths:
         keys = passkey_accuracy(args.context, args.passkey_depths, [
@@ -250,19 +259,21 @@ def main() -> None:
         return
     variants = [v for v in VARIANTS if wanted is None or v[0] in wanted]
     print(machine_line(2), flush=True)
-    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride)
+
+    def write(rows, peer=None, cap=()):
+        if args.json:
+            args.json.write_text(json.dumps({
+                "date": str(date.today()), "context": args.context, "machine": machine_line(2),
+                "base": args.base, "stride": args.stride, "chunks": args.chunks,
+                "kvledger": rows, "llama_cpp": peer, "capacity_256MiB_4K": list(cap),
+                "passkey": keys}, indent=1))
+
+    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write)
     peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
     cap = [] if args.no_capacity else capacity(256 << 20, 4096, 8)
     for row in cap:
         print(row)
-    if args.json:
-        args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
-                                         "machine": machine_line(2), "base": args.base,
-                                         "stride": args.stride,
-                                         "chunks": args.chunks, "kvledger": rows,
-                                         "llama_cpp": peer, "capacity_256MiB_4K": cap,
-                                         "passkey": keys},
-                                        indent=1))
+    write(rows, peer, cap)
 
 
 if __name__ == "__main__":
