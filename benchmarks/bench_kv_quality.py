@@ -14,10 +14,11 @@ Peer (same text file, same GGUF): ``llama-perplexity`` with ``-ctk/-ctv`` f16, q
 its logits (``--kl-divergence-base``) and the others report their KLD against it. Its log
 says whether it rotated K/V (``n_rot_k``, its PR #21038).
 
-Capacity: 4K-token requests that fit in a 256 MiB KV budget per format: the engine's pool
-(blocks after the residual buffers) / blocks per request, next to the ledger's figure, and
-the effective bits per K/V element of one 4K request (codes, scales, zero points and the
-residual block included).
+Capacity, per variant run (same key group and window): the effective bits per K/V element of
+one 4K request (codes, scales, zero points and the bf16 full-precision window included, as
+``kvledger plan`` prices it), ``kvledger plan``'s concurrency at 4K on an H100-SXM, and 4K-token
+requests that fit in a 256 MiB KV budget: the engine's pool (blocks after the residual buffers)
+/ blocks per request, next to the ledger's figure.
 
 Pass key (``--passkey-depths N``, alone with ``--passkey-only``): ``kvledger eval passkey``'s
 trial (a 5-digit key hidden in filler, asked for at the end, greedy answer) at ``--context``
@@ -194,36 +195,45 @@ def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
     return {"version": version, "binary": str(binary), "runs": rows}
 
 
-def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
-    """Requests of ``tokens`` that fit the engine's pool vs the ledger's figure, per format."""
+def capacity(variants, budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
+    """Per variant (and bf16): the effective bits per K/V element of one ``tokens`` request
+    (codes, scales, zero points and the bf16 full-precision window included, as
+    ``kvledger plan`` counts them), ``kvledger plan``'s concurrency at ``tokens`` on an
+    H100-SXM, and requests of ``tokens`` that fit the engine's pool (fp32 compute) in
+    ``budget_bytes`` next to the ledger's figure for the same pool."""
     import torch
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.ledger.admission import blocks_for_kv_tokens
+    from kvledger.ledger.hardware import get_device
     from kvledger.ledger.kv import kv_bytes_per_block, residual_bytes
+    from kvledger.ledger.planner import RESIDUAL_FORMAT, PlanOptions, plan
     from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights("default", torch.float32)
     per_request_blocks = blocks_for_kv_tokens(tokens, 16)
+    elements = tokens * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
     rows = []
-    for fmt in ("fp32", "bf16", "fp8", "int8", "int4", "int3", "int2"):
-        cfg = EngineConfig(dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=budget_bytes / 2**30,
-                           max_num_seqs=max_num_seqs)
+    for label, over in [("bf16", {"kv_cache_dtype": "bf16"}), *variants]:
+        cfg = EngineConfig(dtype="fp32", kv_cache_gib=budget_bytes / 2**30,
+                           max_num_seqs=max_num_seqs, **over)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
-        fits = engine.store.nbytes <= budget_bytes
-        kv = cfg.kv_format_spec()
+        kv, block = cfg.kv_format_spec(), kv_bytes_per_block(spec, cfg.kv_format_spec(), 1, 16)
         reserved = max_num_seqs * residual_bytes(spec, kv, 1, 16, "fp32")
-        ledger = (budget_bytes - reserved) // (per_request_blocks * kv_bytes_per_block(
-            spec, kv, 1, 16))
-        elements = tokens * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
-        one = per_request_blocks * kv_bytes_per_block(spec, kv, 1, 16) + residual_bytes(
-            spec, kv, 1, 16, "fp32" if kv.quantized else fmt)
-        rows.append({"kv_format": fmt, "pool_blocks": engine.stats()["kv_blocks_total"],
-                     "bits_per_element": round(8 * one / elements, 3),
-                     "pool_bytes": engine.store.nbytes, "within_budget": fits,
+        one = per_request_blocks * block + residual_bytes(spec, kv, 1, 16, RESIDUAL_FORMAT)
+        planned = plan(spec, get_device("H100-SXM"), PlanOptions(
+            contexts=(tokens,), kv_format=cfg.kv_cache_dtype, kv_key_quant=cfg.kv_key_quant,
+            kv_outlier_channels=cfg.kv_outlier_channels or None,
+            kv_key_group_tokens=cfg.kv_key_group_tokens,
+            kv_residual_tokens=cfg.kv_residual_tokens))
+        rows.append({"variant": label, "bits_per_element": round(8 * one / elements, 3),
+                     "plan_concurrency_h100": planned.contexts[0].max_concurrency,
+                     "pool_blocks": engine.stats()["kv_blocks_total"],
+                     "pool_bytes": engine.store.nbytes,
+                     "within_budget": engine.store.nbytes <= budget_bytes,
                      "engine_requests": engine.stats()["kv_blocks_total"] // per_request_blocks,
-                     "ledger_requests": ledger})
+                     "ledger_requests": (budget_bytes - reserved) // (per_request_blocks * block)})
         del engine
     return rows
 
@@ -270,7 +280,7 @@ def main() -> None:
 
     rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write)
     peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
-    cap = [] if args.no_capacity else capacity(256 << 20, 4096, 8)
+    cap = [] if args.no_capacity else capacity(variants, 256 << 20, 4096, 8)
     for row in cap:
         print(row)
     write(rows, peer, cap)
