@@ -238,13 +238,23 @@ def capacity(variants, budget_bytes: int, tokens: int, max_num_seqs: int) -> lis
     return rows
 
 
+def _labels(text: str) -> set[str]:
+    """The variant labels of ``--only``: separated by ';', or by ',' when every piece is a
+    label (labels such as "int4 + rotation, R 128" hold commas)."""
+    known = {label for label, _ in PASSKEY_VARIANTS}
+    parts = text.split(";" if ";" in text else ",")
+    if ";" not in text and not all(p.strip() in known for p in parts):
+        parts = [text]
+    return {p.strip() for p in parts if p.strip()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--stride", type=int, help="tokens fed per step (default: one prefill)")
-    ap.add_argument("--only", help="variant labels separated by ';' (by ',' when there is no "
-                    "';'; default: all)")
+    ap.add_argument("--only", help="variant labels separated by ';' (or ',' when no label holds "
+                    "one; default: all)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
@@ -252,8 +262,7 @@ def main() -> None:
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
     ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
-    wanted = None if not args.only else {
-        w.strip() for w in args.only.split(";" if ";" in args.only else ",")}
+    wanted = _labels(args.only) if args.only else None
     unknown = (wanted or set()) - {label for label, _ in PASSKEY_VARIANTS}
     if unknown:
         ap.error(f"unknown variants {sorted(unknown)}; known: "
