@@ -14,10 +14,11 @@ Peer (same text file, same GGUF): ``llama-perplexity`` with ``-ctk/-ctv`` f16, q
 its logits (``--kl-divergence-base``) and the others report their KLD against it. Its log
 says whether it rotated K/V (``n_rot_k``, its PR #21038).
 
-Capacity: 4K-token requests that fit in a 256 MiB KV budget per format: the engine's pool
-(blocks after the residual buffers) / blocks per request, next to the ledger's figure, and
-the effective bits per K/V element of one 4K request (codes, scales, zero points and the
-residual block included).
+Capacity, per variant run (same key group and window): the effective bits per K/V element of
+one 4K request (codes, scales, zero points and the bf16 full-precision window included, as
+``kvledger plan`` prices it), ``kvledger plan``'s concurrency at 4K on an H100-SXM, and 4K-token
+requests that fit in a 256 MiB KV budget: the engine's pool (blocks after the residual buffers)
+/ blocks per request, next to the ledger's figure.
 
 Pass key (``--passkey-depths N``, alone with ``--passkey-only``): ``kvledger eval passkey``'s
 trial (a 5-digit key hidden in filler, asked for at the end, greedy answer) at ``--context``
@@ -64,26 +65,29 @@ VARIANTS = [  # label, EngineConfig overrides
       for f in ("int4", "int3", "int2")),
     # key groups (G tokens) and the full-precision window (R tokens); run them with
     # --stride 16 to see the window as generation does (docs/kv-formats.md)
-    ("int4 + rotation, R 128", {"kv_cache_dtype": "int4", "kv_rotation": "hadamard",
-                                "kv_residual_tokens": 128}),
+    *((f"{f}{rot}, R 128", {"kv_cache_dtype": f, "kv_residual_tokens": 128,
+                            "kv_rotation": "hadamard" if rot else "none"})
+      for f in ("int8", "int4") for rot in ("", " + rotation")),
     *((f"{f}{rot}, G {g}, R {r}", {"kv_cache_dtype": f, "kv_key_group_tokens": g,
                                    "kv_residual_tokens": r,
                                    "kv_rotation": "hadamard" if rot else "none"})
-      for f in ("int3", "int2") for rot in ("", " + rotation")
-      for g, r in ((16, 16), (32, 128), (64, 128))),
+      for f in ("int8", "int4", "int3", "int2") for rot in ("", " + rotation")
+      for g, r in ((16, 16), (32, 128), (64, 128)) if f in ("int3", "int2") or g == 32),
 ]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
 
 
-def quality(context: int, chunks: int, variants, base_kv: str,
-            stride: int | None = None) -> tuple[list[dict], str]:
+def quality(context: int, chunks: int, variants, base_kv: str, stride: int | None = None,
+            on_chunk=None) -> tuple[list[dict], str]:
+    """One row per variant over the chunks, every variant against ONE base run per chunk
+    (``perplexity_runs``); ``on_chunk(rows)`` after each chunk with the figures so far."""
     import torch
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.eval.corpus import default_text
-    from kvledger.eval.perplexity import perplexity
+    from kvledger.eval.perplexity import perplexity_runs
     from kvledger.eval.scoring import eval_config
     from kvledger.model.weights.loader import load_tokenizer, load_weights
 
@@ -93,20 +97,20 @@ def quality(context: int, chunks: int, variants, base_kv: str,
     ids = tokenizer.encode(text, add_special_tokens=False)
     base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype=base_kv), context)
     base = LLMEngine(base_cfg, spec=spec, weights=weights, tokenizer=tokenizer)
-    rows = []
-    for label, over in variants:
-        t0 = time.perf_counter()
-        engine = LLMEngine(dataclasses.replace(base_cfg, **over), spec=spec, weights=weights,
-                           tokenizer=tokenizer)
-        r = perplexity(engine, ids, context, stride, max_chunks=chunks, base=base)
-        rows.append({"variant": label, "layout": engine.kv_layout.describe(),
-                     "bytes_per_token": engine.bytes_per_token, **r.to_json(),
-                     "seconds": round(time.perf_counter() - t0, 1)})
-        print(f"{label:34s} ppl {r.ppl:.4f} base {r.ppl_base:.4f} "
-              f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} p99 {r.kld_p99:.4f} "
-              f"max {r.kld_max:.3f} top1 {r.top1_agreement:.4f}",
-              flush=True)
-        del engine
+    engines = [LLMEngine(dataclasses.replace(base_cfg, **over), spec=spec, weights=weights,
+                         tokenizer=tokenizer) for _, over in variants]
+    t0, rows = time.perf_counter(), []
+    for results in perplexity_runs(engines, ids, context, stride, chunks, base):
+        rows = []
+        for (label, _), engine, r in zip(variants, engines, results):
+            rows.append({"variant": label, "layout": engine.kv_layout.describe(),
+                         "bytes_per_token": engine.bytes_per_token, **r.to_json()})
+            print(f"{label:34s} chunks {r.chunks} ppl {r.ppl:.4f} base {r.ppl_base:.4f} "
+                  f"dppl {r.delta_ppl_pct:+.3f}% kld {r.kld_mean:.5f} p99 {r.kld_p99:.4f} "
+                  f"max {r.kld_max:.3f} top1 {r.top1_agreement:.4f}", flush=True)
+        print(f"{time.perf_counter() - t0:.0f} s so far", flush=True)
+        if on_chunk is not None:
+            on_chunk(rows)
     return rows, text
 
 
@@ -191,38 +195,57 @@ def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
     return {"version": version, "binary": str(binary), "runs": rows}
 
 
-def capacity(budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
-    """Requests of ``tokens`` that fit the engine's pool vs the ledger's figure, per format."""
+def capacity(variants, budget_bytes: int, tokens: int, max_num_seqs: int) -> list[dict]:
+    """Per variant (and bf16): the effective bits per K/V element of one ``tokens`` request
+    (codes, scales, zero points and the bf16 full-precision window included, as
+    ``kvledger plan`` counts them), ``kvledger plan``'s concurrency at ``tokens`` on an
+    H100-SXM, and requests of ``tokens`` that fit the engine's pool (fp32 compute) in
+    ``budget_bytes`` next to the ledger's figure for the same pool."""
     import torch
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
     from kvledger.ledger.admission import blocks_for_kv_tokens
+    from kvledger.ledger.hardware import get_device
     from kvledger.ledger.kv import kv_bytes_per_block, residual_bytes
+    from kvledger.ledger.planner import RESIDUAL_FORMAT, PlanOptions, plan
     from kvledger.model.weights.loader import load_weights
 
     spec, weights = load_weights("default", torch.float32)
     per_request_blocks = blocks_for_kv_tokens(tokens, 16)
+    elements = tokens * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
     rows = []
-    for fmt in ("fp32", "bf16", "fp8", "int8", "int4", "int3", "int2"):
-        cfg = EngineConfig(dtype="fp32", kv_cache_dtype=fmt, kv_cache_gib=budget_bytes / 2**30,
-                           max_num_seqs=max_num_seqs)
+    for label, over in [("bf16", {"kv_cache_dtype": "bf16"}), *variants]:
+        cfg = EngineConfig(dtype="fp32", kv_cache_gib=budget_bytes / 2**30,
+                           max_num_seqs=max_num_seqs, **over)
         engine = LLMEngine(cfg, spec=spec, weights=weights)
-        fits = engine.store.nbytes <= budget_bytes
-        kv = cfg.kv_format_spec()
+        kv, block = cfg.kv_format_spec(), kv_bytes_per_block(spec, cfg.kv_format_spec(), 1, 16)
         reserved = max_num_seqs * residual_bytes(spec, kv, 1, 16, "fp32")
-        ledger = (budget_bytes - reserved) // (per_request_blocks * kv_bytes_per_block(
-            spec, kv, 1, 16))
-        elements = tokens * 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim
-        one = per_request_blocks * kv_bytes_per_block(spec, kv, 1, 16) + residual_bytes(
-            spec, kv, 1, 16, "fp32" if kv.quantized else fmt)
-        rows.append({"kv_format": fmt, "pool_blocks": engine.stats()["kv_blocks_total"],
-                     "bits_per_element": round(8 * one / elements, 3),
-                     "pool_bytes": engine.store.nbytes, "within_budget": fits,
+        one = per_request_blocks * block + residual_bytes(spec, kv, 1, 16, RESIDUAL_FORMAT)
+        planned = plan(spec, get_device("H100-SXM"), PlanOptions(
+            contexts=(tokens,), kv_format=cfg.kv_cache_dtype, kv_key_quant=cfg.kv_key_quant,
+            kv_outlier_channels=cfg.kv_outlier_channels or None,
+            kv_key_group_tokens=cfg.kv_key_group_tokens,
+            kv_residual_tokens=cfg.kv_residual_tokens))
+        rows.append({"variant": label, "bits_per_element": round(8 * one / elements, 3),
+                     "plan_concurrency_h100": planned.contexts[0].max_concurrency,
+                     "pool_blocks": engine.stats()["kv_blocks_total"],
+                     "pool_bytes": engine.store.nbytes,
+                     "within_budget": engine.store.nbytes <= budget_bytes,
                      "engine_requests": engine.stats()["kv_blocks_total"] // per_request_blocks,
-                     "ledger_requests": ledger})
+                     "ledger_requests": (budget_bytes - reserved) // (per_request_blocks * block)})
         del engine
     return rows
+
+
+def _labels(text: str) -> set[str]:
+    """The variant labels of ``--only``: separated by ';', or by ',' when every piece is a
+    label (labels such as "int4 + rotation, R 128" hold commas)."""
+    known = {label for label, _ in PASSKEY_VARIANTS}
+    parts = text.split(";" if ";" in text else ",")
+    if ";" not in text and not all(p.strip() in known for p in parts):
+        parts = [text]
+    return {p.strip() for p in parts if p.strip()}
 
 
 def main() -> None:
@@ -230,7 +253,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
     ap.add_argument("--stride", type=int, help="tokens fed per step (default: one prefill)")
-    ap.add_argument("--only", help="comma-separated variant labels (default: all)")
+    ap.add_argument("--only", help="variant labels separated by ';' (or ',' when no label holds "
+                    "one; default: all)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
@@ -238,7 +262,11 @@ def main() -> None:
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
     ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
-    wanted = set(args.only.split(",")) if args.only else None
+    wanted = _labels(args.only) if args.only else None
+    unknown = (wanted or set()) - {label for label, _ in PASSKEY_VARIANTS}
+    if unknown:
+        ap.error(f"unknown variants {sorted(unknown)}; known: "
+                 f"{'; '.join(label for label, _ in PASSKEY_VARIANTS)}")
     keys = None
     if args.passkey_depths:
         keys = passkey_accuracy(args.context, args.passkey_depths, [
@@ -250,19 +278,21 @@ def main() -> None:
         return
     variants = [v for v in VARIANTS if wanted is None or v[0] in wanted]
     print(machine_line(2), flush=True)
-    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride)
+
+    def write(rows, peer=None, cap=()):
+        if args.json:
+            args.json.write_text(json.dumps({
+                "date": str(date.today()), "context": args.context, "machine": machine_line(2),
+                "base": args.base, "stride": args.stride, "chunks": args.chunks,
+                "kvledger": rows, "llama_cpp": peer, "capacity_256MiB_4K": list(cap),
+                "passkey": keys}, indent=1))
+
+    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write)
     peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
-    cap = [] if args.no_capacity else capacity(256 << 20, 4096, 8)
+    cap = [] if args.no_capacity else capacity(variants, 256 << 20, 4096, 8)
     for row in cap:
         print(row)
-    if args.json:
-        args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
-                                         "machine": machine_line(2), "base": args.base,
-                                         "stride": args.stride,
-                                         "chunks": args.chunks, "kvledger": rows,
-                                         "llama_cpp": peer, "capacity_256MiB_4K": cap,
-                                         "passkey": keys},
-                                        indent=1))
+    write(rows, peer, cap)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ KLD's maximum, 99.9 % and 99.0 % percentiles and median over the scored position
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -122,41 +123,76 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
     Raises:
         InvalidParameterError: bad context or stride, text shorter than one chunk.
     """
+    *_, last = perplexity_runs([engine], ids, context, stride, max_chunks, base, text)
+    return last[0]
+
+
+@dataclass
+class _Tally:
+    """One engine's running sums over the chunks done so far."""
+
+    nll: float = 0.0
+    count: int = 0
+    base_nll: float = 0.0
+    same_top: int = 0
+
+    def __post_init__(self) -> None:
+        self.chunk_ppl: list[float] = []
+        self.klds: list[torch.Tensor] = []
+
+
+def perplexity_runs(engines: list, ids: list[int], context: int, stride: int | None = None,
+                    max_chunks: int | None = None, base=None, text: str = ""
+                    ) -> Iterator[list[PerplexityResult]]:
+    """The protocol on several engines against one ``base`` run per chunk (the base is fed
+    once per chunk, not once per engine): after each chunk, yields one result per engine of
+    ``engines`` over the chunks done so far (the last yield is the whole run).
+
+    Every engine and the base are fed ``stride`` tokens per step (default: one prefill, or
+    ``RETENTION_STRIDE`` when an engine's ``--kv-policy`` evicts). The base's log-probabilities
+    of a chunk are kept ([context / 2, vocab] fp32) while the engines run it.
+
+    Raises:
+        InvalidParameterError: bad context or stride, text shorter than one chunk.
+    """
     check_protocol(context, stride)
-    stride = stride or (RETENTION_STRIDE if engine.config.retention.evicts else context)
+    evicts = any(e.config.retention.evicts for e in engines)
+    stride = stride or (RETENTION_STRIDE if evicts else context)
     first = context // 2
-    nll_sum, count, chunk_ppl = 0.0, 0, []
-    base_nll, klds, same_top = 0.0, [], 0
+    tallies = [_Tally() for _ in engines]
     for chunk in chunk_tokens(ids, context, max_chunks):
         target = torch.tensor(chunk)
-        runs = step_logprobs(engine, chunk, stride, first)
-        base_runs = step_logprobs(base, chunk, stride, first) if base is not None else None
-        chunk_nll, chunk_count = 0.0, 0
-        for pos, lp in runs:
-            rows = lp.shape[0]
-            nxt = target[pos + 1: pos + 1 + rows]
-            chunk_nll -= float(lp.gather(1, nxt[:, None]).sum())
-            chunk_count += rows
-            if base_runs is not None:
-                _, base_lp = next(base_runs)
-                base_nll -= float(base_lp.gather(1, nxt[:, None]).sum())
-                klds.append((base_lp.exp() * (base_lp - lp)).sum(-1).double())
-                same_top += int((base_lp.argmax(-1) == lp.argmax(-1)).sum())
-        if base_runs is not None:
-            for _ in base_runs:  # nothing left to score: lets it free its blocks
-                pass
-        nll_sum, count = nll_sum + chunk_nll, count + chunk_count
-        chunk_ppl.append(math.exp(chunk_nll / chunk_count))
+        base_lp = None if base is None else torch.cat(
+            [lp for _, lp in step_logprobs(base, chunk, stride, first)])
+        for engine, t in zip(engines, tallies):
+            chunk_nll, chunk_count = 0.0, 0
+            for pos, lp in step_logprobs(engine, chunk, stride, first):
+                rows = lp.shape[0]
+                nxt = target[pos + 1: pos + 1 + rows]
+                chunk_nll -= float(lp.gather(1, nxt[:, None]).sum())
+                chunk_count += rows
+                if base_lp is not None:
+                    blp = base_lp[pos - first: pos - first + rows]
+                    t.base_nll -= float(blp.gather(1, nxt[:, None]).sum())
+                    t.klds.append((blp.exp() * (blp - lp)).sum(-1).double())
+                    t.same_top += int((blp.argmax(-1) == lp.argmax(-1)).sum())
+            t.nll, t.count = t.nll + chunk_nll, t.count + chunk_count
+            t.chunk_ppl.append(math.exp(chunk_nll / chunk_count))
+        yield [_result(e, t, base, context, stride, text) for e, t in zip(engines, tallies)]
+
+
+def _result(engine, t: _Tally, base, context: int, stride: int, text: str) -> PerplexityResult:
+    """``t``'s sums as a result (KLD statistics over every scored position so far)."""
     result = PerplexityResult(
         text=text, kv_format=engine.kv_format,
         base_kv_format=None if base is None else base.kv_format, context=context,
-        stride=stride, chunks=len(chunk_ppl), tokens_scored=count,
-        ppl=math.exp(nll_sum / count), nll=nll_sum / count, chunk_ppl=chunk_ppl,
+        stride=stride, chunks=len(t.chunk_ppl), tokens_scored=t.count,
+        ppl=math.exp(t.nll / t.count), nll=t.nll / t.count, chunk_ppl=list(t.chunk_ppl),
         kv_policy=engine.config.retention.describe())
     if base is not None:
-        kld = torch.cat(klds).sort().values
-        result.kld_mean, result.top1_agreement = float(kld.sum()) / count, same_top / count
+        kld = torch.cat(t.klds).sort().values
+        result.kld_mean, result.top1_agreement = float(kld.sum()) / t.count, t.same_top / t.count
         result.kld_max, result.kld_median = float(kld[-1]), kld_percentile(kld, 0.5)
         result.kld_p999, result.kld_p99 = kld_percentile(kld, 0.999), kld_percentile(kld, 0.99)
-        result.ppl_base = math.exp(base_nll / count)
+        result.ppl_base = math.exp(t.base_nll / t.count)
     return result

@@ -73,6 +73,35 @@ def test_kld_percentiles_of_a_lossy_kv_run(tiny_engine_factory):
     assert r.kld_mean <= r.kld_max
 
 
+def test_engines_sharing_one_base_run_get_their_own_figures(tiny_engine_factory, monkeypatch):
+    """perplexity_runs feeds the base once per chunk for several engines: each engine's
+    figures equal the ones of a run alone (PPL without a base; the KLD against its own base
+    run), the base's PPL equals its own run, and one figure set comes after each chunk."""
+    from kvledger.eval import perplexity as module
+
+    ids, chunks = _ids(300), 2
+    engines = [tiny_engine_factory(num_blocks=16, kv_cache_dtype=f) for f in ("int4", "int8")]
+    base = tiny_engine_factory(num_blocks=16)
+    fed = []
+    real = module.step_logprobs
+    monkeypatch.setattr(module, "step_logprobs",
+                        lambda e, *a, **k: (fed.append(e), real(e, *a, **k))[1])
+    runs = list(module.perplexity_runs(engines, ids, 128, 32, chunks, base))
+    assert [r[0].chunks for r in runs] == [1, 2]
+    assert fed.count(base) == chunks  # the base ran once per chunk, not once per engine
+    monkeypatch.setattr(module, "step_logprobs", real)
+    alone_base = perplexity(base, ids, 128, 32, chunks)
+    for engine, shared in zip(engines, runs[-1]):
+        alone = perplexity(engine, ids, 128, 32, chunks)
+        paired = perplexity(engine, ids, 128, 32, chunks,
+                            base=tiny_engine_factory(num_blocks=16))
+        assert shared.ppl == pytest.approx(alone.ppl, rel=1e-6)
+        assert shared.ppl_base == pytest.approx(alone_base.ppl, rel=1e-6)
+        assert shared.kld_mean == pytest.approx(paired.kld_mean, rel=1e-5)
+        assert shared.kld_max == pytest.approx(paired.kld_max, rel=1e-5)
+        assert shared.kld_mean > 0
+
+
 @pytest.mark.slow
 def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
     """The engine's PPL (fp32, fp32 KV) on real text equals the one computed from
