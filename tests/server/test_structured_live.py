@@ -129,7 +129,9 @@ def test_chat_tool_call_round_trip_and_streamed_arguments(client, model):
     calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices[0].delta.tool_calls]
     assert calls[0].id and calls[0].function.name == "get_weather"
     assert calls[0].function.arguments == ""
-    assert "".join(c.function.arguments for c in calls) == call.function.arguments
+    streamed = json.loads("".join(c.function.arguments for c in calls))
+    # a prefix hit may round bf16 differently and pick other whitespace between JSON tokens
+    assert streamed == json.loads(call.function.arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     messages += [first.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id,
