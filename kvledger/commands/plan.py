@@ -107,6 +107,7 @@ def plan(
         help=field_help()["kv_key_group_tokens"])] = None,
     kv_residual_tokens: Annotated[int | None, Opt(
         help=field_help()["kv_residual_tokens"])] = None,
+    kv_intact_tokens: Annotated[int, Opt(help=field_help()["kv_intact_tokens"])] = 0,
     shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
     turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
     mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,
@@ -159,6 +160,7 @@ def plan(
         kv_key_quant=kv_key_quant,
         kv_key_group_tokens=kv_key_group_tokens,
         kv_residual_tokens=kv_residual_tokens,
+        kv_intact_tokens=kv_intact_tokens,
         shared_prefix=shared_prefix,
         turn_tokens=turn_tokens,
         mfu=mfu,

@@ -73,6 +73,9 @@ class EngineConfig:
         kv_residual_tokens: quantized formats: the full-precision window of the most recent
             tokens per running sequence, a multiple of block_size, at least the key group;
             None = the key group (one block for int8 / int4).
+        kv_intact_tokens: quantized formats: the first tokens of every sequence (its
+            attention sinks) kept at full precision and never quantized, rounded up to
+            whole key groups (IntactKV); 0 = none.
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
         tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
@@ -125,6 +128,7 @@ class EngineConfig:
     kv_rotation: str = "none"
     kv_key_group_tokens: int | None = None
     kv_residual_tokens: int | None = None
+    kv_intact_tokens: int = 0
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0
@@ -184,4 +188,5 @@ class EngineConfig:
                                          self.kv_outlier_channels,
                                          residual_tokens=self.kv_residual_tokens,
                                          rotation=self.kv_rotation,
-                                         key_group_tokens=self.kv_key_group_tokens)
+                                         key_group_tokens=self.kv_key_group_tokens,
+                                         intact_tokens=self.kv_intact_tokens)

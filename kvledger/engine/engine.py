@@ -111,6 +111,8 @@ class LLMEngine:
         self.kv_layout = resolve_layout(config, spec, dtype)
         if not self.kv_layout.blockwise and tiers_wanted(config):
             raise InvalidParameterError(
+                "KV tiers hold blocks one at a time, and --kv-intact-tokens keeps the first "
+                "blocks outside them: drop it" if self.kv_layout.fmt.intact_tokens else
                 f"KV tiers hold blocks one at a time, and {self.kv_layout.kv_format} keys are "
                 f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
         attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
@@ -138,7 +140,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, store_ops, self.kv_layout.groups,
                                    self.kv_layout.sealed_blocks,
-                                   len if self.store is None else self.store.shareable)
+                                   len if self.store is None else self.store.shareable,
+                                   self.kv_layout.intact_blocks)
         self._check_retention(config.retention)
         if self.store is not None:
             self.scheduler.kv.pool.on_release = store_ops.release

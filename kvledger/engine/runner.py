@@ -194,13 +194,14 @@ class ModelRunner:
     def _seal(self, chunks: Seq, group: int) -> torch.Tensor | None:
         """Block ids of layer group ``group`` the step seals (a quantized store): per chunk,
         its table's blocks from ``sealed_blocks`` before the step to after it, whole key
-        groups in order (entries a sliding group dropped are left out)."""
+        groups in order, less the intact ones (entries a sliding group dropped are left
+        out)."""
         if not self.store.quantized:
             return None
         ids = []
         for c in chunks:
             start = c.request.num_computed_tokens
-            lo = self.store.sealed_blocks(start)
+            lo = max(self.store.sealed_blocks(start), self.store.intact_blocks)
             hi = self.store.sealed_blocks(start + c.num_new_tokens)
             ids.extend(b for b in c.request.block_tables[group][lo:hi] if b >= 0)
         return torch.tensor(ids, dtype=torch.int64)

@@ -78,7 +78,9 @@ class Scheduler:
         bytes_per_block: KV bytes of one block over all layers (the ledger's figure; for
             messages and stats).
         max_model_len: the model's context limit in tokens.
-        store, groups, sealed_blocks, shareable: the KV manager's (``KVCacheManager``).
+        store, groups, sealed_blocks, shareable, intact_blocks: the KV manager's
+            (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact blocks
+            cached).
     """
 
     def __init__(
@@ -92,12 +94,14 @@ class Scheduler:
         groups: tuple[KVGroup, ...] = ONE_TABLE,
         sealed_blocks: Callable[[int], int] | None = None,
         shareable: Callable[[list[int]], int] = len,
+        intact_blocks: int = 0,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
-                                 groups, sealed_blocks, shareable)
+                                 groups, sealed_blocks, shareable, intact_blocks,
+                                 config.max_num_seqs * intact_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

@@ -61,7 +61,7 @@ def load_engines(config: EngineConfig, context: int, base_kv: str | None = None)
         full = {"kv_policy": None, "kv_window": None, "kv_sinks": None, "kv_budget": None,
                 "kv_positions": None, "kv_select": None, "kv_scope": None,
                 "kv_outlier_channels": 0, "kv_rotation": "none", "kv_key_group_tokens": None,
-                "kv_residual_tokens": None}
+                "kv_residual_tokens": None, "kv_intact_tokens": 0}
         base = LLMEngine(dataclasses.replace(cfg, kv_cache_dtype=base_kv, **full), spec=spec,
                          weights=weights, tokenizer=tokenizer)
     return engine, base

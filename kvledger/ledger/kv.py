@@ -179,8 +179,9 @@ def kv_bytes_per_block(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: 
 def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
                    compute_format: str) -> int:
     """Bytes a quantized format keeps per running sequence at full precision, in the compute
-    format ``compute_format``: its window of ``residual_blocks`` blocks (by default the key
-    group: the last, partial block for int8 / int4).
+    format ``compute_format``: its ``reserved_blocks`` (the window of ``residual_blocks``, by
+    default the key group: the last, partial block for int8 / int4; and twice the intact
+    blocks, the sequence's and a cached one's).
     0 for a full-precision format.
 
     Raises:
@@ -189,7 +190,7 @@ def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
     """
     if not fmt.quantized:
         return 0
-    blocks = fmt.residual_blocks(block_size)
+    blocks = fmt.reserved_blocks(block_size)
     return blocks * kv_bytes_per_block(spec, KVFormatSpec(compute_format), tp, block_size)
 
 

@@ -1,5 +1,6 @@
 """What a KV format is: the storage table of each named format and :class:`KVFormatSpec`, the
-one value that names a format and its options (group, key mode, outliers, residual, rotation).
+one value that names a format and its options (group, key mode, outliers, residual, intact
+tokens, rotation).
 
 The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.py``):
 
@@ -16,6 +17,9 @@ The storage layouts (seed §4.2), as the engine stores them (``engine/kv/codecs.
   window               the most recent tokens stay in the compute dtype (KIVI's residual, R
                        tokens per running sequence); older tokens are quantized a whole key
                        group at a time (:meth:`KVFormatSpec.sealed_blocks`).
+  intact               the first N tokens of a sequence (its attention sinks) are never
+                       quantized: they stay in the compute dtype for the sequence's life
+                       (IntactKV, arXiv:2403.01241; StreamingLLM's sinks, arXiv:2309.17453).
   outliers             ``n`` key channels per layer and KV head also kept in fp16 (2 bytes per
                        token each); the codes still cover every channel. Channel indices are
                        calibrated once per layer, so they cost no bytes per block.
@@ -132,10 +136,12 @@ class KVFormatSpec:
         rotation: ``none`` or ``hadamard`` (quantized formats: K and V rows rotated by an
             orthogonal matrix before quantization, ``engine/kv/rotation.py``); the bytes are
             the same either way.
+        intact_tokens: N, the first tokens of every sequence kept in the compute dtype and
+            never quantized (quantized formats; 0 = none), rounded up to whole key groups.
 
     Raises:
-        InvalidParameterError: an unknown name, key mode or rotation; a rotation of a
-            full-precision format.
+        InvalidParameterError: an unknown name, key mode or rotation; a rotation or intact
+            tokens on a full-precision format; intact tokens below 0.
     """
 
     name: str = "bf16"
@@ -146,6 +152,7 @@ class KVFormatSpec:
     residual_tokens: int | None = None
     rotation: str = "none"
     key_group_tokens: int | None = None
+    intact_tokens: int = 0
 
     def __post_init__(self) -> None:
         kv_format(self.name)
@@ -158,19 +165,26 @@ class KVFormatSpec:
         if self.rotation != "none" and not self.quantized:
             raise InvalidParameterError(f"--kv-rotation {self.rotation} applies to quantized KV "
                                         f"formats, not {self.name}")
+        if self.intact_tokens < 0:
+            raise InvalidParameterError(
+                f"--kv-intact-tokens must be >= 0, got {self.intact_tokens}")
+        if self.intact_tokens and not self.quantized:
+            raise InvalidParameterError(f"--kv-intact-tokens applies to quantized KV formats, "
+                                        f"not {self.name}")
 
     @classmethod
     def from_options(cls, kv_cache_dtype: str, compute_format: str = "bf16",
                      group_size: int | None = None, key_quant: str = "per-channel",
                      outlier_channels: int | None = None, outlier_frac: float = 0.0,
                      residual_tokens: int | None = None, rotation: str = "none",
-                     key_group_tokens: int | None = None) -> KVFormatSpec:
+                     key_group_tokens: int | None = None,
+                     intact_tokens: int = 0) -> KVFormatSpec:
         """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
         format, bf16 or fp32); every other option as given. The one place the engine
         (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
         name = compute_format if kv_cache_dtype == "auto" else kv_cache_dtype
         return cls(name, group_size, key_quant, outlier_channels, outlier_frac, residual_tokens,
-                   rotation, key_group_tokens)
+                   rotation, key_group_tokens, intact_tokens)
 
     @property
     def quantized(self) -> bool:
@@ -187,7 +201,8 @@ class KVFormatSpec:
         (the planner's what-if rows)."""
         if kv_format(name).quantized:
             return replace(self, name=name)
-        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0, rotation="none")
+        return replace(self, name=name, outlier_channels=None, outlier_frac=0.0, rotation="none",
+                       intact_tokens=0)
 
     def outlier_count(self, head_dim: int) -> int:
         """Key channels kept in fp16 per layer and KV head of ``head_dim`` channels.
@@ -239,12 +254,25 @@ class KVFormatSpec:
                                         f"group of {group * block_size} tokens")
         return r // block_size
 
+    def intact_blocks(self, block_size: int) -> int:
+        """Leading blocks never quantized: N tokens rounded up to whole key groups (the
+        groups after them stay aligned on G)."""
+        k = self.key_group_blocks(block_size)
+        return -(-self.intact_tokens // (k * block_size)) * k
+
+    def reserved_blocks(self, block_size: int) -> int:
+        """Full-precision blocks the engine reserves per running sequence: the window, the
+        sequence's intact blocks, and as many again for a finished sequence's intact blocks
+        kept in the prefix cache (a conversation's next turn starts from them)."""
+        return self.residual_blocks(block_size) + 2 * self.intact_blocks(block_size)
+
     def sealed_blocks(self, tokens: int, block_size: int) -> int:
-        """Leading blocks of a sequence of ``tokens`` tokens that are quantized: whole key
+        """Leading blocks of a sequence of ``tokens`` tokens that are final: whole key
         groups (k blocks), as many as leave at most R tokens in the window, i.e.
         ``k x floor((tokens - R + G) / G)`` blocks, 0 while ``tokens < R``. The window then
         holds between R - G and R - 1 tokens (with G = R = one block: every full block is
-        sealed, the partial one is not). A full-precision format seals nothing."""
+        sealed, the partial one is not). The first :meth:`intact_blocks` of them stay in the
+        compute dtype; the rest are quantized. A full-precision format seals nothing."""
         if not self.quantized:
             return 0
         k, r = self.key_group_blocks(block_size), self.residual_blocks(block_size)
@@ -252,10 +280,12 @@ class KVFormatSpec:
         return groups * k
 
     def full_precision_blocks(self, tokens: int, block_size: int) -> int:
-        """Blocks of a sequence of ``tokens`` tokens held in the window (at most R / bs)."""
+        """Blocks of a sequence of ``tokens`` tokens held in the compute dtype: the window
+        (at most R / bs) and the intact blocks."""
         if not self.quantized:
             return 0
-        return -(-tokens // block_size) - self.sealed_blocks(tokens, block_size)
+        sealed = self.sealed_blocks(tokens, block_size)
+        return -(-tokens // block_size) - sealed + min(sealed, self.intact_blocks(block_size))
 
     def to_json(self) -> str:
         """Every field, keys sorted, no spaces: a stable text (cache keys, file headers)."""

@@ -55,6 +55,7 @@ class PlanOptions:
     kv_key_quant: str = "per-channel"
     kv_key_group_tokens: int | None = None
     kv_residual_tokens: int | None = None
+    kv_intact_tokens: int = 0
     shared_prefix: int = 0
     turn_tokens: int = 1024
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -69,7 +70,8 @@ class PlanOptions:
         return KVFormatSpec.from_options(self.kv_format, RESIDUAL_FORMAT, self.kv_group_size,
                                          self.kv_key_quant, self.kv_outlier_channels,
                                          self.kv_outlier_frac, self.kv_residual_tokens,
-                                         key_group_tokens=self.kv_key_group_tokens)
+                                         key_group_tokens=self.kv_key_group_tokens,
+                                         intact_tokens=self.kv_intact_tokens)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ NON_DEFAULT = {
     "kv_rotation": ("hadamard", ["--kv-rotation", "hadamard"]),
     "kv_key_group_tokens": (32, ["--kv-key-group-tokens", "32"]),
     "kv_residual_tokens": (64, ["--kv-residual-tokens", "64"]),
+    "kv_intact_tokens": (32, ["--kv-intact-tokens", "32"]),
     "kv_calibration": ("calib.json", ["--kv-calibration", "calib.json"]),
     "tensor_parallel_size": (3, ["-tp", "3"]),
     "tp_timeout_s": (5.0, ["--tp-timeout-s", "5"]),

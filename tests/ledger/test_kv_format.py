@@ -15,11 +15,13 @@ def test_to_json_is_pinned():
     spec = KVFormatSpec("int4", group_size=32, key_quant="per-token", outlier_channels=4,
                         residual_tokens=64)
     assert spec.to_json() == (
-        '{"group_size":32,"key_group_tokens":null,"key_quant":"per-token","name":"int4",'
-        '"outlier_channels":4,"outlier_frac":0.0,"residual_tokens":64,"rotation":"none"}')
+        '{"group_size":32,"intact_tokens":0,"key_group_tokens":null,"key_quant":"per-token",'
+        '"name":"int4","outlier_channels":4,"outlier_frac":0.0,"residual_tokens":64,'
+        '"rotation":"none"}')
     assert KVFormatSpec().to_json() == (
-        '{"group_size":null,"key_group_tokens":null,"key_quant":"per-channel","name":"bf16",'
-        '"outlier_channels":null,"outlier_frac":0.0,"residual_tokens":null,"rotation":"none"}')
+        '{"group_size":null,"intact_tokens":0,"key_group_tokens":null,"key_quant":"per-channel",'
+        '"name":"bf16","outlier_channels":null,"outlier_frac":0.0,"residual_tokens":null,'
+        '"rotation":"none"}')
 
 
 def test_rotation_is_in_the_json():

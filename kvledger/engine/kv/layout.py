@@ -62,8 +62,14 @@ class KVLayout:
     def blockwise(self) -> bool:
         """Whether each block holds all it needs to be read (KV tiers move blocks one at a
         time): not when a key group spans blocks (a block's scales sit in its group's other
-        blocks)."""
-        return self.fmt.key_group_blocks(self.block_size) == 1
+        blocks), nor with intact tokens (their blocks live in full-precision buffers)."""
+        return self.fmt.key_group_blocks(self.block_size) == 1 and not self.fmt.intact_tokens
+
+    @property
+    def intact_blocks(self) -> int:
+        """A sequence's first blocks kept at full precision (``KVFormatSpec.intact_blocks``;
+        0 for a full-precision format)."""
+        return self.fmt.intact_blocks(self.block_size) if self.quantized else 0
 
     def sealed_blocks(self, tokens: int) -> int:
         """Leading blocks of a sequence of ``tokens`` that are final: a quantized format's
@@ -114,6 +120,9 @@ class KVLayout:
             parts.append(f"{f.outlier_channels} fp16 outlier key channels")
         if f.rotation != "none":
             parts.append(f"{f.rotation}-rotated")
+        if f.intact_tokens:
+            parts.append(f"first {f.intact_blocks(self.block_size) * self.block_size} tokens "
+                         f"intact")
         parts.append(f"window of {f.residual_blocks(self.block_size) * self.block_size} "
                      f"tokens {compute}")
         return f"{f.name} ({', '.join(parts)})"
@@ -145,7 +154,7 @@ class KVLayout:
         keys, values = make_codecs(f.name, self.block_size, heads, s.head_dim,
                                    f.group_size or s.head_dim, f.key_quant, outlier_index,
                                    f.key_group_blocks(self.block_size))
-        slots = self.residual_slots * len(self.groups) * f.residual_blocks(self.block_size)
+        slots = self.residual_slots * len(self.groups) * f.reserved_blocks(self.block_size)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
                                 f.name, keys, values, self.compute_dtype, slots, places=places,
                                 rotation=rotation_matrix(f.rotation, s.head_dim), fmt=f)
@@ -175,8 +184,9 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     Raises:
         InvalidParameterError: see :func:`resolve_format`; int4 with an odd head_dim; a
             rotation of a head size without a power-of-two divisor >= 8; a key group or
-            window that is not a multiple of the block size, a window below the key group, a
-            key group over several blocks on a model with sliding layers; a quantized format
+            window that is not a multiple of the block size, a window below the key group,
+            a key group over several blocks or intact tokens on a model with sliding layers;
+            a quantized format
             or a rotation on an MLA model.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
@@ -196,6 +206,10 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
             raise InvalidParameterError(
                 f"a key group of {k * bs} tokens spans blocks, which a sliding layer gives back "
                 f"one by one: use --kv-key-group-tokens {bs} on this model")
+        if fmt.intact_blocks(bs) and len(kv_groups(spec)) > 1:
+            raise InvalidParameterError(
+                "--kv-intact-tokens is for models whose layers share one block table; this "
+                "model has sliding layers, which give its first blocks back")
     layout = KVLayout(spec, fmt, compute_dtype, bs, config.max_num_seqs,
                       config.tensor_parallel_size)
     layout.bytes_per_block  # noqa: B018 - validates the layout (int4 with odd head_dim)

@@ -20,6 +20,7 @@ computes, and a policy never writes into a block another sequence holds or the c
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 
 from kvledger.engine.kv.pool import BlockPool
@@ -51,15 +52,22 @@ class KVCacheManager:
         shareable: leading blocks of a hit (block ids from position 0) that may be shared
             (a quantized format's whole key groups, ``QuantizedKVStore.shareable``; default:
             all).
+        intact_blocks, max_cached_intact: a sequence's first blocks that stay at full
+            precision (``KVFormatSpec.intact_blocks``), and how many of those the prefix
+            cache may keep once free (the store's reserve of buffers for them); beyond that
+            the least recently freed leaves the cache.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE,
                  sealed_blocks: Callable[[int], int] | None = None,
-                 shareable: Callable[[list[int]], int] = len):
+                 shareable: Callable[[list[int]], int] = len,
+                 intact_blocks: int = 0, max_cached_intact: int = 0):
         self.block_size = block_size
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.shareable = shareable
+        self.intact_blocks, self.max_cached_intact = intact_blocks, max_cached_intact
+        self._cached_intact: OrderedDict[int, None] = OrderedDict()  # free, cached, oldest first
         self.store = store
         self.groups = groups
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
@@ -153,6 +161,8 @@ class KVCacheManager:
             self.prefix.record(req, hit_tokens)
             for hits in hit:
                 self.pool.touch(b for b in hits if b != NULL_BLOCK)
+                for b in hits[: self.intact_blocks]:
+                    self._cached_intact.pop(b, None)
             req.block_tables = [list(hits) for hits in hit]
             req.num_computed_tokens = hit_tokens
             req.num_hashed_blocks = len(hit[0])
@@ -181,6 +191,24 @@ class KVCacheManager:
                     self.sealed_blocks(req.num_computed_tokens))
         req.num_hashed_blocks = self.prefix.cache_full_blocks(req, req.num_hashed_blocks, limit)
 
+    def _cached(self, block_id: int) -> bool:
+        return self.pool.is_free(block_id) and self.pool.blocks[block_id].block_hash is not None
+
+    def _cache_intact(self, blocks: list[int]) -> None:
+        """Intact blocks ``blocks`` were freed: those still in the prefix cache keep their
+        full-precision buffers, at most ``max_cached_intact`` (the others, least recently
+        freed first, are evicted, which gives their buffers back)."""
+        for b in blocks:
+            if b != NULL_BLOCK and self._cached(b):
+                self._cached_intact[b] = None
+                self._cached_intact.move_to_end(b)
+        if len(self._cached_intact) > self.max_cached_intact:
+            for b in [b for b in self._cached_intact if not self._cached(b)]:
+                del self._cached_intact[b]  # reused, or evicted by the pool since
+        while len(self._cached_intact) > self.max_cached_intact:
+            b, _ = self._cached_intact.popitem(last=False)
+            self.pool.evict(b)
+
     def retain(self, req: Request) -> None:
         """After a step of ``req``: give back (or compact) the blocks its retention frees
         (none under full retention), and the sliding groups' blocks that left their window
@@ -200,6 +228,8 @@ class KVCacheManager:
         """Drop ``req``'s references tail-first and empty its block tables."""
         for table in req.block_tables:
             self.pool.free(b for b in reversed(table) if b != NULL_BLOCK)
+        if self.intact_blocks:
+            self._cache_intact([b for t in req.block_tables for b in t[: self.intact_blocks]])
         req.block_tables = [[] for _ in self.groups]
         req.num_hashed_blocks = 0
         req.num_dropped_blocks = 0

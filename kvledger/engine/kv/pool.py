@@ -61,8 +61,10 @@ class BlockPool:
     those are bugs in the caller, not user errors.
 
     Attributes:
-        on_release: called with a block id whenever its refcount drops to 0 (the KV store
-            drops a quantized format's residual buffer there); None = nothing.
+        on_release: called with a block id when it no longer holds anything to keep: its
+            refcount drops to 0 and it is not in the prefix cache, or a free block's hash is
+            evicted (the KV store drops a quantized format's residual buffer there, so a
+            cached block keeps its buffer); None = nothing.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -136,10 +138,10 @@ class BlockPool:
             if block.ref_cnt > 0:
                 continue
             self._free[block_id] = None
-            if self.on_release is not None:
-                self.on_release(block_id)
             if block.block_hash is None:
                 self._free.move_to_end(block_id, last=False)
+                if self.on_release is not None:
+                    self.on_release(block_id)
             else:
                 self._num_evictable += 1
 
@@ -171,15 +173,28 @@ class BlockPool:
         blocks in use keep their entries and refcounts. Returns the blocks dropped."""
         evictable = [i for i in self._free if self.blocks[i].block_hash is not None]
         for block_id in evictable:
-            self._evict(self.blocks[block_id])
-            self._free.move_to_end(block_id, last=False)  # empty now: reused first
+            self.evict(block_id)
         return len(evictable)
 
+    def evict(self, block_id: int) -> None:
+        """Drop free block ``block_id``'s prefix-cache entry; it is reused first.
+
+        Raises:
+            AssertionError: the block is in use or not cached.
+        """
+        block = self.blocks[block_id]
+        assert block.ref_cnt == 0 and block.block_hash is not None, f"evict({block_id})"
+        self._evict(block)
+        self._free.move_to_end(block_id, last=False)  # empty now: reused first
+
     def _evict(self, block: Block) -> None:
+        """Drop a free block's hash (and, through ``on_release``, what it kept)."""
         del self._by_hash[block.block_hash]
         block.block_hash = None
         block.hash_key = None
         self._num_evictable -= 1
+        if self.on_release is not None:
+            self.on_release(block.block_id)
 
     def check_invariants(self) -> None:
         """Assert the accounting invariant (tests and debug mode; O(num_blocks))."""

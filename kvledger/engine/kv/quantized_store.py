@@ -13,7 +13,9 @@ kv_heads, head_dim] per layer for K and V (R / block_size per running sequence).
 ``residual_of[block_id]`` is the buffer a block uses (-1: sealed or unused). A step stages the
 blocks it writes or seals (buffer + new tokens), encodes the sealed ones from there and
 releases their buffers; a block freed unsealed releases its buffer too (``release``, called by
-the block pool). A key group of k > 1 blocks (``GroupedKeys``) splits its scales over its
+the block pool). A sequence's first ``intact_blocks`` (``KVFormatSpec.intact_tokens``) are
+never sealed: they keep their buffers for as long as they are in a block table or in the
+prefix cache (the pool releases a cached block when it evicts it). A key group of k > 1 blocks (``GroupedKeys``) splits its scales over its
 blocks: ``group_members[block_id]`` (bookkeeping) holds the k block ids of the group the block
 was sealed in, read to decode it. Prefill attention reads the step's K/V back through the store
 (``lossy``), so the step that writes a block sees the values a later prefix-cache hit reads.
@@ -112,6 +114,7 @@ class QuantizedKVStore:
         self.rotation = rotation
         self.fmt = fmt or KVFormatSpec(kv_format)
         self.key_group_blocks = key_codecs[0].group_blocks
+        self.intact_blocks = self.fmt.intact_blocks(block_size)
         self.group_members = torch.zeros((num_blocks, self.key_group_blocks), dtype=torch.int64)
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
@@ -134,16 +137,18 @@ class QuantizedKVStore:
 
     def shareable(self, blocks: list[int]) -> int:
         """Leading blocks of a prefix-cache hit ``blocks`` (from position 0) that another
-        sequence may share: whole key groups, each sealed together (``group_members`` of its
-        k blocks are those k blocks). A block's scales sit in its group's other blocks, which
-        the prefix cache evicts one at a time, and a hit may pair blocks of different
-        sealings (the same tokens cached twice): the hit ends before such a group."""
-        k = self.key_group_blocks
-        if k == 1:
+        sequence may share: the intact blocks (each whole in its buffer), then whole key
+        groups, each sealed together (``group_members`` of its k blocks are those k blocks).
+        A block's scales sit in its group's other blocks, which the prefix cache evicts one
+        at a time, and a hit may pair blocks of different sealings (the same tokens cached
+        twice): the hit ends before such a group."""
+        k, n = self.key_group_blocks, self.intact_blocks
+        if k == 1 or len(blocks) <= n:
             return len(blocks)
-        ids = torch.tensor(blocks[: len(blocks) // k * k], dtype=torch.int64).view(-1, k)
+        rest = blocks[n:]
+        ids = torch.tensor(rest[: len(rest) // k * k], dtype=torch.int64).view(-1, k)
         whole = (self.group_members[ids] == ids[:, None, :]).flatten(1).all(1)
-        return k * int(whole.cumprod(0).sum())
+        return n + k * int(whole.cumprod(0).sum())
 
     def sealed_blocks(self, tokens: int) -> int:
         """Leading blocks of a sequence of ``tokens`` tokens that are sealed (the format's

@@ -134,18 +134,25 @@ def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
      2 * 16 * 4 + 8 * 4 + 16 * 4, 8),
     ("int3", {"kv_key_group_tokens": 16}, 2 * 16 * 6 + 16 * 4 + 16 * 4, 1),
     ("int4", {"kv_residual_tokens": 48}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 3),
+    # 32 intact tokens (2 blocks) held twice (the sequence's, a cached one's) beside R = 128
+    ("int2", {"kv_key_group_tokens": 32, "kv_residual_tokens": 128, "kv_intact_tokens": 32},
+     2 * 16 * 4 + 8 * 4 + 16 * 4, 8 + 2 * 2),
+    # int4: 20 intact tokens round up to 2 one-block key groups
+    ("int4", {"kv_intact_tokens": 20}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 1 + 2 * 2),
 ])
 def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block,
                                        window):
     """Bytes counted by hand = the ledger's = the pool's tensors, with the window's fp32
-    blocks (R / block_size per running sequence) outside the blocks."""
+    blocks (R / block_size per running sequence, and twice the intact blocks) outside the
+    blocks."""
     engine = tiny_engine_factory(num_blocks=37, kv_cache_dtype=fmt, max_num_seqs=5, **options)
     spec = engine.spec
     residual = 5 * window * 3 * 16 * 2 * 2 * 16 * 4  # max_num_seqs windows of fp32 blocks
     fmt_spec = KVFormatSpec(fmt, options.get("kv_group_size"),
                             options.get("kv_key_quant", "per-channel"),
                             residual_tokens=options.get("kv_residual_tokens"),
-                            key_group_tokens=options.get("kv_key_group_tokens"))
+                            key_group_tokens=options.get("kv_key_group_tokens"),
+                            intact_tokens=options.get("kv_intact_tokens", 0))
     assert engine.bytes_per_block == 3 * 2 * per_head_block == kv_bytes_per_block(
         spec, fmt_spec, 1, 16)
     assert engine.kv_layout.reserved_bytes == residual == 5 * residual_bytes(

@@ -1,0 +1,191 @@
+"""Intact tokens: a sequence's first N tokens (its attention sinks) kept at full precision in a
+quantized pool (IntactKV, arXiv:2403.01241).
+
+Oracles: the written K/V themselves for every intact token (kept exactly, fp32); per-channel
+quantization over G tokens written out here (KIVI's formula) for the groups after them; fp32 KV
+for an engine whose intact tokens cover whole sequences (nothing is ever quantized, so the
+greedy tokens are fp32's); self-consistency (cold vs warm prefix cache after the sequences
+finished, batch vs alone, a pinned pool with eviction and preemption vs an unbounded one,
+the attention backends against each other); the bytes of SmolLM2-135M's K/V per token counted
+by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_kv_window import BS, DIM, HEADS, _kivi_keys, _store
+from test_quantized_engine import _alone, _prompts, _run, tiny_engine_factory  # noqa: F401
+
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv_format import KVFormatSpec
+
+INT2 = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 48,
+        "kv_intact_tokens": 32}
+
+
+@pytest.mark.parametrize("name, options, tokens, want", [
+    # int2 G 32 R 128 N 32, block 16: 2 intact blocks; 200 tokens -> 13 blocks, 6 final
+    ("int2", {"key_group_tokens": 32, "residual_tokens": 128, "intact_tokens": 32}, 200,
+     (2, 8 + 4, 6, 13 - 6 + 2)),
+    # N rounds up to whole key groups: 20 tokens -> 2 one-block groups (int4), 1 64-token
+    # group of 4 blocks (int2's default G)
+    ("int4", {"intact_tokens": 20}, 40, (2, 1 + 4, 2, 3 - 2 + 2)),
+    ("int2", {"intact_tokens": 20}, 40, (4, 4 + 8, 0, 3)),
+    # int2's defaults (G = R = 64): three groups sealed, 8 tokens in the window
+    ("int2", {}, 200, (0, 4, 12, 1)),
+])
+def test_intact_blocks_rounding_reserve_and_full_precision_blocks(name, options, tokens, want):
+    fmt = KVFormatSpec(name, **options)
+    got = (fmt.intact_blocks(16), fmt.reserved_blocks(16), fmt.sealed_blocks(tokens, 16),
+           fmt.full_precision_blocks(tokens, 16))
+    assert got == want
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"name": "bf16", "intact_tokens": 32}, "--kv-intact-tokens applies to quantized KV"),
+    ({"name": "int4", "intact_tokens": -16}, "--kv-intact-tokens must be >= 0"),
+])
+def test_bad_intact_tokens_are_refused(options, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        KVFormatSpec(**options)
+
+
+def test_full_precision_what_if_rows_drop_intact_tokens():
+    assert KVFormatSpec("int4", intact_tokens=32).as_format("bf16").intact_tokens == 0
+    assert KVFormatSpec("int4", intact_tokens=32).as_format("int2").intact_tokens == 32
+
+
+def test_ledger_reserves_twice_the_intact_tokens_in_the_compute_dtype():
+    """SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64 x K and V x 2 bytes (bf16) =
+    23,040 bytes per token; 32 intact tokens held twice add 64 tokens' worth per sequence."""
+    from kvledger.catalogue import load_model_spec
+    from kvledger.ledger.kv import residual_bytes
+
+    spec = load_model_spec("HuggingFaceTB/SmolLM2-135M")
+    options = {"key_group_tokens": 32, "residual_tokens": 128}
+    without = residual_bytes(spec, KVFormatSpec("int2", **options), 1, 16, "bf16")
+    with_intact = residual_bytes(spec, KVFormatSpec("int2", intact_tokens=32, **options), 1, 16,
+                                 "bf16")
+    assert without == 128 * 23_040
+    assert with_intact - without == 2 * 32 * 23_040
+
+
+@pytest.mark.parametrize("group, window, intact, step", [(8, 16, 8, 1), (8, 16, 16, 3),
+                                                         (4, 12, 12, 5), (16, 16, 32, 7)])
+def test_intact_tokens_read_back_exactly_and_later_groups_are_kivi_keys(group, window, intact,
+                                                                        step):
+    """Feed a sequence ``step`` tokens at a time through shuffled blocks, sealing what the
+    runner seals (the final blocks less the intact ones): the intact tokens and the window
+    read back exactly what was written at every step, each sealed key group after the intact
+    tokens reads back as per-channel quantization over its G tokens, and the blocks held at
+    full precision are ``full_precision_blocks``."""
+    fmt = KVFormatSpec("int2", key_group_tokens=group, residual_tokens=window,
+                       intact_tokens=intact)
+    store = _store(fmt)
+    assert store.intact_blocks * BS == intact
+    table = torch.randperm(64, generator=torch.Generator().manual_seed(2))
+    g = torch.Generator().manual_seed(3)
+    n = 70
+    keys, values = (torch.randn(n, HEADS, DIM, generator=g) for _ in range(2))
+    done = 0
+    while done < n:
+        new = min(step, n - done)
+        lo = max(fmt.sealed_blocks(done, BS), fmt.intact_blocks(BS))
+        hi = max(fmt.sealed_blocks(done + new, BS), lo)
+        slots = table[torch.arange(done, done + new) // BS] * BS + torch.arange(done, done + new) % BS
+        store.write(0, slots, keys[done:done + new], values[done:done + new], table[lo:hi])
+        done += new
+        used = -(-done // BS)
+        got_k, got_v = (x.reshape(-1, HEADS, DIM)[:done] for x in
+                        store.read_blocks(0, table[:used]))
+        head = min(intact, done)
+        assert torch.equal(got_k[:head], keys[:head]) and torch.equal(got_v[:head], values[:head])
+        sealed = max(fmt.sealed_blocks(done, BS) * BS, head)
+        assert torch.equal(got_k[sealed:], keys[sealed:done])
+        assert torch.equal(got_v[sealed:], values[sealed:done])
+        for start in range(intact, sealed, group):
+            want = _kivi_keys(keys[start:start + group], 2)
+            assert torch.allclose(got_k[start:start + group], want, atol=1e-5)
+        assert not torch.equal(got_v[intact:sealed], values[intact:sealed]) or sealed <= intact
+        assert int((store.residual_of >= 0).sum()) == fmt.full_precision_blocks(done, BS)
+    assert fmt.sealed_blocks(n, BS) * BS > intact  # groups after the intact ones were sealed
+
+
+def test_intact_tokens_over_whole_sequences_equal_fp32_kv(tiny_engine_factory):  # noqa: F811
+    """Sequences of at most 64 tokens with 64 intact tokens are never quantized, whatever the
+    window: int2 then gives fp32's tokens on both paged backends, batched and alone; without
+    the intact tokens it does not."""
+    prompts = _prompts(3, length=40)
+    full = _run(tiny_engine_factory(num_blocks=64), prompts)
+    options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 16, "kv_residual_tokens": 16}
+    assert _run(tiny_engine_factory(num_blocks=64, **options), prompts) != full
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(num_blocks=64, attention=backend, kv_intact_tokens=64,
+                                     **options)
+        assert _run(engine, prompts) == full, backend
+        assert _alone(engine, prompts) == full, backend
+
+
+def test_cached_intact_blocks_keep_their_buffers_after_the_sequence_ends(
+        tiny_engine_factory):  # noqa: F811
+    """Prompts sharing 100 tokens, each run alone: later ones hit the intact blocks and the
+    key groups after them; then every prompt again, once all have finished, from the prefix
+    cache. Cold (no prefix cache), warm, batch and alone agree on every backend, and the
+    cache holds the intact blocks' buffers between requests."""
+    prompts = _prompts(3, length=140, shared=100)
+    ref = _run(tiny_engine_factory(num_blocks=64, attention="reference",
+                                   enable_prefix_caching=False, **INT2), prompts)
+    for backend in ("paged-torch", "paged-native"):
+        engine = tiny_engine_factory(num_blocks=64, attention=backend, **INT2)
+        assert _alone(engine, prompts) == ref, backend
+        # 96 shared tokens are final in each later prompt: 32 intact + two key groups
+        assert engine.stats()["prefix_cache_hit_tokens"] == 2 * 96, backend
+        held = int((engine.store.residual_of >= 0).sum())
+        assert 0 < held <= engine.config.max_num_seqs * 2  # cached intact blocks only
+        assert _alone(engine, prompts, "w") == ref, backend
+        # then each prompt's own final blocks: 140, 143, 146 tokens with R 48 keep
+        # 3, 3, 4 key groups of 32 final
+        assert engine.stats()["prefix_cache_hit_tokens"] == 2 * 96 + 96 + 96 + 128, backend
+        assert _run(engine, prompts) == ref, backend
+
+
+def test_intact_blocks_under_eviction_preemption_and_the_cache_cap(tiny_engine_factory):  # noqa: F811
+    """20 prompts (shared prefixes: hits, evictions, reuse) through 16 blocks, 3 sequences at
+    a time, give the tokens of an unbounded pool without a prefix cache; the store never runs
+    out of buffers (it asserts so), and at the end the buffers still held are those of
+    cached intact blocks, at most max_num_seqs sequences' worth."""
+    prompts = _prompts(10, length=70, shared=40) + _prompts(10, length=60, seed=9)
+    options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 32,
+               "kv_intact_tokens": 32}
+    cold = _run(tiny_engine_factory(num_blocks=400, enable_prefix_caching=False, **options),
+                prompts)
+    pinned = tiny_engine_factory(num_blocks=16, max_num_seqs=3, **options)
+    assert _run(pinned, prompts) == cold
+    stats = pinned.stats()
+    assert stats["prefix_cache_hit_tokens"] > 0 and stats["num_preemptions"] > 0
+    pool, store = pinned.scheduler.kv.pool, pinned.store
+    held = torch.nonzero(store.residual_of >= 0).flatten().tolist()
+    assert len(held) <= 3 * 2
+    assert all(pool.is_free(b) and pool.blocks[b].block_hash is not None for b in held)
+    pool.evict_free_cached()  # a reset of the prefix cache gives every buffer back
+    assert int((store.residual_of >= 0).sum()) == 0
+
+
+def test_intact_tokens_are_refused_with_kv_tiers_and_on_sliding_models(
+        tiny_engine_factory, tmp_path):  # noqa: F811
+    import dataclasses
+
+    from kvledger.catalogue import load_model_spec
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.kv.layout import resolve_layout
+
+    with pytest.raises(InvalidParameterError, match="--kv-intact-tokens keeps the first"):
+        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_intact_tokens=16,
+                            kv_disk_dir=str(tmp_path))
+    gemma = load_model_spec("google/gemma-3-1b-it")
+    config = EngineConfig(kv_cache_dtype="int4", kv_intact_tokens=16)
+    with pytest.raises(InvalidParameterError, match="this model has sliding layers"):
+        resolve_layout(config, gemma, torch.bfloat16)
+    assert resolve_layout(dataclasses.replace(config, kv_intact_tokens=0), gemma,
+                          torch.bfloat16).intact_blocks == 0
