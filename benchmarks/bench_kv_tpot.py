@@ -19,9 +19,9 @@ A timing figure: run it on a quiet machine (``uptime`` load < 1.5), unniced, and
         [--formats bf16,int8,int4,fp8] [--repeats 3] [--threads 2] [--attention NAME]
         [--json OUT]
 
-A format may name a rotation after a ``+`` and a key group and window after ``/``:
-``int4+hadamard`` (``--kv-rotation``), ``int2+hadamard/G64/R128`` (``--kv-key-group-tokens 64
---kv-residual-tokens 128``). The table names the backend that reads each format's KV (the
+A format may name a rotation after a ``+`` and a key group, window and intact tokens after
+``/``: ``int4+hadamard`` (``--kv-rotation``), ``int2+hadamard/G64/R128/N64``
+(``--kv-key-group-tokens 64 --kv-residual-tokens 128 --kv-intact-tokens 64``). The table names the backend that reads each format's KV (the
 native kernel, or paged-torch for the layers it hands over: ``AttentionBackend.reader``).
 """
 
@@ -46,12 +46,13 @@ def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
 
 
 def format_options(label: str) -> dict:
-    """Engine options of a format label: ``name[+rotation][/G<tokens>][/R<tokens>]``."""
+    """Engine options of a format label: ``name[+rotation][/G<tokens>][/R<tokens>][/N<tokens>]``."""
     head, *sizes = label.split("/")
     name, _, rotation = head.partition("+")
     options = {"kv_cache_dtype": name, "kv_rotation": rotation or "none"}
     for size in sizes:
-        key = {"G": "kv_key_group_tokens", "R": "kv_residual_tokens"}[size[0]]
+        key = {"G": "kv_key_group_tokens", "R": "kv_residual_tokens",
+               "N": "kv_intact_tokens"}[size[0]]
         options[key] = int(size[1:])
     return options
 

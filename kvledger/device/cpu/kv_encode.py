@@ -29,7 +29,7 @@ class NativeIntEncoder:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.kvl_encode_int
         i32, ptr = ctypes.c_int, ctypes.c_void_p
-        self._fn.argtypes = [ptr, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float,
+        self._fn.argtypes = [ptr, i32, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float,
                              ptr, ptr, ptr, ptr, ptr, i32, ptr]
         self._fn.restype = i32
 
@@ -50,7 +50,7 @@ class NativeIntEncoder:
         group = 0 if inner.axis == "per-channel" else inner.group
         no = 0 if channels is None else channels.shape[1]
         failed = self._fn(blocks.data_ptr(), DTYPE_CODES[blocks.dtype], n, bs, heads, dim,
-                          inner.bits, group, MIN_SCALE, block_ids.data_ptr(),
+                          inner.bits, group, int(inner.centred), MIN_SCALE, block_ids.data_ptr(),
                           parts["codes"].data_ptr(), parts["scale"].data_ptr(),
                           parts["zero"].data_ptr(),
                           None if channels is None else channels.data_ptr(), no,

@@ -99,11 +99,17 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
 class IntCodec(BlockCodec):
     """Asymmetric int8 / int4 / int3 / int2 with fp16 scale and zero point per group.
 
+    Levels span a group's range [lo, hi]: ``scale = (hi - lo) / (2^b - 1)``, ``zero = lo``
+    (the extremes exact); *centred*, ``scale = (hi - lo) / 2^b`` and ``zero = lo + scale / 2``
+    (each level at the centre of one of 2^b equal bins: the squared error of near-Gaussian data
+    is about half at 2 bits). Decoding is ``code x scale + zero`` either way.
+
     Args:
         bits: 8, 4, 3 or 2.
         axis: ``per-channel`` (groups = a channel over the block's tokens) or ``per-token``
             (groups of ``group_size`` along head_dim).
         group_size: elements per group for ``per-token``; must divide head_dim.
+        centred: levels at the bins' centres.
 
     Raises:
         InvalidParameterError: group size that does not divide head_dim; a head_dim that is
@@ -111,7 +117,7 @@ class IntCodec(BlockCodec):
     """
 
     def __init__(self, block_size, kv_heads, head_dim, bits: int, axis: str,
-                 group_size: int) -> None:
+                 group_size: int, centred: bool = False) -> None:
         super().__init__(block_size, kv_heads, head_dim)
         if axis == "per-token" and head_dim % group_size:
             raise InvalidParameterError(
@@ -119,9 +125,9 @@ class IntCodec(BlockCodec):
         if head_dim % PACK_CHANNELS[bits]:
             raise InvalidParameterError(f"int{bits} KV packs {PACK_CHANNELS[bits]} channels "
                                         f"together: head_dim {head_dim} is not a multiple")
-        self.bits, self.axis, self.group = bits, axis, group_size
+        self.bits, self.axis, self.group, self.centred = bits, axis, group_size, centred
         self.qmax = (1 << bits) - 1
-        self.name = f"int{bits}/{axis}"
+        self.name = f"int{bits}/{axis}" + ("/centred" if centred else "")
 
     def _meta_shape(self) -> tuple[int, ...]:
         bs, h, d = self.block_size, self.kv_heads, self.head_dim
@@ -149,8 +155,8 @@ class IntCodec(BlockCodec):
     def encode(self, x):
         g = self._grouped(x.float())
         lo, hi = g.amin(-1), g.amax(-1)
-        scale = ((hi - lo) / self.qmax).clamp_min(MIN_SCALE).half()
-        zero = lo.half()
+        scale = ((hi - lo) / (self.qmax + self.centred)).clamp_min(MIN_SCALE).half()
+        zero = (lo + scale.float() / 2).half() if self.centred else lo.half()
         codes = ((g - zero.float()[..., None]) / scale.float()[..., None]).round_()
         codes = pack(self._ungrouped(codes.clamp_(0, self.qmax)).to(torch.uint8), self.bits)
         return {"codes": codes.contiguous(), "scale": scale.contiguous(),
@@ -282,17 +288,19 @@ def make_codecs(kv_format: str, block_size: int, kv_heads: int, head_dim: int,
     Raises:
         InvalidParameterError: not a quantized format, or what the codecs raise.
     """
-    def one(axis: str) -> BlockCodec:
+    def one(axis: str, centred: bool = False) -> BlockCodec:
         if kv_format == "fp8":
             return Fp8Codec(block_size, kv_heads, head_dim)
         if kv_format in INT_FORMATS:
             if axis == "per-channel" and key_group_blocks > 1:
                 return GroupedKeys(block_size, kv_heads, head_dim, int(kv_format[3:]),
                                    key_group_blocks)
-            return IntCodec(block_size, kv_heads, head_dim, int(kv_format[3:]), axis, group_size)
+            return IntCodec(block_size, kv_heads, head_dim, int(kv_format[3:]), axis, group_size,
+                            centred)
         raise InvalidParameterError(f"{kv_format} is not a quantized KV format")
 
-    keys, values = one(key_quant), one("per-token")
+    # int2 values: centred levels (measured: docs/kv-formats.md; keys keep their extremes)
+    keys, values = one(key_quant), one("per-token", centred=kv_format == "int2")
     if outlier_channels is not None and outlier_channels.shape[-1] > 0:
         return [OutlierKeys(keys, ch) for ch in outlier_channels], values
     return keys, values

@@ -36,10 +36,11 @@ def _empty_parts(codec, blocks):
 @pytest.mark.parametrize("axis,group", [("per-channel", 32), ("per-token", 32),
                                         ("per-token", 16)])
 @pytest.mark.parametrize("outliers", [0, 3])
+@pytest.mark.parametrize("centred", [False, True])
 def test_native_encoder_writes_the_codec_bytes_at_the_given_blocks(dtype, bits, axis, group,
-                                                                  outliers):
+                                                                  outliers, centred):
     bs, heads, dim = 16, 3, 64
-    codec = IntCodec(bs, heads, dim, bits, axis, group)
+    codec = IntCodec(bs, heads, dim, bits, axis, group, centred)
     if outliers:
         channels = torch.tensor([[5, 1, 60], [5, 2, 33], [63, 0, 5]])[:, :outliers]
         codec = OutlierKeys(codec, channels)

@@ -27,6 +27,7 @@ def _codecs():
         "int3/per-token": IntCodec(BS, H, D, 3, "per-token", 32),
         "int2/per-channel": IntCodec(BS, H, D, 2, "per-channel", 32),
         "int2/per-token": IntCodec(BS, H, D, 2, "per-token", 16),
+        "int2/per-token/centred": IntCodec(BS, H, D, 2, "per-token", 16, centred=True),
         "fp8": Fp8Codec(BS, H, D),
         "int4/per-channel+outliers": OutlierKeys(IntCodec(BS, H, D, 4, "per-channel", 32),
                                                  outliers),
@@ -52,7 +53,7 @@ def _bound(codec, x):
         return x.abs() * 2**-4 + scale * 2**-9
     g = codec._grouped(x)
     lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-    step = (hi - lo) / codec.qmax
+    step = (hi - lo) / (2 ** codec.bits if codec.centred else codec.qmax)
     return codec._ungrouped((step * 0.5 * 1.01 + lo.abs() * 2**-10).expand_as(g))
 
 
@@ -150,3 +151,21 @@ def test_fp8_without_torch_support_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(torch, "float8_e4m3fn")
     with pytest.raises(InvalidParameterError, match="float8_e4m3fn"):
         Fp8Codec(BS, H, D)
+
+
+def test_centred_levels_sit_at_the_bin_centres():
+    """Centred int2 over a group spanning [0, 8): scale 2 and zero 1, so the codes of 0.2, 2.9,
+    5.5 and 8 decode to 1, 3, 5 and 7, the centres of the four 2-wide bins."""
+    codec = IntCodec(1, 1, 4, 2, "per-token", 4, centred=True)
+    x = torch.tensor([0.0, 2.9, 5.5, 8.0]).view(1, 1, 1, 4)
+    parts = codec.encode(x)
+    assert parts["scale"].item() == 2.0 and parts["zero"].item() == 1.0
+    assert codec.decode(parts, torch.float32).flatten().tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_int2_values_are_centred_and_keys_are_not():
+    from kvledger.engine.kv.codecs import make_codecs
+
+    keys, values = make_codecs("int2", BS, H, D, 16, "per-channel")
+    assert values.centred and not keys.centred
+    assert not make_codecs("int3", BS, H, D, 16, "per-channel")[1].centred

@@ -5,6 +5,8 @@
 // The arithmetic is IntCodec.encode's, step for step, so the bytes are equal (tested):
 //   lo, hi = min, max of a group (fp32); scale = fp16(max((hi - lo) / qmax, min_scale));
 //   zero = fp16(lo); code = clamp(round_half_even((x - zero) / scale), 0, qmax)
+// or, `centred` (levels at the centres of 2^bits equal bins): scale = fp16(max((hi - lo) /
+//   (qmax + 1), min_scale)), zero = fp16(lo + scale / 2), the code as above
 // with the divisions done as IEEE fp32 divisions and every fp32 -> fp16 conversion rounded to
 // nearest even (the compiler's _Float16). A group is one channel over the block's tokens
 // (per-channel keys, KIVI arXiv:2402.02750) or `group` consecutive channels of one token
@@ -45,7 +47,8 @@ constexpr int kMaxBlock = 256, kMaxDim = 512;
 }  // namespace
 
 extern "C" int kvl_encode_int(const void* x, int dtype, int n, int bs, int H, int D, int bits,
-                              int group, float min_scale, const int64_t* block_ids,
+                              int group, int centred, float min_scale,
+                              const int64_t* block_ids,
                               uint8_t* codes, uint16_t* scale, uint16_t* zero,
                               const int64_t* outlier_channels, int num_outliers,
                               uint16_t* outliers) {
@@ -79,10 +82,10 @@ extern "C" int kvl_encode_int(const void* x, int dtype, int n, int bs, int H, in
                     lo = e < lo ? e : lo;
                     hi = e > hi ? e : hi;
                 }
-                float s = (hi - lo) / static_cast<float>(qmax), sf, zf;
+                float s = (hi - lo) / static_cast<float>(qmax + (centred ? 1 : 0)), sf, zf;
                 s = s < min_scale ? min_scale : s;
                 scale[meta] = half_bits(s, &sf);
-                zero[meta] = half_bits(lo, &zf);
+                zero[meta] = half_bits(centred ? lo + sf / 2.f : lo, &zf);
                 for (int i = 0; i < len; ++i) {
                     float c = std::nearbyint((v[t0 + i * ts][d0 + i * ds] - zf) / sf);
                     c = c < 0.f ? 0.f : (c > qmax ? static_cast<float>(qmax) : c);
