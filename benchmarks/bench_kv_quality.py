@@ -74,9 +74,9 @@ VARIANTS = [  # label, EngineConfig overrides
       for f in ("int8", "int4", "int3", "int2") for rot in ("", " + rotation")
       for g, r in ((16, 16), (32, 128), (64, 128)) if f in ("int3", "int2") or g == 32),
 ]
-# the issue-41 rows again with the first 32 tokens (the attention sinks) at full precision
-VARIANTS += [(f"{label}, intact 32", {**over, "kv_intact_tokens": 32})
-             for label, over in VARIANTS
+# the issue-41 rows again with the first N tokens (the attention sinks) at full precision
+VARIANTS += [(f"{label}, intact {n}", {**over, "kv_intact_tokens": n})
+             for n in (32, 64) for label, over in VARIANTS
              if label in ("int8, R 128", "int4 + rotation, R 128",
                           "int3 + rotation, G 32, R 128", "int2 + rotation, G 32, R 128")]
 LLAMA_CACHE_TYPES = ("f16", "q8_0", "q4_0")
