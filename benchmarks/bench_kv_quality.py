@@ -231,7 +231,7 @@ def capacity(variants, budget_bytes: int, tokens: int, max_num_seqs: int) -> lis
             contexts=(tokens,), kv_format=cfg.kv_cache_dtype, kv_key_quant=cfg.kv_key_quant,
             kv_outlier_channels=cfg.kv_outlier_channels or None,
             kv_key_group_tokens=cfg.kv_key_group_tokens,
-            kv_residual_tokens=cfg.kv_residual_tokens))
+            kv_residual_tokens=cfg.kv_residual_tokens, kv_intact_tokens=cfg.kv_intact_tokens))
         rows.append({"variant": label, "bits_per_element": round(8 * one / elements, 3),
                      "plan_concurrency_h100": planned.contexts[0].max_concurrency,
                      "pool_blocks": engine.stats()["kv_blocks_total"],
