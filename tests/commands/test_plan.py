@@ -200,7 +200,21 @@ def test_key_group_and_window_price_the_engine_layout():
     assert out["contexts"][0]["max_concurrency"] == out["pool_bytes"] // per_request
 
 
+def test_intact_tokens_are_priced_twice_beside_the_window():
+    """int2 keys over 64 tokens with 64 intact tokens (one key group, 4 blocks) held for the
+    sequence and for a cached one: the request's reserve is the window's 8 blocks plus 2 x 4
+    bf16 blocks."""
+    r = run("plan", "default", "--json", "--context", "4096", "--kv-cache-dtype", "int2",
+            "--kv-residual-tokens", "128", "--kv-intact-tokens", "64")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    reserve = (8 + 2 * 4) * 30 * 3 * 2 * 16 * 64 * 2
+    per_request = 4096 // 16 * out["block_bytes"] + reserve
+    assert out["contexts"][0]["max_concurrency"] == out["pool_bytes"] // per_request
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--kv-intact-tokens", "-16"], "--kv-intact-tokens must be >= 0"),
     (["--kv-key-group-tokens", "24"], "must be a positive multiple of --block-size 16"),
     (["--kv-residual-tokens", "32", "--kv-key-group-tokens", "64"], "at least the key group"),
     (["--kv-group-size", "48"], "divide head_dim 128"),
