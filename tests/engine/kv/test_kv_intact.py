@@ -1,8 +1,7 @@
 """Intact tokens: a sequence's first N tokens (its attention sinks) kept at full precision in a
 quantized pool (IntactKV, arXiv:2403.01241).
 
-Oracles: the written K/V themselves for every intact token (kept exactly, fp32); per-channel
-quantization over G tokens written out here (KIVI's formula) for the groups after them; fp32 KV
+Oracles (the store's reads of intact tokens and later key groups: ``test_kv_window.py``): fp32 KV
 for an engine whose intact tokens cover whole sequences (nothing is ever quantized, so the
 greedy tokens are fp32's); self-consistency (cold vs warm prefix cache after the sequences
 finished, batch vs alone, a pinned pool with eviction and preemption vs an unbounded one,
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kv_window import BS, DIM, HEADS, _kivi_keys, _store
 from test_quantized_engine import _alone, _prompts, _run, tiny_engine_factory  # noqa: F401
 
 from kvledger.errors import InvalidParameterError
@@ -69,47 +67,6 @@ def test_ledger_reserves_twice_the_intact_tokens_in_the_compute_dtype():
                                  "bf16")
     assert without == 128 * 23_040
     assert with_intact - without == 2 * 32 * 23_040
-
-
-@pytest.mark.parametrize("group, window, intact, step", [(8, 16, 8, 1), (8, 16, 16, 3),
-                                                         (4, 12, 12, 5), (16, 16, 32, 7)])
-def test_intact_tokens_read_back_exactly_and_later_groups_are_kivi_keys(group, window, intact,
-                                                                        step):
-    """Feed a sequence ``step`` tokens at a time through shuffled blocks, sealing what the
-    runner seals (the final blocks less the intact ones): the intact tokens and the window
-    read back exactly what was written at every step, each sealed key group after the intact
-    tokens reads back as per-channel quantization over its G tokens, and the blocks held at
-    full precision are ``full_precision_blocks``."""
-    fmt = KVFormatSpec("int2", key_group_tokens=group, residual_tokens=window,
-                       intact_tokens=intact)
-    store = _store(fmt)
-    assert store.intact_blocks * BS == intact
-    table = torch.randperm(64, generator=torch.Generator().manual_seed(2))
-    g = torch.Generator().manual_seed(3)
-    n = 70
-    keys, values = (torch.randn(n, HEADS, DIM, generator=g) for _ in range(2))
-    done = 0
-    while done < n:
-        new = min(step, n - done)
-        lo = max(fmt.sealed_blocks(done, BS), fmt.intact_blocks(BS))
-        hi = max(fmt.sealed_blocks(done + new, BS), lo)
-        slots = table[torch.arange(done, done + new) // BS] * BS + torch.arange(done, done + new) % BS
-        store.write(0, slots, keys[done:done + new], values[done:done + new], table[lo:hi])
-        done += new
-        used = -(-done // BS)
-        got_k, got_v = (x.reshape(-1, HEADS, DIM)[:done] for x in
-                        store.read_blocks(0, table[:used]))
-        head = min(intact, done)
-        assert torch.equal(got_k[:head], keys[:head]) and torch.equal(got_v[:head], values[:head])
-        sealed = max(fmt.sealed_blocks(done, BS) * BS, head)
-        assert torch.equal(got_k[sealed:], keys[sealed:done])
-        assert torch.equal(got_v[sealed:], values[sealed:done])
-        for start in range(intact, sealed, group):
-            want = _kivi_keys(keys[start:start + group], 2)
-            assert torch.allclose(got_k[start:start + group], want, atol=1e-5)
-        assert not torch.equal(got_v[intact:sealed], values[intact:sealed]) or sealed <= intact
-        assert int((store.residual_of >= 0).sum()) == fmt.full_precision_blocks(done, BS)
-    assert fmt.sealed_blocks(n, BS) * BS > intact  # groups after the intact ones were sealed
 
 
 def test_intact_tokens_over_whole_sequences_equal_fp32_kv(tiny_engine_factory):  # noqa: F811

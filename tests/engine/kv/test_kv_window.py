@@ -64,15 +64,20 @@ def _store(fmt: KVFormatSpec, seqs: int = 1, blocks: int = 64) -> QuantizedKVSto
                             seqs * fmt.reserved_blocks(BS), use_native=False, fmt=fmt)
 
 
-@pytest.mark.parametrize("group, window, step", [(8, 16, 1), (8, 16, 3), (4, 12, 5),
-                                                 (16, 16, 7)])
-def test_the_window_is_exact_and_sealed_groups_are_kivi_keys(group, window, step):
-    """Feed a sequence ``step`` tokens at a time through blocks in shuffled order, sealing what
-    ``sealed_blocks`` lists: after every step the window reads back exactly what was written,
-    each sealed key group reads back as per-channel quantization over its G tokens, and the
-    window never needs more than R / block_size buffers."""
-    fmt = KVFormatSpec("int2", key_group_tokens=group, residual_tokens=window)
+@pytest.mark.parametrize("group, window, intact, step", [
+    (8, 16, 0, 1), (8, 16, 0, 3), (4, 12, 0, 5), (16, 16, 0, 7),
+    (8, 16, 8, 1), (8, 16, 16, 3), (4, 12, 12, 5), (16, 16, 32, 7)])
+def test_the_window_and_intact_tokens_are_exact_and_sealed_groups_are_kivi_keys(
+        group, window, intact, step):
+    """Feed a sequence ``step`` tokens at a time through shuffled blocks, sealing what the
+    runner seals (the final blocks less the intact ones, ``--kv-intact-tokens``): the intact
+    tokens and the window read back exactly what was written at every step, each sealed key
+    group after the intact tokens reads back as per-channel quantization over its G tokens,
+    and the blocks held at full precision (buffers in use) are ``full_precision_blocks``."""
+    fmt = KVFormatSpec("int2", key_group_tokens=group, residual_tokens=window,
+                       intact_tokens=intact)
     store = _store(fmt)
+    assert store.intact_blocks * BS == intact
     table = torch.randperm(64, generator=torch.Generator().manual_seed(2))
     g = torch.Generator().manual_seed(3)
     n = 70
@@ -80,21 +85,25 @@ def test_the_window_is_exact_and_sealed_groups_are_kivi_keys(group, window, step
     done = 0
     while done < n:
         new = min(step, n - done)
-        lo, hi = fmt.sealed_blocks(done, BS), fmt.sealed_blocks(done + new, BS)
+        lo = max(fmt.sealed_blocks(done, BS), fmt.intact_blocks(BS))
+        hi = max(fmt.sealed_blocks(done + new, BS), lo)
         slots = table[torch.arange(done, done + new) // BS] * BS + torch.arange(done, done + new) % BS
         store.write(0, slots, keys[done:done + new], values[done:done + new], table[lo:hi])
         done += new
         used = -(-done // BS)
         got_k, got_v = (x.reshape(-1, HEADS, DIM)[:done] for x in
                         store.read_blocks(0, table[:used]))
-        sealed = fmt.sealed_blocks(done, BS) * BS
+        head = min(intact, done)
+        assert torch.equal(got_k[:head], keys[:head]) and torch.equal(got_v[:head], values[:head])
+        sealed = max(fmt.sealed_blocks(done, BS) * BS, head)
         assert torch.equal(got_k[sealed:], keys[sealed:done])
         assert torch.equal(got_v[sealed:], values[sealed:done])
-        for start in range(0, sealed, group):
+        for start in range(intact, sealed, group):
             want = _kivi_keys(keys[start:start + group], 2)
             assert torch.allclose(got_k[start:start + group], want, atol=1e-5)
-        assert not torch.equal(got_v[:sealed], values[:sealed]) or sealed == 0
+        assert not torch.equal(got_v[intact:sealed], values[intact:sealed]) or sealed <= intact
         assert int((store.residual_of >= 0).sum()) == fmt.full_precision_blocks(done, BS)
+    assert fmt.sealed_blocks(n, BS) * BS > intact  # groups after the intact ones were sealed
 
 
 def test_a_window_over_the_whole_sequence_equals_fp32_kv(tiny_engine_factory):  # noqa: F811
