@@ -119,10 +119,12 @@ def quality(context: int, chunks: int, variants, base_kv: str, stride: int | Non
     return rows, text
 
 
-def passkey_accuracy(context: int, depths: int, variants) -> list[dict]:
-    """Pass-key trials at ``depths`` evenly spread depths per format of PASSKEY_VARIANTS, in
-    the default mode (bf16 compute, every format read by the native kernel; with fp32
-    compute a bf16 pool falls back to the PyTorch backend, ~10x slower at 4K)."""
+def passkey_accuracy(context: int, depths: int, variants, trials: int = 1,
+                     seed: int = 0) -> list[dict]:
+    """``trials`` pass keys (drawn from ``seed``) at each of ``depths`` evenly spread depths per
+    format of PASSKEY_VARIANTS, in the default mode (bf16 compute, every format read by the
+    native kernel; with fp32 compute a bf16 pool falls back to the PyTorch backend, ~10x
+    slower at 4K)."""
     import torch
 
     from kvledger.engine.config import EngineConfig
@@ -139,7 +141,7 @@ def passkey_accuracy(context: int, depths: int, variants) -> list[dict]:
     for label, over in variants:
         cfg = eval_config(EngineConfig(dtype="bf16", **over), context)
         engine = LLMEngine(cfg, spec=spec, weights=weights, tokenizer=tokenizer)
-        r = passkey(engine, context, at)
+        r = passkey(engine, context, at, trials, seed)
         rows.append({"variant": label, **r.to_json()})
         print(f"passkey {label:20s} {100 * r.accuracy:5.1f} % "
               f"({sum(t.retrieved for t in r.trials)}/{len(r.trials)}); missed at "
@@ -265,6 +267,8 @@ def main() -> None:
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
+    ap.add_argument("--passkey-trials", type=int, default=1, help="pass keys per depth")
+    ap.add_argument("--passkey-seed", type=int, default=0, help="seed of the pass keys")
     ap.add_argument("--passkey-only", action="store_true", help="only the pass-key trials")
     args = ap.parse_args()
     wanted = _labels(args.only) if args.only else None
@@ -275,7 +279,8 @@ def main() -> None:
     keys = None
     if args.passkey_depths:
         keys = passkey_accuracy(args.context, args.passkey_depths, [
-            v for v in PASSKEY_VARIANTS if wanted is None or v[0] in wanted])
+            v for v in PASSKEY_VARIANTS if wanted is None or v[0] in wanted],
+            args.passkey_trials, args.passkey_seed)
     if args.passkey_only:
         if args.json:
             args.json.write_text(json.dumps({"date": str(date.today()), "context": args.context,
