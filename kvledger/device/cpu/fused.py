@@ -8,7 +8,7 @@ rounding per bf16 result), so both give the same results to rounding. :func:`fus
 returns the native ops, or the PyTorch ones when the native library cannot be built
 (:mod:`kvledger.device.cpu.native`; ``KVLEDGER_NATIVE=0``). The native ops vectorise and split
 a prefill's many rows over torch's threads; each takes at most the rows the kernel probe
-measured it faster at (:meth:`kvledger.device.cpu.kernel_probe.ProbeResult.fused_max_rows`; no
+measured it faster at (``kvledger.engine.tuning.probe.ProbeResult.fused_max_rows``; no
 limit where it won at every measured count), more rows go to PyTorch.
 """
 
