@@ -1,6 +1,7 @@
 """The import graph of ``kvledger``: no cycle, the spec package's readers stay private, the
-layers point one way (the ledger never reaches torch, the engine, model and device never reach
-the server or the CLI), and the module paths that issue 32 moved are gone, with no shim.
+folders point one way (:data:`ORDER`, bottom to top: no import runs upward; the ledger never
+reaches torch; only the device folder imports a device's own folder such as
+``kvledger.device.cpu``), and the module paths that issue 32 moved are gone, with no shim.
 
 Every ``import`` statement of every module counts, also those inside functions (a lazy import
 hides a cycle at start-up but not in the design). ``from a import b`` is an edge to ``a.b`` when
@@ -151,12 +152,98 @@ def test_the_engine_model_and_device_never_reach_the_server_or_the_cli():
     assert not _under(reached, "kvledger.server", "kvledger.commands", "kvledger.cli")
 
 
+ORDER = (
+    ("kvledger", "kvledger.errors", "kvledger.paths", "kvledger.data", "kvledger.spec"),
+    ("kvledger.ledger", "kvledger.catalogue"),
+    ("kvledger.device",),
+    ("kvledger.model",),
+    ("kvledger.engine",),
+    ("kvledger.bench", "kvledger.eval", "kvledger.sessions"),
+    ("kvledger.replay", "kvledger.server"),
+    ("kvledger.commands", "kvledger.cli", "kvledger.__main__"),
+)
+"""The folders (and top-level modules) of kvledger, bottom to top: a module imports its own
+level or below, never above (``kvledger`` alone is the package's ``__init__``: its version and
+its lazily loaded names, which it imports by string)."""
+
+
+def _level(name: str) -> int | None:
+    """The :data:`ORDER` level of module ``name`` (the longest entry it is, or is inside)."""
+    best, level = "", None
+    for i, entries in enumerate(ORDER):
+        for entry in entries:
+            if (name == entry or name.startswith(entry + ".")) and len(entry) > len(best):
+                best, level = entry, i
+    return level
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of ``graph`` that runs upward in :data:`ORDER`, as ``module -> import``."""
+    return sorted(f"{name} -> {dep}" for name, deps in graph.items() for dep in deps
+                  if _level(dep) > _level(name))
+
+
+def test_every_module_has_a_place_in_the_order():
+    assert not [name for name in _graph() if _level(name) is None]
+
+
+def test_the_order_finder_finds_an_upward_import_also_a_lazy_one(tmp_path):
+    """Negative control: a device module importing the engine inside a function is reported;
+    the engine importing the device is not."""
+    source = tmp_path / "fake.py"
+    source.write_text("def f():\n    from kvledger.engine.attention import make_backend\n")
+    known = set(_modules())
+    lazy = _imports(source, "kvledger.device.cpu.fake", known)
+    assert lazy == {"kvledger.engine.attention"}
+    graph = {"kvledger.device.cpu.fake": lazy, "kvledger.engine.attention": {"kvledger.device"}}
+    assert _upward(graph) == ["kvledger.device.cpu.fake -> kvledger.engine.attention"]
+
+
+def test_no_import_runs_upward():
+    """Lazy imports included (:func:`_imports` walks function bodies)."""
+    assert _upward(_graph()) == []
+
+
+def _device_folder_imports(source: str, name: str) -> list[str]:
+    """The imports of a device's own folder (``kvledger.device.cpu`` or below) in ``source``
+    (module ``name``)."""
+    from kvledger.device import DEVICES
+
+    folders = {f"kvledger.device.{device}" for device in DEVICES}
+    return sorted(t for t in _import_targets(ast.parse(source), name)
+                  for folder in folders if t == folder or t.startswith(folder + "."))
+
+
+def test_the_device_folder_finder_finds_a_direct_import():
+    """Negative controls: every spelling of a direct import of the CPU's folder is reported;
+    the device seam (``kvledger.device``) is not."""
+    for source in ("from kvledger.device.cpu.kernels import KERNELS",
+                   "import kvledger.device.cpu.native",
+                   "from kvledger.device import cpu",
+                   "def f():\n    from ..device.cpu import native\n"):
+        assert _device_folder_imports(source, "kvledger.engine.engine"), source
+    assert _device_folder_imports("from kvledger.device import resolve\n",
+                                  "kvledger.engine.engine") == []
+
+
+def test_only_the_device_folder_imports_a_device():
+    """Outside ``kvledger/device/`` code reaches a device through ``kvledger.device.resolve``
+    and the objects it returns, never a device's module."""
+    offenders = {name: found for name, path in _modules().items()
+                 if _level(name) != _level("kvledger.device")
+                 and (found := _device_folder_imports(path.read_text(), name))}
+    assert offenders == {}
+
+
 MOVED = ("kvledger.engine.model", "kvledger.engine.linear", "kvledger.engine.q4",
          "kvledger.engine.rope", "kvledger.engine.loader", "kvledger.engine.gguf_weights",
          "kvledger.engine.kernels", "kvledger.engine.probe_timing", "kvledger.engine.fused",
          "kvledger.engine.w8a8", "kvledger.engine.omp", "kvledger.engine.attention.native",
-         "kvledger.engine.kv.native_encode", "kvledger.ledger.probe")
-"""Module paths before issue 32 (now in kvledger.model and kvledger.device)."""
+         "kvledger.engine.kv.native_encode", "kvledger.ledger.probe",
+         "kvledger.device.cpu.kernel_probe", "kvledger.device.cpu.probe_timing",
+         "kvledger.model.ops")
+"""Module paths before issue 32 (now in kvledger.model and kvledger.device) and issue 53 (the
+kernel probe now in kvledger.engine.tuning, the PyTorch ops in kvledger.device.ops)."""
 
 
 @pytest.mark.parametrize("name", MOVED)

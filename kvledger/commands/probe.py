@@ -4,9 +4,9 @@ What it measures, and where it goes:
 
 - the ``local`` device (memory, bandwidth, matmul TFLOPS; :mod:`kvledger.device.measure`) for
   ``kvledger plan --device local``, saved in the config folder (``local_device.json``);
-- the kernel probe (:mod:`kvledger.device.cpu.kernel_probe`): per matmul shape class of ``--model``
-  the decode time of each weight format, and of each attention backend, with what the engine
-  will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
+- the kernel probe (:mod:`kvledger.engine.tuning.probe`) on ``--device``: per matmul shape
+  class of ``--model`` the decode time of each weight format, and of each attention backend,
+  with what the engine will choose; cached in ``cache_dir()/probe/kernels.json`` (the engine probes on first use
   anyway; this command re-measures and prints it);
 - with ``--kv-disk-dir DIR``, the disk KV tier's load speed (bytes per second and seconds per
   file), page cache dropped and warm (:mod:`kvledger.engine.kv.tiers.read_probe`), and the
@@ -36,10 +36,12 @@ Opt = typer.Option
 RETENTION_OPTIONS = ("kv_policy", "kv_window", "kv_sinks", "kv_budget", "kv_positions",
                      "kv_select", "kv_scope")
 """The engine options ``probe --steps`` takes: the default retention policy of its engine."""
+PROBE_OPTIONS = ("device", *RETENTION_OPTIONS)
+"""The engine options ``probe`` takes: the device it measures, and the above."""
 
 
 @engine_options(exclude=tuple(f.name for f in dataclasses.fields(EngineConfig)
-                              if f.name not in RETENTION_OPTIONS))
+                              if f.name not in PROBE_OPTIONS))
 def probe(
     buffer_mib: Annotated[int, Opt(help="Bytes copied per bandwidth trial, MiB")] = 512,
     matmul_n: Annotated[
@@ -92,7 +94,7 @@ def probe(
     if kv_disk_dir is not None:
         _tier_probe(kv_disk_dir, model)
     if kernels:
-        _kernel_probe(model, threads)
+        _kernel_probe(model, threads, engine_config.device)
     if steps:
         from kvledger.replay.probe_steps import probe_steps
 
@@ -168,16 +170,16 @@ def _is_kquant_gguf(spec) -> bool:
         and is_kquant_file(open_gguf(source), spec)
 
 
-def _kernel_probe(model: str, threads: int | None) -> None:
-    import torch
-
-    from kvledger.device.cpu import kernel_probe, probe_timing
-    from kvledger.device.cpu.cpu_quota import choose_threads
+def _kernel_probe(model: str, threads: int | None, device_name: str) -> None:
+    from kvledger.device import resolve
+    from kvledger.engine.tuning import probe as kernel_probe
+    from kvledger.engine.tuning import timing as probe_timing
     from kvledger.spec import load_spec
 
-    torch.set_num_threads(choose_threads(threads)[0])  # the count an engine would run
+    device = resolve(device_name)
+    device.threads(threads)  # the count an engine would run
     spec = load_spec(model)
-    result = kernel_probe.probe(spec, refresh=True)
+    result = kernel_probe.probe(spec, device, refresh=True)
     cpu_model, _, flags = result.cpu.partition(" | ")
     simd = [f for f in flags.split() if f.startswith(("avx", "amx", "fma", "f16c"))]
     print(f"CPU: {cpu_model}; flags: {' '.join(simd) or '(none of avx/amx/fma)'}")

@@ -22,8 +22,8 @@ from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
 
 Opt = typer.Option
-NOT_REPLAYED = ("model", "use_kv_cache", "num_threads", "attention", "kv_disk_dir", "kv_disk_gib",
-                "kv_ram_gib")
+NOT_REPLAYED = ("model", "use_kv_cache", "device", "num_threads", "attention", "kv_disk_dir",
+                "kv_disk_gib", "kv_ram_gib")
 
 
 def _ms(value) -> str:

@@ -1,27 +1,36 @@
 """The device seam: what the engine and the model families ask of the hardware they run on.
 
-A device answers, for a model (:class:`Device`): which attention backend runs it, which weight
-format each matmul shape class holds (and from how many rows a GEMM path takes over), which
-fused element-wise ops its layers call; and through its :class:`Kernels`: which KV block
-encoder the quantized store uses, and how its kernels are built or loaded. Every answer has a
-PyTorch fallback (a kernel that cannot be had is None), so a device without a compiler still
-runs every model.
+A device answers what it *has*, never what it would choose (choosing measures the model's
+layers and the engine's attention backends, which sit above it: ``kvledger.engine.tuning``):
 
-The two objects are layered so the import graph stays acyclic: :class:`Kernels` sits below the
-code that calls a kernel (a Linear's weight format, the quantized KV store), and
-:class:`Device` above it, since choosing measures those callers (the CPU's kernel probe times
-the engine's own layers and attention backends). The CPU is :mod:`kvledger.device.cpu`
-(``kvledger.device.cpu.device.CPU``); another device is a sibling folder with objects of the
-same shape.
+- :class:`Kernels`: its compiled kernels, each one's handle or None (the caller then takes its
+  PyTorch path, so a device without a compiler still runs every model), the fused element-wise
+  ops (:class:`kvledger.device.ops.TorchOps` where none are built), and the digest of their
+  sources (a new kernel is a new tuning key);
+- :class:`Device`: its name, its kernels, its identity (what a measurement on it is keyed by),
+  how many compute units it grants, and its per-step hook (:meth:`Device.threads`: the CPU's
+  thread team, which shrinks while other processes take its CPUs) and the hand-over of its
+  workers to another thread (:meth:`Device.release_thread_pool`).
+
+Kernels take plain data (ints, floats, tensors), never an engine or model object, so nothing
+here imports ``kvledger.model`` or ``kvledger.engine``. :func:`resolve` turns a name
+(``EngineConfig.device``) into the one device object of that name; the CPU is
+:mod:`kvledger.device.cpu`, another device is a sibling folder with objects of the same shape
+and a row in :data:`DEVICES`.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from kvledger.errors import InvalidParameterError
+
 if TYPE_CHECKING:
-    from kvledger.model.ops import TorchOps
-    from kvledger.spec import ModelSpec
+    from kvledger.device.ops import TorchOps
+
+DEVICES = {"cpu": "kvledger.device.cpu.device"}
+"""Device name -> the module whose ``DEVICE`` is that device."""
 
 
 @runtime_checkable
@@ -34,6 +43,13 @@ class Kernels(Protocol):
     def why_unavailable(self) -> str:
         """Why :meth:`library` is None ('' when it is not)."""
 
+    def source_digest(self) -> str:
+        """Short hash of the kernels' sources and build flags (part of every tuning key)."""
+
+    def paged_attention(self) -> object | None:
+        """The paged-attention kernel behind the ``paged-native`` backend, or None: that
+        backend then runs as ``paged-torch``."""
+
     def w8a8(self) -> object | None:
         """The int8-activation matmul behind the ``w8a8`` / ``w4a8`` weight formats
         (:mod:`kvledger.model.linear`), or None: those formats then fall back."""
@@ -44,16 +60,21 @@ class Kernels(Protocol):
         formats then dequantize in PyTorch."""
 
     def kv_encoder(self) -> object | None:
-        """The int8 / int4 KV block encoder (``encode_into``: a codec's bytes written at block
-        ids in one call), or None: the codecs' PyTorch code encodes."""
+        """The int8 / int4 KV block encoder (``encode_into``: a block's bytes written at block
+        ids in one call, from the codec's numbers), or None: the codecs' PyTorch code
+        encodes."""
 
     def fused_ops(self, max_rows: dict | None = None) -> TorchOps:
         """The fused element-wise ops, each taking at most ``max_rows`` (op -> dtype -> rows)
         and leaving more to the PyTorch ones; the PyTorch ones where none are built."""
 
-    def release_thread_pool(self) -> bool:
-        """Free the calling thread's worker threads before another thread takes over the
-        computing; True when something was freed."""
+
+@runtime_checkable
+class StepHook(Protocol):
+    """What a device does before each engine step, in the thread that steps."""
+
+    def before_step(self) -> None:
+        """Adjust the device's workers to this moment (the CPU: its thread team's size)."""
 
 
 @runtime_checkable
@@ -63,20 +84,36 @@ class Device(Protocol):
     name: str
     kernels: Kernels
 
-    def attention_backend(self, spec: ModelSpec, quantized: bool = False) -> str:
-        """Which attention backend (a name of ``kvledger.engine.attention.BACKENDS``) runs
-        ``spec``, over quantized KV blocks when ``quantized``."""
+    def unavailable(self) -> str:
+        """Why this machine cannot run the device ('' when it can)."""
 
-    def weight_formats(self, spec: ModelSpec, q4_classes: set[str],
-                       kquant_classes: set[str] = frozenset()) -> dict[str, str]:
-        """Which weight format (``kvledger.model.linear.FORMATS``) each matmul shape class of
-        ``spec`` holds; ``q4_classes``: the classes the checkpoint stores as Q4;
-        ``kquant_classes``: those it holds as a K-quant GGUF's blocks."""
+    def identity(self) -> str:
+        """The hardware's model and features: a measurement made on it is keyed by this."""
 
-    def gemm_paths(self, spec: ModelSpec, formats: dict[str, str]
-                   ) -> dict[str, tuple[int, str] | None]:
-        """Class -> (rows, path): from how many rows its layers (in ``formats``) multiply on
-        the weight dequantized per call (``kvledger.model.linear.GEMM_PATHS``); None: never."""
+    def compute_units(self) -> int:
+        """The compute units this process may use (the CPU: its cores, after the cgroup
+        quota)."""
 
-    def fused_ops(self, spec: ModelSpec) -> TorchOps:
-        """The fused element-wise ops ``spec``'s layers call."""
+    def threads(self, requested: int | None, ranks: int = 1) -> StepHook:
+        """Start computing in the calling thread with ``requested`` workers (None: what the
+        device grants, shared by ``ranks`` tensor-parallel ranks); the returned hook runs
+        before each step."""
+
+    def release_thread_pool(self) -> bool:
+        """Free the calling thread's workers before another thread takes over the computing;
+        True when something was freed."""
+
+
+def resolve(name: str) -> Device:
+    """The device called ``name`` (a key of :data:`DEVICES`).
+
+    Raises:
+        InvalidParameterError: an unknown device, or one this machine cannot run.
+    """
+    if name not in DEVICES:
+        raise InvalidParameterError(f"device must be one of {', '.join(DEVICES)}, got {name!r}")
+    device = importlib.import_module(DEVICES[name]).DEVICE
+    why = device.unavailable()
+    if why:
+        raise InvalidParameterError(f"device {name!r} is not available here: {why}")
+    return device

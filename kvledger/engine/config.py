@@ -38,6 +38,8 @@ class EngineConfig:
             no quota.
         use_kv_cache: keep the K and V of past tokens; without it every step recomputes the
             whole sequence (seed §1.3, for measuring).
+        device: the device the engine computes on (cpu; ``kvledger.device.DEVICES``),
+            resolved once per engine and by every tensor-parallel rank.
         num_threads: torch intra-op threads; None = the CPUs this process may use: the
             affinity mask capped by the cgroup CPU quota, rounded down
             (``device/cpu/cpu_quota.py``).
@@ -112,6 +114,7 @@ class EngineConfig:
     long_kv_share: float = 1.0
     max_kv_tokens_per_request: int | None = None
     use_kv_cache: bool = True
+    device: str = "cpu"
     num_threads: int | None = None
     attention: str | None = None
     kv_policy: str | None = None

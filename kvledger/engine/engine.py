@@ -17,9 +17,8 @@ import time
 
 import torch
 
-from kvledger.device.cpu.cpu_quota import choose_threads
-from kvledger.device.cpu.device import CPU
-from kvledger.device.cpu.thread_team import thread_team
+from kvledger.device import resolve
+from kvledger.engine.attention import make_backend
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kv.calibration import outlier_index
@@ -43,6 +42,7 @@ from kvledger.engine.schedule_output import SchedulerOutput
 from kvledger.engine.scheduler import Scheduler
 from kvledger.engine.structured.compiler import GrammarCompiler
 from kvledger.engine.structured.masks import advance_grammar
+from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
@@ -70,24 +70,27 @@ class LLMEngine:
         spec, weights, tokenizer: an already loaded model (tests); by default they are loaded
             from ``config.model``. ``tokenizer`` may be None for token-id-only use.
 
+    Attributes:
+        device: the device ``config.device`` names (``kvledger.device.resolve``), resolved
+            once; ``tuned``: it with the probe's choices, which the model, the attention
+            backend and the KV store are built with.
+
     Raises:
         ModelNotFoundError, ConfigError, UnsupportedModelError: the model cannot be loaded.
-        InvalidParameterError: bad dtype. KVBudgetError: the pool has no room for one block.
+        InvalidParameterError: bad dtype or device. KVBudgetError: the pool has no room for
+            one block.
     """
 
     def __init__(self, config: EngineConfig, spec: ModelSpec | None = None,
                  weights: dict | None = None, tokenizer=None) -> None:
         dtype = compute_dtype(config.dtype)
-        threads, source = choose_threads(config.num_threads, config.tensor_parallel_size)
-        torch.set_num_threads(threads)
-        log.info("torch threads: %d (%s)", threads, source)
-        self._threads = threads
-        self._team = (thread_team(threads) if config.num_threads is None
-                      and config.tensor_parallel_size == 1 else None)
+        self.device = resolve(config.device)
+        self.tuned = TunedDevice(self.device)
+        self._step_hook = self.device.threads(config.num_threads, config.tensor_parallel_size)
         self.parallel = None
         if config.tensor_parallel_size > 1:  # a torchrun rank > 0 serves inside start()
             from kvledger.engine.parallel.launch import TensorParallel
-            self.parallel = TensorParallel.start(config, spec or model_spec(config))
+            self.parallel = TensorParallel.start(config, spec or model_spec(config), self.device)
         try:
             self._build(config, dtype, spec, weights, tokenizer)
         except BaseException:
@@ -115,11 +118,14 @@ class LLMEngine:
                 "blocks outside them: drop it" if self.kv_layout.fmt.intact_tokens else
                 f"KV tiers hold blocks one at a time, and {self.kv_layout.kv_format} keys are "
                 f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
-        attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
+        tuned = self.tuned
+        attention = make_backend(config.attention or tuned.attention_backend(
+            spec, self.kv_layout.quantized), tuned.kernels)
         if self.parallel is None:
-            self.model = model_class(spec)(spec, weights, dtype, attention=attention)
+            self.model = model_class(spec)(spec, weights, dtype, attention=attention,
+                                           device=tuned)
         else:
-            self.model = self.parallel.build_model(spec, weights, dtype, attention)
+            self.model = self.parallel.build_model(spec, weights, dtype, attention.name, tuned)
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token
@@ -129,7 +135,8 @@ class LLMEngine:
         self.store_outliers = (outlier_index(config, spec, self.kv_layout)
                                if config.use_kv_cache else None)
         if config.use_kv_cache:
-            self.store = self.kv_layout.build_store(num_blocks, self.store_outliers)
+            self.store = self.kv_layout.build_store(num_blocks, self.store_outliers,
+                                                    kernels=self.device.kernels)
         if self.parallel is None:
             self.runner = ModelRunner(self.model, self.store, config.block_size)
         else:
@@ -292,9 +299,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; one output per request that progressed or finished."""
-        if self._team is not None and self._team.size() != self._threads:
-            self._threads = self._team.size()  # set in the thread that steps (OpenMP's ICV)
-            torch.set_num_threads(self._threads)
+        self._step_hook.before_step()  # in the thread that steps (the CPU: OpenMP's ICV)
         plan = self.last_schedule = self.scheduler.schedule()
         now = time.perf_counter()
         outputs = [self._fail(req, err) for req, err in plan.failed]

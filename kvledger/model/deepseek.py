@@ -50,8 +50,9 @@ class DeepseekModel(MoEModel):
 
     FAMILY = "deepseek"
 
-    def __init__(self, spec, weights, dtype, attention=None, formats=None) -> None:
-        super().__init__(spec, weights, dtype, attention=attention, formats=formats)
+    def __init__(self, spec, weights, dtype, attention=None, formats=None, device=None) -> None:
+        super().__init__(spec, weights, dtype, attention=attention, formats=formats,
+                         device=device)
         factor = yarn_softmax_factor(spec.rope_scaling)
         self.attention.set_layers([
             type(how)(how.scale * factor, how.window, how.softcap)

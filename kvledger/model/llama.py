@@ -28,7 +28,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kvledger.device.cpu.device import CPU
 from kvledger.engine.attention import AttentionBackend, AttentionMetadata, make_backend
 from kvledger.engine.attention.layer import layers_of
 from kvledger.engine.kv.store import KVStore
@@ -37,6 +36,14 @@ from kvledger.model.kquant import GGMLMatrix, KQuantLinear
 from kvledger.model.linear import KQUANT_FORMATS, Q4_FORMATS, Linear, int4_shape_ok
 from kvledger.model.rope import RotaryEmbedding
 from kvledger.spec import SLIDING, ModelSpec, check_runnable
+
+
+def _cpu():
+    """The CPU with the probe's choices, for a model built without a device."""
+    from kvledger.device import resolve
+    from kvledger.engine.tuning.tuned import TunedDevice
+
+    return TunedDevice(resolve("cpu"))
 
 
 class LlamaModel:
@@ -49,7 +56,9 @@ class LlamaModel:
         attention: an attention backend or its name (see :mod:`kvledger.engine.attention`);
             None takes ``$KVLEDGER_ATTENTION``, else the kernel choice of the probe.
         formats: weight format per shape class (``{"qkv": "int4", "lm_head": "int8", ...}``);
-            classes left out are dense; None asks the kernel probe. Ignored in fp32.
+            classes left out are dense; None asks the device. Ignored in fp32.
+        device: the device with the probe's choices
+            (``kvledger.engine.tuning.tuned.TunedDevice``); None: the CPU's.
 
     Raises:
         UnsupportedModelError: a spec the forward would not compute exactly
@@ -63,23 +72,24 @@ class LlamaModel:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  attention: AttentionBackend | str | None = None,
-                 formats: dict[str, str] | None = None):
+                 formats: dict[str, str] | None = None, device=None):
         family = check_runnable(spec)
         if family != self.FAMILY:
             raise UnsupportedModelError(f"model_type {spec.model_type!r} runs in the {family} "
                                         f"family, not {type(self).__name__}")
         self.spec, self.dtype = spec, dtype
+        device = device or _cpu()
         if not isinstance(attention, AttentionBackend):
-            attention = make_backend(attention or CPU.attention_backend(spec))
+            attention = make_backend(attention or device.attention_backend(spec), device.kernels)
         self.attention = attention
         attention.set_layers(layers_of(spec))
-        self.ops = CPU.fused_ops(spec)
+        self.ops = device.fused_ops(spec)
         gemm = {}
         if dtype != torch.bfloat16:
             formats = {}
         elif formats is None:
-            formats = CPU.weight_formats(spec, _q4_classes(weights), _kquant_classes(weights))
-            gemm = CPU.gemm_paths(spec, formats)
+            formats = device.weight_formats(spec, _q4_classes(weights), _kquant_classes(weights))
+            gemm = device.gemm_paths(spec, formats)
         self.formats = dict(formats)
         release = getattr(weights, "release", None) or (lambda tensor: None)
         w = {name: _held(t, dtype) for name, t in weights.items()}

@@ -39,7 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.device.cpu.device import CPU
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
@@ -111,9 +110,9 @@ class EngineLoop:
         return getattr(self._engine, "failure", None)
 
     def start(self) -> None:
-        """Start the engine thread, after freeing the calling thread's OpenMP workers (the
-        engine thread computes from now on; see :mod:`kvledger.device.cpu.omp`)."""
-        CPU.kernels.release_thread_pool()
+        """Start the engine thread, after freeing the calling thread's workers (the engine
+        thread computes from now on: ``engine.device.release_thread_pool``)."""
+        self._engine.device.release_thread_pool()
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:

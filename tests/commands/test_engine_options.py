@@ -29,6 +29,7 @@ NON_DEFAULT = {
     "long_kv_share": (0.25, ["--long-kv-share", "0.25"]),
     "max_kv_tokens_per_request": (4096, ["--max-kv-tokens-per-request", "4096"]),
     "use_kv_cache": (False, ["--no-kv-cache"]),
+    "device": ("cuda", ["--device", "cuda"]),  # resolved by the engine (faked here)
     "num_threads": (2, ["--threads", "2"]),
     "attention": ("reference", ["--attention", "reference"]),
     "kv_policy": ("h2o", ["--kv-policy", "h2o"]),

@@ -7,6 +7,8 @@ from typing import ClassVar
 
 import pytest
 
+from kvledger.device import resolve
+
 KEY = "s3cret"
 
 
@@ -14,6 +16,7 @@ class IdleEngine:
     """The engine API the app needs, with nothing to run (no scheduler: stats only)."""
 
     model_name = "idle-model"
+    device = resolve("cpu")
     max_model_len = 128
     tokenizer = None
     cache_config: ClassVar[dict] = {"block_size": "16", "cache_dtype": "fp32"}

@@ -10,9 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.device import resolve
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask
+
+KERNELS = resolve("cpu").kernels
 
 BLOCK = 16
 PAGED = ["paged-torch", "paged-native"]
@@ -38,7 +41,7 @@ def _decode_meta(tables, lengths):
 
 def _run(name, q, meta, store):
     empty = torch.empty(0, store.key_blocks[0].shape[2], q.shape[-1], dtype=q.dtype)
-    return make_backend(name)(0, q, empty, empty, meta, store)
+    return make_backend(name, KERNELS)(0, q, empty, empty, meta, store)
 
 
 def _random_tables(lengths, num_blocks, seed):
@@ -207,7 +210,7 @@ def test_native_falls_back_to_torch_when_disabled(monkeypatch, caplog):
     native.load.cache_clear()
     try:
         with caplog.at_level("WARNING", logger="kvledger"):
-            assert make_backend("paged-native").name == "paged-torch"
+            assert make_backend("paged-native", KERNELS).name == "paged-torch"
         assert "KVLEDGER_NATIVE=0" in caplog.text  # the fallback is said, as the README says
     finally:
         native.library.cache_clear()
@@ -218,4 +221,4 @@ def test_unknown_backend_is_a_clear_error():
     from kvledger.errors import InvalidParameterError
 
     with pytest.raises(InvalidParameterError, match="attention backend"):
-        make_backend("flash")
+        make_backend("flash", KERNELS)

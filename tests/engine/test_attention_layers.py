@@ -18,12 +18,15 @@ import math
 import pytest
 import torch
 
+from kvledger.device import resolve
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
 from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.kv.codecs import make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask
+
+KERNELS = resolve("cpu").kernels
 
 BLOCK = 16
 BACKENDS = ["reference", "paged-torch", "paged-native"]
@@ -103,7 +106,7 @@ def _tables(lengths, num_blocks=48, seed=0):
 
 
 def _backend(name, how):
-    backend = make_backend(name)
+    backend = make_backend(name, KERNELS)
     backend.set_layers([how])
     return backend
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.device import resolve
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
 from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.kv.codecs import make_codecs
@@ -27,6 +28,8 @@ from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.kv.rotation import rotation_matrix
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask
 from kvledger.ledger.kv_format import KVFormatSpec
+
+KERNELS = resolve("cpu").kernels
 
 BLOCK, KV_HEADS, HEADS, DIM = 16, 3, 9, 64
 CHUNK, DECODES = 40, 12
@@ -42,7 +45,7 @@ def _store(fmt: KVFormatSpec, seqs: int, rotation: str) -> QuantizedKVStore:
 
 
 def _native():
-    backend = make_backend("paged-native")
+    backend = make_backend("paged-native", KERNELS)
     assert backend.name == "paged-native"
     backend._fallback = None  # no silent hand-over to paged-torch
     return backend
@@ -73,7 +76,7 @@ def _slots(table: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
 
 def _check(q, meta, store, want):
     empty = torch.empty(0, KV_HEADS, DIM)
-    for backend, bound in ((_native(), 2e-5), (make_backend("paged-torch"), 4e-5)):
+    for backend, bound in ((_native(), 2e-5), (make_backend("paged-torch", KERNELS), 4e-5)):
         got = backend(0, q, empty, empty, meta, store)
         err = float((got.double() - want).abs().max())
         assert err <= bound, (backend.name, err)
@@ -137,7 +140,7 @@ def test_native_kernel_reads_key_groups_and_the_window_step_by_step(name, group_
 def test_reader_names_the_layers_handed_to_paged_torch():
     """A soft-capped layer is attended by paged-torch: the reader says so, layers counted."""
     store = _store(KVFormatSpec("int2"), 1, "none")
-    backend = make_backend("paged-native")
+    backend = make_backend("paged-native", KERNELS)
     backend.set_layers([LayerAttention(0.125, softcap=30.0)])
     assert backend.reader(store) == "paged-native (paged-torch: 1 of 1 layers)"
-    assert make_backend("paged-torch").reader(store) == "paged-torch"
+    assert make_backend("paged-torch", KERNELS).reader(store) == "paged-torch"

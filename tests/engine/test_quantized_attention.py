@@ -14,11 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.device import resolve
 from kvledger.device.cpu.native import PagedKernel
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment, make_backend
 from kvledger.engine.kv.codecs import make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.runner import _decode_group, _prefix_causal_mask
+
+KERNELS = resolve("cpu").kernels
 
 BLOCK = 16
 CODECS = {  # label -> (format, key quant, group, outlier channels per KV head)
@@ -78,7 +81,7 @@ def _decode_meta(tables, lengths):
 
 
 def _native():
-    backend = make_backend("paged-native")
+    backend = make_backend("paged-native", KERNELS)
     assert backend.name == "paged-native"
     backend._fallback = None  # no silent hand-over to paged-torch
     return backend
@@ -104,7 +107,7 @@ def _check(q, meta_fn, store, tables, lens, tol=1e-5, torch_tol=None):
     empty = torch.empty(0, store.num_kv_heads, q.shape[-1], dtype=q.dtype)
     want = _exact(q, store, tables, lens)
     for backend, bound in ((_native(), tol),
-                           (make_backend("paged-torch"), torch_tol or 4 * tol)):
+                           (make_backend("paged-torch", KERNELS), torch_tol or 4 * tol)):
         got = backend(0, q, empty, empty, meta_fn(), store)
         assert got.dtype == q.dtype and got.shape == q.shape
         assert float((got.double() - want).abs().max()) <= bound, backend.name

@@ -45,15 +45,16 @@ def test_each_step_runs_the_teams_size_and_threads_fixes_it(tiny_engine_factory)
 
     previous = torch.get_num_threads()
     try:
-        assert tiny_engine_factory(num_threads=2)._team is None  # --threads: a fixed team
+        assert tiny_engine_factory(num_threads=2)._step_hook._team is None  # a fixed team
         engine = tiny_engine_factory(num_threads=None)
-        if engine._team is None:
+        hook = engine._step_hook  # the device's (kvledger.device.cpu.device.CpuThreads)
+        if hook._team is None:
             pytest.skip("no thread team here: one usable CPU, or /proc/stat unreadable")
-        engine._team = _Team(1)
+        hook._team = _Team(1)
         engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=2))
         engine.step()
         assert torch.get_num_threads() == 1
-        engine._team.threads = engine._team.size() + 1
+        hook._team.threads = hook._team.size() + 1
         engine.step()
         assert torch.get_num_threads() == 2
     finally:

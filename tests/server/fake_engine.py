@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from kvledger.device import resolve
 from kvledger.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
@@ -47,6 +48,7 @@ class FakeEngine:
     except ``tokenize``, which the server calls from its tokenizer thread."""
 
     model_name = "fake-model"
+    device = resolve("cpu")  # the engine loop hands the device's workers to its thread
     max_model_len = 256
     cache_config: ClassVar[dict] = {"block_size": "16", "cache_dtype": "fp32"}
 

@@ -1,13 +1,36 @@
-"""The CPU device (:class:`kvledger.device.Device`): its choices come from the kernel probe
-(:mod:`.kernel_probe`: measured once per machine, model shapes and kernel sources, cached;
-``KVLEDGER_ATTENTION``, ``KVLEDGER_WEIGHT_FORMAT`` and ``KVLEDGER_GEMM`` force them), its
-kernels from :data:`kvledger.device.cpu.kernels.KERNELS`."""
+"""The CPU device (:class:`kvledger.device.Device`): its kernels (:data:`.kernels.KERNELS`),
+its identity (model name and flags, :func:`.native.cpu_identity`), its usable cores
+(:mod:`.cpu_quota`), the torch thread team that shrinks while other processes take its CPUs
+(:mod:`.thread_team`, adjusted before each step in the thread that steps) and the release of
+a thread's OpenMP pool (:mod:`.omp`)."""
 
 from __future__ import annotations
 
-from kvledger.device.cpu import kernel_probe
+import logging
+
+import torch
+
+from kvledger.device.cpu import native, omp
+from kvledger.device.cpu.cpu_quota import choose_threads, cpu_budget
 from kvledger.device.cpu.kernels import KERNELS
-from kvledger.spec import ModelSpec
+from kvledger.device.cpu.thread_team import ThreadTeam, thread_team
+
+log = logging.getLogger("kvledger.engine")
+
+
+class CpuThreads:
+    """The CPU's step hook (:class:`kvledger.device.StepHook`): torch's thread count follows
+    the team's size (None: a fixed count)."""
+
+    def __init__(self, threads: int, team: ThreadTeam | None) -> None:
+        self.threads, self._team = threads, team
+
+    def before_step(self) -> None:
+        """Set torch's thread count to the team's size when it changed (in the thread that
+        steps: the count is OpenMP's per-thread setting)."""
+        if self._team is not None and self._team.size() != self.threads:
+            self.threads = self._team.size()
+            torch.set_num_threads(self.threads)
 
 
 class CpuDevice:
@@ -16,24 +39,30 @@ class CpuDevice:
     name = "cpu"
     kernels = KERNELS
 
-    def attention_backend(self, spec: ModelSpec, quantized: bool = False) -> str:
-        """:func:`kvledger.device.cpu.kernel_probe.choose_attention`."""
-        return kernel_probe.choose_attention(spec, quantized)
+    def unavailable(self) -> str:
+        """'': every machine has a CPU."""
+        return ""
 
-    def weight_formats(self, spec: ModelSpec, q4_classes: set[str],
-                       kquant_classes: set[str] = frozenset()) -> dict[str, str]:
-        """:func:`kvledger.device.cpu.kernel_probe.choose_formats`."""
-        return kernel_probe.choose_formats(spec, q4_classes, kquant_classes)
+    def identity(self) -> str:
+        """:func:`kvledger.device.cpu.native.cpu_identity`."""
+        return native.cpu_identity()
 
-    def gemm_paths(self, spec: ModelSpec, formats: dict[str, str]
-                   ) -> dict[str, tuple[int, str] | None]:
-        """:func:`kvledger.device.cpu.kernel_probe.choose_gemm`."""
-        return kernel_probe.choose_gemm(spec, formats)
+    def compute_units(self) -> int:
+        """The usable CPUs (:func:`kvledger.device.cpu.cpu_quota.cpu_budget`)."""
+        return cpu_budget().cpus
 
-    def fused_ops(self, spec: ModelSpec):
-        """The native fused ops within the probe's row limits
-        (:func:`kvledger.device.cpu.kernel_probe.fused_limits`)."""
-        return self.kernels.fused_ops(kernel_probe.fused_limits(spec))
+    def threads(self, requested: int | None, ranks: int = 1) -> CpuThreads:
+        """Set torch's thread count (:func:`kvledger.device.cpu.cpu_quota.choose_threads`);
+        a count the user did not fix, in one process, follows the thread team."""
+        threads, source = choose_threads(requested, ranks)
+        torch.set_num_threads(threads)
+        log.info("torch threads: %d (%s)", threads, source)
+        team = thread_team(threads) if requested is None and ranks == 1 else None
+        return CpuThreads(threads, team)
+
+    def release_thread_pool(self) -> bool:
+        """:func:`kvledger.device.cpu.omp.release_thread_pool` (libgomp's pool)."""
+        return omp.release_thread_pool()
 
 
-CPU = CpuDevice()
+DEVICE = CpuDevice()

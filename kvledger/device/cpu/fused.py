@@ -1,14 +1,14 @@
 """The fused element-wise ops of a decoder layer in C++ (``csrc/fused_ops.cpp``), with the
-PyTorch ones (:class:`kvledger.model.ops.TorchOps`) as fallback.
+PyTorch ones (:class:`kvledger.device.ops.TorchOps`) as fallback.
 
 A decode step runs a few matmuls and a few hundred tiny element-wise ops; on CPU each PyTorch
 op costs microseconds of dispatch whatever its size, so the native ops replace 3-10 ops each
-(their formulas: :mod:`kvledger.model.ops`). Arithmetic is fp32 for fp32 and bf16 tensors (one
+(their formulas: :mod:`kvledger.device.ops`). Arithmetic is fp32 for fp32 and bf16 tensors (one
 rounding per bf16 result), so both give the same results to rounding. :func:`fused_ops`
 returns the native ops, or the PyTorch ones when the native library cannot be built
 (:mod:`kvledger.device.cpu.native`; ``KVLEDGER_NATIVE=0``). The native ops vectorise and split
 a prefill's many rows over torch's threads; each takes at most the rows the kernel probe
-measured it faster at (:meth:`kvledger.device.cpu.kernel_probe.ProbeResult.fused_max_rows`; no
+measured it faster at (``kvledger.engine.tuning.probe.ProbeResult.fused_max_rows``; no
 limit where it won at every measured count), more rows go to PyTorch.
 """
 
@@ -19,7 +19,7 @@ import ctypes
 import torch
 
 from kvledger.device.cpu.native import DTYPE_CODES, library
-from kvledger.model.ops import TorchOps
+from kvledger.device.ops import TorchOps
 
 
 class NativeOps(TorchOps):

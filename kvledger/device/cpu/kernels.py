@@ -4,7 +4,7 @@ built on first use by :mod:`.native`, with a handle per kernel (None where it ca
 
 from __future__ import annotations
 
-from kvledger.device.cpu import fused, kquant, kv_encode, native, omp, w8a8
+from kvledger.device.cpu import fused, kquant, kv_encode, native, w8a8
 
 
 class CpuKernels:
@@ -17,6 +17,14 @@ class CpuKernels:
     def why_unavailable(self) -> str:
         """:func:`kvledger.device.cpu.native.why_unavailable`."""
         return native.why_unavailable()
+
+    def source_digest(self) -> str:
+        """:func:`kvledger.device.cpu.native.source_digest`."""
+        return native.source_digest()
+
+    def paged_attention(self) -> native.PagedKernel | None:
+        """:func:`kvledger.device.cpu.native.load`."""
+        return native.load()
 
     def w8a8(self) -> w8a8.W8A8Kernel | None:
         """:func:`kvledger.device.cpu.w8a8.kernel`."""
@@ -33,10 +41,6 @@ class CpuKernels:
     def fused_ops(self, max_rows=None):
         """:func:`kvledger.device.cpu.fused.fused_ops`."""
         return fused.fused_ops(max_rows)
-
-    def release_thread_pool(self) -> bool:
-        """:func:`kvledger.device.cpu.omp.release_thread_pool` (libgomp's pool)."""
-        return omp.release_thread_pool()
 
 
 KERNELS = CpuKernels()

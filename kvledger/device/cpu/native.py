@@ -160,40 +160,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def kv_side(parts: dict[str, torch.Tensor], codec, residual: torch.Tensor,
-            rotation: torch.Tensor | None = None, group_members: torch.Tensor | None = None
-            ) -> tuple[KVSide, list[torch.Tensor]] | None:
-    """The kernel's view of one codec's tensors ``parts`` (``QuantizedKVStore.key_parts[l]``
-    or ``value_parts[l]``), residual buffers [slots, bs, kv_heads, D], the fp32 rotation
-    [D, D] the rows are stored by (``QuantizedKVStore.rotation``) and, for keys grouped over
-    blocks, the blocks of each block's group (``QuantizedKVStore.group_members``), with the
-    tensors it points into (keep them alive); None for a codec the kernel does not decode."""
-    from kvledger.engine.kv.codecs import Fp8Codec, GroupedKeys, IntCodec, OutlierKeys
-
-    channels = None
-    if isinstance(codec, OutlierKeys):
-        channels, codec = codec.channels.contiguous(), codec.inner
-    if isinstance(codec, Fp8Codec):
-        kind, group = 3, 0
-    elif isinstance(codec, IntCodec):
-        kind, group = INT_KINDS[codec.bits], 0 if codec.axis == "per-channel" else codec.group
-    elif isinstance(codec, GroupedKeys) and group_members is not None:
-        kind, group = INT_KINDS[codec.bits], 0
-    else:
-        return None
-    members = group_members if codec.group_blocks > 1 else None
-    if rotation is not None and rotation.dtype != torch.float32:
-        return None
-    held = [t for t in (*parts.values(), residual, channels, rotation, members) if t is not None]
-    if not all(t.is_contiguous() for t in held):
-        return None
-    side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
-                  _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), _ptr(rotation),
-                  kind, group, 0 if channels is None else channels.shape[1], _ptr(members),
-                  codec.group_blocks)
-    return side, held
-
-
 class PagedKernel:
     """ctypes wrapper of ``kvl_paged_attention`` (see the .cpp for the layout)."""
 
@@ -209,6 +175,33 @@ class PagedKernel:
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
         self.dim_multiple = lib.kvl_head_dim_multiple()
         self.max_block = lib.kvl_max_block_size()
+
+    @staticmethod
+    def kv_side(parts: dict[str, torch.Tensor], residual: torch.Tensor, *, kind: str, bits: int,
+                group: int, group_blocks: int = 1, channels: torch.Tensor | None = None,
+                rotation: torch.Tensor | None = None, group_members: torch.Tensor | None = None
+                ) -> tuple[KVSide, list[torch.Tensor]] | None:
+        """The kernel's view of one codec's tensors ``parts`` (a quantized store's key or value
+        parts of one layer), residual buffers [slots, bs, kv_heads, D], the fp32 rotation [D, D]
+        the rows are stored by and, for keys grouped over ``group_blocks`` blocks, the blocks of
+        each block's group, with the tensors it points into (keep them alive); None for a layout
+        the kernel does not read.
+
+        The codec comes as its numbers: ``kind`` ``"int"`` (``bits``-bit codes, a scale and zero
+        point per ``group`` elements along D, 0: per channel) or ``"fp8"`` (e4m3 codes, a scale
+        per block and head), ``channels`` [kv_heads, n] long: outlier channels kept in fp16."""
+        kind_code = 3 if kind == "fp8" else INT_KINDS[bits]
+        members = group_members if group_blocks > 1 else None
+        if rotation is not None and rotation.dtype != torch.float32:
+            return None
+        held = [t for t in (*parts.values(), residual, channels, rotation, members) if t is not None]
+        if not all(t.is_contiguous() for t in held):
+            return None
+        side = KVSide(_ptr(parts["codes"]), _ptr(parts["scale"]), _ptr(parts.get("zero")),
+                      _ptr(parts.get("outliers")), _ptr(channels), _ptr(residual), _ptr(rotation),
+                      kind_code, group, 0 if channels is None else channels.shape[1], _ptr(members),
+                      group_blocks)
+        return side, held
 
     def accepts(self, q: torch.Tensor, key_blocks: torch.Tensor) -> bool:
         """Whether the kernel handles this dtype and these sizes."""
@@ -241,7 +234,7 @@ class PagedKernel:
                   paged, scale: float | None = None, window: int | None = None,
                   sinks: torch.Tensor | None = None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
-        :func:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
+        :meth:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
         ``scale``, ``window`` and ``sinks`` as in :meth:`__call__`."""
         return self._launch(q, kv_heads, block_size, paged, None, None,
                             (ctypes.byref(sides[0]), ctypes.byref(sides[1]),

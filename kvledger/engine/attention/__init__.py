@@ -4,11 +4,13 @@ Backends (``KVLEDGER_ATTENTION`` or the engine option picks one; default: what t
 
 - ``reference``: gather + PyTorch SDPA (:mod:`.reference`), the oracle of the tests;
 - ``paged-torch``: block-chunked online softmax in PyTorch ops (:mod:`.paged`);
-- ``paged-native``: the same in C++, K/V read in place (:mod:`.paged`,
-  :mod:`kvledger.device.cpu.native`).
+- ``paged-native``: the same in the device's kernel, K/V read in place (:mod:`.paged`,
+  ``kvledger.device.Kernels.paged_attention``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from kvledger.engine.attention.metadata import (
     AttentionMetadata,
@@ -19,21 +21,24 @@ from kvledger.engine.attention.metadata import (
 from kvledger.engine.attention.reference import AttentionBackend, ReferenceBackend
 from kvledger.errors import InvalidParameterError
 
+if TYPE_CHECKING:
+    from kvledger.device import Kernels
+
 BACKENDS = ("reference", "paged-torch", "paged-native")
 
 __all__ = ["BACKENDS", "AttentionBackend", "AttentionMetadata", "DecodeGroup", "PagedQueries",
            "PrefillSegment", "make_backend"]
 
 
-def make_backend(name: str) -> AttentionBackend:
-    """The backend called ``name`` (one of :data:`BACKENDS`).
+def make_backend(name: str, kernels: Kernels) -> AttentionBackend:
+    """The backend called ``name`` (one of :data:`BACKENDS`) over the device's ``kernels``.
 
-    ``paged-native`` falls back to ``paged-torch`` (logged) when the kernel cannot be built.
+    ``paged-native`` falls back to ``paged-torch`` (the library logged why) when the device has
+    no paged-attention kernel.
 
     Raises:
         InvalidParameterError: an unknown name.
     """
-    from kvledger.device.cpu import native
     from kvledger.engine.attention.paged import PagedNativeBackend, PagedTorchBackend
 
     if name == "reference":
@@ -41,9 +46,7 @@ def make_backend(name: str) -> AttentionBackend:
     if name == "paged-torch":
         return PagedTorchBackend()
     if name == "paged-native":
-        try:
-            return PagedNativeBackend()
-        except native.NativeUnavailable:
-            return PagedTorchBackend()
+        kernel = kernels.paged_attention()
+        return PagedTorchBackend() if kernel is None else PagedNativeBackend(kernel)
     raise InvalidParameterError(f"attention backend must be one of {', '.join(BACKENDS)}, "
                                 f"got {name!r}")

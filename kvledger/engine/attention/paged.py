@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from kvledger.device.cpu import native
 from kvledger.engine.attention.metadata import PagedQueries
 from kvledger.engine.attention.reference import AttentionBackend, gathered_decode
+from kvledger.engine.kv.codec_numbers import codec_numbers
 from kvledger.engine.kv.store import KVStore
 
 CHUNK_BLOCKS = 32
@@ -114,14 +114,13 @@ class PagedTorchBackend(_Paged):
 
 
 class PagedNativeBackend(_Paged):
-    """The C++ kernel; falls back to :class:`PagedTorchBackend` for shapes it does not take."""
+    """The device's paged-attention kernel (``Kernels.paged_attention``); falls back to
+    :class:`PagedTorchBackend` for shapes it does not take."""
 
     name = "paged-native"
 
-    def __init__(self) -> None:
-        self.kernel = native.load()
-        if self.kernel is None:
-            raise native.NativeUnavailable(native.why_unavailable())
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
         self._fallback = PagedTorchBackend()
         self._sides_of: tuple[object, dict] | None = None  # (store, layer -> kernel's view)
 
@@ -175,10 +174,10 @@ class PagedNativeBackend(_Paged):
             self._sides_of = (store, {})
         cache = self._sides_of[1]
         if layer not in cache:
-            k = native.kv_side(store.key_parts[layer], store.key_codecs[layer],
-                               store.residual_keys[layer], store.rotation, store.group_members)
-            v = native.kv_side(store.value_parts[layer], store.value_codec,
-                               store.residual_values[layer], store.rotation)
+            k = self._side(store.key_parts[layer], store.key_codecs[layer],
+                           store.residual_keys[layer], store.rotation, store.group_members)
+            v = self._side(store.value_parts[layer], store.value_codec,
+                           store.residual_values[layer], store.rotation)
             usable = (k is not None and v is not None and k[0].kind == v[0].kind
                       and v[0].num_outliers == 0)  # one codec kind; outliers are keys' only
             cache[layer] = ((k[0], v[0]), k[1] + v[1]) if usable else None
@@ -186,3 +185,14 @@ class PagedNativeBackend(_Paged):
                 log.info("paged-native has no decoder for %s KV; paged-torch attends over it",
                          store.kv_format)
         return cache[layer]
+
+    def _side(self, parts, codec, residual, rotation, group_members=None):
+        """The kernel's view of one codec's tensors (``kv_side`` of the kernel), or None for
+        a codec it has no decoder for (grouped keys without their group's blocks)."""
+        numbers = codec_numbers(codec)
+        if numbers is None or (numbers.grouped and group_members is None):
+            return None
+        return self.kernel.kv_side(parts, residual, kind=numbers.kind, bits=numbers.bits,
+                                   group=numbers.group, group_blocks=numbers.group_blocks,
+                                   channels=numbers.channels, rotation=rotation,
+                                   group_members=group_members)

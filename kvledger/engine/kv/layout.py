@@ -128,10 +128,11 @@ class KVLayout:
         return f"{f.name} ({', '.join(parts)})"
 
     def build_store(self, num_blocks: int, outlier_index: torch.Tensor | None = None,
-                    rank: int = 0):
+                    rank: int = 0, kernels=None):
         """Rank ``rank``'s store for ``num_blocks`` blocks: its KV heads only under tensor
         parallelism (``parallel.shard.kv_head_range``). ``outlier_index`` [layers, kv_heads, n]
-        long: the calibrated outlier channels of every KV head of the whole model."""
+        long: the calibrated outlier channels of every KV head of the whole model; ``kernels``:
+        the device's (``kvledger.device.Kernels``), whose KV encoder a quantized store uses."""
         s, f = self.spec, self.fmt
         heads = kv_heads_per_rank(s, self.tp)
         places = layer_places(self.groups, s.num_layers)
@@ -156,7 +157,8 @@ class KVLayout:
                                    f.key_group_blocks(self.block_size))
         slots = self.residual_slots * len(self.groups) * f.reserved_blocks(self.block_size)
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                                f.name, keys, values, self.compute_dtype, slots, places=places,
+                                f.name, keys, values, self.compute_dtype, slots, kernels,
+                                places=places,
                                 rotation=rotation_matrix(f.rotation, s.head_dim), fmt=f)
 
 

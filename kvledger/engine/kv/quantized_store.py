@@ -33,14 +33,17 @@ free list are bookkeeping, like block tables, and are not KV bytes.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kvledger.device.cpu.kernels import KERNELS
+from kvledger.engine.kv.codec_numbers import codec_numbers
 from kvledger.engine.kv.codecs import BlockCodec
 from kvledger.engine.kv.store import distinct, group_layout, lazy_zeros
 from kvledger.ledger.kv_format import KVFormatSpec
+
+if TYPE_CHECKING:
+    from kvledger.device import Kernels
 
 
 class _WritePlan(NamedTuple):
@@ -72,8 +75,9 @@ class QuantizedKVStore:
         compute_dtype: dtype of the residual blocks and of what reads return.
         residual_slots: most unsealed blocks at once (the engine's ``max_num_seqs`` x the
             layer groups x the window's R / block_size blocks).
-        use_native: encode filled int8 / int4 blocks with the native encoder
-            (``kvledger.device.Kernels.kv_encoder``, same bytes) when it builds.
+        kernels: the device's kernels (``kvledger.device.Kernels``): filled int blocks are
+            encoded by its KV encoder (``kv_encoder``, same bytes) when it has one; None: the
+            codecs' PyTorch code encodes.
         rotation: [head_dim, head_dim] fp32 orthogonal matrix the rows are stored rotated by,
             or None.
         fmt: the format's spec, whose ``sealed_blocks`` rule the runner applies (None: the
@@ -85,7 +89,7 @@ class QuantizedKVStore:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, kv_format: str, key_codecs: list[BlockCodec] | BlockCodec,
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
-                 residual_slots: int, use_native: bool = True,
+                 residual_slots: int, kernels: Kernels | None = None,
                  places: tuple[tuple[int, int], ...] | None = None,
                  rotation: torch.Tensor | None = None, fmt: KVFormatSpec | None = None) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
@@ -110,7 +114,7 @@ class QuantizedKVStore:
         self._free_residuals = list(range(residual_slots))
         self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
-        self._encoder = KERNELS.kv_encoder() if use_native else None
+        self._encoder = None if kernels is None else kernels.kv_encoder()
         self.rotation = rotation
         self.fmt = fmt or KVFormatSpec(kv_format)
         self.key_group_blocks = key_codecs[0].group_blocks
@@ -235,12 +239,22 @@ class QuantizedKVStore:
                 staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
             staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)
             filled = staged.index_select(0, plan.filled)
-            if self._encoder is None or not self._encoder.encode_into(
-                    codec, filled, parts, plan.filled_ids):
+            if not self._encode_natively(codec, filled, parts, plan.filled_ids):
                 for name, tensor in codec.encode(filled).items():
                     parts[name].index_copy_(0, plan.filled_ids, tensor)
             if len(plan.kept):
                 residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
+
+    def _encode_natively(self, codec: BlockCodec, filled: torch.Tensor,
+                         parts: dict[str, torch.Tensor], block_ids: torch.Tensor) -> bool:
+        """Whether the device's encoder wrote ``filled`` into ``parts`` at ``block_ids`` (an
+        int codec of one block per group, a dtype and layout it takes)."""
+        numbers = None if self._encoder is None else codec_numbers(codec)
+        if numbers is None or numbers.kind != "int" or numbers.grouped:
+            return False
+        return self._encoder.encode_into(filled, parts, block_ids, bits=numbers.bits,
+                                         group=numbers.group, centred=numbers.centred,
+                                         min_scale=numbers.min_scale, channels=numbers.channels)
 
     def read_blocks(self, layer: int, block_ids: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,11 +27,11 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from kvledger.device.cpu.cpu_quota import cpu_budget
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.parallel.group import (
     RENDEZVOUS_TIMEOUT_S,
@@ -45,6 +45,10 @@ from kvledger.engine.parallel.runner import ParallelRunner
 from kvledger.engine.parallel.shard import check_divisible
 from kvledger.errors import InvalidParameterError
 from kvledger.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from kvledger.device import Device
+    from kvledger.engine.tuning.tuned import TunedDevice
 
 WORKER_MODULE = "kvledger.engine.parallel.worker"
 EXIT_GRACE_S = 10.0
@@ -67,9 +71,10 @@ class TensorParallel:
         atexit.register(self.close)
 
     @classmethod
-    def start(cls, config: EngineConfig, spec: ModelSpec) -> TensorParallel:
-        """Check that ``spec`` splits, then start (or join, under torchrun) the ranks. In a
-        torchrun rank other than 0 this serves as a worker and exits the process.
+    def start(cls, config: EngineConfig, spec: ModelSpec, device: Device) -> TensorParallel:
+        """Check that ``spec`` splits, then start (or join, under torchrun) the ranks on
+        ``device`` (the workers resolve it from ``config.device``). In a torchrun rank other
+        than 0 this serves as a worker and exits the process.
 
         Raises:
             InvalidParameterError: the size does not divide the heads or the MLP, torchrun's
@@ -82,7 +87,7 @@ class TensorParallel:
         if dist.is_initialized():
             raise InvalidParameterError(
                 "one tensor-parallel engine per process: close() the other one first")
-        cores = cpu_budget().cpus
+        cores = device.compute_units()
         if tp > cores:
             log.warning("--tensor-parallel-size %d is more than the %d CPUs usable here: the "
                         "ranks share cores, so every step is slower than with fewer ranks",
@@ -127,9 +132,9 @@ class TensorParallel:
         return cls(group, [])
 
     def build_model(self, spec: ModelSpec, weights: dict, dtype: torch.dtype,
-                    attention: str | None):
-        """Rank 0's share of the model (see :func:`build_rank_model`)."""
-        return build_rank_model(spec, weights, dtype, self.group, attention)
+                    attention: str | None, device: TunedDevice):
+        """Rank 0's share of the model on ``device`` (see :func:`build_rank_model`)."""
+        return build_rank_model(spec, weights, dtype, self.group, attention, device=device)
 
     def runner(self, model, store, config: EngineConfig, num_blocks: int) -> ParallelRunner:
         """Hand the workers their setup, wait for their stores, return rank 0's runner.

@@ -60,9 +60,9 @@ class VocabParallelHead:
 
 def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                      group: RankGroup, attention: str | None,
-                     formats: dict[str, str] | None = None) -> LlamaModel:
+                     formats: dict[str, str] | None = None, device=None) -> LlamaModel:
     """Rank ``group.rank``'s model of ``spec`` (the whole model's architecture) from the whole
-    model's ``weights``.
+    model's ``weights``, on ``device`` (a ``kvledger.engine.tuning.tuned.TunedDevice``).
 
     Raises:
         InvalidParameterError: the model does not split over ``group.world`` ranks.
@@ -70,7 +70,7 @@ def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: t
     """
     tp = group.world
     model = model_class(spec)(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
-                              dtype, attention=attention, formats=formats)
+                              dtype, attention=attention, formats=formats, device=device)
     for layer in model.layers:
         layer["o"] = RowParallel(layer["o"], group)
         layer["down"] = RowParallel(layer["down"], group)

@@ -17,7 +17,6 @@ import signal
 import sys
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 
 from kvledger.engine.config import EngineConfig
@@ -40,24 +39,27 @@ def serve(group: RankGroup) -> None:
     Raises:
         TensorParallelError: rank 0 went away or a collective failed.
     """
+    from kvledger.device import resolve
     from kvledger.engine.kv.calibration import outlier_index
     from kvledger.engine.kv.layout import resolve_layout
+    from kvledger.engine.tuning.tuned import TunedDevice
     from kvledger.model.weights.loader import load_weights
 
     setup = group.broadcast()
-    torch.set_num_threads(setup["threads"])
     config = EngineConfig(**setup["config"])
+    device = resolve(config.device)  # the device rank 0 resolved, by its name
+    device.threads(setup["threads"])
     dtype = setup["dtype"]
     try:
         spec, weights = load_weights(config.model, dtype, config.load_format)
         model = build_rank_model(spec, weights, dtype, group, setup["attention"],
-                                 setup["formats"])
+                                 setup["formats"], TunedDevice(device))
         del weights
         store = None
         if config.use_kv_cache:
             layout = resolve_layout(config, spec, dtype)
             store = layout.build_store(setup["num_blocks"], outlier_index(config, spec, layout),
-                                       group.rank)
+                                       group.rank, device.kernels)
     except Exception as exc:  # noqa: BLE001 - reported to rank 0 as one line, then exit
         group.gather_objects(f"tensor-parallel rank {group.rank} could not load the model: "
                              f"{exc}")

@@ -1,4 +1,4 @@
-"""The native fused ops against their PyTorch formulas (kvledger.model.ops.TorchOps).
+"""The native fused ops against their PyTorch formulas (kvledger.device.ops.TorchOps).
 
 fp32: the same arithmetic in another order, within 1e-5 (relative). bf16: the native ops round
 once per result and PyTorch's rounds between ops too, so within ~2 bf16 ulps (2^-7 relative).
@@ -11,7 +11,7 @@ import torch
 
 from kvledger.device.cpu.fused import NativeOps, fused_ops
 from kvledger.device.cpu.native import library
-from kvledger.model.ops import TorchOps
+from kvledger.device.ops import TorchOps
 from kvledger.model.rope import RotaryEmbedding
 
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -6}

@@ -1,13 +1,15 @@
-"""The native int8 / int4 block encoder writes the bytes IntCodec.encode (+ OutlierKeys) computes,
-at the block ids given and nowhere else; the quantized store gives the same pool with it as
-without it (the PyTorch fallback)."""
+"""The native int8 / int4 block encoder, given a codec's numbers, writes the bytes IntCodec.encode
+(+ OutlierKeys) computes, at the block ids given and nowhere else; the quantized store gives the
+same pool with it as without it (the PyTorch fallback)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.device.cpu.kv_encode import encoder
+from kvledger.engine.kv.codec_numbers import codec_numbers
 from kvledger.engine.kv.codecs import Fp8Codec, IntCodec, OutlierKeys, make_codecs
 from kvledger.engine.kv.quantized_store import QuantizedKVStore
 from kvledger.engine.kv.rotation import hadamard
@@ -24,6 +26,13 @@ def _blocks(n, bs, heads, dim, dtype, seed):
     x[..., 7] = 1.25  # constant over the block: hi == lo, the scale clamps to MIN_SCALE
     x[:, :, :, 9] = torch.arange(bs, dtype=torch.float32)[None, :, None] * 0.5  # halves: ties
     return x.to(dtype)
+
+
+def _numbers(codec) -> dict:
+    """The encoder's keywords for ``codec``."""
+    n = codec_numbers(codec)
+    return {"bits": n.bits, "group": n.group, "centred": n.centred, "min_scale": n.min_scale,
+            "channels": n.channels}
 
 
 def _empty_parts(codec, blocks):
@@ -47,7 +56,7 @@ def test_native_encoder_writes_the_codec_bytes_at_the_given_blocks(dtype, bits, 
     x = _blocks(2, bs, heads, dim, dtype, seed=bits + group + outliers)
     ids = torch.tensor([3, 0])
     parts = _empty_parts(codec, 5)
-    assert native.encode_into(codec, x, parts, ids)
+    assert native.encode_into(x, parts, ids, **_numbers(codec))
     want = codec.encode(x)
     assert set(want) == set(parts)
     for name, tensor in want.items():
@@ -56,10 +65,22 @@ def test_native_encoder_writes_the_codec_bytes_at_the_given_blocks(dtype, bits, 
         assert not untouched.any(), f"{name} written outside the given blocks"
 
 
-def test_native_encoder_declines_fp8():
-    codec = Fp8Codec(16, 2, 64)
+def test_native_encoder_declines_a_dtype_it_does_not_take():
+    codec = IntCodec(16, 2, 64, 8, "per-token", 32, False)
     parts = _empty_parts(codec, 2)
-    assert not native.encode_into(codec, torch.randn(1, 16, 2, 64), parts, torch.tensor([0]))
+    x = torch.randn(1, 16, 2, 64).half()
+    assert not native.encode_into(x, parts, torch.tensor([0]), **_numbers(codec))
+    assert not any(t.any() for t in parts.values())
+
+
+def test_the_store_encodes_fp8_in_pytorch():
+    """fp8 blocks are not the encoder's: the store keeps them from it."""
+    keys, values = make_codecs("fp8", 16, 2, 64, 32, "per-channel")
+    store = QuantizedKVStore(1, 2, 16, 2, 64, "fp8", keys, values, torch.float32, 1, KERNELS)
+    assert codec_numbers(Fp8Codec(16, 2, 64)).kind == "fp8"
+    parts = _empty_parts(values, 2)
+    assert not store._encode_natively(values, torch.randn(1, 16, 2, 64), parts,
+                                      torch.tensor([0]))
     assert not any(t.any() for t in parts.values())
 
 
@@ -72,7 +93,7 @@ def test_the_store_holds_the_same_pool_with_and_without_the_native_encoder(fmt, 
     channels = torch.tensor([[[3, 40], [7, 8]], [[0, 1], [62, 63]]])
     keys, values = make_codecs(fmt, bs, heads, dim, 32, "per-channel", channels)
     stores = [QuantizedKVStore(layers, 12, bs, heads, dim, fmt, keys, values, torch.bfloat16,
-                               residual_slots=3, use_native=flag,
+                               residual_slots=3, kernels=KERNELS if flag else None,
                                rotation=hadamard(dim) if rotated else None)
               for flag in (True, False)]
     gen = torch.Generator().manual_seed(1)

@@ -61,7 +61,7 @@ def _store(fmt: KVFormatSpec, seqs: int = 1, blocks: int = 64) -> QuantizedKVSto
     k = fmt.key_group_blocks(BS)
     keys, values = make_codecs(fmt.name, BS, HEADS, DIM, 8, "per-channel", key_group_blocks=k)
     return QuantizedKVStore(1, blocks, BS, HEADS, DIM, fmt.name, keys, values, torch.float32,
-                            seqs * fmt.reserved_blocks(BS), use_native=False, fmt=fmt)
+                            seqs * fmt.reserved_blocks(BS), fmt=fmt)
 
 
 @pytest.mark.parametrize("group, window, intact, step", [

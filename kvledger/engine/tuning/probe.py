@@ -1,22 +1,24 @@
 """The kernel probe: which weight format per matmul shape class, and which attention backend.
 
-Nothing is assumed about the CPU: a short measurement picks, for each shape class of the model
+Nothing is assumed about the device (``kvledger.device.Device``; today the CPU): a short measurement picks, for each shape class of the model
 (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``; [out, in] from the spec), the fastest of
 :data:`kvledger.model.linear.FORMATS` for one decode row (bf16 activations; random weights of
 the real shape, each call on a weight evicted from the caches, as in a decode step, which
 streams every layer's weights from memory), the fastest attention backend for one decode query over 512 positions (once
 over a bf16 pool and once over an int8 pool: the quantized formats' choice, since a backend
 fastest on plain blocks may not be once it dequantizes), and up to how many rows the native
-fused element-wise ops (:mod:`kvledger.device.cpu.fused`, one thread) beat PyTorch's (vectorised,
+fused element-wise ops (the device's ``Kernels.fused_ops``, one thread) beat PyTorch's (vectorised,
 all threads) — a decode step has a few rows, a prefill hundreds. For the many rows of a
 prefill, it also times each format's own kernel against the GEMM paths on the weight
 dequantized per call (``fp32``, ``bf16``: :meth:`kvledger.model.linear.Linear.gemm`) and
 picks the path and the row count it starts at (:meth:`ProbeResult.gemm_choice`).
-The timing (interleaved rounds, best of several, in microseconds) is
-:mod:`kvledger.device.cpu.probe_timing`; this module turns it into choices and caches it.
+The timing (interleaved rounds, best of several, in microseconds) is :mod:`.timing`; this
+module turns it into choices and caches it, and :class:`.tuned.TunedDevice` hands the choices
+to the engine and the model.
 
 Results are cached as JSON in ``cache_dir()/probe/kernels.json``, one entry per key = sha256 of
-(CPU model and flags, torch version, threads, the shapes, the native kernel's source), so a
+(the device's identity: CPU model and flags; torch version, threads, the shapes, the digest of
+the device's kernel sources), so a
 new CPU, torch, model or kernel re-probes, and the same key always gives the same choice. A
 corrupt file is ignored with a warning and rewritten. Forcing: ``KVLEDGER_WEIGHT_FORMAT`` (one format for every class, or
 ``class=format,...``), ``KVLEDGER_GEMM`` (the many-row path, :func:`forced_gemm`) and
@@ -36,8 +38,9 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from kvledger.device.cpu import probe_timing
-from kvledger.device.cpu.probe_timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
+from kvledger.device import Device
+from kvledger.engine.tuning import timing
+from kvledger.engine.tuning.timing import EVICT_BYTES_MIN, FUSED_DTYPES, FUSED_ROWS, GEMM_ROWS
 from kvledger.errors import InvalidParameterError
 from kvledger.model.linear import FORMATS, GEMM_PATHS, KQUANT_FORMATS, Q4_FORMATS
 from kvledger.paths import cache_dir
@@ -159,12 +162,10 @@ def _cache_file():
     return cache_dir() / "probe" / "kernels.json"
 
 
-def _key(spec: ModelSpec, cpu: str) -> str:
-    from kvledger.device.cpu.native import source_digest
-
-    text = json.dumps([cpu, torch.__version__, torch.get_num_threads(), shapes(spec),
+def _key(spec: ModelSpec, identity: str, digest: str) -> str:
+    text = json.dumps([identity, torch.__version__, torch.get_num_threads(), shapes(spec),
                        spec.num_attention_heads, spec.num_kv_heads, spec.head_dim,
-                       source_digest(), FUSED_ROWS, GEMM_ROWS, EVICT_BYTES_MIN])
+                       digest, FUSED_ROWS, GEMM_ROWS, EVICT_BYTES_MIN])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -187,16 +188,15 @@ _MEMO: dict[tuple[str, str], ProbeResult] = {}
 choices (formats, GEMM rows, fused limits, attention) parse the cache file once."""
 
 
-def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
-    """The probe's result for ``spec`` on this machine: cached, or measured (~seconds) and saved.
+def probe(spec: ModelSpec, device: Device, refresh: bool = False) -> ProbeResult:
+    """The probe's result for ``spec`` on ``device`` here: cached, or measured (~seconds) and
+    saved.
 
     Args:
         refresh: measure again even when a cached entry exists.
     """
-    from kvledger.device.cpu.native import cpu_identity
-
-    cpu = cpu_identity()
-    key = _key(spec, cpu)
+    cpu = device.identity()
+    key = _key(spec, cpu, device.kernels.source_digest())
     memo = (str(_cache_file()), key)
     if not refresh and memo in _MEMO:
         return _MEMO[memo]
@@ -207,13 +207,13 @@ def probe(spec: ModelSpec, refresh: bool = False) -> ProbeResult:
             return _MEMO[memo]
         except TypeError as exc:
             log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
-    sizes, evict = shapes(spec), probe_timing.evictor()
+    sizes, evict, kernels = shapes(spec), timing.evictor(), device.kernels
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
-                         {c: probe_timing.time_formats(*sizes[c], evict) for c in CLASSES},
-                         probe_timing.time_attention(spec),
-                         probe_timing.time_fused(spec),
-                         {c: probe_timing.time_gemm(*sizes[c]) for c in GEMM_CLASSES},
-                         probe_timing.time_attention(spec, quantized=True))
+                         {c: timing.time_formats(*sizes[c], evict) for c in CLASSES},
+                         timing.time_attention(spec, kernels),
+                         timing.time_fused(spec, kernels),
+                         {c: timing.time_gemm(*sizes[c]) for c in GEMM_CLASSES},
+                         timing.time_attention(spec, kernels, quantized=True))
     entries[key] = asdict(result)
     _MEMO[memo] = result
     path = _cache_file()
@@ -250,13 +250,13 @@ def forced_formats() -> dict[str, str]:
     return forced
 
 
-def choose_formats(spec: ModelSpec, q4_classes: set[str],
+def choose_formats(spec: ModelSpec, device: Device, q4_classes: set[str],
                    kquant_classes: set[str] = frozenset()) -> dict[str, str]:
     """Format per class: forced ones, the rest from the probe (``int4`` only for Q4 weights;
     the fastest native ``kquant`` path for weights held as GGUF blocks, ``kquant-torch`` where
     none was timed)."""
     forced = forced_formats()
-    result = None if set(forced) == set(CLASSES) else probe(spec)
+    result = None if set(forced) == set(CLASSES) else probe(spec, device)
     chosen = {}
     for cls in CLASSES:
         if cls in forced:
@@ -306,22 +306,23 @@ def forced_gemm() -> dict[str, tuple[int, str] | None]:
     return forced
 
 
-def choose_gemm(spec: ModelSpec, formats: dict[str, str]) -> dict[str, tuple[int, str] | None]:
+def choose_gemm(spec: ModelSpec, device: Device, formats: dict[str, str]
+                ) -> dict[str, tuple[int, str] | None]:
     """Class -> (rows, path) from which its layers (in ``formats``) take a GEMM path
     (:meth:`ProbeResult.gemm_choice`), or None; ``$KVLEDGER_GEMM`` overrides
     (:func:`forced_gemm`)."""
     forced = forced_gemm()
-    result = None if set(formats) <= set(forced) else probe(spec)
+    result = None if set(formats) <= set(forced) else probe(spec, device)
     return {cls: forced[cls] if cls in forced else result.gemm_choice(cls, fmt)
             for cls, fmt in formats.items()}
 
 
-def fused_limits(spec: ModelSpec) -> dict[str, dict[torch.dtype, int]]:
+def fused_limits(spec: ModelSpec, device: Device) -> dict[str, dict[torch.dtype, int]]:
     """The probe's row limits of the native fused ops (see :meth:`ProbeResult.fused_max_rows`)."""
-    return probe(spec).fused_max_rows()
+    return probe(spec, device).fused_max_rows()
 
 
-def choose_attention(spec: ModelSpec, quantized: bool = False) -> str:
+def choose_attention(spec: ModelSpec, device: Device, quantized: bool = False) -> str:
     """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend (over quantized KV
     when ``quantized``: fp8, int8, int4)."""
     from kvledger.engine.attention import BACKENDS
@@ -332,5 +333,5 @@ def choose_attention(spec: ModelSpec, quantized: bool = False) -> str:
             raise InvalidParameterError(f"KVLEDGER_ATTENTION must be one of "
                                         f"{', '.join(BACKENDS)}, got {forced!r}")
         return forced
-    result = probe(spec)
+    result = probe(spec, device)
     return result.quantized_attention if quantized else result.attention

@@ -1,12 +1,11 @@
-"""The kernel probe's timing (:mod:`kvledger.device.cpu.kernel_probe` chooses from what this
-measures).
+"""The kernel probe's timing (:mod:`.probe` chooses from what this measures).
 
 Each timing runs on random inputs of the model's real shapes: one decode row per format of a
 matmul shape class (bf16 activations, each call on a weight evicted from the caches, as in a
 decode step, which streams every layer's weights from memory), each format's own kernel against
 the many-row GEMM paths (fp32, bf16) at :data:`GEMM_ROWS` rows, one decode query over
 :data:`ATTENTION_CONTEXT` positions per attention backend (over a bf16 or an int8 pool), and
-the native fused element-wise ops (:mod:`kvledger.device.cpu.fused`) against PyTorch's at
+the device's fused element-wise ops (``Kernels.fused_ops``) against PyTorch's at
 :data:`FUSED_ROWS` rows.
 Candidates are timed in interleaved rounds (each round calls every candidate once, after a
 warm-up) and each keeps its best of ``REPEATS`` rounds, in microseconds: on a shared machine a
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from kvledger.device import Kernels
+from kvledger.device.ops import TorchOps
 from kvledger.model.kquant import NATIVE_FORMATS, KQuantLinear, random_matrix
 from kvledger.model.linear import (
     FORMATS,
@@ -126,7 +127,7 @@ def time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
     return result
 
 
-def _pool(spec: ModelSpec, quantized: bool):
+def _pool(spec: ModelSpec, kernels: Kernels, quantized: bool):
     """A one-layer pool of ATTENTION_CONTEXT positions: bf16, or int8 (bf16 compute) filled
     with random K/V (all blocks full, so every one is read quantized)."""
     from kvledger.engine.kv.codecs import make_codecs
@@ -138,27 +139,30 @@ def _pool(spec: ModelSpec, quantized: bool):
     if not quantized:
         return KVStore(1, blocks, block, *dims, torch.bfloat16)
     keys, values = make_codecs("int8", block, *dims, spec.head_dim, "per-channel")
-    store = QuantizedKVStore(1, blocks, block, *dims, "int8", keys, values, torch.bfloat16, 1)
+    store = QuantizedKVStore(1, blocks, block, *dims, "int8", keys, values, torch.bfloat16, 1,
+                             kernels)
     kv = torch.randn(ATTENTION_CONTEXT, *dims).bfloat16()
     store.write(0, torch.arange(ATTENTION_CONTEXT), kv, kv)
     return store
 
 
-def time_attention(spec: ModelSpec, quantized: bool = False) -> dict[str, float]:
+def time_attention(spec: ModelSpec, kernels: Kernels, quantized: bool = False
+                   ) -> dict[str, float]:
     """Backend -> best time of one decode query over :data:`ATTENTION_CONTEXT` positions of a
-    bf16 pool (an int8 one when ``quantized``), µs; backends unavailable here are left out."""
+    bf16 pool (an int8 one when ``quantized``) on the device's ``kernels``, µs; backends
+    unavailable there are left out."""
     from kvledger.engine.attention import BACKENDS, AttentionMetadata, make_backend
     from kvledger.engine.attention.metadata import DecodeGroup
 
-    store = _pool(spec, quantized)
+    store = _pool(spec, kernels, quantized)
     q = torch.randn(1, spec.num_attention_heads, spec.head_dim).bfloat16()
     slots = torch.arange(ATTENTION_CONTEXT)[None]
     empty = q[:0, :spec.num_kv_heads]
     candidates = {}
     for name in BACKENDS:
-        backend = make_backend(name)
+        backend = make_backend(name, kernels)
         if backend.name != name:
-            continue  # the native kernel is unavailable here
+            continue  # the device has no kernel for it
         meta = AttentionMetadata(None, decodes=[DecodeGroup(0, 1, slots, None)])
         candidates[name] = lambda b=backend, m=meta: b(0, q, empty, empty, m, store)
     return best_us(candidates)
@@ -184,17 +188,13 @@ def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, ge
     return lambda: ops.add_rms_norm(h, delta, weight, 1e-5)
 
 
-def time_fused(spec: ModelSpec) -> dict[str, dict[str, dict[str, float]]]:
+def time_fused(spec: ModelSpec, kernels: Kernels) -> dict[str, dict[str, dict[str, float]]]:
     """``"op:dtype"`` -> rows (as text, :data:`FUSED_ROWS`) -> ``{"native": µs, "torch": µs}``
-    of the fused ops on rows of the model's width; empty without the native library."""
-    from kvledger.device.cpu.fused import NativeOps
-    from kvledger.device.cpu.native import library
-    from kvledger.model.ops import TorchOps
-
-    lib = library()
-    if lib is None:
+    of the device's fused ops (no row limit) and PyTorch's on rows of the model's width; empty
+    where the device has no compiled kernels."""
+    if kernels.library() is None:
         return {}
-    impls = {"native": NativeOps(lib), "torch": TorchOps()}
+    impls = {"native": kernels.fused_ops(), "torch": TorchOps()}
     gen = torch.Generator().manual_seed(0)
     result = {}
     for name, dtype in FUSED_DTYPES.items():

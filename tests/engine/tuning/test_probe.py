@@ -1,4 +1,5 @@
-"""The kernel probe: cached choices are deterministic, a corrupt cache is ignored, env forces."""
+"""The kernel probe (engine/tuning): cached choices are deterministic, a corrupt cache is ignored,
+env forces."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import logging
 
 import pytest
 
-from kvledger.device.cpu import kernel_probe, probe_timing
+from kvledger.device import resolve
+from kvledger.engine.tuning import probe as kernel_probe
+from kvledger.engine.tuning import timing as probe_timing
 from kvledger.errors import InvalidParameterError
+
+CPU = resolve("cpu")
 
 
 @pytest.fixture
@@ -28,7 +33,7 @@ def own_cache(tmp_path, monkeypatch):
 
 
 def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, monkeypatch):
-    first = kernel_probe.probe(tiny_spec)
+    first = kernel_probe.probe(tiny_spec, CPU)
     assert set(first.matmul_us) == set(kernel_probe.CLASSES)
     assert {"dense", "int8", "w8a8"} <= set(first.matmul_us["qkv"])  # w8a8: native, built here
     assert "reference" in first.attention_us
@@ -46,10 +51,10 @@ def test_probe_measures_every_class_and_backend_then_reads_the_cache(tiny_spec, 
         raise AssertionError("measured again despite a cached entry")
 
     monkeypatch.setattr(probe_timing, "time_formats", fail)
-    again = kernel_probe.probe(tiny_spec)
+    again = kernel_probe.probe(tiny_spec, CPU)
     assert again == first
-    assert kernel_probe.choose_formats(tiny_spec, {"qkv"}) == kernel_probe.choose_formats(
-        tiny_spec, {"qkv"})
+    assert kernel_probe.choose_formats(tiny_spec, CPU, {"qkv"}) == kernel_probe.choose_formats(
+        tiny_spec, CPU, {"qkv"})
 
 
 def test_choice_is_the_fastest_available_format():
@@ -90,7 +95,7 @@ def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="kvledger.engine"):
-        result = kernel_probe.probe(tiny_spec)
+        result = kernel_probe.probe(tiny_spec, CPU)
     assert "corrupt" in caplog.text
     assert result.matmul_us
     assert json.loads(path.read_text())  # rewritten
@@ -99,14 +104,14 @@ def test_corrupt_cache_is_ignored_with_a_warning(tiny_spec, caplog):
 def test_environment_forces_formats_and_backend(tiny_spec, monkeypatch):
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "int8")
     monkeypatch.setattr(kernel_probe, "probe", lambda *_: pytest.fail("probe not needed"))
-    assert set(kernel_probe.choose_formats(tiny_spec, set()).values()) == {"int8"}
+    assert set(kernel_probe.choose_formats(tiny_spec, CPU, set()).values()) == {"int8"}
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", "qkv=int4, lm_head=dense")
     monkeypatch.setenv("KVLEDGER_ATTENTION", "reference")
     monkeypatch.setattr(kernel_probe, "probe", lambda *_: kernel_probe.ProbeResult(
         "cpu", "t", 1, {c: {"dense": 1.0, "int8": 2.0} for c in kernel_probe.CLASSES}, {}))
-    chosen = kernel_probe.choose_formats(tiny_spec, {"qkv"})
+    chosen = kernel_probe.choose_formats(tiny_spec, CPU, {"qkv"})
     assert chosen["qkv"] == "int4" and chosen["lm_head"] == "dense" and chosen["o"] == "dense"
-    assert kernel_probe.choose_attention(tiny_spec) == "reference"
+    assert kernel_probe.choose_attention(tiny_spec, CPU) == "reference"
 
 
 def test_bad_forced_format_is_a_clear_error(monkeypatch, tiny_spec):
@@ -115,7 +120,7 @@ def test_bad_forced_format_is_a_clear_error(monkeypatch, tiny_spec):
         kernel_probe.forced_formats()
     monkeypatch.setenv("KVLEDGER_ATTENTION", "flash")
     with pytest.raises(InvalidParameterError, match="KVLEDGER_ATTENTION must be one of"):
-        kernel_probe.choose_attention(tiny_spec)
+        kernel_probe.choose_attention(tiny_spec, CPU)
 
 
 def test_fused_limit_is_the_last_row_count_of_an_unbroken_native_win_or_none():
@@ -137,7 +142,7 @@ def test_native_op_hands_rows_over_its_limit_to_torch(monkeypatch):
 
     from kvledger.device.cpu.fused import NativeOps
     from kvledger.device.cpu.native import library
-    from kvledger.model.ops import TorchOps
+    from kvledger.device.ops import TorchOps
 
     lib = library()
     assert lib is not None
@@ -190,8 +195,8 @@ def test_forced_gemm_overrides_the_probe(tiny_spec, monkeypatch):
     monkeypatch.setenv("KVLEDGER_GEMM", "gate_up=fp32:256, down=own")
     assert kernel_probe.forced_gemm() == {"gate_up": (256, "fp32"), "down": None}
     monkeypatch.setenv("KVLEDGER_GEMM", "qkv=bf16,o=bf16:16,gate_up=own,down=fp32")
-    chosen = kernel_probe.choose_gemm(tiny_spec, {"qkv": "int8", "o": "w8a8", "gate_up": "dense",
-                                             "down": "w4a8"})
+    chosen = kernel_probe.choose_gemm(tiny_spec, CPU, {"qkv": "int8", "o": "w8a8",
+                                                      "gate_up": "dense", "down": "w4a8"})
     assert chosen == {"qkv": (64, "bf16"), "o": (16, "bf16"), "gate_up": None,
                       "down": (64, "fp32")}
     for bad in ("lm_head=bf16", "fp16", "bf16:0", "bf16:x", "qkv=bf16;o=fp32"):

@@ -10,7 +10,7 @@ device's fused ops compute, their fallback, and the oracle of their tests.
 - :meth:`TorchOps.clamped_swiglu`: gpt-oss's ``(clamp(up, -l, l) + 1) * g * sigmoid(a g)`` with
   ``g = min(gate, l)`` (transformers' ``GptOssExperts._apply_gate``).
 
-A device's ops (``Device.fused_ops``, e.g. :class:`kvledger.device.cpu.fused.NativeOps`)
+A device's ops (``Kernels.fused_ops``, e.g. :class:`kvledger.device.cpu.fused.NativeOps`)
 subclass :class:`TorchOps` and fall back to it for what they do not take.
 """
 
