@@ -24,8 +24,8 @@ from kvledger.spec.groups import (
     Attention,
     Experts,
     GgufFacts,
-    LayerKinds,
     Latent,
+    LayerKinds,
     LinearAttention,
     Mlp,
     Norm,
@@ -135,10 +135,14 @@ class ModelSpec:
         partial_rotary_factor``, truncated)."""
         return int(self.head_dim * self.rope.partial_rotary_factor)
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model routes to experts (on the layers :meth:`is_moe_layer` names)."""
+        return self.experts is not None and self.experts.count > 0
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` routes to experts (else its MLP is dense)."""
-        experts = self.experts
-        return experts is not None and experts.count > 0 and layer not in experts.mlp_only_layers
+        return self.is_moe and layer not in self.experts.mlp_only_layers
 
     @property
     def gqa_group_size(self) -> int:

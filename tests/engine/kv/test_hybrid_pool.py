@@ -39,7 +39,7 @@ def test_gemma3_1b_groups_cover_every_layer_once_in_equal_widths():
     assert [g.kind for g in groups] == [FULL] * 2 + [SLIDING] * 11
     assert {len(g.layers) for g in groups} == {2}
     assert sorted(i for g in groups for i in g.layers) == list(range(26))
-    assert all(spec.layer_types[i] == g.kind for g in groups for i in g.layers)
+    assert all(spec.layers.types[i] == g.kind for g in groups for i in g.layers)
 
 
 def _in_use(req: Request) -> list[int]:
