@@ -1,9 +1,9 @@
 """The model spec: what a model is, read from the format it comes in.
 
 ``ModelSpec`` (:mod:`.model_spec`) is the data type: every architectural number the ledger and
-the engine need, counts rather than bytes, its fields grouped by concept (:mod:`.groups`). One reader per source format builds it:
-:mod:`.hf_config` (a Hugging Face ``config.json``) and :mod:`.gguf_reader` (a GGUF file's
-header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
+the engine need, counts rather than bytes, grouped by concept (:mod:`.groups`). One reader
+per source format builds it (:meth:`ModelSpec.from_fields`): :mod:`.hf_config` (a Hugging Face
+``config.json``) and :mod:`.gguf_reader` (a GGUF file's header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
 :func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly and
 names the engine family that runs the rest (``FAMILY_TYPES``). No torch here: the planner runs
 without an ML stack.

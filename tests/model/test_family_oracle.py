@@ -11,8 +11,6 @@ GGUF each architecture's converter writes and for a multimodal Gemma 3 folder.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from family_kit import FEATURES, W, hf_logits, make_tiny, redraw, write_gguf
@@ -85,7 +83,7 @@ ABLATIONS = {  # family -> feature -> the spec change that switches it off
 def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     """The comparison above can fail: with one feature switched off it does, at prefill."""
     _, hf, spec, weights = tiny(family)
-    spec = dataclasses.replace(spec, **ABLATIONS[family][feature](spec))
+    spec = spec.with_fields(**ABLATIONS[family][feature](spec))
     assert _diffs(spec, dict(weights), hf, _prompt(family), steps=0)[0] > 100 * TOL
 
 

@@ -20,8 +20,6 @@ biases, clamped SwiGLU, alternating window and YaRN, and each of them is shown t
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from family_kit import MOE_FEATURES, W, make_tiny, write_gguf
@@ -96,7 +94,7 @@ ABLATIONS = {  # the spec change that switches a routing feature off
 def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     """The comparison above can fail: with the routing changed it does, at prefill."""
     _, hf, spec, weights = tiny(family)
-    changed = dataclasses.replace(spec, **ABLATIONS[feature](spec))
+    changed = spec.with_fields(**ABLATIONS[feature](spec))
     assert _diffs(changed, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
@@ -117,7 +115,7 @@ def test_the_oracle_fails_without_each_gpt_oss_feature(tiny, feature):
     """gpt-oss's features each change the logits: the oracle above fails without one."""
     _, hf, spec, weights = tiny("gpt_oss")
     change, reweigh = GPT_OSS_ABLATIONS[feature]
-    changed = dataclasses.replace(spec, **change)
+    changed = spec.with_fields(**change)
     assert _diffs(changed, reweigh(weights), hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
@@ -130,10 +128,10 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
     folder_spec, _ = load_weights(tmp_path / "hf", torch.float32)
-    assert (spec.model_type, spec.experts.count, spec.experts.per_token, spec.experts.mlp_only_layers,
-            spec.experts.intermediate_size) == (
-        folder_spec.model_type, folder_spec.experts.count, folder_spec.experts.per_token,
-        folder_spec.experts.mlp_only_layers, folder_spec.experts.intermediate_size)
+    gguf, folder = spec.as_fields(), folder_spec.as_fields()
+    same = ("model_type", "num_experts", "num_experts_per_tok", "mlp_only_layers",
+            "moe_intermediate_size")
+    assert {k: gguf[k] for k in same} == {k: folder[k] for k in same}
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
 

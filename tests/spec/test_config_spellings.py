@@ -105,12 +105,14 @@ def test_the_forward_fields_of_real_configs():
     from kvledger.spec import load_spec
 
     g2 = load_spec(config_path("google__gemma-2-9b"))
-    assert (g2.attention.query_pre_attn_scalar, g2.attention.logit_softcapping, g2.final_logit_softcapping,
-            g2.mlp.act, g2.norm.per_layer) == (256, 50.0, 30.0, "gelu_pytorch_tanh", 4)
+    assert (g2.attention.query_pre_attn_scalar, g2.attention.logit_softcapping,
+            g2.final_logit_softcapping, g2.mlp.act, g2.norm.per_layer) == (
+        256, 50.0, 30.0, "gelu_pytorch_tanh", 4)
     assert g2.layers.windows[:2] == (4096, None)
     g3 = load_spec(config_path("google__gemma-3-1b-it"))
     assert (g3.rope.theta, g3.rope.local_base_freq, g3.rope.scaling) == (1e6, 1e4, None)
-    assert g3.layers.windows.count(512) == 22 and g3.layers.windows[5] is None and g3.attention.qk_norm
+    assert g3.layers.windows.count(512) == 22 and g3.layers.windows[5] is None
+    assert g3.attention.qk_norm
     assert g3.attention.logit_softcapping is None and g3.final_logit_softcapping is None
     phi4 = load_spec(config_path("microsoft__Phi-4-mini-instruct"))
     assert (phi4.rope.partial_rotary_factor, phi4.rotary_dim) == (0.75, 96)
