@@ -12,9 +12,9 @@ from kvledger.spec import ModelSpec, check_runnable
 from kvledger.spec.groups import FLAT_NAMES, GROUPS
 from kvledger.spec.runnable import FAMILY_RUNS, FAMILY_TYPES, IMPLEMENTED, NOT_FORWARD, ONLY_AT
 
-LLAMA = ModelSpec(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
-                  num_attention_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
-                  vocab_size=128, max_position_embeddings=128)
+LLAMA = ModelSpec.from_fields(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
+                              num_attention_heads=4, num_kv_heads=2, head_dim=8,
+                              intermediate_size=64, vocab_size=128, max_position_embeddings=128)
 # one spec each engine family runs
 BASE = {"llama": LLAMA, "qwen3": LLAMA.with_fields(model_type="qwen3", qk_norm=True),
         "phi3": LLAMA.with_fields(model_type="phi3", partial_rotary_factor=0.5),
