@@ -3,7 +3,10 @@
 :class:`~kvledger.spec.model_spec.ModelSpec` keeps the core counts itself and holds one group
 per concept: ``attention``, ``rope``, ``layers`` (kinds and window), ``mlp`` and ``norm``
 always; ``experts``, ``latent``, ``linear`` and ``gguf`` only when the model has them (None
-for a dense model, a model without MLA, one without linear-attention layers, a config.json).
+for a dense model, a model without MLA, one without linear-attention layers, a config.json):
+an optional group is None exactly when every one of its fields keeps its default. The readers
+set ``latent`` for ``mla`` layers and ``linear`` for ``linear_attention`` layers; code that
+reads them under those layer kinds relies on it.
 
 Every field of a group also has a flat name, the Hugging Face spelling the readers build a
 spec from and the JSON of a spec uses (:data:`FLAT_NAMES`). Every field has a default, so an
