@@ -114,7 +114,7 @@ def load_model_spec(model: str) -> ModelSpec:
 def layer_kinds_summary(spec: ModelSpec) -> str:
     """Counts of layer kinds in order of first appearance, e.g. ``"sliding 21 + full 21"``."""
     counts: dict[str, int] = {}
-    for kind in spec.layer_types:
+    for kind in spec.layers.types:
         counts[kind] = counts.get(kind, 0) + 1
     return " + ".join(f"{LAYER_KIND_SHORT.get(k, k)} {n}" for k, n in counts.items())
 
@@ -142,8 +142,8 @@ def catalogue_rows(kv_format: str = "bf16") -> list[dict]:
             "num_kv_heads": spec.num_kv_heads,
             "head_dim": spec.head_dim,
             # MLA caches one latent (kv_lora_rank + qk_rope_head_dim), not per-head K and V
-            "mla_latent_dim": spec.kv_lora_rank + spec.qk_rope_head_dim
-            if MLA in spec.layer_types else None,
+            "mla_latent_dim": spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim
+            if MLA in spec.layers.types else None,
             "kv_bytes_per_token": kv_bytes_per_token(spec, fmt, 1, block_size),
             "max_position_embeddings": spec.max_position_embeddings,
         })

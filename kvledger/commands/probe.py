@@ -166,7 +166,7 @@ def _is_kquant_gguf(spec) -> bool:
     from kvledger.spec import open_gguf
 
     source = Path(spec.source)
-    return spec.gguf_tensor_bytes is not None and source.is_file() \
+    return spec.gguf is not None and source.is_file() \
         and is_kquant_file(open_gguf(source), spec)
 
 

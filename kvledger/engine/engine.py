@@ -250,14 +250,14 @@ class LLMEngine:
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
-        if spec.evicts and MLA in self.spec.layer_types:
+        if spec.evicts and MLA in self.spec.layers.types:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "
                 f"{self.spec.model_type}) yet: its latent pool is kept whole; use kv_policy full")
-        if spec.evicts and SLIDING in self.spec.layer_types:
+        if spec.evicts and SLIDING in self.spec.layers.types:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "
-                f"yet ({self.spec.model_type}: {self.spec.layer_types.count(SLIDING)} of "
+                f"yet ({self.spec.model_type}: {self.spec.layers.types.count(SLIDING)} of "
                 f"{self.spec.num_layers} layers slide, KV layout of "
                 f"{describe_groups(self.kv_layout.groups)}); use kv_policy full")
         if spec.evicts and self.store is None:

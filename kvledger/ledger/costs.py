@@ -37,14 +37,15 @@ def causal_pairs(tokens: int, window: int | None = None) -> int:
 def attention_flops(spec: ModelSpec, tokens: int) -> int:
     """FLOPs of the score (QK^T) and mix (PV) matmuls of a causal prefill of ``tokens``."""
     total = 0
-    for kind in spec.layer_types:
+    for kind in spec.layers.types:
         if kind == MLA:
-            dims = spec.qk_nope_head_dim + spec.qk_rope_head_dim + spec.v_head_dim
+            mla = spec.latent
+            dims = mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim
         elif kind in (FULL, SLIDING):
             dims = 2 * spec.head_dim
         else:
             continue
-        window = spec.sliding_window if kind == SLIDING else None
+        window = spec.layers.sliding_window if kind == SLIDING else None
         total += 2 * spec.num_attention_heads * dims * causal_pairs(tokens, window)
     return total
 

@@ -116,7 +116,8 @@ def layer_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: i
     if layer_kind in (FULL, SLIDING):
         return kv_heads_per_rank(spec, tp) * head_block_bytes(spec, fmt, block_size)
     if layer_kind == MLA:
-        return block_size * vector_bytes(spec.kv_lora_rank + spec.qk_rope_head_dim, fmt)
+        latent = spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim
+        return block_size * vector_bytes(latent, fmt)
     if layer_kind == LINEAR:
         return 0
     raise ValueError(f"unknown layer kind {layer_kind!r}")
@@ -157,7 +158,7 @@ def kv_bytes_per_token(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: 
     """
     return sum(
         layer_bytes_per_token(spec, fmt, tp, block_size, kind)
-        for kind in spec.layer_types
+        for kind in spec.layers.types
         if not (window_aware and kind == SLIDING)
     )
 
@@ -173,7 +174,7 @@ def kv_bytes_per_block(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: 
     """
     if block_size <= 0:
         raise InvalidParameterError(f"--block-size must be positive, got {block_size}")
-    return sum(layer_block_bytes(spec, fmt, tp, block_size, kind) for kind in spec.layer_types)
+    return sum(layer_block_bytes(spec, fmt, tp, block_size, kind) for kind in spec.layers.types)
 
 
 def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
@@ -196,8 +197,8 @@ def residual_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
 
 def layer_tokens(spec: ModelSpec, layer_kind: str, tokens: int, window_aware: bool) -> int:
     """Tokens a layer keeps for a sequence of ``tokens``: capped at the window when sliding."""
-    if window_aware and layer_kind == SLIDING and spec.sliding_window:
-        return min(tokens, spec.sliding_window)
+    if window_aware and layer_kind == SLIDING and spec.layers.sliding_window:
+        return min(tokens, spec.layers.sliding_window)
     return tokens
 
 
@@ -222,7 +223,7 @@ def kv_bytes_per_sequence(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_siz
         held = {layer: group_blocks(g, tokens, block_size)
                 for g in kv_groups(spec) for layer in g.layers}
     total = 0
-    for layer, kind in enumerate(spec.layer_types):
+    for layer, kind in enumerate(spec.layers.types):
         if paged:
             blocks = held.get(layer, math.ceil(tokens / block_size))
             total += blocks * layer_block_bytes(spec, fmt, tp, block_size, kind)
@@ -242,7 +243,7 @@ def kv_bytes_per_page(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: i
     groups = kv_groups(spec)
     if not is_hybrid(groups):
         return kv_bytes_per_block(spec, fmt, tp, block_size)
-    return sum(layer_block_bytes(spec, fmt, tp, block_size, spec.layer_types[layer])
+    return sum(layer_block_bytes(spec, fmt, tp, block_size, spec.layers.types[layer])
                for layer in groups[0].layers)
 
 
@@ -255,5 +256,7 @@ def fixed_state_bytes(
     The state (recurrent matrix + convolution tail) does not grow with the context and is kept
     in the activation dtype (bf16 by default) whatever the KV format.
     """
-    layers = sum(1 for kind in spec.layer_types if kind == LINEAR)
-    return math.ceil(layers * spec.linear_state_elements * state_bytes_per_element / tp)
+    layers = sum(1 for kind in spec.layers.types if kind == LINEAR)
+    if not layers:
+        return 0
+    return math.ceil(layers * spec.linear.state_elements * state_bytes_per_element / tp)

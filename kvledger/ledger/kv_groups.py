@@ -48,11 +48,11 @@ def kv_groups(spec: ModelSpec) -> tuple[KVGroup, ...]:
     """The groups of ``spec``'s per-token layers, full groups first, each of ``width`` layers
     consecutive within its kind (one group of every layer when the model has one kind).
     Linear-attention layers are in no group (a fixed state; the engine does not run them)."""
-    kinds = {kind: [i for i, k in enumerate(spec.layer_types) if k == kind]
+    kinds = {kind: [i for i, k in enumerate(spec.layers.types) if k == kind]
              for kind in (FULL, SLIDING, MLA)}
     kinds = {kind: layers for kind, layers in kinds.items() if layers}
     width = math.gcd(*(len(layers) for layers in kinds.values())) if kinds else 0
-    return tuple(KVGroup(kind, spec.sliding_window if kind == SLIDING else None,
+    return tuple(KVGroup(kind, spec.layers.sliding_window if kind == SLIDING else None,
                          tuple(layers[i:i + width]))
                  for kind, layers in kinds.items() for i in range(0, len(layers), width))
 

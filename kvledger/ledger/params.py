@@ -61,8 +61,8 @@ def _linear(n_in: int, n_out: int, bias: bool) -> int:
 
 
 def _mlp(spec: ModelSpec, inter: int) -> int:
-    h, b = spec.hidden_size, spec.mlp_bias
-    if spec.mlp_gated:
+    h, b = spec.hidden_size, spec.mlp.bias
+    if spec.mlp.gated:
         return 2 * _linear(h, inter, b) + _linear(inter, h, b)
     return _linear(h, inter, b) + _linear(inter, h, b)
 
@@ -71,45 +71,49 @@ def attention_params(spec: ModelSpec, layer_kind: str) -> int:
     """Parameters of one layer's token mixer (attention or linear attention), in elements."""
     h, heads, hd = spec.hidden_size, spec.num_attention_heads, spec.head_dim
     if layer_kind == MLA:
-        q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
-        if spec.q_lora_rank:
-            q = h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * q_dim
+        mla = spec.latent
+        q_dim = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+        if mla.q_lora_rank:
+            q = h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * q_dim
         else:
             q = h * q_dim
-        latent = spec.kv_lora_rank
-        kv = h * (latent + spec.qk_rope_head_dim) + latent
-        kv += latent * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
-        return q + kv + heads * spec.v_head_dim * h
+        latent = mla.kv_lora_rank
+        kv = h * (latent + mla.qk_rope_head_dim) + latent
+        kv += latent * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        return q + kv + heads * mla.v_head_dim * h
     if layer_kind == LINEAR:
-        kdim = spec.linear_num_key_heads * spec.linear_key_head_dim
-        vdim = spec.linear_num_value_heads * spec.linear_value_head_dim
-        vh = spec.linear_num_value_heads
-        conv = (2 * kdim + vdim) * spec.linear_conv_kernel_dim
+        lin = spec.linear
+        kdim = lin.num_key_heads * lin.key_head_dim
+        vdim = lin.num_value_heads * lin.value_head_dim
+        vh = lin.num_value_heads
+        conv = (2 * kdim + vdim) * lin.conv_kernel_dim
         return (
             h * (2 * kdim + 2 * vdim)
             + h * 2 * vh
             + conv
             + 2 * vh
-            + spec.linear_value_head_dim
+            + lin.value_head_dim
             + vdim * h
         )
     if layer_kind not in (FULL, SLIDING):
         raise ValueError(f"unknown layer kind {layer_kind!r}")
-    q_out = heads * hd * (2 if spec.attn_output_gate else 1)
+    q_out = heads * hd * (2 if spec.attention.output_gate else 1)
     kv_out = spec.num_kv_heads * hd
-    total = _linear(h, q_out, spec.qkv_bias) + 2 * _linear(h, kv_out, spec.qkv_bias)
-    total += _linear(heads * hd, h, spec.o_bias)
-    total += 2 * hd if spec.qk_norm else 0
-    return total + (heads if spec.attention_sinks else 0)
+    att = spec.attention
+    total = _linear(h, q_out, att.qkv_bias) + 2 * _linear(h, kv_out, att.qkv_bias)
+    total += _linear(heads * hd, h, att.o_bias)
+    total += 2 * hd if att.qk_norm else 0
+    return total + (heads if att.sinks else 0)
 
 
 def _moe_params(spec: ModelSpec, experts: int) -> int:
     """One MoE block with ``experts`` routed experts in use (all of them for the total)."""
     h = spec.hidden_size
-    routed = experts * _mlp(spec, spec.moe_intermediate_size)
-    shared = spec.num_shared_experts * _mlp(spec, spec.shared_expert_intermediate_size)
-    router = _linear(h, spec.num_experts, spec.router_bias)
-    return routed + shared + router + (h if spec.shared_expert_gate else 0)
+    group = spec.experts
+    routed = experts * _mlp(spec, group.intermediate_size)
+    shared = group.shared_count * _mlp(spec, group.shared_intermediate_size)
+    router = _linear(h, group.count, group.router_bias)
+    return routed + shared + router + (h if group.shared_gate else 0)
 
 
 def count_params(spec: ModelSpec) -> ParamCount:
@@ -119,20 +123,22 @@ def count_params(spec: ModelSpec) -> ParamCount:
     way as for a config (equal to total for dense models).
     """
     h = spec.hidden_size
-    norm = h * (2 if spec.norm_bias else 1)
+    norm = h * (2 if spec.norm.bias else 1)
     embedding = spec.vocab_size * h + spec.position_embeddings * h
     lm_head = 0 if spec.tie_word_embeddings else spec.vocab_size * h
     common = embedding + lm_head + norm
     common += sum(
-        attention_params(spec, kind) + spec.norms_per_layer * norm for kind in spec.layer_types
+        attention_params(spec, kind) + spec.norm.per_layer * norm for kind in spec.layers.types
     )
-    moe_layers = spec.num_layers - len(spec.mlp_only_layers) if spec.num_experts else 0
+    moe_layers = spec.num_layers - len(spec.experts.mlp_only_layers) if spec.is_moe else 0
     dense = (spec.num_layers - moe_layers) * _mlp(spec, spec.intermediate_size)
-    total = common + dense + moe_layers * _moe_params(spec, spec.num_experts)
-    active = common + dense + moe_layers * _moe_params(spec, spec.num_experts_per_tok)
-    if spec.gguf_tensor_elements is not None:
-        active += spec.gguf_tensor_elements - total
-        total = spec.gguf_tensor_elements
+    total = active = common + dense
+    if spec.is_moe:
+        total += moe_layers * _moe_params(spec, spec.experts.count)
+        active += moe_layers * _moe_params(spec, spec.experts.per_token)
+    if spec.gguf is not None:
+        active += spec.gguf.tensor_elements - total
+        total = spec.gguf.tensor_elements
     return ParamCount(total=total, active=active, embedding=embedding, lm_head=lm_head)
 
 
@@ -144,9 +150,9 @@ def params_read_per_step(spec: ModelSpec, batch: int = 1) -> int:
     choosing ``k`` of ``E`` is ``E x (1 - (1 - k/E)^batch)`` (k at batch 1, -> E as it grows).
     """
     p = count_params(spec)
-    if not spec.num_experts:
+    if not spec.is_moe:
         return p.total
-    e, k = spec.num_experts, spec.num_experts_per_tok
+    e, k = spec.experts.count, spec.experts.per_token
     touched = e * (1 - (1 - k / e) ** batch)
     per_expert = (p.total - p.active) / (e - k)
     return round(p.active + (touched - k) * per_expert)
@@ -172,6 +178,6 @@ def spec_weight_bytes(spec: ModelSpec, dtype: str | None = None) -> int:
     """Weight bytes of a model: the GGUF file's real tensor bytes when ``dtype`` is None and the
     spec comes from a GGUF, else :func:`weight_bytes` of its total parameters in ``dtype``
     (default: the checkpoint's ``weights_dtype``)."""
-    if dtype is None and spec.gguf_tensor_bytes is not None:
-        return spec.gguf_tensor_bytes
+    if dtype is None and spec.gguf is not None:
+        return spec.gguf.tensor_bytes
     return weight_bytes(count_params(spec).total, dtype or spec.weights_dtype)

@@ -189,8 +189,8 @@ def _validate(spec: ModelSpec, o: PlanOptions) -> None:
 
 def _weights(spec: ModelSpec, o: PlanOptions) -> tuple[str, int]:
     """(dtype label, weight bytes per rank)."""
-    if o.weights_dtype is None and spec.gguf_tensor_bytes is not None:
-        return "gguf", math.ceil(spec.gguf_tensor_bytes / o.tp)
+    if o.weights_dtype is None and spec.gguf is not None:
+        return "gguf", math.ceil(spec.gguf.tensor_bytes / o.tp)
     dtype = o.weights_dtype or ("fp8" if spec.weights_dtype == "fp8" else "bf16")
     return dtype, math.ceil(params.spec_weight_bytes(spec, dtype) / o.tp)
 
@@ -285,9 +285,9 @@ def _retention_rows(spec: ModelSpec, o: PlanOptions, pool_blocks: int,
 def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...]:
     rows = []
     fmt = o.kv.as_format(o.kv_format)
-    for kind, layers in Counter(spec.layer_types).items():
+    for kind, layers in Counter(spec.layers.types).items():
         per_layer = kv.layer_bytes_per_token(spec, fmt, o.tp, o.block_size, kind)
-        window = spec.sliding_window if kind == SLIDING else None
+        window = spec.layers.sliding_window if kind == SLIDING else None
         rows.append(LayerKindRow(kind, layers, per_layer, per_layer * layers, window))
     return tuple(rows)
 
@@ -333,7 +333,7 @@ class _FormatPlan:
         """Bytes of the shared prefix's full blocks in the layers that keep every token."""
         o = self.o
         full_blocks = o.shared_prefix // o.block_size * o.block_size
-        kinds = [k for k in self.spec.layer_types if not (o.window_aware and k == SLIDING)]
+        kinds = [k for k in self.spec.layers.types if not (o.window_aware and k == SLIDING)]
         return full_blocks * sum(
             kv.layer_bytes_per_token(self.spec, self._spec(fmt), o.tp, o.block_size, k)
             for k in kinds

@@ -53,7 +53,7 @@ class DeepseekModel(MoEModel):
     def __init__(self, spec, weights, dtype, attention=None, formats=None, device=None) -> None:
         super().__init__(spec, weights, dtype, attention=attention, formats=formats,
                          device=device)
-        factor = yarn_softmax_factor(spec.rope_scaling)
+        factor = yarn_softmax_factor(spec.rope.scaling)
         self.attention.set_layers([
             type(how)(how.scale * factor, how.window, how.softcap)
             for how in self.attention.layers])
@@ -79,13 +79,13 @@ class DeepseekModel(MoEModel):
         layer = super()._mlp_layer(w, i, release)
         if "experts" not in layer:
             return layer
-        spec, ex = self.spec, layer["experts"]
+        spec, ex, routing = self.spec, layer["experts"], self.spec.experts
         layer["experts"] = GroupRoutedExperts(
             ex.router, ex.gate_up, ex.down, ex.top_k, False, ex.act,
-            n_group=spec.n_group if spec.topk_method == "group_limited_greedy" else 0,
-            topk_group=spec.topk_group, scale=spec.routed_scaling_factor)
+            n_group=routing.n_group if routing.topk_method == "group_limited_greedy" else 0,
+            topk_group=routing.topk_group, scale=routing.routed_scaling_factor)
         shared, formats = f"model.layers.{i}.mlp.shared_experts.", self.formats
-        if spec.num_shared_experts:
+        if spec.experts.shared_count:
             layer["shared_gate_up"] = _fused_linear(
                 w, [shared + "gate_proj", shared + "up_proj"], formats.get("gate_up", "dense"),
                 release, self.dtype)
@@ -104,7 +104,7 @@ class DeepseekModel(MoEModel):
     def forward(self, input_ids, positions, meta, store):
         """Hidden states [T, hidden] after the final norm (:meth:`LlamaModel.forward`, with
         the absorbed MLA of :mod:`.mla` as each layer's attention)."""
-        ops, eps = self.ops, self.spec.rms_norm_eps
+        ops, eps = self.ops, self.spec.norm.eps
         h = self.embed_rows(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -135,7 +135,7 @@ class DeepseekModel(MoEModel):
     @property
     def decode_weight_bytes(self) -> int:
         """As :attr:`MoEModel.decode_weight_bytes`, with MLA's Linears and ``kv_b_proj``."""
-        k = self.spec.num_experts_per_tok
+        k = self.spec.experts.per_token
         dense = sum(lin.nbytes for layer in self.layers for lin in self._dense_linears(layer))
         absorbed = sum(layer["mla"].nbytes_absorbed for layer in self.layers)
         routed = sum(ex.router.nbytes + k * ex.expert_bytes for ex in self.experts)

@@ -43,4 +43,5 @@ class GptOssModel(MoEModel):
 
     def expert_act(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The clamped SwiGLU of the experts (module docstring)."""
-        return self.ops.clamped_swiglu(gate_up, self.spec.swiglu_alpha, self.spec.swiglu_limit)
+        experts = self.spec.experts
+        return self.ops.clamped_swiglu(gate_up, experts.swiglu_alpha, experts.swiglu_limit)

@@ -127,13 +127,13 @@ class LlamaModel:
         (``rope_local_base_freq``, unscaled) when it has one (Gemma 3)."""
         spec = self.spec
         tables = {None: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
-                                        spec.rope_theta, spec.rope_scaling, self.dtype,
+                                        spec.rope.theta, spec.rope.scaling, self.dtype,
                                         spec.rotary_dim)}
-        if spec.rope_local_base_freq is not None:
+        if spec.rope.local_base_freq is not None:
             tables[SLIDING] = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
-                                              spec.rope_local_base_freq, None, self.dtype,
+                                              spec.rope.local_base_freq, None, self.dtype,
                                               spec.rotary_dim)
-        return [tables.get(kind, tables[None]) for kind in spec.layer_types]
+        return [tables.get(kind, tables[None]) for kind in spec.layers.types]
 
     def _layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
         """Layer ``i``'s norms, fused attention Linears (:func:`_fuse_attention`) and MLP
@@ -144,11 +144,11 @@ class LlamaModel:
         layer = _fuse_attention(w, prefix, self.formats, release, self.dtype)
         layer |= self._mlp_layer(w, i, release)
         norms = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
-        if self.spec.norms_per_layer == 4:
+        if self.spec.norm.per_layer == 4:
             norms = {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                      "post_norm": "pre_feedforward_layernorm",
                      "mlp_out_norm": "post_feedforward_layernorm"}
-        if self.spec.qk_norm:
+        if self.spec.attention.qk_norm:
             norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
         for key, name in norms.items():  # q / k norms go through F.rms_norm on compute rows
             dtype = self.dtype if key in ("q_norm", "k_norm") else None
@@ -183,7 +183,7 @@ class LlamaModel:
 
         Each residual add is fused with the RMSNorm after it (``h`` is updated in place).
         """
-        ops, eps = self.ops, self.spec.rms_norm_eps
+        ops, eps = self.ops, self.spec.norm.eps
         h = self.embed_rows(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -203,7 +203,7 @@ class LlamaModel:
              rope: RotaryEmbedding) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, D], k and v [T, kv_heads, D] of normed hidden states x [T, hidden]:
         one fused projection, the per-head q / k norms if any, RoPE on q and k together."""
-        spec, eps = self.spec, self.spec.rms_norm_eps
+        spec, eps = self.spec, self.spec.norm.eps
         heads, kv_heads, dim = spec.num_attention_heads, spec.num_kv_heads, spec.head_dim
         qkv = layer["qkv"](x)
         qk = qkv[:, : self.q_size + self.kv_size].view(-1, heads + kv_heads, dim)

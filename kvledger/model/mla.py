@@ -41,9 +41,9 @@ class InterleavedRope:
     """cos / sin [positions, rope / 2] fp32 of the pairs' angles, times the attention factor."""
 
     def __init__(self, spec: ModelSpec) -> None:
-        dim, positions = spec.qk_rope_head_dim, spec.max_position_embeddings
-        self.inv_freq = inverse_frequencies(dim, spec.rope_theta, spec.rope_scaling, positions)
-        self.mscale = attention_factor(spec.rope_scaling, positions)
+        dim, positions = spec.latent.qk_rope_head_dim, spec.max_position_embeddings
+        self.inv_freq = inverse_frequencies(dim, spec.rope.theta, spec.rope.scaling, positions)
+        self.mscale = attention_factor(spec.rope.scaling, positions)
         self._tabulate(positions)
 
     def _tabulate(self, num_positions: int) -> None:
@@ -72,10 +72,10 @@ class LatentAttention:
 
     def __init__(self, spec: ModelSpec, w: dict, prefix: str, linear, dtype: torch.dtype):
         attn = prefix + "self_attn."
-        self.heads, self.latent = spec.num_attention_heads, spec.kv_lora_rank
-        self.nope, self.rope_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim
-        self.v_dim = spec.v_head_dim
-        if spec.q_lora_rank:
+        self.heads, self.latent = spec.num_attention_heads, spec.latent.kv_lora_rank
+        self.nope, self.rope_dim = spec.latent.qk_nope_head_dim, spec.latent.qk_rope_head_dim
+        self.v_dim = spec.latent.v_head_dim
+        if spec.latent.q_lora_rank:
             self.q_a = linear([attn + "q_a_proj"], "qkv")
             self.q_a_norm = w.pop(attn + "q_a_layernorm.weight").to(dtype)
             self.q_b = linear([attn + "q_b_proj"], "qkv")

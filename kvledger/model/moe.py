@@ -7,7 +7,7 @@ Qwen team, "Qwen3 Technical Report", arXiv:2505.09388 §2; transformers' ``Mixtr
   them (the softmax over the chosen k), Qwen3-MoE when its config's ``norm_topk_prob`` says so.
 - Qwen3-MoE's MoE layers are those with ``(i + 1) % decoder_sparse_step == 0`` not in
   ``mlp_only_layers``; the others keep a dense MLP of ``intermediate_size``
-  (``ModelSpec.mlp_only_layers``, ``ModelSpec.is_moe_layer``). Mixtral's layers are all MoE.
+  (``ModelSpec.experts.mlp_only_layers``, ``ModelSpec.is_moe_layer``). Mixtral's layers are all MoE.
 - No shared expert (Qwen2-MoE's): refused. gpt-oss (router and expert biases, its clamped
   SwiGLU) is :mod:`.gpt_oss`, on this class.
 
@@ -38,14 +38,14 @@ class MoEModel(LlamaModel):
         mlp, formats, dtype = f"model.layers.{i}.mlp.", self.formats, self.dtype
         router = Linear(w.pop(mlp + "gate.weight"), w.pop(mlp + "gate.bias", None))
         gate_up, down = [], []
-        for e in range(self.spec.num_experts):
+        for e in range(self.spec.experts.count):
             stem = f"{mlp}experts.{e}."
             gate_up.append(_fused_linear(w, [stem + "gate_proj", stem + "up_proj"],
                                          formats.get("gate_up", "dense"), release, dtype))
             down.append(_fused_linear(w, [stem + "down_proj"], formats.get("down", "dense"),
                                       release, dtype))
-        return {"experts": Experts(router, gate_up, down, self.spec.num_experts_per_tok,
-                                   self.spec.norm_topk_prob, self.expert_act)}
+        return {"experts": Experts(router, gate_up, down, self.spec.experts.per_token,
+                                   self.spec.experts.norm_topk_prob, self.expert_act)}
 
     def expert_act(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The experts' activation ``[T, 2f] -> [T, f]`` of gate then up columns: SwiGLU
@@ -74,7 +74,7 @@ class MoEModel(LlamaModel):
         dense MLPs, the LM head, and per MoE layer its router and ``num_experts_per_tok``
         experts (a larger batch reads the distinct experts its tokens chose:
         :attr:`Experts.bytes_read`)."""
-        k = self.spec.num_experts_per_tok
+        k = self.spec.experts.per_token
         dense = [layer[cls] for layer in self.layers for cls in ("qkv", "o", "gate_up", "down")
                  if cls in layer]
         routed = sum(ex.router.nbytes + k * ex.expert_bytes for ex in self.experts)

@@ -244,7 +244,7 @@ class StepTimeModel:
         paged = self.flops_per_pair * f.paged_pairs
         flops = self.flops_per_token * f.tokens + self.flops_per_pair * f.pairs - paged
         weights = self.weight_bytes
-        if self.spec.num_experts:  # an MoE step reads only the experts its tokens touch
+        if self.spec.is_moe:  # an MoE step reads only the experts its tokens touch
             weights = params_read_per_step(self.spec, max(f.tokens, 1)) * \
                 self.bytes_per_param / self.tp
         kv = self.kv_bytes_per_token * (f.kv_read_tokens + f.tokens)

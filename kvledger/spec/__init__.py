@@ -1,9 +1,9 @@
 """The model spec: what a model is, read from the format it comes in.
 
 ``ModelSpec`` (:mod:`.model_spec`) is the data type: every architectural number the ledger and
-the engine need, counts rather than bytes. One reader per source format builds it:
-:mod:`.hf_config` (a Hugging Face ``config.json``) and :mod:`.gguf_reader` (a GGUF file's
-header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
+the engine need, counts rather than bytes, grouped by concept (:mod:`.groups`). One reader
+per source format builds it (:meth:`ModelSpec.from_fields`): :mod:`.hf_config` (a Hugging Face
+``config.json``) and :mod:`.gguf_reader` (a GGUF file's header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
 :func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly and
 names the engine family that runs the rest (``FAMILY_TYPES``). No torch here: the planner runs
 without an ML stack.
@@ -19,9 +19,24 @@ from kvledger.spec.gguf_reader import (
     spec_from_gguf,
     spec_from_gguf_reader,
 )
+from kvledger.spec.groups import (
+    FULL,
+    LINEAR,
+    MLA,
+    SLIDING,
+    Attention,
+    Experts,
+    GgufFacts,
+    Latent,
+    LayerKinds,
+    LinearAttention,
+    Mlp,
+    Norm,
+    Rope,
+)
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
 from kvledger.spec.load import load_spec
-from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec.model_spec import ModelSpec
 from kvledger.spec.runnable import ENGINE_MODEL_TYPES, FAMILY_TYPES, check_runnable
 
 __all__ = [
@@ -32,8 +47,17 @@ __all__ = [
     "LINEAR",
     "MLA",
     "SLIDING",
+    "Attention",
     "ConfigWarning",
+    "Experts",
+    "GgufFacts",
+    "Latent",
+    "LayerKinds",
+    "LinearAttention",
+    "Mlp",
     "ModelSpec",
+    "Norm",
+    "Rope",
     "check_gguf_magic",
     "check_runnable",
     "load_spec",

@@ -16,7 +16,7 @@ top-k is greedy. Torch-free.
 
 from __future__ import annotations
 
-from kvledger.spec.model_spec import MLA
+from kvledger.spec.groups import MLA
 
 
 def deepseek2_fields(value, num_layers: int, heads: int, scaling: dict | None) -> dict:

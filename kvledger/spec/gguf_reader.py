@@ -37,14 +37,14 @@ required key -> ConfigError naming the key and the file; an architecture outside
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.paths import model_id
 from kvledger.spec.gguf_deepseek import deepseek2_fields
-from kvledger.spec.model_spec import FULL, SLIDING, ModelSpec
+from kvledger.spec.groups import FULL, SLIDING
+from kvledger.spec.model_spec import ModelSpec
 from kvledger.spec.runnable import ENGINE_MODEL_TYPES
 
 CHAT_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
@@ -278,7 +278,7 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     model_type = GGUF_MODEL_TYPES[arch]
     if arch == "llama" and family.get("num_experts"):
         model_type = "mixtral"
-    spec = ModelSpec(
+    spec = ModelSpec.from_fields(
         **family,
         name=model_id(path),
         model_type=model_type,
@@ -316,5 +316,5 @@ def spec_from_gguf_reader(reader, path: Path) -> ModelSpec:
     )
     if arch != "deepseek2":
         return spec
-    return dataclasses.replace(spec, **deepseek2_fields(  # MLA as MQA over the latent
-        lambda key: field_value(reader, f"{arch}.{key}"), num_layers, heads, spec.rope_scaling))
+    return spec.with_fields(**deepseek2_fields(  # MLA as MQA over the latent
+        lambda key: field_value(reader, f"{arch}.{key}"), num_layers, heads, spec.rope.scaling))

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from kvledger.errors import ConfigError
 from kvledger.paths import model_id
-from kvledger.spec.model_spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec.groups import FULL, LINEAR, MLA, SLIDING
+from kvledger.spec.model_spec import ModelSpec
 
 
 class ConfigWarning(UserWarning):
@@ -178,7 +179,7 @@ def spec_from_hf_config(path: str | Path) -> ModelSpec:
         fields["layer_types"] = _layer_types(c, fields["num_layers"])
     if SLIDING in fields["layer_types"]:
         fields["sliding_window"] = c.int("sliding_window")
-    return ModelSpec(**fields)
+    return ModelSpec.from_fields(**fields)
 
 
 def _common_fields(c: _Config, path: Path) -> dict:

@@ -1,7 +1,8 @@
 """Which models the engine runs exactly: no silently wrong model. The one place that decides.
 
-Every :class:`ModelSpec` field falls in one of three lists (``tests/spec/test_runnable.py``
-fails when a new field is in none):
+Every :class:`ModelSpec` field, a group's by its flat name (``num_experts`` for
+``experts.count``, :meth:`ModelSpec.as_fields`), falls in one of three lists
+(``tests/spec/test_runnable.py`` walks the groups and fails when a new field is in none):
 
 - :data:`IMPLEMENTED`: every family's forward pass honours every value (logits checked against
   transformers: ``tests/model/test_llama.py``, ``tests/model/test_family_oracle.py``);
@@ -20,7 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvledger.errors import UnsupportedModelError
-from kvledger.spec.model_spec import FULL, MLA, SLIDING, ModelSpec
+from kvledger.spec.groups import FULL, MLA, SLIDING
+from kvledger.spec.model_spec import ModelSpec
 
 FAMILY_TYPES: dict[str, tuple[str, ...]] = {
     "llama": ("llama", "mistral", "qwen2"), "qwen3": ("qwen3",), "phi3": ("phi3",),
@@ -173,8 +175,9 @@ def check_runnable(spec: ModelSpec) -> str:
             f"model_type {spec.model_type!r}{what} in {where} cannot run in the engine yet (it "
             f"runs {', '.join(ENGINE_MODEL_TYPES)}); `kvledger plan` still sizes it")
     allowed = {**ONLY_AT, **FAMILY_RUNS[family]}
-    bad = [f"{name}={_shown(getattr(spec, name))}" for name, ok in allowed.items()
-           if not ok(getattr(spec, name))]
+    values = spec.as_fields()
+    bad = [f"{name}={_shown(values[name])}" for name, ok in allowed.items()
+           if not ok(values[name])]
     if bad:
         raise UnsupportedModelError(
             f"{where}: the engine cannot run {', '.join(bad)} yet (its {spec.model_type} "

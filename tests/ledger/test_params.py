@@ -94,7 +94,7 @@ def test_bundled_gguf_counts_its_tensor_elements():
 
     spec = load_spec("default")
     assert count_params(spec).total == 134_515_008
-    assert spec_weight_bytes(spec) == spec.gguf_tensor_bytes
+    assert spec_weight_bytes(spec) == spec.gguf.tensor_bytes
 
 
 def test_smollm2_config_matches_the_gguf_element_count(real_spec):

@@ -44,8 +44,8 @@ def test_gemma3_1b_at_8192_against_all_global_layers(real_spec):
     4 global layers hold 8192 / 16 = 512 blocks, 22 sliding ones positions 7,681 .. 8,191,
     blocks 480 .. 511, 32 each."""
     spec = real_spec("google__gemma-3-1b-it")
-    assert spec.layer_types.count(SLIDING) == 22 and spec.layer_types.count(FULL) == 4
-    assert spec.sliding_window == 512
+    assert spec.layers.types.count(SLIDING) == 22 and spec.layers.types.count(FULL) == 4
+    assert spec.layers.sliding_window == 512
     block = layer_block_bytes(spec, BF16, 1, 16, FULL)
     assert layer_block_bytes(spec, BF16, 1, 16, SLIDING) == block
     hybrid = kv_bytes_per_sequence(spec, BF16, 1, 16, 8192, window_aware=True, paged=True)

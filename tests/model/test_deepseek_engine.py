@@ -80,7 +80,8 @@ def test_the_pool_holds_the_latent_bytes(variant, kv_format, element):
     store's tensors hold exactly that many bytes per block."""
     _, spec, _, _, _ = variant
     engine = _engine(variant, kv_cache_dtype=kv_format, num_blocks=12)
-    per_token = (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.num_layers * element
+    latent = spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim
+    per_token = latent * spec.num_layers * element
     assert kv_bytes_per_token(spec, KVFormatSpec(kv_format), 1, 16) == per_token
     assert engine.bytes_per_block == 16 * per_token
     assert engine.store.nbytes == 12 * 16 * per_token

@@ -13,8 +13,6 @@ with the routing's scale, its group limit, YaRN's softmax factor or the RoPE pai
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from deepseek_kit import FEATURES, hf_step, make_tiny
@@ -37,8 +35,8 @@ def _prompt(n: int = 53) -> list[int]:
 
 
 def _latent_store(spec, blocks: int = 32) -> LatentStore:
-    return LatentStore(spec.num_layers, blocks, 16, spec.kv_lora_rank + spec.qk_rope_head_dim,
-                       torch.float32)
+    return LatentStore(spec.num_layers, blocks, 16,
+                       spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim, torch.float32)
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
@@ -52,8 +50,8 @@ def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_logits_match_transformers(tiny, variant, attention):
     _, hf, spec, weights = tiny(variant)
-    assert 0 < spec.num_experts_per_tok < spec.num_experts and spec.num_shared_experts >= 1
-    assert spec.mlp_only_layers == (0,)
+    assert 0 < spec.experts.per_token < spec.experts.count and spec.experts.shared_count >= 1
+    assert spec.experts.mlp_only_layers == (0,)
     diffs, excepted = _diffs(spec, weights, hf, _prompt(), attention)
     print(f"{variant}: steps excepted for a router tie within {TIE}: {excepted or 'none'}")
     assert len(diffs) > DECODE_STEPS // 2, excepted
@@ -62,11 +60,11 @@ def test_logits_match_transformers(tiny, variant, attention):
 
 def test_the_tiny_models_have_what_the_features_say(tiny):
     v2, lite = tiny("v2")[2], tiny("v2-lite")[2]
-    assert (v2.q_lora_rank, lite.q_lora_rank) == (48, 0)
-    assert (v2.topk_method, lite.topk_method, lite.n_group, lite.topk_group) == (
-        "greedy", "group_limited_greedy", 4, 2)
-    assert (v2.routed_scaling_factor, lite.routed_scaling_factor) == (1.5, 2.0)
-    assert v2.rope_scaling["rope_type"] == lite.rope_scaling["rope_type"] == "yarn"
+    assert (v2.latent.q_lora_rank, lite.latent.q_lora_rank) == (48, 0)
+    assert (v2.experts.topk_method, lite.experts.topk_method, lite.experts.n_group,
+            lite.experts.topk_group) == ("greedy", "group_limited_greedy", 4, 2)
+    assert (v2.experts.routed_scaling_factor, lite.experts.routed_scaling_factor) == (1.5, 2.0)
+    assert v2.rope.scaling["rope_type"] == lite.rope.scaling["rope_type"] == "yarn"
 
 
 def _halves_rope(monkeypatch):
@@ -85,7 +83,7 @@ ABLATIONS = {  # variant, the spec change (or patch) that switches a feature off
     "routed_scaling_factor": ("v2", lambda s: {"routed_scaling_factor": 1.0}),
     "group limit": ("v2-lite", lambda s: {"topk_method": "greedy"}),
     "yarn softmax factor": ("v2", lambda s: {"rope_scaling": {
-        **s.rope_scaling, "mscale_all_dim": 0.0, "mscale": 0.0}}),
+        **s.rope.scaling, "mscale_all_dim": 0.0, "mscale": 0.0}}),
     "interleaved pairs": ("v2", None),
 }
 
@@ -98,7 +96,7 @@ def test_the_oracle_fails_without_each_feature(tiny, monkeypatch, feature):
     if change is None:
         _halves_rope(monkeypatch)
     else:
-        spec = dataclasses.replace(spec, **change(spec))
+        spec = spec.with_fields(**change(spec))
     assert _diffs(spec, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
@@ -156,7 +154,8 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, variant)
             "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "num_experts",
             "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size",
             "mlp_only_layers", "routed_scaling_factor", "norm_topk_prob")
-    assert {k: getattr(spec, k) for k in same} == {k: getattr(folder_spec, k) for k in same}
+    gguf, folder = spec.as_fields(), folder_spec.as_fields()
+    assert {k: gguf[k] for k in same} == {k: folder[k] for k in same}
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
 
@@ -171,7 +170,8 @@ def test_the_weights_held_and_read_are_the_ledgers(tiny, variant):
     _, _, spec, weights = tiny(variant)
     model = model_class(spec)(spec, dict(weights), torch.float32, attention="reference")
     params = count_params(spec)
-    norms = spec.num_layers * (2 * spec.hidden_size + spec.kv_lora_rank + spec.q_lora_rank)
+    norms = spec.num_layers * (2 * spec.hidden_size + spec.latent.kv_lora_rank
+                               + spec.latent.q_lora_rank)
     assert model.weight_bytes == 4 * params.total
     assert model.decode_weight_bytes == 4 * (params.active - params.embedding - norms
                                              - spec.hidden_size)
@@ -186,8 +186,8 @@ def test_bf16_with_int8_weights_and_a_bf16_latent(tiny):
     model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats,
                               attention="paged-native")
     assert set(model.weight_formats.values()) == {"int8"}
-    store = LatentStore(spec.num_layers, 16, 16, spec.kv_lora_rank + spec.qk_rope_head_dim,
-                        torch.bfloat16)
+    store = LatentStore(spec.num_layers, 16, 16,
+                        spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim, torch.bfloat16)
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2]
     logits = ModelRunner(model, store, 16).execute([Chunk(req, req.num_tokens)])

@@ -3,8 +3,6 @@ and a spec with a field value its family does not compute is refused naming the 
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from kvledger.data import config_path
@@ -57,7 +55,7 @@ def test_other_families_are_refused_with_their_model_type(name, what):
     ("meta-llama__Llama-3.1-8B", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
      "rope_scaling=.*yarn")])
 def test_a_value_the_family_lacks_is_refused_by_name(name, change, field):
-    spec = dataclasses.replace(load_spec(config_path(name)), **change)
+    spec = load_spec(config_path(name)).with_fields(**change)
     with pytest.raises(UnsupportedModelError, match=f"cannot run {field}.* yet"):
         model_class(spec)
 

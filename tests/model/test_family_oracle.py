@@ -11,8 +11,6 @@ GGUF each architecture's converter writes and for a multimodal Gemma 3 folder.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from family_kit import FEATURES, W, hf_logits, make_tiny, redraw, write_gguf
@@ -66,11 +64,11 @@ def _no_window(spec):
 ABLATIONS = {  # family -> feature -> the spec change that switches it off
     "qwen3": {"q/k norm": lambda s: {"qk_norm": False}, "window": _no_window},
     "phi3": {"partial rotary": lambda s: {"partial_rotary_factor": 1.0, "rope_scaling": {
-        **s.rope_scaling, **{k: s.rope_scaling[k] + [1.0, 1.0]  # the pass-through dims turn
+        **s.rope.scaling, **{k: s.rope.scaling[k] + [1.0, 1.0]  # the pass-through dims turn
                              for k in ("short_factor", "long_factor")}}},
              "LongRoPE short factors": lambda s: {"rope_scaling": None}, "window": _no_window},
     "phi3-long": {"LongRoPE long factors": lambda s: {
-        "rope_scaling": {**s.rope_scaling, "original_max_position_embeddings": 256}}},
+        "rope_scaling": {**s.rope.scaling, "original_max_position_embeddings": 256}}},
     "gemma2": {"attention soft-cap": lambda s: {"attn_logit_softcapping": None},
                "final soft-cap": lambda s: {"final_logit_softcapping": None},
                "query_pre_attn_scalar": lambda s: {"query_pre_attn_scalar": None},
@@ -85,7 +83,7 @@ ABLATIONS = {  # family -> feature -> the spec change that switches it off
 def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     """The comparison above can fail: with one feature switched off it does, at prefill."""
     _, hf, spec, weights = tiny(family)
-    spec = dataclasses.replace(spec, **ABLATIONS[family][feature](spec))
+    spec = spec.with_fields(**ABLATIONS[family][feature](spec))
     assert _diffs(spec, dict(weights), hf, _prompt(family), steps=0)[0] > 100 * TOL
 
 
@@ -99,7 +97,7 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
     folder_spec, _ = load_weights(tmp_path / "hf", torch.float32)
-    assert spec.layer_windows == folder_spec.layer_windows
+    assert spec.layers.windows == folder_spec.layers.windows
     diffs = _diffs(spec, weights, hf, _prompt(family), steps=4)
     assert max(diffs) <= TOL, diffs
 

@@ -71,7 +71,7 @@ def test_matrices_are_held_as_the_files_blocks_and_bytes(held):
     types = {w.type_name for w in weights.values() if isinstance(w, GGMLMatrix)}
     assert {"Q4_K", "Q6_K"} <= types
     assert all(isinstance(w, GGMLMatrix) or w.dim() == 1 for w in weights.values())
-    assert model.weight_bytes == spec.gguf_tensor_bytes
+    assert model.weight_bytes == spec.gguf.tensor_bytes
 
 
 def test_next_token_kl_against_the_dequantized_fp32_model(held, reference, text_ids):

@@ -20,8 +20,6 @@ biases, clamped SwiGLU, alternating window and YaRN, and each of them is shown t
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from family_kit import MOE_FEATURES, W, make_tiny, write_gguf
@@ -65,14 +63,14 @@ def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS)
     a router tie, :func:`_hf`), :func:`oracle_kit.scattered_diffs`."""
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
     return scattered_diffs(spec, weights, store, prompt,
-                           lambda ids: _hf(hf, ids, spec.num_experts_per_tok), attention, steps)
+                           lambda ids: _hf(hf, ids, spec.experts.per_token), attention, steps)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers(tiny, family, attention):
     _, hf, spec, weights = tiny(family)
-    assert 0 < spec.num_experts_per_tok < spec.num_experts
+    assert 0 < spec.experts.per_token < spec.experts.count
     diffs, excepted = _diffs(spec, weights, hf, _prompt(), attention)
     print(f"{family}: steps excepted for a router tie within {TIE}: {excepted or 'none'}")
     assert len(diffs) > DECODE_STEPS // 2, excepted
@@ -81,14 +79,14 @@ def test_logits_match_transformers(tiny, family, attention):
 
 def test_the_tiny_models_have_what_the_features_say(tiny):
     """Qwen3-MoE's dense layer and sparse step reach the spec; each routing's normalisation."""
-    assert tiny("qwen3_moe")[2].mlp_only_layers == (2,)
-    assert tiny("qwen3_moe-step2")[2].mlp_only_layers == (0, 2)
-    assert [tiny(f)[2].norm_topk_prob for f in FAMILIES] == [True, True, True, False]
+    assert tiny("qwen3_moe")[2].experts.mlp_only_layers == (2,)
+    assert tiny("qwen3_moe-step2")[2].experts.mlp_only_layers == (0, 2)
+    assert [tiny(f)[2].experts.norm_topk_prob for f in FAMILIES] == [True, True, True, False]
 
 
 ABLATIONS = {  # the spec change that switches a routing feature off
-    "normalisation": lambda s: {"norm_topk_prob": not s.norm_topk_prob},
-    "top-k": lambda s: {"num_experts_per_tok": s.num_experts_per_tok + 1},
+    "normalisation": lambda s: {"norm_topk_prob": not s.experts.norm_topk_prob},
+    "top-k": lambda s: {"num_experts_per_tok": s.experts.per_token + 1},
 }
 
 
@@ -96,7 +94,7 @@ ABLATIONS = {  # the spec change that switches a routing feature off
 def test_the_oracle_fails_without_each_feature(tiny, family, feature):
     """The comparison above can fail: with the routing changed it does, at prefill."""
     _, hf, spec, weights = tiny(family)
-    changed = dataclasses.replace(spec, **ABLATIONS[feature](spec))
+    changed = spec.with_fields(**ABLATIONS[feature](spec))
     assert _diffs(changed, weights, hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
@@ -117,7 +115,7 @@ def test_the_oracle_fails_without_each_gpt_oss_feature(tiny, feature):
     """gpt-oss's features each change the logits: the oracle above fails without one."""
     _, hf, spec, weights = tiny("gpt_oss")
     change, reweigh = GPT_OSS_ABLATIONS[feature]
-    changed = dataclasses.replace(spec, **change)
+    changed = spec.with_fields(**change)
     assert _diffs(changed, reweigh(weights), hf, _prompt(), steps=0)[0][0] > 100 * TOL
 
 
@@ -130,10 +128,10 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
     folder_spec, _ = load_weights(tmp_path / "hf", torch.float32)
-    assert (spec.model_type, spec.num_experts, spec.num_experts_per_tok, spec.mlp_only_layers,
-            spec.moe_intermediate_size) == (
-        folder_spec.model_type, folder_spec.num_experts, folder_spec.num_experts_per_tok,
-        folder_spec.mlp_only_layers, folder_spec.moe_intermediate_size)
+    gguf, folder = spec.as_fields(), folder_spec.as_fields()
+    same = ("model_type", "num_experts", "num_experts_per_tok", "mlp_only_layers",
+            "moe_intermediate_size")
+    assert {k: gguf[k] for k in same} == {k: folder[k] for k in same}
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
 
@@ -143,11 +141,11 @@ def _vector_params(spec) -> int:
     figure counts matrices): the norms, and gpt-oss's biases (attention, router, k experts')
     and sink logits."""
     h, d = spec.hidden_size, spec.head_dim
-    per_layer = spec.norms_per_layer * h + (2 * d if spec.qk_norm else 0)
+    per_layer = spec.norm.per_layer * h + (2 * d if spec.attention.qk_norm else 0)
     if spec.model_type == "gpt_oss":
         per_layer += (spec.num_attention_heads + 2 * spec.num_kv_heads) * d + h  # q, k, v, o
-        per_layer += spec.num_attention_heads + spec.num_experts  # sinks, router
-        per_layer += spec.num_experts_per_tok * (2 * spec.moe_intermediate_size + h)
+        per_layer += spec.num_attention_heads + spec.experts.count  # sinks, router
+        per_layer += spec.experts.per_token * (2 * spec.experts.intermediate_size + h)
     return spec.num_layers * per_layer + h
 
 
@@ -185,8 +183,8 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     runner.execute([Chunk(req, 1) for req in reqs])
     for ex, start in zip(model.experts, before):
         touched = (ex.bytes_read - start - ex.router.nbytes) // ex.expert_bytes
-        assert spec.num_experts_per_tok <= touched <= min(4 * spec.num_experts_per_tok,
-                                                          spec.num_experts)
+        assert spec.experts.per_token <= touched <= min(4 * spec.experts.per_token,
+                                                          spec.experts.count)
 
 
 @pytest.mark.parametrize("down", ["int8", "w8a8"])
@@ -205,7 +203,7 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     model = model_class(spec)(spec, weights, torch.bfloat16,
                               formats={"gate_up": "w8a8", "down": down})
     held = {cls: fmt if w8a8_ok(width) else "int8" for cls, fmt, width in (
-        ("gate_up", "w8a8", spec.hidden_size), ("down", down, spec.moe_intermediate_size))}
+        ("gate_up", "w8a8", spec.hidden_size), ("down", down, spec.experts.intermediate_size))}
     assert {lin.format for ex in model.experts for lin in ex.gate_up} == {held["gate_up"]}
     assert {lin.format for ex in model.experts for lin in ex.down} == {held["down"]}
     assert (model.weight_formats["gate_up"], model.weight_formats["down"]) == (
@@ -221,7 +219,7 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     runner = ModelRunner(model, store, 16)
     logits, n = runner.execute([Chunk(req, req.num_tokens)])[0], req.num_tokens
     for token in (5, 17, 3):  # decode steps: one row per call, the batch-1 path
-        ref, _ = _hf(hf, req.all_token_ids, spec.num_experts_per_tok)
+        ref, _ = _hf(hf, req.all_token_ids, spec.experts.per_token)
         assert float((logits - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
         req.num_computed_tokens, n = req.num_computed_tokens + n, 1
         req.output_token_ids.append(token)

@@ -29,17 +29,17 @@ def _theirs(spec, scaling: dict) -> tuple[torch.Tensor, float]:
     config = GptOssConfig(head_dim=spec.head_dim, hidden_size=spec.hidden_size,
                           num_attention_heads=spec.num_attention_heads,
                           max_position_embeddings=spec.max_position_embeddings,
-                          rope_parameters={**scaling, "rope_theta": spec.rope_theta})
+                          rope_parameters={**scaling, "rope_theta": spec.rope.theta})
     return ROPE_INIT_FUNCTIONS["yarn"](config)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(v) or "gpt-oss-20b")
 def test_yarn_matches_transformers(variant):
     spec = load_spec(config_path("openai__gpt-oss-20b"))
-    scaling = {**spec.rope_scaling, **variant}
+    scaling = {**spec.rope.scaling, **variant}
     assert scaling["rope_type"] == "yarn"
     inv_freq, factor = _theirs(spec, scaling)
-    ours = inverse_frequencies(spec.head_dim, spec.rope_theta, scaling,
+    ours = inverse_frequencies(spec.head_dim, spec.rope.theta, scaling,
                                spec.max_position_embeddings)
     torch.testing.assert_close(ours, inv_freq, rtol=1e-6, atol=0)
     assert attention_factor(scaling, spec.max_position_embeddings) == pytest.approx(factor,
@@ -49,5 +49,5 @@ def test_yarn_matches_transformers(variant):
 def test_the_tables_carry_the_attention_factor():
     """cos and sin are scaled by YaRN's 0.1 ln(32) + 1 for gpt-oss-20b (factor 32)."""
     spec = load_spec(config_path("openai__gpt-oss-20b"))
-    rope = RotaryEmbedding(spec.head_dim, 8, spec.rope_theta, spec.rope_scaling, torch.float32)
+    rope = RotaryEmbedding(spec.head_dim, 8, spec.rope.theta, spec.rope.scaling, torch.float32)
     assert float(rope.cos[0, 0]) == pytest.approx(0.1 * torch.log(torch.tensor(32.0)) + 1)

@@ -53,7 +53,7 @@ def test_qwen2_qkv_biases_match_transformers(tmp_path):
 
     hf_model = _save(tmp_path, Qwen2Config, Qwen2ForCausalLM)
     spec, weights = load_weights(tmp_path, torch.float32)
-    assert spec.qkv_bias and not spec.o_bias
+    assert spec.attention.qkv_bias and not spec.attention.o_bias
     runner = ModelRunner(LlamaModel(spec, weights, torch.float32), None, 16)
     req = Request("r", [5, 17, 33, 2, 99, 100, 7, 64, 3], SamplingParams())
     logits = runner.execute([type("Chunk", (), {"request": req, "num_new_tokens": 9})()])

@@ -64,7 +64,7 @@ def test_moe_expert_count_under_both_names(tmp_path):
     v4 = json.loads(config_path("Qwen__Qwen3-30B-A3B").read_text())
     old, new, written = _both(tmp_path, v4)
     assert "num_local_experts" in written and "num_experts" not in written
-    assert old.num_experts == new.num_experts == 128
+    assert old.experts.count == new.experts.count == 128
 
 
 def test_gemma3_keeps_its_global_scaling_and_local_base_in_both_spellings(tmp_path):
@@ -72,9 +72,9 @@ def test_gemma3_keeps_its_global_scaling_and_local_base_in_both_spellings(tmp_pa
     params = written["text_config"]["rope_parameters"]
     assert set(params) == {"full_attention", "sliding_attention"}
     for spec in (old, new):
-        assert spec.rope_scaling == {"rope_type": "linear", "factor": 8.0}
-        assert (spec.rope_theta, spec.rope_local_base_freq) == (1e6, 1e4)
-        assert spec.layer_types.count(SLIDING) == 34 - 34 // 6
+        assert spec.rope.scaling == {"rope_type": "linear", "factor": 8.0}
+        assert (spec.rope.theta, spec.rope.local_base_freq) == (1e6, 1e4)
+        assert spec.layers.types.count(SLIDING) == 34 - 34 // 6
     assert _differences(old, new) == {}
 
 
@@ -86,9 +86,9 @@ def test_phi3_longrope_old_type_name_and_top_level_original_length(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(v4))
     spec = spec_from_hf_config(path)
-    assert spec.rope_scaling["rope_type"] == "longrope"
-    assert spec.rope_scaling["original_max_position_embeddings"] == 4096
-    assert len(spec.rope_scaling["long_factor"]) == 3072 // 32 // 2
+    assert spec.rope.scaling["rope_type"] == "longrope"
+    assert spec.rope.scaling["original_max_position_embeddings"] == 4096
+    assert len(spec.rope.scaling["long_factor"]) == 3072 // 32 // 2
 
 
 def test_torch_dtype_and_dtype(tmp_path):
@@ -105,15 +105,17 @@ def test_the_forward_fields_of_real_configs():
     from kvledger.spec import load_spec
 
     g2 = load_spec(config_path("google__gemma-2-9b"))
-    assert (g2.query_pre_attn_scalar, g2.attn_logit_softcapping, g2.final_logit_softcapping,
-            g2.hidden_act, g2.norms_per_layer) == (256, 50.0, 30.0, "gelu_pytorch_tanh", 4)
-    assert g2.layer_windows[:2] == (4096, None)
+    assert (g2.attention.query_pre_attn_scalar, g2.attention.logit_softcapping,
+            g2.final_logit_softcapping, g2.mlp.act, g2.norm.per_layer) == (
+        256, 50.0, 30.0, "gelu_pytorch_tanh", 4)
+    assert g2.layers.windows[:2] == (4096, None)
     g3 = load_spec(config_path("google__gemma-3-1b-it"))
-    assert (g3.rope_theta, g3.rope_local_base_freq, g3.rope_scaling) == (1e6, 1e4, None)
-    assert g3.layer_windows.count(512) == 22 and g3.layer_windows[5] is None and g3.qk_norm
-    assert g3.attn_logit_softcapping is None and g3.final_logit_softcapping is None
+    assert (g3.rope.theta, g3.rope.local_base_freq, g3.rope.scaling) == (1e6, 1e4, None)
+    assert g3.layers.windows.count(512) == 22 and g3.layers.windows[5] is None
+    assert g3.attention.qk_norm
+    assert g3.attention.logit_softcapping is None and g3.final_logit_softcapping is None
     phi4 = load_spec(config_path("microsoft__Phi-4-mini-instruct"))
-    assert (phi4.partial_rotary_factor, phi4.rotary_dim) == (0.75, 96)
-    assert len(phi4.rope_scaling["short_factor"]) == 96 // 2
+    assert (phi4.rope.partial_rotary_factor, phi4.rotary_dim) == (0.75, 96)
+    assert len(phi4.rope.scaling["short_factor"]) == 96 // 2
     qwen = load_spec(config_path("Qwen__Qwen3-0.6B"))
-    assert qwen.qk_norm and qwen.layer_windows == (None,) * 28 and qwen.head_dim == 128
+    assert qwen.attention.qk_norm and qwen.layers.windows == (None,) * 28 and qwen.head_dim == 128

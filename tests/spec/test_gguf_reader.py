@@ -16,21 +16,21 @@ def test_bundled_spec_matches_model_card():
     assert (spec.num_layers, spec.num_attention_heads, spec.num_kv_heads) == (30, 9, 3)
     assert (spec.head_dim, spec.hidden_size, spec.intermediate_size) == (64, 576, 1536)
     assert (spec.vocab_size, spec.max_position_embeddings) == (49152, 8192)
-    assert spec.rope_theta == 100000.0
-    assert spec.rms_norm_eps == 1e-5
+    assert spec.rope.theta == 100000.0
+    assert spec.norm.eps == 1e-5
     assert spec.tie_word_embeddings is True
-    assert spec.rope_scaling is None
-    assert not spec.qkv_bias and not spec.qk_norm
-    assert spec.layer_types == (FULL,) * 30
+    assert spec.rope.scaling is None
+    assert not spec.attention.qkv_bias and not spec.attention.qk_norm
+    assert spec.layers.types == (FULL,) * 30
     assert spec.bos_token_id == 1
     assert spec.eos_token_ids == (2,)  # <|im_end|> is the eos token itself
     # 134,515,008 elements: 49152*576 embedding + 30 layers + final norm (no output.weight).
     per_layer = 2 * 576 + 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536
-    assert spec.gguf_tensor_elements == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
+    assert spec.gguf.tensor_elements == 49152 * 576 + 30 * per_layer + 576 == 134_515_008
     # Q8_0 embedding (34 bytes / 32 values), Q4_1 matrices (20 bytes / 32), F32 norms.
     matrices = 576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536
     expected_bytes = 49152 * 576 // 32 * 34 + 30 * (matrices // 32 * 20 + 2 * 576 * 4) + 576 * 4
-    assert spec.gguf_tensor_bytes == expected_bytes
+    assert spec.gguf.tensor_bytes == expected_bytes
 
 
 def test_tiny_gguf_optional_keys(tmp_path, gguf_kit):
@@ -49,13 +49,13 @@ def test_tiny_gguf_optional_keys(tmp_path, gguf_kit):
     assert spec.name == "t" and spec.model_type == "mistral"  # the file stem, not general.name
     assert spec.head_dim == 24
     assert spec.tie_word_embeddings is False
-    assert spec.rope_scaling == {
+    assert spec.rope.scaling == {
         "rope_type": "linear", "factor": 4.0, "original_max_position_embeddings": 16
     }
-    assert spec.sliding_window == 32 and spec.layer_types == (SLIDING,)
+    assert spec.layers.sliding_window == 32 and spec.layers.types == (SLIDING,)
     assert spec.eos_token_ids == (1, 3, 5)
-    assert spec.gguf_tensor_elements == sum(t.size for t in tensors.values())
-    assert spec.gguf_tensor_bytes == 4 * spec.gguf_tensor_elements  # all F32
+    assert spec.gguf.tensor_elements == sum(t.size for t in tensors.values())
+    assert spec.gguf.tensor_bytes == 4 * spec.gguf.tensor_elements  # all F32
 
 
 def test_head_dim_and_vocab_fallbacks(tmp_path, gguf_kit):

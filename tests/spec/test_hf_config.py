@@ -37,30 +37,32 @@ def test_explicit_head_dim_is_not_hidden_over_heads():
 
 
 def test_layer_placement_rules():
-    gemma2 = load("google__gemma-2-9b").layer_types
+    gemma2 = load("google__gemma-2-9b").layers.types
     assert gemma2[:4] == (SLIDING, FULL, SLIDING, FULL) and Counter(gemma2)[FULL] == 21
-    gemma3 = load("google__gemma-3-1b-it").layer_types  # every 6th layer is global
+    gemma3 = load("google__gemma-3-1b-it").layers.types  # every 6th layer is global
     assert [i for i, k in enumerate(gemma3) if k == FULL] == [5, 11, 17, 23]
-    oss = load("openai__gpt-oss-20b").layer_types  # from the config's layer_types
+    oss = load("openai__gpt-oss-20b").layers.types  # from the config's layer_types
     assert oss[:2] == (SLIDING, FULL) and Counter(oss) == {SLIDING: 12, FULL: 12}
-    nxt = load("Qwen__Qwen3-Next-80B-A3B-Thinking").layer_types
+    nxt = load("Qwen__Qwen3-Next-80B-A3B-Thinking").layers.types
     assert nxt[:4] == (LINEAR, LINEAR, LINEAR, FULL) and Counter(nxt)[FULL] == 12
-    assert set(load("deepseek-ai__DeepSeek-V3").layer_types) == {MLA}
-    assert set(load("mistralai__Mistral-7B-v0.1").layer_types) == {SLIDING}
+    assert set(load("deepseek-ai__DeepSeek-V3").layers.types) == {MLA}
+    assert set(load("mistralai__Mistral-7B-v0.1").layers.types) == {SLIDING}
 
 
 def test_qwen2_use_sliding_window_false_means_no_window(tmp_path):
-    assert set(load("Qwen__Qwen2.5-7B").layer_types) == {FULL}  # sliding_window 131072 ignored
+    assert set(load("Qwen__Qwen2.5-7B").layers.types) == {FULL}  # sliding_window 131072 ignored
     raw = json.loads((CONFIGS / "Qwen__Qwen2.5-7B.json").read_text())
     raw.update(use_sliding_window=True, sliding_window=4096, max_window_layers=20)
     spec = spec_from_hf_config(write(tmp_path, raw))
-    assert Counter(spec.layer_types) == {FULL: 20, SLIDING: 8} and spec.sliding_window == 4096
+    assert Counter(spec.layers.types) == {FULL: 20, SLIDING: 8}
+    assert spec.layers.sliding_window == 4096
 
 
 def test_families_fields():
     ds = load("deepseek-ai__DeepSeek-V3")
-    assert (ds.kv_lora_rank, ds.qk_rope_head_dim, ds.mlp_only_layers) == (512, 64, (0, 1, 2))
-    assert (ds.num_experts, ds.num_experts_per_tok, ds.num_shared_experts) == (256, 8, 1)
+    assert (ds.latent.kv_lora_rank, ds.latent.qk_rope_head_dim) == (512, 64)
+    assert ds.experts.mlp_only_layers == (0, 1, 2)
+    assert (ds.experts.count, ds.experts.per_token, ds.experts.shared_count) == (256, 8, 1)
     assert ds.weights_dtype == "fp8"
     gpt2 = load("openai-community__gpt2")
     assert (gpt2.num_layers, gpt2.hidden_size, gpt2.num_attention_heads) == (12, 768, 12)
@@ -68,7 +70,8 @@ def test_families_fields():
     assert load("google__gemma-3-1b-it").eos_token_ids == (1, 106)
     assert load("google__gemma-2-9b").tie_word_embeddings  # Gemma2Config default
     mix = load("mistralai__Mixtral-8x7B-v0.1")
-    assert (mix.num_experts, mix.num_experts_per_tok, mix.moe_intermediate_size) == (8, 2, 14336)
+    experts = mix.experts
+    assert (experts.count, experts.per_token, experts.intermediate_size) == (8, 2, 14336)
 
 
 def test_text_config_nesting_gemma3_multimodal(tmp_path):
@@ -87,7 +90,7 @@ def test_text_config_nesting_gemma3_multimodal(tmp_path):
         "vision_config": {"hidden_size": 1152},
     }
     spec = spec_from_hf_config(write(tmp_path, cfg))
-    assert (spec.num_kv_heads, spec.head_dim, spec.sliding_window) == (4, 256, 1024)
+    assert (spec.num_kv_heads, spec.head_dim, spec.layers.sliding_window) == (4, 256, 1024)
     assert kv_bytes_per_token(spec, BF16, 1, 16) == 34 * 2 * 4 * 256 * 2
     assert kv_bytes_per_token(spec, BF16, 1, 16, window_aware=True) == (34 // 6) * 2 * 4 * 256 * 2
 
@@ -107,7 +110,7 @@ def test_phi3_and_kimi_k2(tmp_path):
         "tie_word_embeddings": False,
     }
     spec = spec_from_hf_config(write(tmp_path, phi3))
-    assert set(spec.layer_types) == {SLIDING} and spec.sliding_window == 2047
+    assert set(spec.layers.types) == {SLIDING} and spec.layers.sliding_window == 2047
     assert abs(count_params(spec).total / 1e9 - 3.82) / 3.82 < 0.01
     kimi = json.loads((CONFIGS / "deepseek-ai__DeepSeek-V3.json").read_text())
     kimi.update(model_type="kimi_k2", n_routed_experts=384, num_attention_heads=64)

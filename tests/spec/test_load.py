@@ -27,8 +27,8 @@ def test_gguf_file_and_folder(tmp_path, gguf_kit):
     tensors = gguf_kit.to_gguf(gguf_kit.hf_weights())
     path = gguf_kit.write(tmp_path / "tiny.gguf", tensors)
     spec = load_spec(path)
-    assert spec.gguf_tensor_elements == sum(int(np.prod(t.shape)) for t in tensors.values())
-    assert load_spec(tmp_path).gguf_tensor_elements == spec.gguf_tensor_elements
+    assert spec.gguf.tensor_elements == sum(int(np.prod(t.shape)) for t in tensors.values())
+    assert load_spec(tmp_path).gguf.tensor_elements == spec.gguf.tensor_elements
 
 
 def test_missing_paths(tmp_path):
@@ -42,4 +42,4 @@ def test_missing_paths(tmp_path):
 def test_default_is_the_bundled_gguf():
     spec = load_spec("default")
     assert (spec.num_layers, spec.num_kv_heads, spec.head_dim) == (30, 3, 64)
-    assert spec.gguf_tensor_elements == 134_515_008
+    assert spec.gguf.tensor_elements == 134_515_008

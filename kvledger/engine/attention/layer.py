@@ -14,7 +14,8 @@ context: its score scale, its sliding window, its logit soft-capping and its sin
   policy, which keeps the first tokens' KV.
 
 A model gives its backend one per layer (:meth:`AttentionBackend.set_layers`; the sinks are
-weights, set by the model that loads them); the window is model metadata (``ModelSpec.layer_windows``) over the ordinary full pool.
+weights, set by the model that loads them); the window is model metadata
+(``ModelSpec.layers.windows``) over the ordinary full pool.
 """
 
 from __future__ import annotations
@@ -45,5 +46,5 @@ class LayerAttention:
 
 def layers_of(spec: ModelSpec) -> tuple[LayerAttention, ...]:
     """The per-layer attention parameters of ``spec`` (scale, ``layer_windows``, soft-cap)."""
-    return tuple(LayerAttention(spec.attention_scale, window, spec.attn_logit_softcapping)
-                 for window in spec.layer_windows)
+    return tuple(LayerAttention(spec.attention_scale, window, spec.attention.logit_softcapping)
+                 for window in spec.layers.windows)

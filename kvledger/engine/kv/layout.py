@@ -136,10 +136,10 @@ class KVLayout:
         s, f = self.spec, self.fmt
         heads = kv_heads_per_rank(s, self.tp)
         places = layer_places(self.groups, s.num_layers)
-        if MLA in s.layer_types:
+        if MLA in s.layers.types:
             return LatentStore(s.num_layers, num_blocks, self.block_size,
-                               s.kv_lora_rank + s.qk_rope_head_dim, STORAGE_DTYPES[f.name],
-                               self.compute_dtype)
+                               s.latent.kv_lora_rank + s.latent.qk_rope_head_dim,
+                               STORAGE_DTYPES[f.name], self.compute_dtype)
         if not f.quantized:
             return KVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
                            STORAGE_DTYPES[f.name], self.compute_dtype, places)
@@ -192,7 +192,7 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
             or a rotation on an MLA model.
     """
     fmt = config.kv_format_spec(KV_FORMAT_OF_DTYPE[compute_dtype])
-    if MLA in spec.layer_types and (fmt.quantized or fmt.rotation != "none"):
+    if MLA in spec.layers.types and (fmt.quantized or fmt.rotation != "none"):
         what = f"--kv-rotation {fmt.rotation}" if fmt.rotation != "none" else \
             f"--kv-cache-dtype {fmt.name}"
         raise InvalidParameterError(

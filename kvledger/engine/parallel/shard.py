@@ -51,15 +51,15 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
             width; or the model routes to experts or caches an MLA latent (their sharding is
             not implemented).
     """
-    if MLA in spec.layer_types:
+    if MLA in spec.layers.types:
         raise InvalidParameterError(
             f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) uses MLA "
             "(multi-head latent attention), which tensor parallelism does not shard yet; run "
             "it with --tensor-parallel-size 1")
-    if spec.num_experts:
+    if spec.is_moe:
         raise InvalidParameterError(
             f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) routes to "
-            f"{spec.num_experts} experts, and tensor parallelism does not shard experts yet; "
+            f"{spec.experts.count} experts, and tensor parallelism does not shard experts yet; "
             "run it with --tensor-parallel-size 1")
     kv_heads_per_rank(spec, tp)
     if spec.intermediate_size % tp:

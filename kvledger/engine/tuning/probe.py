@@ -153,7 +153,7 @@ def shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
     and ``down`` are one expert's (their format applies per expert)."""
     q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     h = spec.hidden_size
-    f = spec.moe_intermediate_size if spec.num_experts else spec.intermediate_size
+    f = spec.experts.intermediate_size if spec.is_moe else spec.intermediate_size
     return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * f, h), "down": (h, f),
             "lm_head": (spec.vocab_size, h)}
 

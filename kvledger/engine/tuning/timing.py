@@ -169,12 +169,12 @@ def time_attention(spec: ModelSpec, kernels: Kernels, quantized: bool = False
 
 
 GLU_OPS = {"silu": "silu_mul", "gelu_pytorch_tanh": "gelu_tanh_mul"}
-"""The MLP activation (``ModelSpec.hidden_act``) -> its fused gated op in the device's ops."""
+"""The MLP activation (``ModelSpec.mlp.act``) -> its fused gated op in the device's ops."""
 
 
 def glu_op(spec: ModelSpec) -> str:
     """The fused gated-activation op the model's MLP calls (SiLU for any other name)."""
-    return GLU_OPS.get(spec.hidden_act, "silu_mul")
+    return GLU_OPS.get(spec.mlp.act, "silu_mul")
 
 
 def _fused_call(ops, op: str, rows: int, dtype: torch.dtype, spec: ModelSpec, gen):

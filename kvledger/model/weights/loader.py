@@ -33,7 +33,6 @@ architecture or tensor type -> UnsupportedModelError.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import hashlib
 import json
 import mmap
@@ -230,7 +229,7 @@ def _save_atomically(
 
 
 def _spec_to_json(spec: ModelSpec) -> str:
-    return json.dumps(dataclasses.asdict(spec))
+    return json.dumps(spec.as_fields())
 
 
 def _spec_from_json(text: str, path: Path) -> ModelSpec:
@@ -239,7 +238,7 @@ def _spec_from_json(text: str, path: Path) -> ModelSpec:
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
     fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
     fields["source"] = str(path)
-    return ModelSpec(**fields)
+    return ModelSpec.from_fields(**fields)
 
 
 def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:

@@ -140,43 +140,44 @@ def tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     if not spec.tie_word_embeddings:
         shapes["lm_head.weight"] = (spec.vocab_size, h)
     norms = ["input_layernorm", "post_attention_layernorm"]
-    if spec.norms_per_layer == 4:
+    if spec.norm.per_layer == 4:
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
         shapes |= {f"{p}{n}.weight": (h,) for n in norms}
-        if spec.kv_lora_rank:
+        if spec.latent is not None:
             shapes |= _mla_shapes(spec, p + "self_attn.")
         else:
             shapes |= {p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight":
                        (kv, h), p + "self_attn.v_proj.weight": (kv, h),
                        p + "self_attn.o_proj.weight": (h, q)}
         shapes |= _mlp_shapes(spec, i)
-        if spec.qk_norm:
+        if spec.attention.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-        if spec.qkv_bias:
+        if spec.attention.qkv_bias:
             shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
                        for n, rows in (("q", q), ("k", kv), ("v", kv))}
-        if spec.o_bias:
+        if spec.attention.o_bias:
             shapes[p + "self_attn.o_proj.bias"] = (h,)
-        if spec.attention_sinks:
+        if spec.attention.sinks:
             shapes[p + "self_attn.sinks"] = (spec.num_attention_heads,)
     return shapes
 
 
 def _mla_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
     """An MLA layer's attention tensors (``model/mla.py``), ``p`` its ``self_attn.`` prefix."""
-    h, heads, rank = spec.hidden_size, spec.num_attention_heads, spec.kv_lora_rank
-    q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
-    shapes = {p + "kv_a_proj_with_mqa.weight": (rank + spec.qk_rope_head_dim, h),
+    mla, h, heads = spec.latent, spec.hidden_size, spec.num_attention_heads
+    rank = mla.kv_lora_rank
+    q_dim = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    shapes = {p + "kv_a_proj_with_mqa.weight": (rank + mla.qk_rope_head_dim, h),
               p + "kv_a_layernorm.weight": (rank,),
-              p + "kv_b_proj.weight": (heads * (spec.qk_nope_head_dim + spec.v_head_dim), rank),
-              p + "o_proj.weight": (h, heads * spec.v_head_dim)}
-    if not spec.q_lora_rank:
+              p + "kv_b_proj.weight": (heads * (mla.qk_nope_head_dim + mla.v_head_dim), rank),
+              p + "o_proj.weight": (h, heads * mla.v_head_dim)}
+    if not mla.q_lora_rank:
         return shapes | {p + "q_proj.weight": (q_dim, h)}
-    return shapes | {p + "q_a_proj.weight": (spec.q_lora_rank, h),
-                     p + "q_a_layernorm.weight": (spec.q_lora_rank,),
-                     p + "q_b_proj.weight": (q_dim, spec.q_lora_rank)}
+    return shapes | {p + "q_a_proj.weight": (mla.q_lora_rank, h),
+                     p + "q_a_layernorm.weight": (mla.q_lora_rank,),
+                     p + "q_b_proj.weight": (q_dim, mla.q_lora_rank)}
 
 
 def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
@@ -186,20 +187,21 @@ def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
         f = spec.intermediate_size
         return {p + "gate_proj.weight": (f, h), p + "up_proj.weight": (f, h),
                 p + "down_proj.weight": (h, f)}
-    f = spec.moe_intermediate_size
-    shapes = {p + "gate.weight": (spec.num_experts, h)}
-    if spec.router_bias and spec.model_type == "gpt_oss":  # DeepSeek's is a score correction
-        shapes[p + "gate.bias"] = (spec.num_experts,)
-    for e in range(spec.num_experts):
+    experts = spec.experts
+    f = experts.intermediate_size
+    shapes = {p + "gate.weight": (experts.count, h)}
+    if experts.router_bias and spec.model_type == "gpt_oss":  # DeepSeek's is a score correction
+        shapes[p + "gate.bias"] = (experts.count,)
+    for e in range(experts.count):
         shapes |= {f"{p}experts.{e}.gate_proj.weight": (f, h),
                    f"{p}experts.{e}.up_proj.weight": (f, h),
                    f"{p}experts.{e}.down_proj.weight": (h, f)}
-        if spec.mlp_bias:
+        if spec.mlp.bias:
             shapes |= {f"{p}experts.{e}.gate_proj.bias": (f,),
                        f"{p}experts.{e}.up_proj.bias": (f,),
                        f"{p}experts.{e}.down_proj.bias": (h,)}
-    if spec.num_shared_experts and not spec.shared_expert_gate:  # DeepSeek's, one MLP of all
-        f = spec.num_shared_experts * spec.shared_expert_intermediate_size
+    if experts.shared_count and not experts.shared_gate:  # DeepSeek's, one MLP of all
+        f = experts.shared_count * experts.shared_intermediate_size
         shapes |= {p + "shared_experts.gate_proj.weight": (f, h),
                    p + "shared_experts.up_proj.weight": (f, h),
                    p + "shared_experts.down_proj.weight": (h, f)}

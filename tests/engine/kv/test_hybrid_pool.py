@@ -7,8 +7,6 @@ j when i - j < W), counted position by position here; a full layer needs every p
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from kvledger.data import config_path
@@ -39,7 +37,7 @@ def test_gemma3_1b_groups_cover_every_layer_once_in_equal_widths():
     assert [g.kind for g in groups] == [FULL] * 2 + [SLIDING] * 11
     assert {len(g.layers) for g in groups} == {2}
     assert sorted(i for g in groups for i in g.layers) == list(range(26))
-    assert all(spec.layer_types[i] == g.kind for g in groups for i in g.layers)
+    assert all(spec.layers.types[i] == g.kind for g in groups for i in g.layers)
 
 
 def _in_use(req: Request) -> list[int]:
@@ -61,7 +59,7 @@ def _run_to(mgr: KVCacheManager, req: Request, end: int, chunk: int, check) -> N
 def test_blocks_in_use_equal_the_ledger_at_every_length(chunk):
     """Gemma-3-1B's layout in a pool of pages: between steps the pages a sequence holds in use
     equal the ledger's figure, and each group holds the blocks its layers' next query sees."""
-    spec = dataclasses.replace(_gemma3_1b(), sliding_window=40)  # small W: many window turns
+    spec = _gemma3_1b().with_fields(sliding_window=40)  # small W: many window turns
     groups = kv_groups(spec)
     page = kv_bytes_per_page(spec, BF16, 1, BS)
     mgr = KVCacheManager(4000, BS, True, None, groups)
@@ -85,7 +83,7 @@ def test_gemma3_1b_at_8192_tokens_holds_the_ledgers_share_of_all_global_layers()
     blocks: 4 global layers 512 blocks each, 22 sliding ones the 32 blocks of positions
     7,681 .. 8,191. Counted by the pool, against the same shape with every layer global."""
     spec = _gemma3_1b()
-    every_global = dataclasses.replace(spec, layer_types=(FULL,) * 26, sliding_window=None)
+    every_global = spec.with_fields(layer_types=(FULL,) * 26, sliding_window=None)
     held = {}
     for name, s in (("hybrid", spec), ("global", every_global)):
         groups = kv_groups(s)
@@ -101,7 +99,7 @@ def test_gemma3_1b_at_8192_tokens_holds_the_ledgers_share_of_all_global_layers()
 
 
 def test_blocks_that_leave_the_window_are_evictable_cached_blocks():
-    spec = dataclasses.replace(_gemma3_1b(), sliding_window=40)
+    spec = _gemma3_1b().with_fields(sliding_window=40)
     mgr = KVCacheManager(400, BS, True, None, kv_groups(spec))
     req = Request("a", list(range(200)))
     _run_to(mgr, req, 160, 16, lambda t: None)
@@ -126,7 +124,7 @@ def _hit_by_definition(present: dict, groups, most: int) -> int:
 
 
 def test_a_hit_is_the_longest_prefix_every_group_holds_and_a_miss_is_counted():
-    spec = dataclasses.replace(_gemma3_1b(), sliding_window=40)
+    spec = _gemma3_1b().with_fields(sliding_window=40)
     groups = kv_groups(spec)
     mgr = KVCacheManager(600, BS, True, None, groups)
     a = Request("a", list(range(300)))
@@ -148,7 +146,7 @@ def test_a_hit_is_the_longest_prefix_every_group_holds_and_a_miss_is_counted():
 
 @pytest.mark.parametrize("window", [1, 5, 16, 40, 512])
 def test_peak_pages_are_the_most_held_one_token_at_a_time(window):
-    spec = dataclasses.replace(_gemma3_1b(), sliding_window=window)
+    spec = _gemma3_1b().with_fields(sliding_window=window)
     groups = kv_groups(spec)
     for n in range(3 * window + 40):
         brute = max((sequence_blocks(groups, t, BS, 1) for t in range(n)), default=0)

@@ -131,7 +131,7 @@ def test_qwen2_gguf_is_not_unpermuted_and_keeps_biases(tmp_path, gguf_kit):
     tensors["blk.0.attn_k.bias"] = tensors["blk.0.attn_v.bias"] = np.ones(kv_rows, np.float32)
     path = gguf_kit.write(tmp_path / "q.gguf", tensors, arch="qwen2")
     spec, state = load_weights(path, torch.float32)
-    assert spec.model_type == "qwen2" and spec.qkv_bias and "lm_head.weight" not in state
+    assert spec.model_type == "qwen2" and spec.attention.qkv_bias and "lm_head.weight" not in state
     for name in ("q_proj.weight", "k_proj.weight"):
         full = f"model.layers.0.self_attn.{name}"
         assert np.array_equal(state[full].numpy(), hf[full])

@@ -54,16 +54,16 @@ def refuse_unsupported(config, spec: ModelSpec) -> None:
     docstring); nothing when no tier is asked for."""
     if not wanted(config):
         return
-    kinds = sorted(set(spec.layer_types))
+    kinds = sorted(set(spec.layers.types))
     if MLA in kinds:
         raise InvalidParameterError(
             f"the KV tiers (--kv-disk-dir, --kv-ram-gib) do not support MLA (multi-head latent "
             f"attention, {spec.model_type}) yet")
-    if len(kinds) > 1 or SLIDING in kinds or spec.sliding_window:
-        layout = ", ".join(f"{spec.layer_types.count(k)} {k}" for k in kinds)
+    if len(kinds) > 1 or SLIDING in kinds or spec.layers.sliding_window:
+        layout = ", ".join(f"{spec.layers.types.count(k)} {k}" for k in kinds)
         raise InvalidParameterError(
             f"the KV tiers (--kv-disk-dir, --kv-ram-gib) do not support {spec.model_type}'s "
-            f"layout yet ({layout} layers, sliding window {spec.sliding_window}): only one "
+            f"layout yet ({layout} layers, sliding window {spec.layers.sliding_window}): only one "
             "layer group of full-attention layers")
     for bad, what in ((config.tensor_parallel_size > 1, "tensor parallelism"),
                       (not config.use_kv_cache, "--no-kv-cache"),

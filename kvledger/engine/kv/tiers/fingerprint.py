@@ -84,8 +84,8 @@ def fingerprint(*, weights: str, dtype: str, weight_formats: dict, device: str, 
                 kv_format_json: str, outliers: torch.Tensor | None, block_size: int,
                 tp_size: int, tp_rank: int) -> str:
     """The hex sha256 of every field that changes the stored bytes (module docstring)."""
-    rope = {"theta": spec.rope_theta, "scaling": spec.rope_scaling,
-            "local_base": spec.rope_local_base_freq, "partial": spec.partial_rotary_factor,
+    rope = {"theta": spec.rope.theta, "scaling": spec.rope.scaling,
+            "local_base": spec.rope.local_base_freq, "partial": spec.rope.partial_rotary_factor,
             "rotary_dim": spec.rotary_dim}
     outlier_digest = (None if outliers is None else hashlib.sha256(
         outliers.contiguous().numpy().tobytes()).hexdigest())
@@ -93,6 +93,6 @@ def fingerprint(*, weights: str, dtype: str, weight_formats: dict, device: str, 
               "weight_formats": weight_formats, "device": device, "rope": rope,
               "kv_format": json.loads(kv_format_json), "outliers": outlier_digest,
               "block_size": block_size, "tp_size": tp_size, "tp_rank": tp_rank,
-              "layer_groups": [sorted(set(spec.layer_types))]}
+              "layer_groups": [sorted(set(spec.layers.types))]}
     raw = json.dumps(fields, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()

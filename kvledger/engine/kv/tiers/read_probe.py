@@ -40,7 +40,7 @@ def store_tensor_bytes(spec: ModelSpec, block_size: int = 16) -> list[int]:
     ledger's layer block bytes halved: the tiers run full-attention layers only)."""
     fmt = KVFormatSpec("bf16")
     return [layer_block_bytes(spec, fmt, 1, block_size, kind) // 2
-            for kind in spec.layer_types for _ in "KV"]
+            for kind in spec.layers.types for _ in "KV"]
 
 
 def _pool(files: int, tensor_bytes: list[int]) -> SimpleNamespace:
