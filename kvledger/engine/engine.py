@@ -21,28 +21,28 @@ from kvledger.device.cpu.cpu_quota import choose_threads
 from kvledger.device.cpu.device import CPU
 from kvledger.device.cpu.thread_team import thread_team
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
+from kvledger.engine.kv.pool_size import pool_blocks
 from kvledger.engine.kv.tiers.build import build_link, refuse_unsupported, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
 from kvledger.engine.model_load import compute_dtype, load_model, model_name, model_spec
-from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.output.detokenizer import IncrementalDetokenizer
+from kvledger.engine.output.request_output import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
-from kvledger.engine.pool_size import pool_blocks
-from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
-from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.engine.retention.build import retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling import Sampler
-from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.schedule_output import SchedulerOutput
-from kvledger.engine.scheduler import Scheduler
-from kvledger.engine.structured.compiler import GrammarCompiler
-from kvledger.engine.structured.masks import advance_grammar
+from kvledger.engine.sample.prompt_logprobs import take_prompt_logprobs
+from kvledger.engine.sample.sampler import Sampler
+from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.engine.sample.structured.compiler import GrammarCompiler
+from kvledger.engine.sample.structured.masks import advance_grammar
+from kvledger.engine.sched.output import SchedulerOutput
+from kvledger.engine.sched.request import NULL_BLOCK, Request
+from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec

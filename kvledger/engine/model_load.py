@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.pool_size import check_memory
+from kvledger.engine.kv.pool_size import check_memory
 from kvledger.errors import InvalidParameterError
 from kvledger.model.families import model_class
 from kvledger.spec import ModelSpec

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.device.cpu.device import CPU
-from kvledger.engine.outputs import RequestOutput
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestOutput
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
-from kvledger.server.observer import RequestObserver, RequestTrack
+from kvledger.server.metrics.observer import RequestObserver, RequestTrack
 from kvledger.server.tokenizer_thread import TokenizerThread
 
 log = logging.getLogger("kvledger.server")

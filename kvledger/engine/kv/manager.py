@@ -26,7 +26,7 @@ from collections.abc import Callable
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.request import NULL_BLOCK, Request
+from kvledger.engine.sched.request import NULL_BLOCK, Request
 from kvledger.ledger.kv_groups import KVGroup, first_live_block
 from kvledger.spec import FULL
 

@@ -42,7 +42,7 @@ import hashlib
 import logging
 
 from kvledger.engine.kv.pool import BlockPool
-from kvledger.engine.request import NULL_BLOCK, Request
+from kvledger.engine.sched.request import NULL_BLOCK, Request
 from kvledger.ledger.kv_groups import KVGroup, first_live_block
 from kvledger.spec import FULL
 

@@ -19,7 +19,7 @@ from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
 from kvledger.engine.kv.tiers.payload import read_block, write_blocks
-from kvledger.engine.request import Request
+from kvledger.engine.sched.request import Request
 from kvledger.ledger.tier_load import ReadSpeed, recompute_seconds
 from kvledger.spec import ModelSpec
 
