@@ -269,8 +269,8 @@ def test_the_engine_core_asks_retention_through_its_interface_only():
     """The scheduler, KV manager, runner and attention import retention only through
     ``engine/retention/interface.py`` and never branch on the policy."""
     core = _core_modules()
-    assert {"kvledger.engine.sched.scheduler", "kvledger.engine.kv.manager", "kvledger.engine.runner",
-            "kvledger.engine.attention.metadata"} <= set(core)
+    assert {"kvledger.engine.sched.scheduler", "kvledger.engine.kv.manager",
+            "kvledger.engine.runner", "kvledger.engine.attention.metadata"} <= set(core)
     forbidden = _retention_names()
     offenders = {name: found for name, path in core.items()
                  if (found := _policy_branches(path.read_text(), name, forbidden))}

@@ -2,11 +2,11 @@
 
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
-(:mod:`.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
+(:mod:`.openai.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
 and four ASGI middlewares, outermost
 first: with an API key, the key check (401, before any byte of the body is read), the drain
 gate (503 once SIGTERM came, :mod:`.lifecycle`), the body limits (413, 408) and the JSON
-content type of POST bodies (:mod:`.json_body`). The limits a
+content type of POST bodies (:mod:`.openai.json_body`). The limits a
 user can set are :class:`~kvledger.server.limits.server_limits.ServerLimits`.
 """
 
@@ -75,7 +75,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     Args:
         api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
             ``/metrics`` and the OpenAPI documents (:mod:`.auth`); a list accepts any of its
-            keys, each one a tenant (:mod:`.tenancy`).
+            keys, each one a tenant (:mod:`.auth.tenancy`).
         admin_api_key: keys accepted as well, whose callers see every tenant's requests.
         share_prefix_cache_across_keys: no tenant part in the prefix-cache salt.
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).

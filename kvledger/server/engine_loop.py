@@ -159,7 +159,7 @@ class EngineLoop:
                   cache_salt: str | None = None, tenant: str = "") -> asyncio.Queue:
         """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
         if given: several requests may share one queue). ``cache_salt`` keeps its
-        prefix-cache blocks apart from other salts' (:mod:`.tenancy`); ``tenant`` owns it
+        prefix-cache blocks apart from other salts' (:mod:`.auth.tenancy`); ``tenant`` owns it
         (the dashboard shows a tenant its own requests).
 
         Raises:

@@ -4,7 +4,7 @@ Pages and their script are static files of the package (``dashboard_assets/``, p
 with uPlot vendored from npm); they fetch data from the ``/dashboard/api`` routes:
 
 - ``GET /dashboard/api/stats``: pool, block map, requests, latency histograms and alerts
-  (:mod:`.dashboard_stats`), read in the engine thread between two steps; with API keys a
+  (:mod:`.stats`), read in the engine thread between two steps; with API keys a
   key sees its own requests only, an ``--admin-api-key`` all of them;
 - ``GET /dashboard/api/catalogue``: catalogue ids, device names and KV formats for the form;
 - ``POST /dashboard/api/plan``: the planner's JSON (as ``kvledger plan --json``) and its plot.

@@ -8,8 +8,8 @@ input items (``max_input_items``). Token ids are not items (a token-id prompt is
 the context), and documents' ``file_data`` are not characters (``max_document_bytes`` bounds
 them). Over a limit: HTTP 400 ``input_too_large`` naming the field.
 
-The limits are the app's :class:`~kvledger.server.limits.server_limits.ServerLimits`, which the routers'
-dependency :func:`bind_input_limits` makes current for the request before FastAPI validates
+The limits are the app's :class:`~kvledger.server.limits.server_limits.ServerLimits`, which the
+routers' dependency :func:`bind_input_limits` makes current for the request before FastAPI validates
 its body (dependencies are solved before the body).
 """
 

@@ -7,15 +7,15 @@ non-streamed body of one choice; :func:`merge_choices` joins several). Shapes fo
 OpenAI API reference: ``text_completion`` with legacy logprobs (``tokens``, ``token_logprobs``,
 ``top_logprobs``, ``text_offset``) and ``chat.completion(.chunk)`` with ``logprobs.content``.
 
-The first chat chunk carries only ``role``; it is emitted in the same ``chunks()`` call as the
-first content, never earlier, so a client's TTFT measured on it is the real one. With tools
-(``tool_parser`` set, :mod:`.tool_parser`) a reply's calls come back as ``message.tool_calls``
-(``content`` null unless text preceded them) and ``finish_reason`` ``tool_calls``; streamed, a
-call's first chunk carries ``index``, ``id``, ``type`` and ``function.name`` with empty
-``arguments``, later chunks ``index`` and ``function.arguments`` fragments. A step whose
-tokens add no text and no logprobs (a held-back stop-string prefix) yields no chunk.
-``usage.completion_tokens`` is ``len(out.token_ids)``: every generated token is counted once
-and (with logprobs on) appears once in the streamed logprobs.
+The first chat chunk carries only ``role``; it is emitted in the same ``chunks()`` call as the first
+content, never earlier, so a client's TTFT measured on it is the real one. With tools
+(``tool_parser`` set, :mod:`kvledger.server.tools.parser`) a reply's calls come back as
+``message.tool_calls`` (``content`` null unless text preceded them) and ``finish_reason``
+``tool_calls``; streamed, a call's first chunk carries ``index``, ``id``, ``type`` and
+``function.name`` with empty ``arguments``, later chunks ``index`` and ``function.arguments``
+fragments. A step whose tokens add no text and no logprobs (a held-back stop-string prefix) yields
+no chunk. ``usage.completion_tokens`` is ``len(out.token_ids)``: every generated token is counted
+once and (with logprobs on) appears once in the streamed logprobs.
 """
 
 from __future__ import annotations

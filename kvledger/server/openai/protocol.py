@@ -3,11 +3,11 @@
 The models follow the OpenAI API reference (``/v1/completions``, ``/v1/chat/completions``) plus
 the vLLM extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos``, vLLM's
 ``POST /tokenize`` and ``cache_salt`` (added to the tenant's prefix-cache salt,
-:mod:`.tenancy`), and our ``kv_policy`` (an object such as ``{"policy": "sinks", "window":
-1024}``, ``ledger/retention.py``; unknown keys or bad sizes are a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's
-sampler (ranges: OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids
-are checked against the vocabulary when the request is added). Every field is either honoured
-or refused:
+:mod:`kvledger.server.auth.tenancy`), and our ``kv_policy`` (an object such as
+``{"policy": "sinks", "window": 1024}``, ``ledger/retention.py``; unknown keys or bad sizes are
+a 400). The sampling penalties and ``logit_bias`` are honoured by the engine's sampler (ranges:
+OpenAI's, vLLM's for ``min_p`` and ``repetition_penalty``; ``logit_bias`` ids are checked
+against the vocabulary when the request is added). Every field is either honoured or refused:
 
 - fields the models do not know are ignored and logged with a warning, as vLLM does
   (:meth:`_Body.unknown_fields`); OpenAI clients send many optional ones;
@@ -19,8 +19,8 @@ or refused:
   one server (``user``, ``prompt_cache_key``, ...) are accepted.
 
 Structured output and tools (``response_format``, vLLM's ``structured_outputs``, ``tools``,
-``tool_choice``, ``parallel_tool_calls``) are declared in :mod:`.structured_protocol` and
-planned in :mod:`.tools`.
+``tool_choice``, ``parallel_tool_calls``) are declared in
+:mod:`kvledger.server.tools.structured_protocol` and planned in :mod:`kvledger.server.tools.plan`.
 
 Defaults (README "kvledger serve"): ``/v1/completions`` ``max_tokens`` 16 (OpenAI's legacy
 completions and vLLM); ``/v1/chat/completions`` up to the context limit (``None``). The engine
@@ -33,7 +33,7 @@ fp32 it underflows to 0). Text must be valid Unicode: JSON can carry lone surrog
 must be finite (Python's JSON parser accepts ``NaN`` and ``Infinity``).
 
 Every error, whatever its source, leaves the server in the OpenAI shape of
-:mod:`.openai_errors`.
+:mod:`.errors`.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ async def sse_events(outputs: asyncio.Queue, formatters: dict, include_usage: bo
     """SSE text of one HTTP request, one string per engine output (role + first token together).
 
     Args:
-        formatters: engine request id -> its choice's formatter (:mod:`.responses`).
+        formatters: engine request id -> its choice's formatter (:mod:`.formatters`).
         abort: aborts every engine request of this HTTP request (idempotent).
         timeout_s: ``request_timeout_s`` (None = none).
     """

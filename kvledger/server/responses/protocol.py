@@ -183,7 +183,7 @@ def server_timings(out: RequestOutput) -> dict:
 
 class ResponseBuilder:
     """The response object and the stream events of one turn (``tools``: the request's
-    ``ToolPlan``, whose calls become ``function_call`` items, :mod:`.responses_items`)."""
+    ``ToolPlan``, whose calls become ``function_call`` items, :mod:`.items`)."""
 
     def __init__(self, response_id: str, model: str, body: ResponsesRequest,
                  extension: dict[str, Any], tools=None) -> None:

@@ -2,8 +2,8 @@
 
 ``POST /v1/responses`` (streamed or not), ``GET`` / ``DELETE /v1/responses/{id}``, and
 kvledger's ``GET /v1/sessions`` (the caller's conversations, for ``kvledger chat``). Every
-route sees only the caller's tenant (:mod:`.tenancy`), whose prefix-cache salt its turns and
-their memory requests carry.
+route sees only the caller's tenant (:mod:`kvledger.server.auth.tenancy`), whose prefix-cache
+salt its turns and their memory requests carry.
 """
 
 from __future__ import annotations
