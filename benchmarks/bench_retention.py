@@ -49,7 +49,7 @@ import torch
 from common import machine_line, real_text_ids
 
 from kvledger import LLM, SamplingParams
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 from kvledger.ledger.retention import DEFAULT_SELECT, SELECTIONS, RetentionSpec
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.errors import ContextLengthError, KVBudgetError
 
 

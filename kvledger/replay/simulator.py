@@ -41,9 +41,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.engine.sched.output import SchedulerOutput
-from kvledger.engine.sched.request import Request
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec

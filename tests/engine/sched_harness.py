@@ -14,9 +14,9 @@ shared block overwritten.
 from __future__ import annotations
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.engine.sched.output import SchedulerOutput
-from kvledger.engine.sched.request import Request, RequestStatus
 from kvledger.engine.sched.scheduler import Scheduler
 
 VOCAB = 50

@@ -13,8 +13,8 @@ from hypothesis import event, given, settings, target
 from hypothesis import strategies as st
 from sched_harness import Harness
 
+from kvledger.engine.request import RequestStatus
 from kvledger.engine.sched import scheduler as scheduler_module
-from kvledger.engine.sched.request import RequestStatus
 from kvledger.errors import KVBudgetError
 
 
@@ -360,8 +360,8 @@ def test_an_older_prefill_preempts_a_newer_decode_never_itself():
     # scheduled requests, so the older prefill A preempted itself while the newer decode B
     # kept its block. Pool: 3 blocks of 4; A holds 2 (8 of its 12 prompt tokens), B holds 1.
     from kvledger.engine.config import EngineConfig
+    from kvledger.engine.request import Request, RequestStatus
     from kvledger.engine.sample.sampling_params import SamplingParams
-    from kvledger.engine.sched.request import Request, RequestStatus
     from kvledger.engine.sched.scheduler import Scheduler
 
     sched = Scheduler(EngineConfig(block_size=4, enable_prefix_caching=False), 3, 4, 1000, 64)

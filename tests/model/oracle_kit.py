@@ -20,9 +20,9 @@ from family_kit import hf_greedy, hf_logits
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 

@@ -22,9 +22,9 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.latent_store import LatentStore
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 

@@ -13,9 +13,9 @@ from oracle_kit import Chunk, dense_reference, logit_diffs
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights
 

@@ -29,9 +29,9 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.ledger.params import count_params
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights

@@ -15,9 +15,9 @@ from __future__ import annotations
 import torch
 
 from kvledger.engine.output.request_output import TokenLogprob
+from kvledger.engine.request import Request
 from kvledger.engine.sample.penalties import apply_min_p, apply_penalties
 from kvledger.engine.sample.structured.masks import apply_grammar_masks
-from kvledger.engine.sched.request import Request
 
 
 class Sampler:

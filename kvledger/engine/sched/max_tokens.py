@@ -6,7 +6,7 @@ one place it is computed), or the error naming the limit the request passes: the
 
 from __future__ import annotations
 
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 from kvledger.errors import ContextLengthError, KVBudgetError
 from kvledger.ledger.admission import RequestBudget
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 from kvledger.errors import KVLedgerError
 
 

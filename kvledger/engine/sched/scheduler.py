@@ -54,11 +54,14 @@ from collections.abc import Callable
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.manager import ONE_TABLE, KVCacheManager
+from kvledger.engine.kv.pool import BlockPool
+from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.tiers.link import TierLink
 from kvledger.engine.kv.tiers.tier import cached_by_tier
+from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.engine.sched.max_tokens import max_tokens_effective
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
-from kvledger.engine.sched.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.kv_groups import KVGroup, is_hybrid
@@ -78,9 +81,9 @@ class Scheduler:
         bytes_per_block: KV bytes of one block over all layers (the ledger's figure; for
             messages and stats).
         max_model_len: the model's context limit in tokens.
-        store, groups, sealed_blocks, shareable, intact_blocks: the KV manager's
-            (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact blocks
-            cached).
+        store, groups, sealed_blocks, shareable, intact_blocks, on_release, link_tiers: the KV
+            manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
+            blocks cached).
     """
 
     def __init__(
@@ -95,13 +98,15 @@ class Scheduler:
         sealed_blocks: Callable[[int], int] | None = None,
         shareable: Callable[[list[int]], int] = len,
         intact_blocks: int = 0,
+        on_release: Callable[[int], None] | None = None,
+        link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
                                  groups, sealed_blocks, shareable, intact_blocks,
-                                 config.max_num_seqs * intact_blocks)
+                                 config.max_num_seqs * intact_blocks, on_release, link_tiers)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

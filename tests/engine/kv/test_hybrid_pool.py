@@ -13,7 +13,7 @@ import pytest
 
 from kvledger.data import config_path
 from kvledger.engine.kv.manager import KVCacheManager
-from kvledger.engine.sched.request import NULL_BLOCK, Request
+from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.ledger.kv import kv_bytes_per_page, kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks, sequence_blocks

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvledger.engine.kv.manager import KVCacheManager
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 
 BS = 4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from kvledger.engine.kv.manager import KVCacheManager
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 
 BS = 4
 

@@ -106,8 +106,8 @@ def test_vocabulary_check_names_the_field():
 
 
 def test_the_sampler_applies_them_in_one_batch_and_returns_raw_logprobs():
+    from kvledger.engine.request import Request
     from kvledger.engine.sample.sampler import Sampler
-    from kvledger.engine.sched.request import Request
 
     logits, prompts, outputs = _rows(5)
     params = [SamplingParams(temperature=0, logit_bias={28: 100.0}, logprobs=0),
@@ -128,8 +128,8 @@ def test_the_sampler_applies_them_in_one_batch_and_returns_raw_logprobs():
 
 
 def test_min_p_one_keeps_only_the_top_token_when_sampling():
+    from kvledger.engine.request import Request
     from kvledger.engine.sample.sampler import Sampler
-    from kvledger.engine.sched.request import Request
 
     logits, _, _ = _rows(6)
     req = Request("r", [1], SamplingParams(temperature=2.0, min_p=1.0, seed=0))

@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from kvledger.engine.request import Request
 from kvledger.engine.sample.sampler import Sampler
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])  # softmax: 0.229 0.084 0.051 0.011 0.624
 

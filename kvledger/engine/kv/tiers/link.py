@@ -19,7 +19,7 @@ from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
 from kvledger.engine.kv.tiers.payload import read_block, write_blocks
-from kvledger.engine.sched.request import Request
+from kvledger.engine.request import Request
 from kvledger.ledger.tier_load import ReadSpeed, recompute_seconds
 from kvledger.spec import ModelSpec
 
@@ -85,7 +85,6 @@ class TierLink:
         self.chunk_tokens = chunk_tokens
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
         self.deferred_loads = 0  # tier hits not loaded: the request could not run yet
-        prefix.on_cached = self.write_through
 
     def stats(self) -> dict:
         """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's

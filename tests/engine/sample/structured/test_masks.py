@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.engine.request import Request
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
 from kvledger.engine.sample.structured.masks import (
@@ -12,7 +13,6 @@ from kvledger.engine.sample.structured.masks import (
     apply_grammar_masks,
     unpack_bitmask,
 )
-from kvledger.engine.sched.request import Request
 
 CHOICES = ["yes", "no"]
 

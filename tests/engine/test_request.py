@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from kvledger.engine.request import Request, RequestStatus
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sched.request import Request, RequestStatus
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
