@@ -164,7 +164,7 @@ def _traced(engine, config: EngineConfig, path: str, private: bool):
 
     try:
         writer = TraceWriter(path, "serve", engine.model_name, private, config.block_size,
-                             dataclasses.asdict(config), engine.scheduler.kv.pool.num_blocks)
+                             dataclasses.asdict(config), engine.snapshot().pool.blocks_total)
     except OSError as exc:
         from kvledger.errors import InvalidParameterError
 

@@ -43,6 +43,7 @@ from kvledger.engine.sample.structured.compiler import GrammarCompiler
 from kvledger.engine.sample.structured.masks import advance_grammar
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
+from kvledger.engine.sched.snapshot import SchedulerSnapshot
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
@@ -372,6 +373,10 @@ class LLMEngine:
                     if n > 0 and block != NULL_BLOCK:
                         filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The KV pool and the queues as a frozen read model (``engine/sched/snapshot.py``)."""
+        return self.scheduler.snapshot()
 
     def stats(self) -> dict:
         """Scheduler and pool counters plus allocated vs ledger-predicted KV bytes.

@@ -62,6 +62,12 @@ from kvledger.engine.kv.tiers.tier import cached_by_tier
 from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
 from kvledger.engine.sched.max_tokens import max_tokens_effective
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
+from kvledger.engine.sched.snapshot import (
+    PoolStats,
+    SchedulerSnapshot,
+    pool_stats,
+    take_snapshot,
+)
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.kv_groups import KVGroup, is_hybrid
@@ -359,6 +365,14 @@ class Scheduler:
             assert req.block_table == [] and req.num_computed_tokens == 0
         assert len(self.running) <= self.config.max_num_seqs
         assert self._long_blocks_held() <= self.long_budget.max_blocks
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The pool and the queues as a frozen read model (``snapshot.py``)."""
+        return take_snapshot(self)
+
+    def pool_stats(self) -> PoolStats:
+        """The pool's block counts and sizes as a frozen read model (``snapshot.py``)."""
+        return pool_stats(self)
 
     def stats(self) -> dict:
         """KV pool and queue figures (names as in the issue; kv_usage = in-use / total)."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvledger.engine.sched.snapshot import BLOCK_CACHED, BLOCK_USED, RequestSnapshot
+
 FREE, CACHED, SHARED, OTHER = -1, -2, -3, -4
 POOL_FULL_WARNING = 0.9  # warn when this fraction of the blocks is in use
 HISTOGRAMS = {  # dashboard name -> Prometheus histogram (without the kvledger: prefix)
@@ -31,23 +33,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _request_row(seq: Any, state: str, block_size: int, bytes_per_block: int,
+def _request_row(req: RequestSnapshot, block_size: int, bytes_per_block: int,
                  bytes_per_token: int) -> dict:
     """One request: token counts, KV held (allocated blocks and the ledger's figure), the most
     KV it may reach (prompt + max_tokens, in blocks), preemptions. No text."""
-    blocks = seq.num_blocks_held
     return {
-        "id": seq.request_id,
-        "state": state,
-        "prompt_tokens": seq.num_prompt_tokens,
-        "output_tokens": len(seq.output_token_ids),
-        "computed_tokens": seq.num_computed_tokens,
-        "cached_tokens": seq.num_cached_tokens,
-        "blocks": blocks,
-        "kv_bytes": blocks * bytes_per_block,
-        "kv_bytes_predicted": seq.num_computed_tokens * bytes_per_token,
-        "quota_bytes": cdiv(seq.max_total_tokens, block_size) * bytes_per_block,
-        "preemptions": seq.num_preemptions,
+        "id": req.request_id,
+        "state": req.state,
+        "prompt_tokens": req.prompt_tokens,
+        "output_tokens": req.output_tokens,
+        "computed_tokens": req.computed_tokens,
+        "cached_tokens": req.cached_tokens,
+        "blocks": req.blocks_held,
+        "kv_bytes": req.blocks_held * bytes_per_block,
+        "kv_bytes_predicted": req.computed_tokens * bytes_per_token,
+        "quota_bytes": cdiv(req.max_total_tokens, block_size) * bytes_per_block,
+        "preemptions": req.preemptions,
     }
 
 
@@ -58,31 +59,31 @@ def engine_snapshot(engine: Any) -> dict:
     block, block size), ``blocks`` (state per block, see the module docstring), ``requests``
     (running first, then waiting, each as :func:`_request_row`) and ``quota_tokens`` (the
     per-request KV quota, None when unset), ``tiers`` (the KV tiers below the pool: name ->
-    their counters, ``engine/kv/tiers/tier.py``'s TierStats). An engine without a paged scheduler (a test fake)
-    gives its stats only.
+    their counters, ``engine/kv/tiers/tier.py``'s TierStats). Everything but the stats comes
+    from the engine's read model (``engine.snapshot()``, ``engine/sched/snapshot.py``); an
+    engine without one (a test fake) gives its stats only.
     """
     stats = dict(engine.stats())
-    scheduler = getattr(engine, "scheduler", None)
-    if scheduler is None:
+    if not hasattr(engine, "snapshot"):
         return {"stats": stats, "pool": None, "blocks": [], "requests": [], "quota_tokens": None}
-    pool = scheduler.kv.pool
-    bpb, bpt, bs = engine.bytes_per_block, engine.bytes_per_token, scheduler.block_size
-    listed = [(s, "running") for s in scheduler.running]
-    listed += [(s, "waiting") for s in scheduler.waiting]
+    snap = engine.snapshot()
+    pool, bpt = snap.pool, engine.bytes_per_token
     owner: dict[int, int] = {}
-    for index, (seq, _) in enumerate(listed):
-        for block_id in (b for table in seq.block_tables for b in table if b >= 0):
+    for index, req in enumerate(snap.requests):
+        for block_id in req.block_ids:
             owner[block_id] = SHARED if block_id in owner else index
-    blocks = [owner.get(b.block_id, SHARED) if b.ref_cnt
-              else CACHED if b.block_hash is not None else FREE for b in pool.blocks]
+    blocks = [owner.get(i, SHARED) if state == BLOCK_USED else CACHED if state == BLOCK_CACHED
+              else FREE for i, state in enumerate(snap.block_states)]
     return {
         "stats": stats,
-        "pool": {"blocks_total": pool.num_blocks, "blocks_free": pool.num_free,
-                 "blocks_cached": pool.num_evictable, "blocks_in_use": pool.num_in_use,
-                 "bytes_per_block": bpb, "bytes_per_token": bpt, "block_size": bs},
+        "pool": {"blocks_total": pool.blocks_total, "blocks_free": pool.blocks_free,
+                 "blocks_cached": pool.blocks_cached, "blocks_in_use": pool.blocks_in_use,
+                 "bytes_per_block": pool.bytes_per_block, "bytes_per_token": bpt,
+                 "block_size": pool.block_size},
         "blocks": blocks,
-        "requests": [_request_row(s, state, bs, bpb, bpt) for s, state in listed],
-        "quota_tokens": scheduler.config.max_kv_tokens_per_request,
+        "requests": [_request_row(r, pool.block_size, pool.bytes_per_block, bpt)
+                     for r in snap.requests],
+        "quota_tokens": snap.quota_tokens,
         "tiers": stats.get("kv_tiers", {}),
     }
 

@@ -26,6 +26,7 @@ import uuid
 from typing import Any
 
 from kvledger.engine.output.request_output import RequestOutput, TokenLogprob
+from kvledger.server.tools.parser import ToolCallParser
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM clamps the same way
 
@@ -98,11 +99,12 @@ class _Formatter:
     object_name = ""
 
     def __init__(self, request_id: str, model: str, tokenizer: Any, logprobs: bool,
-                 index: int = 0) -> None:
+                 index: int = 0, continuous_usage: bool = False,
+                 tool_parser: ToolCallParser | None = None) -> None:
         self.request_id = request_id
         self.index = index
-        self.continuous_usage = False  # every chunk carries the usage so far
-        self.tool_parser = None  # a ToolCallParser when the request has tools (chat)
+        self.continuous_usage = continuous_usage  # every chunk carries the usage so far
+        self.tool_parser = tool_parser  # when the request has tools (chat)
         self.model = model
         self.created = int(time.time())
         self.tokenizer = tokenizer

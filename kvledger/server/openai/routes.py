@@ -271,11 +271,11 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
         if streaming:
             state.streams -= 1
         raise
-    formatters = {rid: formatter_cls(response_id, model, state.tokenizer, logprobs, index=i)
+    formatters = {rid: formatter_cls(response_id, model, state.tokenizer, logprobs, index=i,
+                                     continuous_usage=body.continuous_usage,
+                                     tool_parser=tool_plan.parser() if tool_plan is not None
+                                     else None)
                   for i, rid in enumerate(request_ids)}
-    for formatter in formatters.values():
-        formatter.continuous_usage = body.continuous_usage
-        formatter.tool_parser = tool_plan.parser() if tool_plan is not None else None
 
     def abort() -> None:
         for rid in request_ids:
