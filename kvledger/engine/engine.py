@@ -4,7 +4,7 @@ Each ``step()``: the scheduler picks chunks (continuous batching, chunked prefil
 and allocates their KV slots; the runner runs one forward over all of them; the sampler picks a
 token for every request that reached its end; the detokenizer turns tokens into text and stop
 conditions finish requests, whose blocks go back to the pool (full blocks stay in the prefix
-cache). The pool is sized with the ledger's bytes per block (``pool_size.py``), so the pool
+cache). The pool is sized with the ledger's bytes per block (``kv/pool_size.py``), so the pool
 tensors hold exactly what ``kvledger plan`` predicts. Each request is one ``Request`` object,
 registered in ``scheduler.requests`` while it is unfinished. The engine is single-threaded:
 callers serialize access.

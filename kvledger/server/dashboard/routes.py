@@ -1,6 +1,6 @@
 """The live dashboard of ``kvledger serve``: ``/dashboard`` and the planner form ``/dashboard/plan``.
 
-Pages and their script are static files of the package (``dashboard_assets/``, plain HTML/JS,
+Pages and their script are static files of the package (``assets/``, plain HTML/JS,
 with uPlot vendored from npm); they fetch data from the ``/dashboard/api`` routes:
 
 - ``GET /dashboard/api/stats``: pool, block map, requests, latency histograms and alerts

@@ -3,7 +3,7 @@
 Every field the OpenAI API reference (and the official ``openai`` client) lists for
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/responses`` is one of:
 
-- implemented: a field the request model declares (``protocol.py``, ``responses_protocol.py``);
+- implemented: a field the request model declares (``protocol.py``, ``responses/protocol.py``);
 - not implemented: in :data:`COMPLETIONS_UNSUPPORTED`, :data:`CHAT_UNSUPPORTED` or
   :data:`RESPONSES_UNSUPPORTED` with the test of its neutral value (what the API does when the
   field is omitted, which clients send), accepted; any other value is a 400 naming the field;
