@@ -1,4 +1,5 @@
-"""``kvledger plan --plot``: KV bytes per request and concurrency against context, per KV format.
+"""``kvledger plan --plot`` and the dashboard's planner: KV bytes per request and concurrency
+against context, per KV format.
 
 Draws from the same :func:`kvledger.ledger.planner.plan` as the tables, on a doubling grid of
 contexts from 512 tokens to the largest requested context. matplotlib (Agg backend, no display)
