@@ -21,8 +21,8 @@ import kvledger
 
 PACKAGE_DIR = Path(kvledger.__file__).resolve().parent
 CALLERS = ("server", "commands", "sessions", "replay", "eval", "bench")
-REACH = {("scheduler", "kv"), ("kv", "pool"), ("scheduler", "requests"),
-         ("scheduler", "running"), ("scheduler", "waiting")}
+REACH = {("kv", "pool")} | {(owner, attr) for owner in ("scheduler", "sched")
+                           for attr in ("kv", "requests", "running", "waiting")}
 DRIVERS = {
     # scores a text by allocating its slots and running the runner itself (perplexity, KL)
     "eval/scoring.py": {("scheduler", "kv")},
@@ -32,13 +32,15 @@ DRIVERS = {
 
 
 def _reaches(source: str) -> set[tuple[str, str]]:
-    """The (owner, attribute) pairs of ``REACH`` that ``source`` reads, as ``x.owner.attr``."""
+    """The (owner, attribute) pairs of ``REACH`` that ``source`` reads, as ``x.owner.attr`` or
+    ``owner.attr``."""
     found = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
-            pair = (node.value.attr, node.attr)
-            if pair in REACH:
-                found.add(pair)
+        if isinstance(node, ast.Attribute):
+            owner = node.value.attr if isinstance(node.value, ast.Attribute) else \
+                node.value.id if isinstance(node.value, ast.Name) else None
+            if (owner, node.attr) in REACH:
+                found.add((owner, node.attr))
     return found
 
 
@@ -59,6 +61,7 @@ def test_the_finders_find_what_they_look_for():
     assert _reaches("n = engine.scheduler.kv.pool.num_blocks") == {("scheduler", "kv"),
                                                                    ("kv", "pool")}
     assert _reaches("q = len(self.engine.scheduler.waiting)") == {("scheduler", "waiting")}
+    assert _reaches("rows = [r for r in scheduler.running]") == {("scheduler", "running")}
     assert _reaches("n = engine.snapshot().pool.blocks_total") == set()
     assert _hooks_assigned("pool.on_release = store.release") == ["line 1: .on_release"]
     assert _hooks_assigned("self.on_release = on_release") == []
