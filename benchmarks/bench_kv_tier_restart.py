@@ -36,7 +36,7 @@ from common import machine_line, real_text_ids
 
 def ttft(engine, prompt: list[int]) -> tuple[float, object]:
     """Seconds from add_request to the first token of ``prompt`` (one output token)."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     start = time.perf_counter()
@@ -77,7 +77,7 @@ def main() -> None:
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="kv-tier-bench-"))
     base = {"model": "default", "dtype": "bf16", "num_blocks": 600}

@@ -45,7 +45,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run_sessions(engine, tok, args) -> dict:
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.answer, temperature=0.0, ignore_eos=True)
     history = [[] for _ in range(args.sessions)]
@@ -108,7 +108,7 @@ def probe_tier(directory: Path, config: Path) -> dict:
 
 
 def decode_tpot(engine, tok, args, offset: int) -> float:
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.answer, temperature=0.0, ignore_eos=True)
     for i in range(args.tpot_batch):

@@ -39,7 +39,7 @@ from common import decode_step_times, machine_line, real_text_ids, tpot_floor_ms
 
 def decode_steps(engine, prompts: list[list[int]], new: int) -> list[float]:
     """Seconds of each engine step in which every request of ``prompts`` decodes one token."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     return decode_step_times(engine, prompts, [params] * len(prompts))

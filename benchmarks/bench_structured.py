@@ -50,7 +50,7 @@ def _engine(threads: int):
 
 
 def tpot(args) -> None:
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     engine = _engine(args.threads)
     print(machine_line(args.threads), "· bf16 · new", args.new, "· repeats", args.repeats)
@@ -76,9 +76,9 @@ def tpot(args) -> None:
 
 
 def compile_times(args) -> None:
-    from kvledger.engine.structured.compiler import GrammarCompiler
-    from kvledger.engine.structured.constraint import StructuredOutputsParams
-    from kvledger.engine.structured.masks import apply_grammar_masks
+    from kvledger.engine.sample.structured.compiler import GrammarCompiler
+    from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
+    from kvledger.engine.sample.structured.masks import apply_grammar_masks
     from kvledger.model.weights.loader import load_tokenizer
 
     tokenizer = load_tokenizer("default")
@@ -118,7 +118,7 @@ def _lenient(text: str):
 def validity(args) -> None:
     import jsonschema
 
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     items = json.loads(DATA.read_text())
     engine = _engine(args.threads)

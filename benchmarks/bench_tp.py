@@ -28,7 +28,7 @@ from common import DTYPES, machine_line
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 
 def random_model(folder: str) -> str:

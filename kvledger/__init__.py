@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "LLM": "kvledger.engine.llm",
     "LLMEngine": "kvledger.engine.engine",
-    "SamplingParams": "kvledger.engine.sampling_params",
-    "RequestOutput": "kvledger.engine.outputs",
+    "SamplingParams": "kvledger.engine.sample.sampling_params",
+    "RequestOutput": "kvledger.engine.output.request_output",
     "EngineConfig": "kvledger.engine.config",
 }
 

@@ -165,7 +165,7 @@ def bundled_tokenizer():
 @pytest.fixture(scope="session")
 def grammars(bundled_tokenizer):
     """One GrammarCompiler on the bundled tokenizer (its llguidance tokenizer takes ~2 s)."""
-    from kvledger.engine.structured.compiler import GrammarCompiler
+    from kvledger.engine.sample.structured.compiler import GrammarCompiler
 
     return GrammarCompiler(bundled_tokenizer, len(bundled_tokenizer),
                            [bundled_tokenizer.eos_token_id])

@@ -270,7 +270,7 @@ POLICY_ATTRIBUTES = {"policy", "evicts"}  # spec.policy names the policy; spec.e
 def _core_modules() -> dict[str, Path]:
     """The scheduler, the KV manager, the runner and the attention package's modules."""
     return {name: path for name, path in _modules().items()
-            if name in ("kvledger.engine.scheduler", "kvledger.engine.kv.manager",
+            if name in ("kvledger.engine.sched.scheduler", "kvledger.engine.kv.manager",
                         "kvledger.engine.runner")
             or name == "kvledger.engine.attention" or name.startswith("kvledger.engine.attention.")}
 
@@ -356,8 +356,8 @@ def test_the_engine_core_asks_retention_through_its_interface_only():
     """The scheduler, KV manager, runner and attention import retention only through
     ``engine/retention/interface.py`` and never branch on the policy."""
     core = _core_modules()
-    assert {"kvledger.engine.scheduler", "kvledger.engine.kv.manager", "kvledger.engine.runner",
-            "kvledger.engine.attention.metadata"} <= set(core)
+    assert {"kvledger.engine.sched.scheduler", "kvledger.engine.kv.manager",
+            "kvledger.engine.runner", "kvledger.engine.attention.metadata"} <= set(core)
     forbidden = _retention_names()
     offenders = {name: found for name, path in core.items()
                  if (found := _policy_branches(path.read_text(), name, forbidden))}

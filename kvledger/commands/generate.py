@@ -42,7 +42,7 @@ def generate(
     if max_tokens <= 0:
         raise InvalidParameterError(f"--max-tokens must be >= 1, got {max_tokens}")
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     t0 = time.perf_counter()
     engine = LLMEngine(engine_config)

@@ -18,28 +18,9 @@ import typer
 
 from kvledger.commands.engine_options import field_help
 from kvledger.errors import InvalidParameterError
-from kvledger.ledger.planner import DEFAULT_CONTEXTS
+from kvledger.ledger.planner import DEFAULT_CONTEXTS, parse_contexts
 
 Opt = typer.Option
-
-
-def parse_contexts(text: str) -> tuple[int, ...]:
-    """``"2048,8k,128K"`` -> ``(2048, 8192, 131072)``.
-
-    Raises:
-        InvalidParameterError: a part is not an integer (optionally with a k suffix).
-    """
-    out = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        scale = 1024 if part.endswith("k") else 1
-        try:
-            out.append(int(part.removesuffix("k")) * scale)
-        except ValueError:
-            raise InvalidParameterError(
-                f"--context takes comma-separated token counts (e.g. 2048,8k,32k), got {text!r}"
-            ) from None
-    return tuple(out)
 
 
 def _warn(message: str) -> None:
@@ -172,7 +153,7 @@ def plan(
     for message in result.warnings:
         _warn(message)
     if plot is not None:
-        from kvledger.commands.plan_plot import write_plot
+        from kvledger.ledger.plan_plot import write_plot
 
         try:
             write_plot(spec, dev, options, plot)

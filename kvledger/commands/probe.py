@@ -134,7 +134,7 @@ def prefill_speed(model: str, tokens: int = 512) -> dict:
     import time
 
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
     from kvledger.ledger.costs import prefill_flops
     from kvledger.ledger.params import count_params
 

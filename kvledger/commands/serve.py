@@ -105,8 +105,8 @@ def serve(
     /reset_prefix_cache, /start_profile and /stop_profile, and the live dashboard
     (/dashboard)."""
     _check_options(host, port, max_queue, kv_alert_bytes, trace)
-    from kvledger.server.api_keys import read_api_keys
-    from kvledger.server.limits import ServerLimits
+    from kvledger.server.auth.api_keys import read_api_keys
+    from kvledger.server.limits.server_limits import ServerLimits
     from kvledger.sessions.options import session_options
     from kvledger.sessions.store import SessionStore
 
@@ -128,8 +128,8 @@ def serve(
 
     from kvledger.engine.engine import LLMEngine
     from kvledger.server.app import create_app
-    from kvledger.server.connection import uvicorn_config
     from kvledger.server.lifecycle import DrainingServer
+    from kvledger.server.limits.connection import uvicorn_config
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -164,7 +164,7 @@ def _traced(engine, config: EngineConfig, path: str, private: bool):
 
     try:
         writer = TraceWriter(path, "serve", engine.model_name, private, config.block_size,
-                             dataclasses.asdict(config), engine.scheduler.kv.pool.num_blocks)
+                             dataclasses.asdict(config), engine.snapshot().pool.blocks_total)
     except OSError as exc:
         from kvledger.errors import InvalidParameterError
 

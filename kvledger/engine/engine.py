@@ -4,7 +4,7 @@ Each ``step()``: the scheduler picks chunks (continuous batching, chunked prefil
 and allocates their KV slots; the runner runs one forward over all of them; the sampler picks a
 token for every request that reached its end; the detokenizer turns tokens into text and stop
 conditions finish requests, whose blocks go back to the pool (full blocks stay in the prefix
-cache). The pool is sized with the ledger's bytes per block (``pool_size.py``), so the pool
+cache). The pool is sized with the ledger's bytes per block (``kv/pool_size.py``), so the pool
 tensors hold exactly what ``kvledger plan`` predicts. Each request is one ``Request`` object,
 registered in ``scheduler.requests`` while it is unfinished. The engine is single-threaded:
 callers serialize access.
@@ -20,28 +20,29 @@ import torch
 from kvledger.device import resolve
 from kvledger.engine.attention import make_backend
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.detokenizer import IncrementalDetokenizer
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
-from kvledger.engine.kv.tiers.build import build_link, refuse_unsupported, weights_id_of
+from kvledger.engine.kv.pool_size import pool_blocks
+from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
 from kvledger.engine.model_load import compute_dtype, load_model, model_name, model_spec
-from kvledger.engine.outputs import RequestOutput
+from kvledger.engine.output.detokenizer import IncrementalDetokenizer
+from kvledger.engine.output.request_output import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
-from kvledger.engine.pool_size import pool_blocks
-from kvledger.engine.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.engine.retention.build import retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling import Sampler
-from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.schedule_output import SchedulerOutput
-from kvledger.engine.scheduler import Scheduler
-from kvledger.engine.structured.compiler import GrammarCompiler
-from kvledger.engine.structured.masks import advance_grammar
+from kvledger.engine.sample.prompt_logprobs import take_prompt_logprobs
+from kvledger.engine.sample.sampler import Sampler
+from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.engine.sample.structured.compiler import GrammarCompiler
+from kvledger.engine.sample.structured.masks import advance_grammar
+from kvledger.engine.sched.output import SchedulerOutput
+from kvledger.engine.sched.scheduler import Scheduler
+from kvledger.engine.sched.snapshot import SchedulerSnapshot
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
@@ -144,20 +145,22 @@ class LLMEngine:
         # compaction copies and block releases go to the store, or under tensor parallelism
         # through the runner to every rank's store
         store_ops = self.store if self.parallel is None or self.store is None else self.runner
+        self._check_retention(config.retention)
+        link_tiers = None
+        if tiers_wanted(config):
+            link_tiers = tier_linker(
+                config, self._tier_dir, weights_id=weights_id,
+                spec=spec, weight_formats=self.model.weight_formats,
+                fmt_json=self.kv_layout.fmt.to_json(), outliers=self.store_outliers,
+                bytes_per_block=self.bytes_per_block, store=self.store)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, store_ops, self.kv_layout.groups,
                                    self.kv_layout.sealed_blocks,
                                    len if self.store is None else self.store.shareable,
-                                   self.kv_layout.intact_blocks)
-        self._check_retention(config.retention)
-        if self.store is not None:
-            self.scheduler.kv.pool.on_release = store_ops.release
-        if tiers_wanted(config):
-            self.tiers = build_link(
-                config, self._tier_dir, weights_id=weights_id,
-                spec=spec, weight_formats=self.model.weight_formats,
-                fmt_json=self.kv_layout.fmt.to_json(), outliers=self.store_outliers,
-                bytes_per_block=self.bytes_per_block, store=self.store, kv=self.scheduler.kv)
+                                   self.kv_layout.intact_blocks,
+                                   store_ops.release if self.store is not None else None,
+                                   link_tiers)
+        self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes,
@@ -375,6 +378,10 @@ class LLMEngine:
                     if n > 0 and block != NULL_BLOCK:
                         filled[block] = max(filled.get(block, 0), n)
         return sum(filled.values())
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The KV pool and the queues as a frozen read model (``engine/sched/snapshot.py``)."""
+        return self.scheduler.snapshot()
 
     def stats(self) -> dict:
         """Scheduler and pool counters plus allocated vs ledger-predicted KV bytes.

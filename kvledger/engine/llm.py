@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.outputs import RequestOutput
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestOutput
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 
 Prompt = str | list[int] | list[dict]

@@ -1,7 +1,7 @@
 """What an engine loads before it builds anything: the compute dtype, the model's id and
 spec, and its weights and tokenizer (``model/weights/loader.py``; dummy weights at a
 catalogue config's shapes, refused before they are made when they and the KV pool exceed the
-available memory, ``pool_size.check_memory``).
+available memory, ``kv/pool_size.check_memory``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.pool_size import check_memory
+from kvledger.engine.kv.pool_size import check_memory
 from kvledger.errors import InvalidParameterError
 from kvledger.model.families import model_class
 from kvledger.spec import ModelSpec

@@ -34,11 +34,11 @@ masked by the window."""
 
 import torch
 
-from kvledger.engine.detokenizer import IncrementalDetokenizer
-from kvledger.engine.outputs import RequestMetrics, RequestOutput
+from kvledger.engine.output.detokenizer import IncrementalDetokenizer
+from kvledger.engine.output.request_output import RequestMetrics, RequestOutput
 from kvledger.engine.retention.full import FullRetention
 from kvledger.engine.retention.interface import Retention
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -93,7 +93,7 @@ class Request:
             it an evicting policy's (physical slots vs logical positions, ``state.py``).
         generator: its seeded sampling generator (None when ``params.seed`` is None).
         grammar: its llguidance matcher, advanced by every sampled token, when
-            ``params.structured_outputs`` constrains the output (``engine/structured/``).
+            ``params.structured_outputs`` constrains the output (``engine/sample/structured/``).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
     """

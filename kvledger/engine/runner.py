@@ -31,8 +31,8 @@ import torch
 
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
-from kvledger.engine.prompt_logprobs import logit_rows
 from kvledger.engine.retention.interface import HeldContext
+from kvledger.engine.sample.prompt_logprobs import logit_rows
 from kvledger.model.llama import LlamaModel
 
 MAX_PADDING = 1.25

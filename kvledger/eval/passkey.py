@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass, field
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 
 INSTRUCTION = "A pass key is hidden somewhere in the long text below. Find it and remember it.\n"

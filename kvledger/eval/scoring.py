@@ -18,7 +18,7 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, KVBudgetError
 
 

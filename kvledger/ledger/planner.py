@@ -30,6 +30,25 @@ RESIDUAL_FORMAT = "bf16"  # the activation dtype a quantized-KV engine keeps par
 PER_TOKEN_BLOCK_SIZE = 16
 
 
+def parse_contexts(text: str) -> tuple[int, ...]:
+    """``"2048,8k,128K"`` -> ``(2048, 8192, 131072)``.
+
+    Raises:
+        InvalidParameterError: a part is not an integer (optionally with a k suffix).
+    """
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        scale = 1024 if part.endswith("k") else 1
+        try:
+            out.append(int(part.removesuffix("k")) * scale)
+        except ValueError:
+            raise InvalidParameterError(
+                f"--context takes comma-separated token counts (e.g. 2048,8k,32k), got {text!r}"
+            ) from None
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """What to plan for (CLI flags of the same names). Bytes are per tensor-parallel rank.

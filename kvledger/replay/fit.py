@@ -181,7 +181,7 @@ def _run_batch(engine, prompts: list[list[int]], output_tokens: int, tag: str,
                samples: list) -> None:
     """Add ``prompts`` at once and step ``engine`` until they finish, appending each step's
     (features, seconds) to ``samples``."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=output_tokens, ignore_eos=True, temperature=0.0)
     for i, ids in enumerate(prompts):

@@ -103,7 +103,7 @@ def _factor(value: float) -> str:
 def _measure(config: EngineConfig):
     """(spec, KV format spec, description, samples) of the grid run on a fresh engine."""
     from kvledger.engine.engine import LLMEngine
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     engine = LLMEngine(config)
     engine.add_request("warmup", [1] * 32, SamplingParams(max_tokens=2, ignore_eos=True))

@@ -19,7 +19,7 @@ import dataclasses
 import time
 from typing import Any
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import KVLedgerError
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.replay.retention import dropped_ranges

@@ -5,7 +5,7 @@ The factors: :func:`efficiency_for` (on ``local``, the ``probe --steps`` fit of 
 retention policy).
 
 The pool: ``--num-blocks`` / ``--kv-cache-gib``, or on ``local`` the engine's own rule
-(``kvledger.engine.pool_size.pool_blocks``: what ``kvledger serve`` here would allocate); on a
+(``kvledger.engine.kv.pool_size.pool_blocks``: what ``kvledger serve`` here would allocate); on a
 table device the planner's (device memory x ``gpu_util`` - weights - reserve, per rank, in
 blocks of the ledger's bytes). Bytes per block are the ledger's for the KV format.
 """
@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.pool_size import pool_blocks
+from kvledger.engine.kv.pool_size import pool_blocks
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import blocks_for, kv_pool_bytes
 from kvledger.ledger.hardware import Device, GiB

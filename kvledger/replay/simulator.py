@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request
-from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.schedule_output import SchedulerOutput
-from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.engine.sched.output import SchedulerOutput
+from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.replay.retention import NoKVStore, ReplayedPolicy, positions_of, retained_kv
@@ -208,7 +208,6 @@ class Simulator:
         by_id = {s.trace.id: s for s in self.sims}
         steps: list[dict] = []
         now, peak = 0.0, 0
-        pool = self.sched.kv.pool
         while pending or self.sched.has_unfinished_requests():
             if not self.sched.has_unfinished_requests() and pending[0].arrival_s > now:
                 now = pending[0].arrival_s
@@ -224,7 +223,7 @@ class Simulator:
             if not plan.chunks:
                 now = pending[0].arrival_s if pending else start
                 continue
-            peak = max(peak, pool.num_in_use)
+            peak = max(peak, self.sched.pool_stats().blocks_in_use)
             duration = self.clock.duration(len(steps), plan)
             end = start + duration
             steps.append({"index": len(steps), "start_s": start, "duration_s": duration,
@@ -242,8 +241,8 @@ class Simulator:
                 if chunk.samples:
                     self._append(by_id[chunk.request.request_id], end)
             now = end
-        return ReplayRun(self.sims, steps, pool.num_blocks, self.bytes_per_block, peak,
-                         self.sched.num_preemptions, now)
+        return ReplayRun(self.sims, steps, self.sched.pool_stats().blocks_total,
+                         self.bytes_per_block, peak, self.sched.num_preemptions, now)
 
     def _recorded_evictions(self, index: int, plan: SchedulerOutput, by_id: dict) -> None:
         """Give each token-level policy of this step the positions the engine dropped at the

@@ -70,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.engine.runner import length_groups
-from kvledger.engine.schedule_output import SchedulerOutput
+from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
 from kvledger.ledger.hardware import Device

@@ -1,7 +1,9 @@
 """OpenAI-compatible HTTP server of kvledger (``kvledger serve``).
 
-``app.create_app(engine)`` builds the FastAPI app: routes (``routes``), request models and the
-OpenAI error shape (``protocol``), response/chunk builders (``responses``), SSE and disconnect
-handling (``streaming``), the engine thread (``engine_loop``), per-request metrics and logs
-(``observer``, ``metrics``), the API key (``auth``) and the body-size cap (``body_limit``).
+``app.create_app(engine)`` builds the FastAPI app from the rooms below: the OpenAI API
+(``openai/``), the Responses API (``responses/``), tools and structured output (``tools/``),
+vLLM's control endpoints (``vllm_compat.py``), metrics (``metrics/``), the dashboard
+(``dashboard/``), API keys and tenants (``auth/``), limits (``limits/``) and the graceful drain
+(``lifecycle.py``). The engine thread (``engine_loop.py``) owns the engine; tokenizing runs in
+its own thread (``tokenizer_thread.py``).
 """

@@ -2,12 +2,12 @@
 
 ``create_app(engine, ...)`` wires the pieces: the engine thread (:mod:`.engine_loop`, started
 and stopped by the app's lifespan), metrics and the request observer, the routes
-(:mod:`.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
+(:mod:`.openai.routes`; the dashboard's in :mod:`.dashboard`), the OpenAI-shaped error handlers,
 and four ASGI middlewares, outermost
 first: with an API key, the key check (401, before any byte of the body is read), the drain
 gate (503 once SIGTERM came, :mod:`.lifecycle`), the body limits (413, 408) and the JSON
-content type of POST bodies (:mod:`.json_body`). The limits a
-user can set are :class:`~kvledger.server.limits.ServerLimits`.
+content type of POST bodies (:mod:`.openai.json_body`). The limits a
+user can set are :class:`~kvledger.server.limits.server_limits.ServerLimits`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,19 @@ from typing import Any
 from fastapi import FastAPI
 
 from kvledger.errors import ModelNotFoundError
-from kvledger.server.auth import ApiKeyMiddleware
-from kvledger.server.body_limit import BodyLimitMiddleware
-from kvledger.server.dashboard import router as dashboard_router
+from kvledger.server.auth.middleware import ApiKeyMiddleware
+from kvledger.server.auth.tenancy import Tenancy, tenant_of
+from kvledger.server.dashboard.routes import router as dashboard_router
 from kvledger.server.engine_loop import EngineLoop
-from kvledger.server.error_handlers import install_error_handlers
-from kvledger.server.json_body import JsonBodyMiddleware
 from kvledger.server.lifecycle import Drain, DrainMiddleware
-from kvledger.server.limits import ServerLimits
-from kvledger.server.metrics import ServerMetrics
-from kvledger.server.observer import RequestObserver
-from kvledger.server.responses_api import install_responses_api
-from kvledger.server.routes import router
-from kvledger.server.tenancy import Tenancy, tenant_of
+from kvledger.server.limits.body import BodyLimitMiddleware
+from kvledger.server.limits.server_limits import ServerLimits
+from kvledger.server.metrics.observer import RequestObserver
+from kvledger.server.metrics.server_metrics import ServerMetrics
+from kvledger.server.openai.error_handlers import install_error_handlers
+from kvledger.server.openai.json_body import JsonBodyMiddleware
+from kvledger.server.openai.routes import router
+from kvledger.server.responses.routes import install_responses_api
 from kvledger.server.vllm_compat import VllmCompat, install_vllm_compat
 
 
@@ -75,7 +75,7 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
     Args:
         api_key: required as ``Authorization: Bearer KEY`` on every route but ``/health``,
             ``/metrics`` and the OpenAPI documents (:mod:`.auth`); a list accepts any of its
-            keys, each one a tenant (:mod:`.tenancy`).
+            keys, each one a tenant (:mod:`.auth.tenancy`).
         admin_api_key: keys accepted as well, whose callers see every tenant's requests.
         share_prefix_cache_across_keys: no tenant part in the prefix-cache salt.
         max_queue: most requests waiting for a slot before new ones get 429 (None = no limit).

@@ -39,10 +39,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvledger.engine.outputs import RequestOutput
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestOutput
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
-from kvledger.server.observer import RequestObserver, RequestTrack
+from kvledger.server.metrics.observer import RequestObserver, RequestTrack
 from kvledger.server.tokenizer_thread import TokenizerThread
 
 log = logging.getLogger("kvledger.server")
@@ -158,7 +158,7 @@ class EngineLoop:
                   cache_salt: str | None = None, tenant: str = "") -> asyncio.Queue:
         """Add a request; return the queue its ``RequestOutput``\\ s arrive on (``outputs``
         if given: several requests may share one queue). ``cache_salt`` keeps its
-        prefix-cache blocks apart from other salts' (:mod:`.tenancy`); ``tenant`` owns it
+        prefix-cache blocks apart from other salts' (:mod:`.auth.tenancy`); ``tenant`` owns it
         (the dashboard shows a tenant its own requests).
 
         Raises:

@@ -21,7 +21,7 @@ from types import FrameType
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvledger.server.error_handlers import error_response
+from kvledger.server.openai.error_handlers import error_response
 
 log = logging.getLogger("kvledger.server")
 

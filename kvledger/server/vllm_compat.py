@@ -30,8 +30,8 @@ from fastapi import APIRouter, FastAPI, Request
 
 from kvledger import __version__
 from kvledger.errors import InvalidParameterError, KVLedgerError
-from kvledger.server.protocol import DetokenizeRequest
-from kvledger.server.tenancy import caller
+from kvledger.server.auth.tenancy import caller
+from kvledger.server.openai.protocol import DetokenizeRequest
 
 log = logging.getLogger("kvledger.server")
 router = APIRouter()

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvledger.engine.outputs import RequestOutput
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestOutput
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.sessions.codec import TurnCodec
 from kvledger.sessions.errors import ResponseNotFoundError, SessionBusyError, TurnTooLargeError

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.server.dashboard_stats import (
+from kvledger.server.dashboard.stats import (
     CACHED,
     FREE,
     SHARED,
@@ -39,7 +39,7 @@ def engine(tmp_path, gguf_kit):
 
 
 def params(n):
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -100,7 +100,7 @@ def test_waiting_requests_are_listed_after_running(engine):
 
 
 def test_latency_histograms_are_per_bucket_counts():
-    from kvledger.server.metrics import ServerMetrics
+    from kvledger.server.metrics.server_metrics import ServerMetrics
 
     m = ServerMetrics("m")
     for value in (0.003, 0.004, 0.2, 100.0):
@@ -117,7 +117,7 @@ def test_latency_histograms_are_per_bucket_counts():
 
 
 def test_counter_values():
-    from kvledger.server.metrics import ServerMetrics
+    from kvledger.server.metrics.server_metrics import ServerMetrics
 
     m = ServerMetrics("m")
     m.counters["kv_alerts"].inc(2)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvledger.server import dashboard
-from kvledger.server.dashboard_stats import OTHER, visible_to
+from kvledger.server.dashboard import routes as dashboard
+from kvledger.server.dashboard.stats import OTHER, visible_to
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
 

@@ -72,9 +72,9 @@ def test_installed_package_comes_from_the_wheel(installed):
                 cwd=work, env=env)
     assert Path(where.strip()).is_relative_to(site)
     for data in ("data/configs/SOURCES.md", "data/configs/meta-llama__Llama-3.1-8B.json",
-                 "server/dashboard_assets/uPlot.iife.min.js",
-                 "server/dashboard_assets/uPlot.LICENSE.txt",
-                 "server/dashboard_assets/dashboard.html"):
+                 "server/dashboard/assets/uPlot.iife.min.js",
+                 "server/dashboard/assets/uPlot.LICENSE.txt",
+                 "server/dashboard/assets/dashboard.html"):
         assert (site / "kvledger" / data).is_file(), data
     assert run([bin_dir / "kvledger", "--version"], cwd=work, env=env).startswith("kvledger ")
     assert run([bin_dir / "python", "-m", "kvledger", "--version"], cwd=work, env=env).strip() \

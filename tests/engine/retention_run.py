@@ -4,7 +4,7 @@ after every step: the driver of the retention tests (imported by basename, as
 
 from __future__ import annotations
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 
 def run(engine, prompt, max_tokens, kv_policy=None, check=None, *, logprobs=None):

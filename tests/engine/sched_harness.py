@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.request import Request, RequestStatus
-from kvledger.engine.sampling_params import SamplingParams
-from kvledger.engine.schedule_output import SchedulerOutput
-from kvledger.engine.scheduler import Scheduler
+from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.engine.sched.output import SchedulerOutput
+from kvledger.engine.sched.scheduler import Scheduler
 
 VOCAB = 50
 EOS = 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -1,5 +1,5 @@
-"""Prompt log-probabilities (kvledger.engine.prompt_logprobs) against transformers on the same
-weights (fp32): entry i is log_softmax(HF logits at position i - 1)[token i], entry 0 None,
+"""Prompt log-probabilities (kvledger.engine.sample.prompt_logprobs) against transformers on the
+same weights (fp32): entry i is log_softmax(HF logits at position i - 1)[token i], entry 0 None,
 whatever the chunking, batching, prefix cache or preemption. The bundled model's check against
 the GGUF loaded by transformers is marked slow."""
 
@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 TOL = 1e-4
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 SAMPLED = {"temperature": 1.0, "top_p": 0.95, "seed": 11, "ignore_eos": True}
 

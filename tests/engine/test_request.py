@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvledger.engine.request import Request, RequestStatus
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 

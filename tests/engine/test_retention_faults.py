@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec
 

@@ -20,7 +20,7 @@ from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.retention.per_head import PerHeadKV
 from kvledger.engine.retention.policies import make_policy
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
 
 PROMPT = [(7 * i + 3) % 300 + 3 for i in range(21)]

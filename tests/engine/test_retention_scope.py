@@ -21,7 +21,7 @@ from retention_reference import (
 )
 from retention_run import recorder, run
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.ledger.retention import RetentionSpec
 
 PROMPT = [(7 * i + 3) % 300 + 3 for i in range(21)]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from retention_reference import mask_only_logprobs
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec
 

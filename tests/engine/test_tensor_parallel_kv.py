@@ -165,7 +165,7 @@ POLICIES = {
 
 def _evicting_run(engine, prompt: list[int], kv_policy: dict) -> tuple[list[int], int, int]:
     """(greedy tokens, most tokens dropped at once, slot copies of compaction) of one request."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     copier = engine.scheduler.kv.store  # the store, or under TP the runner that replicates
     copies, copy = [], copier.copy_slots

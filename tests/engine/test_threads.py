@@ -41,7 +41,7 @@ class _Team:
 def test_each_step_runs_the_teams_size_and_threads_fixes_it(tiny_engine_factory):
     import torch
 
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     previous = torch.get_num_threads()
     try:

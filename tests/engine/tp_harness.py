@@ -26,7 +26,7 @@ def greedy(engine, prompts: list[list[int]], **params
            ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Tokens of each prompt (GREEDY, ``params`` on top), and the logits of every step
     (prefill, then each decode)."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
 
     seen, execute = [], engine.runner.execute
     engine.runner.execute = lambda chunks: seen.append(execute(chunks)) or seen[-1]

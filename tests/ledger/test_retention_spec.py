@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 

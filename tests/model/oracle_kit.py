@@ -22,7 +22,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 

@@ -12,7 +12,7 @@ from deepseek_kit import FEATURES, make_tiny
 from oracle_kit import fp32_engine, greedy_case, run_together
 
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_sequence, kv_bytes_per_token
 from kvledger.ledger.kv_format import KVFormatSpec

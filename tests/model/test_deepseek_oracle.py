@@ -22,7 +22,7 @@ from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.latent_store import LatentStore
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 

@@ -19,7 +19,7 @@ from oracle_kit import fp32_engine, greedy_case, run_together
 
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.request import NULL_BLOCK
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.ledger.kv import kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks

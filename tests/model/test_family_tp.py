@@ -10,7 +10,7 @@ from family_kit import W, hf_greedy, make_tiny
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.weights.loader import load_weights
 
 STEPS = 8

@@ -15,7 +15,7 @@ from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights
 

@@ -29,7 +29,7 @@ from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.ledger.params import count_params
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights

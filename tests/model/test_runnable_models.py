@@ -13,7 +13,7 @@ import torch
 
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights

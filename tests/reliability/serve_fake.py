@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sessions"))
 
 from session_fakes import ChatFakeEngine
 
-from kvledger.server.api_keys import read_api_keys
 from kvledger.server.app import create_app
-from kvledger.server.connection import uvicorn_config
+from kvledger.server.auth.api_keys import read_api_keys
 from kvledger.server.lifecycle import DrainingServer
-from kvledger.server.limits import ServerLimits
+from kvledger.server.limits.connection import uvicorn_config
+from kvledger.server.limits.server_limits import ServerLimits
 from kvledger.sessions.service import SessionOptions
 
 BIG = 8192

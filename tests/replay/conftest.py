@@ -15,7 +15,7 @@ LIVE_OPTIONS = {"num_blocks": 22, "block_size": BLOCK, "max_num_batched_tokens":
 def record_live(engine, path, private: bool = False, seed: int = 0) -> None:
     """Drive ``engine`` through a mixed workload, recording it: a shared prefix, prompts of
     5-40 tokens, new requests arriving between steps, EOS allowed (temperature 1, seeded)."""
-    from kvledger.engine.sampling_params import SamplingParams
+    from kvledger.engine.sample.sampling_params import SamplingParams
     from kvledger.replay.recorder import TracingEngine
     from kvledger.replay.trace import TraceWriter
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvledger.device import resolve
-from kvledger.engine.outputs import RequestMetrics, RequestOutput, TokenLogprob
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestMetrics, RequestOutput, TokenLogprob
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError, InvalidParameterError, KVBudgetError
 
 TEXT = "Hello from the fake engine."

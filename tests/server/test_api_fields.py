@@ -1,6 +1,6 @@
 """No request field is silently ignored: every field of the official ``openai`` client's request
 types is implemented (declared by our model), refused away from its neutral value, or a
-documented hint (server/api_fields.py)."""
+documented hint (server/openai/api_fields.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvledger.server.api_fields import HINTS
-from kvledger.server.protocol import ChatCompletionRequest, CompletionRequest
-from kvledger.server.responses_protocol import ResponsesRequest
+from kvledger.server.openai.api_fields import HINTS
+from kvledger.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from kvledger.server.responses.protocol import ResponsesRequest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "sessions"))
 

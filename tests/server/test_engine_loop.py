@@ -5,12 +5,12 @@ import asyncio
 import pytest
 from fake_engine import FakeEngine
 
-from kvledger.engine.outputs import RequestOutput, TokenLogprob
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.output.request_output import RequestOutput, TokenLogprob
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import ContextLengthError
 from kvledger.server.engine_loop import EngineLoop, snapshot
-from kvledger.server.metrics import ServerMetrics
-from kvledger.server.observer import RequestObserver
+from kvledger.server.metrics.observer import RequestObserver
+from kvledger.server.metrics.server_metrics import ServerMetrics
 
 
 async def _with_loop(engine: FakeEngine, body):

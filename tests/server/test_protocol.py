@@ -5,8 +5,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kvledger.server.openai_errors import error_body
-from kvledger.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from kvledger.server.openai.errors import error_body
+from kvledger.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    TokenizeRequest,
+)
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 from fake_engine import TEXT
 
-from kvledger.server.limits import ServerLimits
+from kvledger.server.limits.server_limits import ServerLimits
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from fake_engine import FakeEngine
 
-from kvledger.server.body_limit import BodyLimitMiddleware
-from kvledger.server.limits import ServerLimits
-from kvledger.server.streaming import EngineStream
+from kvledger.server.limits.body import BodyLimitMiddleware
+from kvledger.server.limits.server_limits import ServerLimits
+from kvledger.server.openai.streaming import EngineStream
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 KEY = {"Authorization": "Bearer sekret"}
@@ -175,8 +175,8 @@ def test_after_the_engine_thread_dies_requests_get_503_at_once(make_client):
 
 def test_calls_after_stop_resolve_at_once():
     from kvledger.server.engine_loop import EngineLoop, EngineUnavailableError
-    from kvledger.server.metrics import ServerMetrics
-    from kvledger.server.observer import RequestObserver
+    from kvledger.server.metrics.observer import RequestObserver
+    from kvledger.server.metrics.server_metrics import ServerMetrics
 
     async def scenario():
         loop = EngineLoop(FakeEngine(), RequestObserver(ServerMetrics("fake-model")))

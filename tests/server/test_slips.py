@@ -7,7 +7,7 @@ import logging
 
 from fake_engine import FakeEngine
 
-from kvledger.server.limits import ServerLimits
+from kvledger.server.limits.server_limits import ServerLimits
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from fake_engine import FakeTokenizer
 
-from kvledger.engine.outputs import RequestOutput, TokenLogprob
-from kvledger.server.responses import ChatFormatter, CompletionFormatter, step_logprobs
-from kvledger.server.streaming import ClientGone, EngineFailure, collect, sse_events
+from kvledger.engine.output.request_output import RequestOutput, TokenLogprob
+from kvledger.server.openai.formatters import ChatFormatter, CompletionFormatter, step_logprobs
+from kvledger.server.openai.streaming import ClientGone, EngineFailure, collect, sse_events
 
 
 def _out(tokens: str, new: str, finished: str | None = None, lps=None) -> RequestOutput:

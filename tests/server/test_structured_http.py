@@ -13,7 +13,7 @@ import openai
 import pytest
 from fake_engine import FakeEngine
 
-from kvledger.server.tool_formats import HERMES
+from kvledger.server.tools.formats import HERMES
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city", "strict": True,

@@ -10,7 +10,7 @@ import openai
 import pytest
 from session_fakes import ChatFakeEngine, openai_client
 
-from kvledger.server.tool_formats import HERMES, hermes_system_text
+from kvledger.server.tools.formats import HERMES, hermes_system_text
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather of a city",
         "strict": True, "parameters": {"type": "object", "required": ["city"],

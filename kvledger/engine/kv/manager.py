@@ -26,6 +26,7 @@ from collections.abc import Callable
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.tiers.link import TierLink
 from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.ledger.kv_groups import KVGroup, first_live_block
 from kvledger.spec import FULL
@@ -56,13 +57,19 @@ class KVCacheManager:
             precision (``KVFormatSpec.intact_blocks``), and how many of those the prefix
             cache may keep once free (the store's reserve of buffers for them); beyond that
             the least recently freed leaves the cache.
+        on_release: the pool's hook for a block that keeps nothing (``BlockPool``); None =
+            nothing.
+        link_tiers: builds the KV tiers' link (``engine/kv/tiers/link.py``) over this
+            manager's pool and prefix cache, which then write through to it; None = no tiers.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  store: KVStore | None = None, groups: tuple[KVGroup, ...] = ONE_TABLE,
                  sealed_blocks: Callable[[int], int] | None = None,
                  shareable: Callable[[list[int]], int] = len,
-                 intact_blocks: int = 0, max_cached_intact: int = 0):
+                 intact_blocks: int = 0, max_cached_intact: int = 0,
+                 on_release: Callable[[int], None] | None = None,
+                 link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None):
         self.block_size = block_size
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.shareable = shareable
@@ -71,9 +78,14 @@ class KVCacheManager:
         self.store = store
         self.groups = groups
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
-        self.pool = BlockPool(num_blocks)
-        self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching, groups)
-        self.tiers = None  # a TierLink (engine/kv/tiers/link.py) when KV tiers are on
+        self.pool = BlockPool(num_blocks, on_release)
+        self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching, groups,
+                                  self._write_through if link_tiers is not None else None)
+        self.tiers = link_tiers(self.pool, self.prefix) if link_tiers is not None else None
+
+    def _write_through(self, block_id: int, block_hash: bytes, key: tuple) -> None:
+        """The prefix cache's ``on_cached``: a block entering the cache goes to the tiers."""
+        self.tiers.write_through(block_id, block_hash, key)
 
     def _required_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

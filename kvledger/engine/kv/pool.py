@@ -56,25 +56,23 @@ class BlockPool:
 
     Args:
         num_blocks: blocks in the pool (>= 1).
-
-    Misuse (freeing a free block, allocating more than is free) raises ``AssertionError``:
-    those are bugs in the caller, not user errors.
-
-    Attributes:
         on_release: called with a block id when it no longer holds anything to keep: its
             refcount drops to 0 and it is not in the prefix cache, or a free block's hash is
             evicted (the KV store drops a quantized format's residual buffer there, so a
             cached block keeps its buffer); None = nothing.
+
+    Misuse (freeing a free block, allocating more than is free) raises ``AssertionError``:
+    those are bugs in the caller, not user errors.
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, on_release: Callable[[int], None] | None = None) -> None:
         assert num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks}"
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._by_hash: dict[bytes, int] = {}
         self._num_evictable = 0
-        self.on_release: Callable[[int], None] | None = None
+        self.on_release = on_release
 
     @property
     def num_free(self) -> int:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.request import NULL_BLOCK, Request
@@ -67,10 +68,13 @@ class PrefixCache:
         block_size: tokens per block.
         enabled: False turns the prefix cache off (``--no-prefix-caching``).
         groups: the model's layer groups (default: one full group).
+        on_cached: called with (block id, hash, key) when a block enters the cache (a KV
+            tier's write-through: engine/kv/tiers/link.py); None = nothing.
     """
 
     def __init__(self, pool: BlockPool, block_size: int, enabled: bool = True,
-                 groups: tuple[KVGroup, ...] = (KVGroup(FULL, None, ()),)) -> None:
+                 groups: tuple[KVGroup, ...] = (KVGroup(FULL, None, ()),),
+                 on_cached: Callable[[int, bytes, tuple], None] | None = None) -> None:
         self.pool = pool
         self.block_size = block_size
         self.enabled = enabled
@@ -80,9 +84,7 @@ class PrefixCache:
         self.hit_tokens = 0
         self.requeried_tokens = 0
         self.rehit_tokens = 0
-        # called with (block id, hash, key) when a block enters the cache (a KV tier's
-        # write-through: engine/kv/tiers/link.py); None = nothing
-        self.on_cached = None
+        self.on_cached = on_cached
 
     def _key(self, req: Request, index: int) -> tuple:
         """Hash key of full block ``index`` of ``req`` (needs the parent's hash)."""

@@ -71,3 +71,21 @@ def test_revived_cached_blocks_count_against_the_free_list():
     assert len(hit[0]) == 2
     assert mgr.blocks_needed(b, 1, hit) == (3, 3)  # 2 revived + 1 new, all from the free list
     assert mgr.allocate_slots(b, 1, hit) and mgr.pool.num_free == 0
+
+
+def test_link_tiers_gets_the_pool_and_prefix_and_hears_blocks_entering_the_cache():
+    class Link:
+        def __init__(self, pool, prefix):
+            self.pool, self.prefix, self.written = pool, prefix, []
+
+        def write_through(self, block_id, block_hash, key):
+            self.written.append(block_id)
+
+    mgr = KVCacheManager(8, BS, link_tiers=Link)
+    assert (mgr.tiers.pool, mgr.tiers.prefix) == (mgr.pool, mgr.prefix)
+    req = Request("a", list(range(9)))  # 2 full blocks + 1 token
+    assert mgr.allocate_slots(req, 9)
+    req.num_computed_tokens = 9
+    mgr.cache_full_blocks(req)
+    assert mgr.tiers.written == req.block_table[:2]
+    assert KVCacheManager(8, BS).prefix.on_cached is None  # no tiers: no write-through

@@ -130,3 +130,14 @@ def test_random_use_keeps_accounting(num_blocks, ops):
         assert pool.num_evictable <= pool.num_free
     pool.free(held)
     assert pool.num_free == num_blocks and pool.num_in_use == 0
+
+
+def test_on_release_given_at_construction_hears_each_block_that_keeps_nothing():
+    released: list[int] = []
+    pool = BlockPool(3, on_release=released.append)
+    a, b = pool.allocate(2)
+    assert pool.cache_block(a, h(1), ())
+    pool.free([a, b])
+    assert released == [b]  # block a stays in the prefix cache: nothing released yet
+    pool.evict(a)
+    assert released == [b, a]

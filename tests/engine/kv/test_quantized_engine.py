@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block, residual_bytes
 from kvledger.ledger.kv_format import KVFormatSpec

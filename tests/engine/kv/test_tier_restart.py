@@ -13,7 +13,7 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.model.weights.loader import load_weights
 

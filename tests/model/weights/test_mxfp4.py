@@ -12,7 +12,7 @@ import torch
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sampling_params import SamplingParams
+from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 from kvledger.model.weights.mxfp4 import dequantize

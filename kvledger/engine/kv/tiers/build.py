@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
+from kvledger.engine.kv.pool import BlockPool
+from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
 from kvledger.engine.kv.tiers.disk import DiskTier
 from kvledger.engine.kv.tiers.fingerprint import fingerprint, tensors_digest, weights_digest
@@ -73,11 +76,11 @@ def refuse_unsupported(config, spec: ModelSpec) -> None:
                                         f"run with {what}")
 
 
-def build_link(config, tier_dir: TierDir | None, *, weights_id: str, spec: ModelSpec,
-               weight_formats: dict, fmt_json: str, outliers, bytes_per_block: int, store,
-               kv, policy: LoadPolicy | None = None) -> TierLink:
-    """The tiers of ``config`` (RAM, then disk in ``tier_dir``) joined to the engine's KV
-    manager ``kv`` (``kv.tiers`` is set)."""
+def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: ModelSpec,
+                weight_formats: dict, fmt_json: str, outliers, bytes_per_block: int, store,
+                policy: LoadPolicy | None = None) -> Callable[[BlockPool, PrefixCache], TierLink]:
+    """The tiers of ``config`` (RAM, then disk in ``tier_dir``), and what joins them to the
+    engine's pool and prefix cache (``KVCacheManager``'s ``link_tiers``)."""
     size = payload_bytes(store)
     assert size == bytes_per_block, f"payload {size} != ledger bytes per block {bytes_per_block}"
     fp = fingerprint(weights=weights_id, dtype=config.dtype, weight_formats=weight_formats,
@@ -98,9 +101,12 @@ def build_link(config, tier_dir: TierDir | None, *, weights_id: str, spec: Model
         saved = saved_figures(tier_dir.path, config_dir())
         policy = LoadPolicy(saved.cold, saved.warm, saved.prefill_flops_per_s, spec,
                             count_params(spec).active)
-    link = TierLink(chain, kv.pool, kv.prefix, store, config.block_size,
-                    policy or LoadPolicy(), size, config.max_num_batched_tokens)
-    kv.tiers = link
+    policy = policy or LoadPolicy()
     log.info("KV tiers: %s (fingerprint %s)", ", ".join(
         f"{t.name} {t.stats.capacity_bytes / GIB:g} GiB" for t in tiers), fp[:16])
+
+    def link(pool: BlockPool, prefix: PrefixCache) -> TierLink:
+        return TierLink(chain, pool, prefix, store, config.block_size, policy, size,
+                        config.max_num_batched_tokens)
+
     return link

@@ -85,7 +85,6 @@ class TierLink:
         self.chunk_tokens = chunk_tokens
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
         self.deferred_loads = 0  # tier hits not loaded: the request could not run yet
-        prefix.on_cached = self.write_through
 
     def stats(self) -> dict:
         """``kv_tiers`` (tier name -> its ``TierStats`` as a dict), the chain's

@@ -1,0 +1,117 @@
+"""Request-body limits: size (413) and arrival time (408), in the OpenAI error shape.
+
+A pure ASGI middleware that reads the whole body before the app sees it (so the cap holds for
+chunked uploads too) and then replays it; later ``receive()`` calls go to the server, so
+disconnect detection still works.
+
+- A body over ``max_bytes`` (declared or counted) is answered 413 with ``Connection: close``.
+  Before answering, the middleware drains at most ``max_bytes`` more bytes for at most
+  ``drain_s`` seconds, so that a client still sending a modest overshoot reads the 413 instead
+  of a reset connection; a client streaming forever is cut off at either bound.
+- A body that has not fully arrived ``timeout_s`` after the headers (a half-sent body, a
+  client trickling bytes) is answered 408 with ``Connection: close``.
+
+Install it inside the API-key check, so an unauthenticated client is refused (401) before any
+byte of its body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvledger.server.openai.errors import error_body
+
+CLOSE = {"Connection": "close"}
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class BodyLimitMiddleware:
+    """Cap request bodies at ``max_bytes`` (413) and their arrival at ``timeout_s`` (408).
+
+    Args:
+        max_bytes: largest accepted body (bytes).
+        timeout_s: most seconds from the start of the request to its body's last byte.
+        drain_s: most seconds spent draining an over-limit body before the 413.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0,
+                 drain_s: float = 2.0) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.drain_s = drain_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = time.monotonic() + self.timeout_s
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        try:
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                await self._drain(receive, 0, deadline)
+                await self._too_large(scope, receive, send)
+                return
+            chunks, size, more = [], 0, True
+            while more and size <= self.max_bytes:
+                message = await _receive_by(receive, deadline)
+                if message["type"] != "http.request":
+                    return  # client gone before its body arrived
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                more = message.get("more_body", False)
+            if size > self.max_bytes:
+                if more:
+                    await self._drain(receive, size - self.max_bytes, deadline)
+                await self._too_large(scope, receive, send)
+                return
+        except _BodyTimeout:
+            body = error_body(f"the request body did not arrive within {self.timeout_s:g} s",
+                              "invalid_request_error", None, "request_timeout")
+            await JSONResponse(body, status_code=408, headers=CLOSE)(scope, receive, send)
+            return
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    async def _drain(self, receive: Receive, over: int, deadline: float) -> None:
+        """Read and drop the rest of the body, up to ``max_bytes`` more and ``drain_s``."""
+        deadline = min(deadline, time.monotonic() + self.drain_s)
+        try:
+            while over <= self.max_bytes:
+                message = await _receive_by(receive, deadline)
+                over += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+        except _BodyTimeout:
+            return
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = error_body(f"request body too large (limit {self.max_bytes} bytes)",
+                          "invalid_request_error", None, "request_too_large")
+        await JSONResponse(body, status_code=413, headers=CLOSE)(scope, receive, send)
+
+
+async def _receive_by(receive: Receive, deadline: float) -> Message:
+    try:
+        return await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        raise _BodyTimeout() from None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
