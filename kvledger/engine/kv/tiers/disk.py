@@ -137,13 +137,13 @@ class DiskTier:
         found = []
         try:
             for entry in os.scandir(sub_fd):
-                ours = ".tmp" in entry.name or entry.name.endswith(".kv")
+                temp, block = ".tmp" in entry.name, entry.name.endswith(".kv")
                 if not entry.is_file(follow_symlinks=False):
-                    if ours:
+                    if temp or block:
                         self._skip(f"{sub}/{entry.name}", "a regular file", entry)
-                elif ".tmp" in entry.name:
+                elif temp:
                     remove_file(entry.name, sub_fd)
-                elif ours:
+                elif block:
                     found.append((entry.stat(follow_symlinks=False).st_mtime_ns,
                                   f"{sub}/{entry.name}"))
         finally:
@@ -151,7 +151,10 @@ class DiskTier:
         return found
 
     def _skip(self, name: str, wanted: str, entry: os.DirEntry) -> None:
-        what = kind(entry.stat(follow_symlinks=False).st_mode)
+        try:
+            what = kind(entry.stat(follow_symlinks=False).st_mode)
+        except OSError:
+            return  # gone since the listing
         log.warning("KV disk tier %s: %s skipped: not %s but %s (never followed, read or "
                     "removed)", self.dir, name, wanted, what)
 
