@@ -157,3 +157,13 @@ def test_bad_layer_types(tmp_path):
     raw["layer_types"][0] = "chunked_attention"
     with pytest.raises(ConfigError, match="layer_types"):
         spec_from_hf_config(write(tmp_path, raw))
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("intermediate_size", -128, "intermediate_size must be >= 0, got -128")])
+def test_an_impossible_field_is_a_config_error_naming_it(tmp_path, key, value, why):
+    """Old code: a spec that allocated a negative size, and a traceback instead of the CLI's
+    ``error:`` line."""
+    raw = json.loads((CONFIGS / "HuggingFaceTB__SmolLM2-135M.json").read_text())
+    with pytest.raises(ConfigError, match=why):
+        spec_from_hf_config(write(tmp_path, {**raw, key: value}))
