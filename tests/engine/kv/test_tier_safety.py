@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 
 import pytest
@@ -188,8 +189,10 @@ def test_a_fifo_named_like_a_block_file_blocks_neither_start_nor_load(tmp_path, 
     finally:
         unblock(fifo)
     assert tier.stats.blocks == 0 and "not a regular file" in caplog.text
-    fifo.unlink(missing_ok=True)
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # skipped, not removed
+    fifo.unlink()
     tier.put(h, key, payload)
+    assert tier.contains(h, key)
     fifo.unlink()
     os.mkfifo(fifo)  # the file becomes a FIFO after start
     try:
