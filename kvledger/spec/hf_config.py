@@ -145,6 +145,13 @@ class _Config:
     def get(self, key: str, default=None):
         return self.cfg.get(key, default)
 
+    def object(self, key: str) -> dict:
+        """Value of an optional JSON object key ({} when absent or null)."""
+        value = self.get(key) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{self.path}: {key!r} must be an object, got {value!r}")
+        return value
+
     def int(self, key: str) -> int:
         value = self.req(key)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -195,7 +202,7 @@ def _common_fields(c: _Config, path: Path) -> dict:
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_kv_heads": int(c.get("num_key_value_heads", heads)),
-        "head_dim": int(c.get("head_dim") or hidden // heads),
+        "head_dim": int(c.get("head_dim") or (hidden // heads if heads else 0)),
         "intermediate_size": c.int("intermediate_size"),
         "vocab_size": c.int("vocab_size"),
         "max_position_embeddings": c.int("max_position_embeddings"),
@@ -228,12 +235,12 @@ def _rope_fields(c: _Config) -> dict:
 
     ``rope_scaling`` comes out with ``rope_type`` (``type`` renamed, LongRoPE's old name
     ``su`` -> ``longrope``) and the pre-scaling context, None for the default type."""
-    params = c.get("rope_parameters") or {}
+    params = c.object("rope_parameters")
     by_kind = any(k in params for k in (FULL, SLIDING))
     full = (params.get(FULL) or {}) if by_kind else params
     local = (params.get(SLIDING) or {}) if by_kind else {}
     theta = full.get("rope_theta", c.get("rope_theta", 10000.0))
-    scaling = dict(c.get("rope_scaling") or {k: v for k, v in full.items()
+    scaling = dict(c.object("rope_scaling") or {k: v for k, v in full.items()
                                             if k not in _ROPE_KEYS_NOT_SCALING})
     kind = scaling.pop("type", None)
     kind = scaling.setdefault("rope_type", kind or "default")

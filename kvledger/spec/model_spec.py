@@ -75,6 +75,9 @@ class ModelSpec:
                      "head_dim", "vocab_size", "max_position_embeddings"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}{where}")
+        if self.intermediate_size < 0:
+            raise ConfigError(f"intermediate_size must be >= 0, got {self.intermediate_size}"
+                              f"{where}")
         kinds = self.layers.types
         if MLA not in kinds and self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(

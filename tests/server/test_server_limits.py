@@ -7,7 +7,7 @@ import json
 import pytest
 from fake_engine import FakeEngine
 
-from kvledger.server.limits.body import BodyLimitMiddleware
+from kvledger.server.limits.body import MAX_JSON_DEPTH, BodyLimitMiddleware
 from kvledger.server.limits.server_limits import ServerLimits
 from kvledger.server.openai.streaming import EngineStream
 
@@ -29,6 +29,24 @@ def test_the_key_is_checked_before_the_body_is_read(make_client):
     resp = client.post("/v1/completions", content=huge,
                        headers={"content-type": "application/json"})
     _error(resp, 401, "invalid_api_key")  # before: 413 after reading all of it
+
+
+def test_json_nested_past_the_limit_is_refused_naming_it(make_client):
+    """Old code: 1,000 levels got 400 "There was an error parsing the body", no limit named."""
+    client = make_client()
+
+    def body(levels: int, prompt: str = "x") -> str:  # the object itself is one more level
+        return json.dumps({"prompt": prompt, "max_tokens": 2})[:-1] + (
+            f', "extra": {"[" * levels}{"]" * levels}}}')
+
+    err = _error(client.post("/v1/completions", content=body(1000)), 400, "json_too_deep")
+    assert err["message"] == ("the request body's JSON nests arrays and objects 1001 levels "
+                              f"deep; the limit is {MAX_JSON_DEPTH} levels")
+    _error(client.post("/v1/completions", content=body(MAX_JSON_DEPTH)), 400, "json_too_deep")
+    assert client.post("/v1/completions", content=body(MAX_JSON_DEPTH - 1)).status_code == 200
+    in_strings = body(MAX_JSON_DEPTH - 1, '\\"[{' * 50 + "]")  # brackets in a string
+    resp = client.post("/v1/completions", content=in_strings)
+    assert resp.status_code == 200, resp.text
 
 
 # Every route and whether it needs the key (README "Which routes need the key").

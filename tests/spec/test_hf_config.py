@@ -160,3 +160,16 @@ def test_bad_layer_types(tmp_path):
     raw["layer_types"][0] = "chunked_attention"
     with pytest.raises(ConfigError, match="layer_types"):
         spec_from_hf_config(write(tmp_path, raw))
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("num_attention_heads", 0, "num_attention_heads must be >= 1, got 0"),
+    ("intermediate_size", -128, "intermediate_size must be >= 0, got -128"),
+    ("rope_scaling", "yes please", "'rope_scaling' must be an object, got 'yes please'"),
+    ("rope_parameters", [1], "'rope_parameters' must be an object, got \\[1\\]")])
+def test_an_impossible_field_is_a_config_error_naming_it(tmp_path, key, value, why):
+    """Old code: ZeroDivisionError, a spec that allocated a negative size, ValueError and
+    AttributeError tracebacks instead of the CLI's ``error:`` line."""
+    raw = json.loads((CONFIGS / "HuggingFaceTB__SmolLM2-135M.json").read_text())
+    with pytest.raises(ConfigError, match=why):
+        spec_from_hf_config(write(tmp_path, {**raw, key: value}))

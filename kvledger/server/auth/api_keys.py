@@ -4,15 +4,22 @@ Key-file format: one key per line, the whole line with surrounding whitespace tr
 inside a key is part of it); blank lines and lines whose first non-space character is ``#``
 are comments. So no key may start with ``#`` (nor be empty): such a key is refused wherever it
 is given, and a file that yields no key is refused, so that authentication can never be
-switched off by a file that was meant to hold keys.
+switched off by a file that was meant to hold keys. A UTF-8 byte-order mark at the start of
+the file (as some editors write) is dropped. No key may hold an invisible character (Unicode
+categories Cc and Cf: NUL, other controls, a byte-order mark, a zero-width space): no client
+can send it, so it is refused with the line it is on.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvledger.errors import InvalidParameterError
+
+BOM = "\ufeff"
+INVISIBLE = ("Cc", "Cf")  # Unicode categories: control and format characters
 
 
 @dataclass(frozen=True)
@@ -33,15 +40,28 @@ def parse_key_file(text: str, source: str) -> list[str]:
     """The keys of a key file's text (format: the module docstring).
 
     Raises:
-        InvalidParameterError: the text holds no key.
+        InvalidParameterError: the text holds no key, or a key holds an invisible character.
     """
-    keys = [line.strip() for line in text.splitlines()]
-    keys = [key for key in keys if key and not key.startswith("#")]
+    keys = []
+    for number, line in enumerate(text.removeprefix(BOM).splitlines(), 1):
+        key = line.strip()
+        if key and not key.startswith("#"):
+            keys.append(_visible(key, f"{source} line {number}"))
     if not keys:
         raise InvalidParameterError(
             f"{source} holds no API key (only blank or '#' comment lines); the server would "
             "run without authentication. Put one key per line, or leave the option out")
     return keys
+
+
+def _visible(key: str, where: str) -> str:
+    """``key``, when it holds no invisible character (module docstring)."""
+    bad = next((c for c in key if unicodedata.category(c) in INVISIBLE), None)
+    if bad is not None:
+        raise InvalidParameterError(
+            f"{where}: an API key holds the invisible character U+{ord(bad):04X} "
+            f"({unicodedata.name(bad, 'a control character')}), which no client can send")
+    return key
 
 
 def _check(key: str, option: str) -> str:
@@ -53,7 +73,7 @@ def _check(key: str, option: str) -> str:
         raise InvalidParameterError(
             f"{option}: an API key must not start with '#' (a key file reads such a line as a "
             "comment)")
-    return key
+    return _visible(key, option)
 
 
 def read_api_keys(keys: list[str], keys_file: str | None,
@@ -62,7 +82,8 @@ def read_api_keys(keys: list[str], keys_file: str | None,
 
     Raises:
         InvalidParameterError: the file cannot be read or holds no key; a key is empty, has
-            surrounding whitespace or starts with ``#``; an admin key is also a tenant's key.
+            surrounding whitespace, starts with ``#`` or holds an invisible character; an
+            admin key is also a tenant's key.
     """
     out = [_check(key, "--api-key") for key in keys]
     if keys_file:

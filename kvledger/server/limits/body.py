@@ -1,4 +1,5 @@
-"""Request-body limits: size (413) and arrival time (408), in the OpenAI error shape.
+"""Request-body limits: size (413), arrival time (408) and JSON nesting (400), in the OpenAI
+error shape.
 
 A pure ASGI middleware that reads the whole body before the app sees it (so the cap holds for
 chunked uploads too) and then replays it; later ``receive()`` calls go to the server, so
@@ -10,6 +11,11 @@ disconnect detection still works.
   of a reset connection; a client streaming forever is cut off at either bound.
 - A body that has not fully arrived ``timeout_s`` after the headers (a half-sent body, a
   client trickling bytes) is answered 408 with ``Connection: close``.
+- A body whose arrays and objects nest deeper than ``max_depth`` (default
+  :data:`MAX_JSON_DEPTH`) is answered 400 naming the limit, before any parser recurses into it
+  (Python's ``json`` gives up near its recursion limit, ~1,000 levels, with a generic error;
+  a structured-output schema is walked recursively after it). Brackets inside JSON strings do
+  not count; a body with no more opening brackets than the limit is not scanned.
 
 Install it inside the API-key check, so an unauthenticated client is refused (401) before any
 byte of its body is read.
@@ -20,12 +26,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvledger.server.openai.errors import error_body
 
 CLOSE = {"Connection": "close"}
+MAX_JSON_DEPTH = 128  # a structured-output schema nests 2 levels per level of its own
+_STEPS = bytes.maketrans(b'[{]}"', b"\x01\x01\xff\xff\x02")  # +1, -1 (int8), a quote
+_OTHERS = bytes(c for c in range(256) if c not in b'[]{}"')
 
 
 class _BodyTimeout(Exception):
@@ -39,14 +49,16 @@ class BodyLimitMiddleware:
         max_bytes: largest accepted body (bytes).
         timeout_s: most seconds from the start of the request to its body's last byte.
         drain_s: most seconds spent draining an over-limit body before the 413.
+        max_depth: deepest nesting of JSON arrays and objects accepted.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0,
-                 drain_s: float = 2.0) -> None:
+                 drain_s: float = 2.0, max_depth: int = MAX_JSON_DEPTH) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.drain_s = drain_s
+        self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,7 +89,16 @@ class BodyLimitMiddleware:
                               "invalid_request_error", None, "request_timeout")
             await JSONResponse(body, status_code=408, headers=CLOSE)(scope, receive, send)
             return
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        if body.count(b"[") + body.count(b"{") > self.max_depth:
+            depth = json_depth(body)
+            if depth > self.max_depth:
+                message = (f"the request body's JSON nests arrays and objects {depth} levels "
+                           f"deep; the limit is {self.max_depth} levels")
+                error = error_body(message, "invalid_request_error", None, "json_too_deep")
+                await JSONResponse(error, status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, _replay(body, receive), send)
 
     async def _drain(self, receive: Receive, over: int, deadline: float) -> None:
         """Read and drop the rest of the body, up to ``max_bytes`` more and ``drain_s``."""
@@ -95,6 +116,19 @@ class BodyLimitMiddleware:
         body = error_body(f"request body too large (limit {self.max_bytes} bytes)",
                           "invalid_request_error", None, "request_too_large")
         await JSONResponse(body, status_code=413, headers=CLOSE)(scope, receive, send)
+
+
+def json_depth(body: bytes) -> int:
+    """The deepest nesting of arrays and objects in the JSON text ``body``: the running count
+    of opening minus closing brackets outside strings, at its highest. C loops only: escaped
+    backslashes and quotes dropped, every byte but brackets and quotes dropped, then a bracket
+    after an odd number of quotes is inside a string."""
+    text = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = np.frombuffer(text.translate(_STEPS, _OTHERS), np.int8)
+    quote = marks == 2
+    inside = (np.cumsum(quote, dtype=np.int32) & 1).astype(bool)
+    steps = np.where(quote | inside, 0, marks)
+    return int(np.cumsum(steps, dtype=np.int32).max()) if steps.size else 0
 
 
 async def _receive_by(receive: Receive, deadline: float) -> Message:

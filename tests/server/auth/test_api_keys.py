@@ -50,3 +50,23 @@ def test_a_key_file_works_end_to_end(make_client, tmp_path):
     ok = client.get("/v1/models", headers={"Authorization": "Bearer sk-abc#SECRET"})
     cut = client.get("/v1/models", headers={"Authorization": "Bearer sk-abc"})
     assert ok.status_code == 200 and cut.status_code == 401
+
+
+def test_a_byte_order_mark_is_dropped_from_a_key_file(tmp_path):
+    """Old code: the first key was stored as "\\ufeffsk-first" and never matched."""
+    path = tmp_path / "keys.txt"
+    path.write_bytes("sk-first\nsk-second\n".encode("utf-8-sig"))
+    assert read_api_keys([], str(path)).keys == ("sk-first", "sk-second")
+    assert parse_key_file("\ufeff# tenants\nsk-a\n", "f") == ["sk-a"]
+
+
+@pytest.mark.parametrize("bad", ["\x00", "\x1b", "\x7f", "\u200b", "\ufeff"])
+def test_a_key_with_an_invisible_character_is_refused_naming_its_line(bad, tmp_path):
+    """Old code accepted a NUL (or any control) inside a key."""
+    path = tmp_path / "keys.txt"
+    path.write_text(f"# tenants\nsk-good\nsk-{bad}bad\n", encoding="utf-8")
+    with pytest.raises(InvalidParameterError,
+                       match=rf"keys.txt line 3: .*U\+{ord(bad):04X}"):
+        read_api_keys([], str(path))
+    with pytest.raises(InvalidParameterError, match=rf"--api-key: .*U\+{ord(bad):04X}"):
+        read_api_keys([f"sk-{bad}bad"], None)

@@ -72,14 +72,17 @@ def _per_file_seconds(scratch: Path, files: int, tensor_bytes: list[int]) -> tup
     """(cold, warm) seconds per file of blocks of ``tensor_bytes`` (bytes of each tensor)."""
     payload_bytes, pool = sum(tensor_bytes), _pool(files, tensor_bytes)
     tier = DiskTier(scratch, f"{payload_bytes:016x}", 1 << 62, payload_bytes)
-    blocks = []
-    for i in range(files):
-        key = (None, (i, payload_bytes), ("read-probe",))
-        block_hash = hash_block_key(key)
-        tier.put(block_hash, key, os.urandom(payload_bytes))
-        blocks.append((block_hash, key))
-    cold = _load_all(tier, blocks, pool, cold=True)
-    warm = _load_all(tier, blocks, pool, cold=False)
+    try:
+        blocks = []
+        for i in range(files):
+            key = (None, (i, payload_bytes), ("read-probe",))
+            block_hash = hash_block_key(key)
+            tier.put(block_hash, key, os.urandom(payload_bytes))
+            blocks.append((block_hash, key))
+        cold = _load_all(tier, blocks, pool, cold=True)
+        warm = _load_all(tier, blocks, pool, cold=False)
+    finally:
+        tier.close()
     return cold / files, warm / files
 
 
