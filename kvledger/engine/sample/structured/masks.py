@@ -63,3 +63,13 @@ def advance_grammar(request: Request, token: int) -> str | None:
     if matcher is None or matcher.consume_token(token):
         return None
     return matcher.get_error() or "the grammar refused the sampled token"
+
+
+def unfinished_grammar(request: Request) -> str | None:
+    """Why a request that ends on an end-of-output token fails its grammar (None when it has
+    none or its matcher accepts the output): a constrained output never finishes ``stop``
+    short of the constraint."""
+    matcher = request.grammar
+    if matcher is None or matcher.is_accepting():
+        return None
+    return "the output ended before the constraint was complete"
