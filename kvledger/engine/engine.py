@@ -343,6 +343,7 @@ class LLMEngine:
             grammar_error = unfinished_grammar(req)
         if grammar_error is not None:
             reason, out.error = "error", f"structured output failed: {grammar_error}"
+            self.grammars.discard(req.params.structured_outputs)
         if reason is not None:
             new_text += "" if stopped else req.detokenizer.flush()
             self._finish(req, reason, now)

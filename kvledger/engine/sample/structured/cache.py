@@ -56,6 +56,11 @@ class GrammarCache:
                 entry.nbytes = nbytes
                 self._evict()
 
+    def discard(self, key: str) -> None:
+        """Forget ``key`` (no-op when it is not kept)."""
+        with self._lock:
+            self._entries.pop(key, None)
+
     @property
     def nbytes(self) -> int:
         """Bytes the entries hold."""

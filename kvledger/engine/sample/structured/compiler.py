@@ -8,10 +8,12 @@ that fails is never kept. :meth:`GrammarCompiler.matcher` hands each request its
 (``deep_copy``: microseconds). The llguidance tokenizer (the vocabulary's token trie, about 2 s
 for 49,152 ids) is built once, in the worker thread, on the first constraint.
 
-The worker also computes the first token mask of a copy: the lexer states it builds are shared
-by every copy, so the engine thread never pays for them (``((a{100}){100}){100}`` took 1.6 s),
-and a constraint whose language is empty (no output can match it) is refused there, at compile
-time. The lexer's start-up work is bounded (:data:`LEXER_FUEL`), and llguidance's verbose
+The worker also computes the first token mask of two copies: the lexer states the first builds
+are shared by every copy, so the engine thread never pays for them (``((a{100}){100}){100}``
+took 1.6 s); a constraint whose language is empty (no output can match it), or whose shared
+lexer already ran into llguidance's limits (every later copy would fail: ``too many expressions
+constructed``), is refused there, at compile time. A compiled form whose request's matcher
+fails later is dropped from the cache (:meth:`GrammarCompiler.discard`). The lexer's start-up work is bounded (:data:`LEXER_FUEL`), and llguidance's verbose
 errors (parser-state dumps) are off: a refusal says what is wrong in one line of ours.
 """
 
@@ -31,6 +33,7 @@ MASK_THREADS = 2  # llguidance threads filling one step's masks
 LEXER_FUEL = 300_000  # llguidance's initial_lexer_fuel (its default 1,000,000: 1.6 s, +177 MB)
 BYTES_PER_GRAMMAR_CHAR = 32  # least estimate of a compiled grammar's memory (20,000-string
 # enum: 349 KB of grammar, about 11 MB compiled)
+NO_TOKEN_ERROR = "NoExtensionBias"  # llguidance's error when no token can start the output
 CACHE_SHARE_OF_RAM = 64  # default cache budget: this fraction of RAM ...
 CACHE_MAX_DEFAULT = 1 << 30  # ... at most 1 GiB
 
@@ -105,6 +108,11 @@ class GrammarCompiler:
         """
         return self.submit(constraint).result().deep_copy()
 
+    def discard(self, constraint: StructuredOutputsParams) -> None:
+        """Drop ``constraint``'s compiled form, whose copies share one lexer: called when a
+        request's matcher failed, so that the next request compiles it afresh."""
+        self.cache.discard(constraint.key)
+
     @property
     def executor(self):
         """The llguidance executor that fills a step's masks in parallel."""
@@ -145,14 +153,15 @@ class GrammarCompiler:
         if matcher.is_error():
             raise InvalidParameterError(f"the {label} cannot be enforced: "
                                         f"{_reason(matcher.get_error())}")
-        probe = matcher.deep_copy()  # the first mask: lexer states built here, shared
-        mask = np.frombuffer(probe.compute_bitmask(), dtype=np.uint32).copy()
-        if _empty(probe, mask, self._eos):
+        for _ in range(2):  # the first mask builds the lexer states all copies share; the
+            probe = matcher.deep_copy()  # second sees them (or the limit they ran into)
+            mask = np.frombuffer(probe.compute_bitmask(), dtype=np.uint32).copy()
+        error = probe.get_error() if probe.is_error() else ""
+        if error.startswith(NO_TOKEN_ERROR) or (not error and _empty(probe, mask, self._eos)):
             raise InvalidParameterError(f"the {label} matches no output (its language is "
                                         "empty): no text can satisfy it")
-        if probe.is_error():
-            raise InvalidParameterError(f"the {label} cannot be enforced: "
-                                        f"{_reason(probe.get_error())}")
+        if error:
+            raise InvalidParameterError(f"the {label} cannot be enforced: {_reason(error)}")
         return matcher
 
     def _llg_tokenizer(self):
@@ -186,8 +195,8 @@ def _reason(message: str) -> str:
     at most 300 characters; a panic or a resource limit as what it means."""
     if message.startswith("panic") or "PanicException" in message:
         return "it is too large or complex for the grammar engine"
-    if any(word in message for word in ("too big", "fuel", "limit for")):
+    if any(word in message for word in ("too big", "too many", "fuel", "limit for")):
         return "it is too large or complex for the grammar engine's limits"
-    message = message.split("<state>")[0]
+    message = message.split("<state>")[0].replace("<non-verbose/>", "")
     lines = [line.strip() for line in message.splitlines()]
     return " ".join(line for line in lines if line.strip("^ "))[:300] or "invalid"

@@ -38,8 +38,6 @@ class GrammarLimits:
             GrammarTooLargeError: naming the limit, the constraint's figure and the option.
         """
         label = constraint.label
-        size = len(constraint.key.encode()) - len(constraint.kind) - 1
-        _check(label, size, "bytes", self.max_grammar_bytes, "max-grammar-bytes")
         properties, alternatives = 0, 0
         if constraint.json is not None:
             properties, alternatives = _schema_counts(constraint.json)
@@ -49,6 +47,8 @@ class GrammarLimits:
                "max-schema-properties")
         _check(label, alternatives, "alternatives (choices, enum values, anyOf/oneOf branches)",
                self.max_grammar_alternatives, "max-grammar-alternatives")
+        size = len(constraint.key.encode()) - len(constraint.kind) - 1
+        _check(label, size, "bytes", self.max_grammar_bytes, "max-grammar-bytes")
 
 
 def _check(label: str, figure: int, unit: str, limit: int, option: str) -> None:
