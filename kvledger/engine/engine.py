@@ -43,7 +43,11 @@ from kvledger.engine.sample.structured.compiler import (
     grammar_cache_bytes,
     grammar_limits,
 )
-from kvledger.engine.sample.structured.masks import advance_grammar, unfinished_grammar
+from kvledger.engine.sample.structured.masks import (
+    STRUCTURED_ERROR,
+    advance_grammar,
+    unfinished_grammar,
+)
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
@@ -342,7 +346,7 @@ class LLMEngine:
         if grammar_error is None and reason == "stop" and not stopped:
             grammar_error = unfinished_grammar(req)
         if grammar_error is not None:
-            reason, out.error = "error", f"structured output failed: {grammar_error}"
+            reason, out.error = "error", f"{STRUCTURED_ERROR}: {grammar_error}"
             self.grammars.discard(req.params.structured_outputs)
         if reason is not None:
             new_text += "" if stopped else req.detokenizer.flush()

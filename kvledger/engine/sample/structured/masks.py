@@ -14,6 +14,8 @@ import torch
 
 from kvledger.engine.request import Request
 
+STRUCTURED_ERROR = "structured output failed"  # prefix of the error of a request it ended
+
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[n, words]`` int32 on the CPU -> ``[n, vocab_size]`` bool (True = allowed).
