@@ -208,11 +208,14 @@ SIZE_LIMITED = [
      "response_format", "--max-schema-properties"),
     ({"structured_outputs": {"choice": [f"c{i}" for i in range(100_000)]}},
      "structured_outputs", "--max-grammar-alternatives"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{t}", "parameters": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}}}
+        for t in range(2)]}, "tools", "--max-schema-properties"),
 ]
 
 
-@pytest.mark.parametrize("body, param, option", SIZE_LIMITED,
-                         ids=["5000-tools", "10000-properties", "100000-choices"])
+@pytest.mark.parametrize("body, param, option", SIZE_LIMITED, ids=[
+    "5000-tools", "10000-properties", "100000-choices", "tools-1200-properties-together"])
 def test_a_request_over_a_size_limit_is_a_400_in_under_a_second(make_client, grammars, body,
                                                                  param, option):
     """Before issue 61: 400 after 6-30 s with a Rust panic or a parser-state dump."""

@@ -204,10 +204,20 @@ async def compile_output(state, constraint, plan, tenant: str | None) -> None:
     grammar cannot enforce is named by its tool.
 
     Raises:
-        UnsupportedParameterError: a tool's parameters (param ``tools``).
+        UnsupportedParameterError: a tool's parameters, or all tools' parameters together over
+            a size limit (param ``tools``).
         InvalidParameterError: the constraint.
     """
-    for function in plan.functions if plan is not None else ():
+    functions = plan.functions if plan is not None else ()
+    if functions and state.grammars is not None:  # the reply's grammar holds them all
+        together = StructuredOutputsParams(json={"anyOf": [
+            f.parameters or ANY_OBJECT for f in functions]})
+        try:
+            state.grammars.limits.check(together)
+        except InvalidParameterError as exc:
+            raise UnsupportedParameterError(
+                "tools", f"the tools' parameters together: {exc}") from None
+    for function in functions:
         try:
             await compile_constraint(state, StructuredOutputsParams(
                 json=function.parameters or ANY_OBJECT), tenant)
