@@ -146,6 +146,7 @@ def test_an_output_that_ends_short_of_its_grammar_is_an_error_not_stop(engine):
         final = next((o for o in engine.step() if o.finished), final)
     assert final.finish_reason == "error"
     assert "ended before the constraint was complete" in final.error
+    assert request.params.structured_outputs.key not in engine.grammars.cache  # compiled anew
 
 
 def test_the_grammar_cache_bytes_are_in_the_engine_stats(engine):

@@ -127,8 +127,9 @@ class GrammarCompiler:
         """Compile in the worker; the cache learns the entry's size before waiters wake."""
         if not future.set_running_or_notify_cancel():
             return
-        before = _rss_bytes()
         try:
+            self._llg_tokenizer()  # built once, not counted in the entry's bytes
+            before = _rss_bytes()
             grammar = constraint.grammar_text()
             matcher = self._compile(constraint, grammar)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiters

@@ -64,7 +64,8 @@ def advance_grammar(request: Request, token: int) -> str | None:
     matcher = request.grammar
     if matcher is None or matcher.consume_token(token):
         return None
-    return matcher.get_error() or "the grammar refused the sampled token"
+    error = matcher.get_error().replace("<non-verbose/>", "").strip()
+    return error.splitlines()[0] if error else "the grammar refused the sampled token"
 
 
 def unfinished_grammar(request: Request) -> str | None:
