@@ -13,7 +13,8 @@ are shared by every copy, so the engine thread never pays for them (``((a{100}){
 took 1.6 s); a constraint whose language is empty (no output can match it), or whose shared
 lexer already ran into llguidance's limits (every later copy would fail: ``too many expressions
 constructed``), is refused there, at compile time. A compiled form whose request's matcher
-fails later is dropped from the cache (:meth:`GrammarCompiler.discard`). The lexer's start-up work is bounded (:data:`LEXER_FUEL`), and llguidance's verbose
+fails later is dropped from the cache (:meth:`GrammarCompiler.discard`). The lexer's start-up work and its states are bounded (:data:`LEXER_FUEL`,
+:data:`LEXER_STATES`: at most about 100 MB per constraint), and llguidance's verbose
 errors (parser-state dumps) are off: a refusal says what is wrong in one line of ours.
 """
 
@@ -31,6 +32,7 @@ from kvledger.errors import InvalidParameterError
 
 MASK_THREADS = 2  # llguidance threads filling one step's masks
 LEXER_FUEL = 300_000  # llguidance's initial_lexer_fuel (its default 1,000,000: 1.6 s, +177 MB)
+LEXER_STATES = 50_000  # llguidance's max_lexer_states, 1-2 kB each (its default 250,000)
 BYTES_PER_GRAMMAR_CHAR = 32  # least estimate of a compiled grammar's memory (20,000-string
 # enum: 349 KB of grammar, about 11 MB compiled)
 NO_TOKEN_ERROR = "NoExtensionBias"  # llguidance's error when no token can start the output
@@ -143,7 +145,8 @@ class GrammarCompiler:
         from llguidance import LLMatcher, LLParserLimits
 
         label = constraint.label
-        limits = LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
+        limits = LLParserLimits(initial_lexer_fuel=LEXER_FUEL, max_lexer_states=LEXER_STATES,
+                                verbose_errors=False)
         try:
             matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0, limits=limits)
         except BaseException as exc:  # a Rust panic arrives as pyo3's PanicException

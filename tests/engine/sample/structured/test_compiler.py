@@ -130,3 +130,13 @@ def test_a_small_cache_budget_keeps_the_bytes_under_it(grammars):
         small.matcher(StructuredOutputsParams(json={"enum": [f"v{i}-{k}" for k in range(2000)]}))
     assert small.cache.nbytes <= 4 << 20
     assert len(small.cache) < 6
+
+
+def test_a_choice_of_thousands_of_strings_is_enforced_past_its_first_token(grammars,
+                                                                          bundled_tokenizer):
+    """As one rule of 10,000 alternatives it failed at the first token (llguidance's limit of
+    2,000 items in a parser row); as one lexeme it holds."""
+    choices = [f"option-{i}" for i in range(10_000)]
+    matcher = grammars.matcher(StructuredOutputsParams(choice=choices))
+    assert _consumes(matcher, bundled_tokenizer, "option-9876")
+    assert matcher.is_accepting() and not matcher.is_error()
