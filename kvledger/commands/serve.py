@@ -79,6 +79,8 @@ def serve(
         help="Most 'stop' strings per request; more: HTTP 400.")] = 16,
     max_stop_chars: Annotated[int, typer.Option(
         help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
+    max_tools: Annotated[int, typer.Option(
+        help="Most tools in one request; more: HTTP 400.")] = 128,
     send_timeout_s: Annotated[float, typer.Option(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
     served_model_name: Annotated[str | None, typer.Option(
@@ -121,7 +123,7 @@ def serve(
         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s,
         header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
         max_input_chars=max_input_chars, max_input_items=max_input_items,
-        max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
+        max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars, max_tools=max_tools,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging

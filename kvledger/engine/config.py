@@ -97,6 +97,15 @@ class EngineConfig:
             first); None = 10 with kv_disk_dir.
         kv_ram_gib: a host-RAM KV tier of this many GiB between the pool and the disk tier
             (evicted pool blocks kept in memory); None = none.
+        grammar_cache_mib: MiB the compiled structured-output constraints may hold in their
+            cache (least recently used of the tenant holding most evicted first); None = 1/64
+            of the RAM, at most 1024.
+        max_grammar_bytes: largest structured-output constraint (its schema as JSON, regex,
+            grammar or choices) in bytes; larger: HTTP 400.
+        max_schema_properties: most properties a JSON schema constraint declares (all objects
+            together); more: HTTP 400.
+        max_grammar_alternatives: most alternatives of a constraint (choices, or a schema's
+            enum values and anyOf / oneOf branches, all together); more: HTTP 400.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -139,6 +148,10 @@ class EngineConfig:
     kv_disk_dir: str | None = None
     kv_disk_gib: float | None = None
     kv_ram_gib: float | None = None
+    grammar_cache_mib: int | None = None
+    max_grammar_bytes: int = 512 << 10
+    max_schema_properties: int = 1000
+    max_grammar_alternatives: int = 10_000
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -151,7 +164,10 @@ class EngineConfig:
                     "kv_residual_tokens": self.kv_residual_tokens,
                     "tensor_parallel_size": self.tensor_parallel_size,
                     "tp_timeout_s": self.tp_timeout_s, "kv_disk_gib": self.kv_disk_gib,
-                    "kv_ram_gib": self.kv_ram_gib}
+                    "kv_ram_gib": self.kv_ram_gib, "grammar_cache_mib": self.grammar_cache_mib,
+                    "max_grammar_bytes": self.max_grammar_bytes,
+                    "max_schema_properties": self.max_schema_properties,
+                    "max_grammar_alternatives": self.max_grammar_alternatives}
         for name, value in positive.items():
             if value is not None and value <= 0:
                 raise InvalidParameterError(f"{name} must be > 0, got {value}")

@@ -38,8 +38,16 @@ from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.prompt_logprobs import take_prompt_logprobs
 from kvledger.engine.sample.sampler import Sampler
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.engine.sample.structured.compiler import GrammarCompiler
-from kvledger.engine.sample.structured.masks import advance_grammar
+from kvledger.engine.sample.structured.compiler import (
+    GrammarCompiler,
+    grammar_cache_bytes,
+    grammar_limits,
+)
+from kvledger.engine.sample.structured.masks import (
+    STRUCTURED_ERROR,
+    advance_grammar,
+    unfinished_grammar,
+)
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
@@ -165,7 +173,8 @@ class LLMEngine:
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
                  self.bytes_per_block, self.kv_layout.reserved_bytes,
                  describe_groups(self.kv_layout.groups))
-        self.grammars = (GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids)
+        self.grammars = (GrammarCompiler(tokenizer, spec.vocab_size, spec.eos_token_ids,
+                                         grammar_limits(config), grammar_cache_bytes(config))
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
@@ -334,8 +343,11 @@ class LLMEngine:
         grammar_error = advance_grammar(req, token)
         new_text, stopped = req.detokenizer.update(req.output_token_ids)
         reason = "stop" if stopped else self._finish_reason(req, token)
+        if grammar_error is None and reason == "stop" and not stopped:
+            grammar_error = unfinished_grammar(req)
         if grammar_error is not None:
-            reason, out.error = "error", f"structured output failed: {grammar_error}"
+            reason, out.error = "error", f"{STRUCTURED_ERROR}: {grammar_error}"
+            self.grammars.discard(req.params.structured_outputs)
         if reason is not None:
             new_text += "" if stopped else req.detokenizer.flush()
             self._finish(req, reason, now)
@@ -400,4 +412,6 @@ class LLMEngine:
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
         if self.tiers is not None:
             s.update(self.tiers.stats())
+        if self.grammars is not None:
+            s["grammar_cache_bytes"] = self.grammars.cache.nbytes
         return s

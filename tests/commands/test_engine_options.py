@@ -54,6 +54,10 @@ NON_DEFAULT = {
     "kv_disk_dir": ("kv-dir", ["--kv-disk-dir", "kv-dir"]),
     "kv_disk_gib": (2.0, ["--kv-disk-gib", "2"]),
     "kv_ram_gib": (0.5, ["--kv-ram-gib", "0.5"]),
+    "grammar_cache_mib": (64, ["--grammar-cache-mib", "64"]),
+    "max_grammar_bytes": (4096, ["--max-grammar-bytes", "4096"]),
+    "max_schema_properties": (10, ["--max-schema-properties", "10"]),
+    "max_grammar_alternatives": (20, ["--max-grammar-alternatives", "20"]),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 

@@ -173,3 +173,82 @@ def test_an_engine_without_grammars_refuses_structured_output(make_client):
     resp = make_client().post("/v1/chat/completions", json={
         "messages": ASK, "response_format": {"type": "json_object"}})
     assert resp.status_code == 400 and "not available" in resp.json()["error"]["message"]
+
+
+UNSATISFIABLE = [
+    {"structured_outputs": {"regex": r"[^\x00-\x{10FFFF}]"}},
+    {"structured_outputs": {"grammar": "start: /[^\\x00-\\U0010FFFF]/"}},
+    {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"$ref": "#"}}}},
+    {"structured_outputs": {"json": {"$defs": {"a": {"$ref": "#/$defs/b"},
+                                               "b": {"$ref": "#/$defs/a"}},
+                                     "$ref": "#/$defs/a"}}},
+]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("body", UNSATISFIABLE, ids=["regex", "lark", "ref-self", "ref-loop"])
+def test_a_constraint_no_output_can_match_is_a_400_not_an_empty_stop(make_client, grammars,
+                                                                     route, body):
+    """Before issue 61: 200, text "", finish_reason "stop"."""
+    if route == "/v1/completions" and "response_format" in body:
+        body = {"structured_outputs": {"json": {"$ref": "#"}}}
+    client = make_client(RecordingEngine(grammars, ""))
+    prompt = {"messages": ASK} if route.endswith("chat/completions") else {"prompt": "x"}
+    resp = client.post(route, json={**prompt, **body})
+    assert resp.status_code == 400, resp.text
+    assert "matches no output" in resp.json()["error"]["message"]
+
+
+SIZE_LIMITED = [
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(5000)]},
+     "tools", "--max-tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}}}}},
+     "response_format", "--max-schema-properties"),
+    ({"structured_outputs": {"choice": [f"c{i}" for i in range(100_000)]}},
+     "structured_outputs", "--max-grammar-alternatives"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{t}", "parameters": {
+        "type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}}}
+        for t in range(2)]}, "tools", "--max-schema-properties"),
+]
+
+
+@pytest.mark.parametrize("body, param, option", SIZE_LIMITED, ids=[
+    "5000-tools", "10000-properties", "100000-choices", "tools-1200-properties-together"])
+def test_a_request_over_a_size_limit_is_a_400_in_under_a_second(make_client, grammars, body,
+                                                                 param, option):
+    """Before issue 61: 400 after 6-30 s with a Rust panic or a parser-state dump."""
+    import time
+
+    client = make_client(RecordingEngine(grammars, "ok"))
+    start = time.perf_counter()
+    resp = client.post("/v1/chat/completions", json={"messages": ASK, **body})
+    took = time.perf_counter() - start
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert option in error["message"] and error["param"] == param, error
+    assert took < 1.0, took
+
+
+def test_the_grammar_cache_bytes_are_in_metrics(make_client, grammars):
+    class Engine(RecordingEngine):
+        def stats(self) -> dict:  # as LLMEngine.stats reports its compiler's cache
+            return {**super().stats(), "grammar_cache_bytes": self.grammars.cache.nbytes}
+
+    client = make_client(Engine(grammars, "yes"))
+    assert client.post("/v1/chat/completions", json={"messages": ASK, "structured_outputs": {
+        "choice": ["yes", "no"]}}).status_code == 200
+    lines = [line for line in client.get("/metrics").text.splitlines()
+             if line.startswith("kvledger:grammar_cache_bytes{")]
+    assert len(lines) == 1 and float(lines[0].split()[-1]) == grammars.cache.nbytes > 0
+
+
+def test_an_output_short_of_its_constraint_is_a_400_of_its_own_code():
+    from kvledger.engine.output.request_output import RequestOutput
+    from kvledger.server.openai.streaming import engine_error
+
+    out = RequestOutput("r", [1])
+    out.error = "structured output failed: the output ended before the constraint was complete"
+    status, body = engine_error(out)
+    assert (status, body["error"]["code"]) == (400, "structured_output_failed")

@@ -113,6 +113,9 @@ def test_text_format_is_enforced_and_echoed(serve):
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs 'name' and 'schema'"),
     ({"tools": [{**TOOL, "parameters": {"type": "array", "uniqueItems": True}}]},
      "uniqueItems"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"$ref": "#"}}}},
+     "matches no output"),
+    ({"tools": [{**TOOL, "name": f"f{i}"} for i in range(129)]}, "--max-tools"),
 ])
 def test_bad_input_is_a_400(serve, body, words):
     oc, _, _ = serve("ok")

@@ -10,7 +10,8 @@ histograms ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
 (each request's peak KV bytes), gauges ``kv_bytes_allocated`` and ``kv_bytes_predicted`` (the
 ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
 ``kv_blocks_evictable`` (free counts the evictable ones: at idle free == total, nothing
-leaked),
+leaked), ``grammar_cache_bytes`` (the estimated bytes of the compiled structured-output
+constraints cached, within ``--grammar-cache-mib``),
 counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-admissions after a
 preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``; the KV
 tiers' series (``kv_tier_*{tier}``) in :mod:`.tier_metrics`.
@@ -59,6 +60,7 @@ STAT_GAUGES = {  # gauge name -> engine.stats() key
     "kv_blocks_total": "kv_blocks_total",
     "kv_blocks_free": "kv_blocks_free",
     "kv_blocks_evictable": "kv_blocks_evictable",
+    "grammar_cache_bytes": "grammar_cache_bytes",
 }
 STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
     "prefix_cache_queries": "prefix_cache_queried_tokens",
@@ -88,6 +90,7 @@ class ServerMetrics:
             ("kv_blocks_total", "KV blocks in the pool."),
             ("kv_blocks_free", "KV blocks on the free list (cached ones included)."),
             ("kv_blocks_evictable", "Free KV blocks still holding a prefix-cache entry."),
+            ("grammar_cache_bytes", "Estimated bytes of the cached compiled constraints."),
         )}
         self.counters = {name: self._make(Counter, name, doc) for name, doc in (
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache (once each)."),

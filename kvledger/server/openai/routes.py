@@ -150,7 +150,7 @@ def _warn_unknown(body, request: Request) -> None:
 
 
 def _check_request(state, body) -> None:
-    """The server's own limits on one request (stop strings, stream slots)."""
+    """The server's own limits on one request (stop strings, tools, stream slots)."""
     limits, stop = state.limits, body.stop_strings()
     if len(stop) > limits.max_stop_strings:
         raise UnsupportedParameterError(
@@ -162,15 +162,20 @@ def _check_request(state, body) -> None:
                     "(--max-stop-chars)")
     if any(not s for s in stop):
         raise UnsupportedParameterError("stop", "'stop' strings must not be empty")
+    tools = getattr(body, "tools", None) or ()
+    if len(tools) > limits.max_tools:
+        raise UnsupportedParameterError(
+            "tools", f"'tools' has {len(tools)} tools; this server takes at most "
+                     f"{limits.max_tools} (--max-tools)")
     cap = limits.max_concurrent_streams
     if body.stream and cap is not None and state.streams >= cap:
         raise TooManyStreamsError(f"{cap} streams are open (--max-concurrent-streams); "
                                   "retry later")
 
 
-async def compile_constraint(state, constraint) -> None:
+async def compile_constraint(state, constraint, tenant: str | None) -> None:
     """Compile ``constraint`` in the grammar compiler's thread (the engine thread then finds it
-    cached).
+    cached; ``tenant`` owns the cache entry).
 
     Raises:
         InvalidParameterError: the engine has no grammar support, or the constraint does not
@@ -179,7 +184,7 @@ async def compile_constraint(state, constraint) -> None:
     if state.grammars is None:
         raise InvalidParameterError("structured output is not available on this engine (it "
                                     "has no tokenizer)")
-    await asyncio.wrap_future(state.grammars.submit(constraint))
+    await asyncio.wrap_future(state.grammars.submit(constraint, tenant))
 
 
 @contextmanager
@@ -194,26 +199,37 @@ def request_field(param: str):
         raise
 
 
-async def compile_output(state, constraint, plan) -> None:
+async def compile_output(state, constraint, plan, tenant: str | None) -> None:
     """Compile a request's constraint; each tool's parameters first, so that a schema the
     grammar cannot enforce is named by its tool.
 
     Raises:
-        UnsupportedParameterError: a tool's parameters (param ``tools``).
+        UnsupportedParameterError: a tool's parameters, or all tools' parameters together over
+            a size limit (param ``tools``).
         InvalidParameterError: the constraint.
     """
-    for function in plan.functions if plan is not None else ():
+    functions = plan.functions if plan is not None else ()
+    if functions and state.grammars is not None:  # the reply's grammar holds them all
+        together = StructuredOutputsParams(json={"anyOf": [
+            f.parameters or ANY_OBJECT for f in functions]})
+        try:
+            state.grammars.limits.check(together)
+        except InvalidParameterError as exc:
+            raise UnsupportedParameterError(
+                "tools", f"the tools' parameters together: {exc}") from None
+    for function in functions:
         try:
             await compile_constraint(state, StructuredOutputsParams(
-                json=function.parameters or ANY_OBJECT))
+                json=function.parameters or ANY_OBJECT), tenant)
         except InvalidParameterError as exc:
             raise UnsupportedParameterError(
                 "tools", f"tool {function.name!r}: {exc}") from None
     if constraint is not None:
-        await compile_constraint(state, constraint)
+        await compile_constraint(state, constraint, tenant)
 
 
-async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
+async def _output_plan(state, body, model: str, params, tenant: str | None
+                       ) -> tuple[list, object]:
     """The prompts and the tool plan of a request; ``params.structured_outputs`` is set to its
     constraint, compiled before the request is added."""
     response_format = getattr(body, "response_format", None)
@@ -228,7 +244,7 @@ async def _output_plan(state, body, model: str, params) -> tuple[list, object]:
     with request_field("structured_outputs" if body.structured_outputs is not None else
                        "response_format" if schema is not None else "tools"):
         params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
-        await compile_output(state, params.structured_outputs, plan)
+        await compile_output(state, params.structured_outputs, plan, tenant)
     return [await state.loop.tokenize(prompt, tools) for prompt in prompts], plan
 
 
@@ -261,10 +277,10 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     if streaming:
         state.streams += 1
     try:
-        prompts, tool_plan = await _output_plan(state, body, model, params)
+        who = caller(request)
+        prompts, tool_plan = await _output_plan(state, body, model, params, who.tenant)
         request_ids = ([response_id] if len(prompts) == 1
                        else [f"{response_id}-{i}" for i in range(len(prompts))])
-        who = caller(request)
         outputs = await _add_all(state, request_ids, prompts, params, who,
                                  who.cache_salt(body.cache_salt))
     except BaseException:

@@ -31,6 +31,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from kvledger.engine.output.request_output import RequestOutput, TokenLogprob
+from kvledger.engine.sample.structured.masks import STRUCTURED_ERROR
 from kvledger.server.engine_loop import INTERNAL_ERROR, SHUTDOWN_ERROR, UNAVAILABLE_ERROR
 from kvledger.server.openai.errors import error_body
 from kvledger.server.openai.formatters import step_logprobs
@@ -71,7 +72,8 @@ def engine_error(out: RequestOutput) -> tuple[int, dict]:
     500 when a bug in the engine step failed it (:data:`INTERNAL_ERROR`); 503 when the server
     stopped the engine (:data:`SHUTDOWN_ERROR`, drain timeout) or the engine cannot compute
     (:data:`UNAVAILABLE_ERROR`: a tensor-parallel rank failed); 400 when the scheduler refused it for good (it outgrew what the KV pool can ever hold: a
-    retry cannot pass, so not a 429).
+    retry cannot pass, so not a 429), or its output could not satisfy its structured-output
+    constraint (:data:`STRUCTURED_ERROR`, code ``structured_output_failed``).
     """
     message = out.error or "the engine could not serve this request"
     if message.startswith(INTERNAL_ERROR):
@@ -80,6 +82,8 @@ def engine_error(out: RequestOutput) -> tuple[int, dict]:
         return 503, error_body(message, "server_error", None, "server_draining")
     if message.startswith(UNAVAILABLE_ERROR):
         return 503, error_body(message, "server_error", None, "engine_unavailable")
+    if message.startswith(STRUCTURED_ERROR):
+        return 400, error_body(message, "invalid_request_error", None, "structured_output_failed")
     return 400, error_body(message, "invalid_request_error", None, "kv_quota_exceeded")
 
 

@@ -87,7 +87,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     if streaming:
         server.streams += 1
     try:
-        tools = await _structured_output(server, body, model, params)
+        tools = await _structured_output(server, body, model, params, who.tenant)
         turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
                                params, body.max_output_tokens, body.truncation or "disabled",
                                body.memory, body.store,
@@ -156,7 +156,8 @@ def _check_call_outputs(service: SessionService, tenant: str, body: ResponsesReq
                 f"{body.previous_response_id!r}")
 
 
-async def _structured_output(server, body: ResponsesRequest, model: str, params):
+async def _structured_output(server, body: ResponsesRequest, model: str, params,
+                             tenant: str | None):
     """The turn's tool plan (None when no call can come back); ``params.structured_outputs``
     is set from ``text.format`` and the tools, and compiled.
 
@@ -175,7 +176,7 @@ async def _structured_output(server, body: ResponsesRequest, model: str, params)
             f"{model}'s template writes {plan.fmt.name} calls (use /v1/chat/completions)")
     with request_field("text.format" if schema is not None else "tools"):
         params.structured_outputs = output_constraint(schema, None, plan)
-        await compile_output(server, params.structured_outputs, plan)
+        await compile_output(server, params.structured_outputs, plan, tenant)
     return plan
 
 

@@ -129,3 +129,30 @@ def test_bundled_model_json_outputs_validate_and_stop():
     for (_, schema), out in zip(cases, llm.generate(prompts, params)):
         assert out.finish_reason == "stop", out.text
         jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_an_output_that_ends_short_of_its_grammar_is_an_error_not_stop(engine):
+    """An errored matcher (here one whose language is empty, past the compiler) allows only the
+    end of output; before issue 61 that ended ``stop`` with an empty text."""
+    from llguidance import LLMatcher
+
+    engine.add_request("short", PROMPT, SamplingParams(max_tokens=8,
+                                                       structured_outputs={"regex": "[0-9]+"}))
+    request = engine.scheduler.requests["short"]
+    request.grammar = LLMatcher(engine.grammars._llg_tokenizer(),
+                                LLMatcher.grammar_from_regex(r"[^\x00-\x{10FFFF}]"), log_level=0)
+    final = None
+    while engine.has_unfinished_requests():
+        final = next((o for o in engine.step() if o.finished), final)
+    assert final.finish_reason == "error"
+    assert "ended before the constraint was complete" in final.error
+    assert request.params.structured_outputs.key not in engine.grammars.cache  # compiled anew
+
+
+def test_the_grammar_cache_bytes_are_in_the_engine_stats(engine):
+    from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
+
+    constraint = StructuredOutputsParams(json={"enum": ["a", "b", "c"]})
+    engine.grammars.matcher(constraint)
+    assert constraint.key in engine.grammars.cache
+    assert engine.stats()["grammar_cache_bytes"] == engine.grammars.cache.nbytes > 0

@@ -157,9 +157,9 @@ class StructuredOutputsParams:
             return LLMatcher.grammar_from_json_schema(schema, overrides=WHITESPACE_OPTIONS)
         if self.regex is not None:
             return LLMatcher.grammar_from_regex(self.regex)
-        if self.choice is not None:
-            return LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(json.dumps(c) for c in self.choice))
+        if self.choice is not None:  # one lexeme: a parser rule of over 2,000 alternatives
+            return LLMatcher.grammar_from_lark(  # fails at the first token (llguidance's row)
+                "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(c) for c in self.choice))
         try:
             return LLMatcher.grammar_from_lark(any_to_lark(self.grammar))
         except Exception as exc:  # noqa: BLE001 - the converter raises its own error types

@@ -14,6 +14,8 @@ import torch
 
 from kvledger.engine.request import Request
 
+STRUCTURED_ERROR = "structured output failed"  # prefix of the error of a request it ended
+
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[n, words]`` int32 on the CPU -> ``[n, vocab_size]`` bool (True = allowed).
@@ -62,4 +64,15 @@ def advance_grammar(request: Request, token: int) -> str | None:
     matcher = request.grammar
     if matcher is None or matcher.consume_token(token):
         return None
-    return matcher.get_error() or "the grammar refused the sampled token"
+    error = matcher.get_error().replace("<non-verbose/>", "").strip()
+    return error.splitlines()[0] if error else "the grammar refused the sampled token"
+
+
+def unfinished_grammar(request: Request) -> str | None:
+    """Why a request that ends on an end-of-output token fails its grammar (None when it has
+    none or its matcher accepts the output): a constrained output never finishes ``stop``
+    short of the constraint."""
+    matcher = request.grammar
+    if matcher is None or matcher.is_accepting():
+        return None
+    return "the output ended before the constraint was complete"

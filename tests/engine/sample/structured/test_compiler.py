@@ -70,3 +70,73 @@ def test_gbnf_and_lark_grammars_both_compile(grammars, bundled_tokenizer):
                          bundled_tokenizer, "no")
         assert not _consumes(grammars.matcher(StructuredOutputsParams(grammar=text)),
                              bundled_tokenizer, "maybe")
+
+
+EMPTY_LANGUAGES = [
+    {"regex": r"[^\x00-\x{10FFFF}]"},
+    {"grammar": "start: /[^\\x00-\\U0010FFFF]/"},
+    {"json": {"$ref": "#"}},
+    {"json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+              "$ref": "#/$defs/a"}},
+]
+
+
+@pytest.mark.parametrize("fields", EMPTY_LANGUAGES, ids=["regex", "lark", "ref-self", "ref-loop"])
+def test_a_constraint_no_output_can_match_is_refused_at_compile_time(grammars, fields):
+    constraint = StructuredOutputsParams(**fields)
+    with pytest.raises(InvalidParameterError, match="matches no output") as refused:
+        grammars.matcher(constraint)
+    assert "<state>" not in str(refused.value) and "Parser" not in str(refused.value)
+
+
+def test_a_constraint_that_fails_is_never_cached(grammars, monkeypatch):
+    compiled = []
+    original = StructuredOutputsParams.grammar_text
+
+    def spy(self):
+        compiled.append(self.key)
+        return original(self)
+
+    monkeypatch.setattr(StructuredOutputsParams, "grammar_text", spy)
+    constraint = StructuredOutputsParams(regex=r"x[^\x00-\x{10FFFF}]")
+    for _ in range(2):
+        with pytest.raises(InvalidParameterError):
+            grammars.matcher(constraint)
+    assert len(compiled) == 2  # compiled again, refused again: no cached failure
+
+
+def test_a_regex_whose_lexer_overflows_is_refused_at_compile_time_every_time(grammars):
+    """``b{3}((a{100}){100}){100}``: the first mask took 1.6 s (+177 MB) in the engine thread and
+    left the shared lexer over llguidance's limits, so every later copy failed at once (``""``,
+    ``stop``). Now the compile thread computes the first masks and refuses it, each time."""
+    import time
+
+    constraint = StructuredOutputsParams(regex="b{3}((a{100}){100}){100}")
+    for _ in range(2):
+        start = time.perf_counter()
+        with pytest.raises(InvalidParameterError, match="too large or complex") as refused:
+            grammars.matcher(constraint)
+        assert time.perf_counter() - start < 1.0
+        assert "<" not in str(refused.value)  # no <state> / <non-verbose/> / <backtrace>
+
+
+def test_a_small_cache_budget_keeps_the_bytes_under_it(grammars):
+    from kvledger.engine.sample.structured.compiler import GrammarCompiler
+
+    small = GrammarCompiler(grammars._tokenizer, grammars.vocab_size, grammars._eos,
+                            cache_bytes=4 << 20)
+    small._lltokenizer = grammars._llg_tokenizer()
+    for i in range(6):  # about 1.3 MB each (32 bytes per character of their grammar)
+        small.matcher(StructuredOutputsParams(json={"enum": [f"v{i}-{k}" for k in range(2000)]}))
+    assert small.cache.nbytes <= 4 << 20
+    assert len(small.cache) < 6
+
+
+def test_a_choice_of_thousands_of_strings_is_enforced_past_its_first_token(grammars,
+                                                                          bundled_tokenizer):
+    """As one rule of 10,000 alternatives it failed at the first token (llguidance's limit of
+    2,000 items in a parser row); as one lexeme it holds."""
+    choices = [f"option-{i}" for i in range(10_000)]
+    matcher = grammars.matcher(StructuredOutputsParams(choice=choices))
+    assert _consumes(matcher, bundled_tokenizer, "option-9876")
+    assert matcher.is_accepting() and not matcher.is_error()
