@@ -1,0 +1,149 @@
+"""Paged attention in Triton: each query over the first ``context_lens[i]`` positions of its
+sequence's blocks (the block-table form of ``PagedQueries``), read in place from the pool.
+
+One program takes one query, one KV head and one *split* (a run of the context's blocks): the
+KV head's GQA group of query heads shares each K/V block it loads, and an online softmax (a
+running maximum m, normaliser l and weighted sum acc per query head; Milakov & Gimelshein,
+arXiv:1805.02867) walks the split's blocks. A second kernel merges the splits (flash-decoding:
+a long context is read by many programs at once) and adds the sink logits once:
+``out = sum_s acc_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink - M))`` with M the largest
+of the m_s and the sink.
+
+Per layer, as ``engine/attention/layer.py`` describes: the score scale, a sliding window (the
+query at position ``context_len - 1`` sees the last W positions), a soft-cap
+(``c tanh(s / c)``) and sink logits [heads]. Because a query's context is its own length, one
+launch serves decode (one query per sequence) and prefill over a cached prefix (query j of a
+segment sees ``prefix + j + 1`` positions) alike.
+
+The products are broadcast multiply-and-sum, not ``tl.dot``: a decode's GQA group is far
+below the 16 rows a tensor-core tile needs, and the kernel stays bound by reading K/V.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import torch
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp (no libdevice call, so the interpreter and every GPU run the same)."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
+                  scale, softcap, window, blocks_per_split,
+                  stride_qn, stride_qh, stride_kb, stride_kt, stride_kh, stride_tab,
+                  HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+                  D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,
+                  SPLITS: tl.constexpr, SOFTCAP: tl.constexpr):
+    i, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq = tl.load(seq_ptr + i).to(tl.int64)
+    ctx = tl.load(lens_ptr + i)
+    start = tl.maximum(ctx - window, 0) if window > 0 else 0
+    g, d, t = tl.arange(0, GP), tl.arange(0, DP), tl.arange(0, BSP)
+    gm, dm = g < GROUP, d < D
+    heads = h * GROUP + g
+    q = tl.load(q_ptr + i * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                mask=gm[:, None] & dm[None, :], other=0.0).to(tl.float32) * scale
+    lo = tl.maximum(s * blocks_per_split, start // BS)
+    hi = tl.minimum((s + 1) * blocks_per_split, (ctx + BS - 1) // BS)
+    m = tl.full((GP,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((GP,), tl.float32)
+    acc = tl.zeros((GP, DP), tl.float32)
+    for b in range(lo, hi):
+        block = tl.load(tables_ptr + seq * stride_tab + b).to(tl.int64)
+        pos = b * BS + t
+        seen = (t < BS) & (pos < ctx) & (pos >= start)
+        at = block * stride_kb + t[:, None] * stride_kt + h * stride_kh + d[None, :]
+        tile = seen[:, None] & dm[None, :]
+        k = tl.load(k_ptr + at, mask=tile, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + at, mask=tile, other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GP, BSP]
+        if SOFTCAP:
+            scores = _tanh(scores / softcap) * softcap
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet
+        corr = tl.exp(m - m_safe)
+        p = tl.exp(scores - m_safe[:, None])
+        l_sum = l_sum * corr + tl.sum(p, axis=1)
+        acc = acc * corr[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    row = (i * HEADS + heads) * SPLITS + s
+    tl.store(m_ptr + row, m, mask=gm)
+    tl.store(l_ptr + row, l_sum, mask=gm)
+    tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=gm[:, None])
+
+
+@triton.jit
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, stride_on, stride_oh,
+                  HEADS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                  SPLITS: tl.constexpr, SP: tl.constexpr, HAS_SINKS: tl.constexpr):
+    i, head = tl.program_id(0), tl.program_id(1)
+    s, d = tl.arange(0, SP), tl.arange(0, DP)
+    row = (i * HEADS + head) * SPLITS + s
+    m = tl.load(m_ptr + row, mask=s < SPLITS, other=float("-inf"))
+    l_sum = tl.load(l_ptr + row, mask=s < SPLITS, other=0.0)
+    acc = tl.load(acc_ptr + row[:, None] * DP + d[None, :], mask=(s < SPLITS)[:, None],
+                  other=0.0)
+    top = tl.max(m, axis=0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        top = tl.maximum(top, sink)
+    weight = tl.where(m == float("-inf"), 0.0, tl.exp(m - top))  # an empty split weighs 0
+    den = tl.sum(weight * l_sum, axis=0)
+    if HAS_SINKS:
+        den += tl.exp(sink - top)
+    out = tl.sum(weight[:, None] * acc, axis=0) / den
+    tl.store(out_ptr + i * stride_on + head * stride_oh + d,
+             out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def choose_splits(queries: int, kv_heads: int, blocks: int, units: int) -> int:
+    """Splits per (query, KV head): enough programs for two per compute unit, no split
+    shorter than 4 blocks, at most 64."""
+    programs = queries * kv_heads
+    wanted = -(-2 * units // programs) if programs < 2 * units else 1
+    return max(1, min(wanted, blocks // 4, 64))
+
+
+def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
+                    block_tables: torch.Tensor, seq_of_query: torch.Tensor,
+                    context_lens: torch.Tensor, scale: float, window: int | None = None,
+                    softcap: float | None = None, sinks: torch.Tensor | None = None,
+                    splits: int = 1) -> torch.Tensor:
+    """Output [N, heads, D] (q's dtype) of queries q [N, heads, D] over K/V blocks
+    [blocks, block_size, kv_heads, D] (last dim contiguous): query i sees the first
+    ``context_lens[i]`` (>= 1) positions of the sequence whose blocks are
+    ``block_tables[seq_of_query[i]]``, the last ``window`` of them when given; scores times
+    ``scale``, soft-capped at ``softcap`` when given, sink logits ``sinks`` [heads] when given;
+    the context read in ``splits`` runs of blocks at once."""
+    n, heads, dim = q.shape
+    _, block_size, kv_heads, _ = key_blocks.shape
+    assert key_blocks.stride() == value_blocks.stride() and key_blocks.stride(-1) == 1
+    q = q.contiguous()
+    sinks = None if sinks is None else sinks.float().contiguous()
+    group = heads // kv_heads
+    used = -(-int(context_lens.max()) // block_size)
+    per_split = -(-used // splits)
+    dp = triton.next_power_of_2(dim)
+    m = torch.empty(n * heads * splits, dtype=torch.float32, device=q.device)
+    l_sum, acc = torch.empty_like(m), torch.empty(n * heads * splits * dp, dtype=torch.float32,
+                                                   device=q.device)
+    _split_kernel[(n, kv_heads, splits)](
+        q, key_blocks, value_blocks, block_tables, seq_of_query, context_lens, m, l_sum, acc,
+        scale, softcap or 0.0, window or 0, per_split,
+        q.stride(0), q.stride(1), key_blocks.stride(0), key_blocks.stride(1),
+        key_blocks.stride(2), block_tables.stride(0),
+        HEADS=heads, GROUP=group, GP=triton.next_power_of_2(group), D=dim, DP=dp,
+        BS=block_size, BSP=triton.next_power_of_2(block_size), SPLITS=splits,
+        SOFTCAP=softcap is not None)
+    out = torch.empty_like(q)
+    _merge_kernel[(n, heads)](
+        m, l_sum, acc, sinks if sinks is not None else m, out, out.stride(0), out.stride(1),
+        HEADS=heads, D=dim, DP=dp, SPLITS=splits, SP=triton.next_power_of_2(splits),
+        HAS_SINKS=sinks is not None)
+    return out
