@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[cuda]')")
 
-from kvledger.device.cuda.triton_kernels import kv_fp8, kv_int  # noqa: E402
-from kvledger.engine.kv.codecs import MIN_SCALE, Fp8Codec, IntCodec  # noqa: E402
+from kvledger.device.cuda.triton_kernels import kv_fp8, kv_int
+from kvledger.engine.kv.codecs import MIN_SCALE, Fp8Codec, IntCodec
 
 pytestmark = pytest.mark.triton
 

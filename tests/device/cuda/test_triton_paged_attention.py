@@ -10,10 +10,9 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[cuda]')")
 
-from kvledger.device.cuda.triton_kernels.paged_attention import (  # noqa: E402
-    choose_splits, paged_attention)
-from kvledger.engine.attention.layer import LayerAttention  # noqa: E402
-from kvledger.engine.attention.reference import _attend  # noqa: E402
+from kvledger.device.cuda.triton_kernels.paged_attention import choose_splits, paged_attention
+from kvledger.engine.attention.layer import LayerAttention
+from kvledger.engine.attention.reference import _attend
 
 pytestmark = pytest.mark.triton
 
@@ -32,7 +31,7 @@ def _case(dev, lens, heads=4, kv_heads=2, dim=16, bs=4, dtype=torch.float32, see
         tables[row, :count] = ids[used:used + count]
         used += count
     q = torch.randn(len(lens), heads, dim, generator=g).to(dtype)
-    to = dict(device=dev)
+    to = {"device": dev}
     return (q.to(**to), keys.to(**to), values.to(**to), tables.to(**to),
             torch.arange(len(lens), dtype=torch.int32, device=dev),
             torch.tensor(lens, dtype=torch.int32, device=dev))

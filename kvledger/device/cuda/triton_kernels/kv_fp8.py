@@ -10,9 +10,9 @@ the exponent). Decoding is
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-import torch
 
 FP8_MAX = tl.constexpr(448.0)  # largest finite e4m3fn (codecs.FP8_MAX)
 ROUND = tl.constexpr(12582912.0)  # 1.5 x 2^23: x + ROUND - ROUND rounds half to even

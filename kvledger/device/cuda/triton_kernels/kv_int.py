@@ -18,9 +18,9 @@ Shapes the kernels take: block size, head_dim and group powers of two (a Triton 
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-import torch
 
 ROUND = tl.constexpr(12582912.0)  # 1.5 x 2^23: x + ROUND - ROUND rounds fp32 |x| < 2^22 half to even
 BITS = (8, 4, 2)

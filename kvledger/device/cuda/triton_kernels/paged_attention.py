@@ -21,9 +21,9 @@ below the 16 rows a tensor-core tile needs, and the kernel stays bound by readin
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-import torch
 
 
 @triton.jit
