@@ -15,7 +15,8 @@ query at position ``context_len - 1`` sees the last W positions), a soft-cap
 launch serves decode (one query per sequence) and prefill over a cached prefix (query j of a
 segment sees ``prefix + j + 1`` positions) alike.
 
-The products are broadcast multiply-and-sum, not ``tl.dot``: a decode's GQA group is far
+The split count is a runtime argument (one compiled kernel for every count; the merge compiles
+per power of two). The products are broadcast multiply-and-sum, not ``tl.dot``: a decode's GQA group is far
 below the 16 rows a tensor-core tile needs, and the kernel stays bound by reading K/V.
 """
 
@@ -34,11 +35,11 @@ def _tanh(x):
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
-                  scale, softcap, window, blocks_per_split,
+                  scale, softcap, window, blocks_per_split, splits,
                   stride_qn, stride_qh, stride_kb, stride_kt, stride_kh, stride_tab,
                   HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
                   D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,
-                  SPLITS: tl.constexpr, SOFTCAP: tl.constexpr):
+                  SOFTCAP: tl.constexpr):
     i, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq = tl.load(seq_ptr + i).to(tl.int64)
     ctx = tl.load(lens_ptr + i)
@@ -72,22 +73,22 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, lens_ptr, m_ptr, l_p
         l_sum = l_sum * corr + tl.sum(p, axis=1)
         acc = acc * corr[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    row = (i * HEADS + heads) * SPLITS + s
+    row = (i * HEADS + heads) * splits + s
     tl.store(m_ptr + row, m, mask=gm)
     tl.store(l_ptr + row, l_sum, mask=gm)
     tl.store(acc_ptr + row[:, None] * DP + d[None, :], acc, mask=gm[:, None])
 
 
 @triton.jit
-def _merge_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, stride_on, stride_oh,
+def _merge_kernel(m_ptr, l_ptr, acc_ptr, sinks_ptr, out_ptr, stride_on, stride_oh, splits,
                   HEADS: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                  SPLITS: tl.constexpr, SP: tl.constexpr, HAS_SINKS: tl.constexpr):
+                  SP: tl.constexpr, HAS_SINKS: tl.constexpr):
     i, head = tl.program_id(0), tl.program_id(1)
     s, d = tl.arange(0, SP), tl.arange(0, DP)
-    row = (i * HEADS + head) * SPLITS + s
-    m = tl.load(m_ptr + row, mask=s < SPLITS, other=float("-inf"))
-    l_sum = tl.load(l_ptr + row, mask=s < SPLITS, other=0.0)
-    acc = tl.load(acc_ptr + row[:, None] * DP + d[None, :], mask=(s < SPLITS)[:, None],
+    row = (i * HEADS + head) * splits + s
+    m = tl.load(m_ptr + row, mask=s < splits, other=float("-inf"))
+    l_sum = tl.load(l_ptr + row, mask=s < splits, other=0.0)
+    acc = tl.load(acc_ptr + row[:, None] * DP + d[None, :], mask=(s < splits)[:, None],
                   other=0.0)
     top = tl.max(m, axis=0)
     if HAS_SINKS:
@@ -135,15 +136,14 @@ def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: tor
                                                    device=q.device)
     _split_kernel[(n, kv_heads, splits)](
         q, key_blocks, value_blocks, block_tables, seq_of_query, context_lens, m, l_sum, acc,
-        scale, softcap or 0.0, window or 0, per_split,
+        scale, softcap or 0.0, window or 0, per_split, splits,
         q.stride(0), q.stride(1), key_blocks.stride(0), key_blocks.stride(1),
         key_blocks.stride(2), block_tables.stride(0),
         HEADS=heads, GROUP=group, GP=triton.next_power_of_2(group), D=dim, DP=dp,
-        BS=block_size, BSP=triton.next_power_of_2(block_size), SPLITS=splits,
-        SOFTCAP=softcap is not None)
+        BS=block_size, BSP=triton.next_power_of_2(block_size), SOFTCAP=softcap is not None)
     out = torch.empty_like(q)
     _merge_kernel[(n, heads)](
         m, l_sum, acc, sinks if sinks is not None else m, out, out.stride(0), out.stride(1),
-        HEADS=heads, D=dim, DP=dp, SPLITS=splits, SP=triton.next_power_of_2(splits),
+        splits, HEADS=heads, D=dim, DP=dp, SP=triton.next_power_of_2(splits),
         HAS_SINKS=sinks is not None)
     return out
