@@ -146,3 +146,13 @@ def test_the_quantized_store_holds_the_same_pool_with_the_triton_encoder(fmt, mo
         for name, tensor in getattr(fast, side)[0].items():
             assert torch.equal(tensor, getattr(slow, side)[0][name]), (side, name)
     assert bool(calls) == (fmt != "int3"), "the Triton encoder ran or not as its shapes allow"
+
+
+@NO_GPU
+def test_probe_on_cuda_without_a_gpu_refuses_before_measuring_or_saving(tmp_path, monkeypatch):
+    from kvledger.cli import app
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path))
+    r = CliRunner().invoke(app, ["probe", "--device", "cuda"])
+    assert r.exit_code == 2 and "sees no CUDA GPU" in r.output, r.output
+    assert "local device:" not in r.output and list(tmp_path.iterdir()) == []
