@@ -49,12 +49,20 @@ def _encode_kernel(x_ptr, ids_ptr, codes_ptr, scale_ptr, min_scale,
 
 
 @triton.jit
+def dequant_block(codes_ptr, scale_ptr, block, h, H: tl.constexpr, BS: tl.constexpr,
+                  D: tl.constexpr):
+    """KV head ``h`` of block ``block`` (int64) as fp32 [BS, D]: ``code x scale``."""
+    at = ((block * BS + tl.arange(0, BS)[:, None]) * H + h) * D + tl.arange(0, D)[None, :]
+    codes = tl.load(codes_ptr + at).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return codes * tl.load(scale_ptr + block * H + h)
+
+
+@triton.jit
 def _decode_kernel(codes_ptr, scale_ptr, out_ptr,
                    H: tl.constexpr, BS: tl.constexpr, D: tl.constexpr):
     n, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    x = dequant_block(codes_ptr, scale_ptr, n, h, H, BS, D)
     at = ((n * BS + tl.arange(0, BS)[:, None]) * H + h) * D + tl.arange(0, D)[None, :]
-    codes = tl.load(codes_ptr + at).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    x = codes * tl.load(scale_ptr + n * H + h)
     tl.store(out_ptr + at, x.to(out_ptr.dtype.element_ty))
 
 

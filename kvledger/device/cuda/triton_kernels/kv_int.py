@@ -93,26 +93,35 @@ def _encode_kernel(x_ptr, ids_ptr, codes_ptr, scale_ptr, zero_ptr, min_scale,
 
 
 @triton.jit
-def _decode_kernel(codes_ptr, scale_ptr, zero_ptr, out_ptr,
-                   H: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
-                   GROUP: tl.constexpr):
-    n, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+def dequant_block(codes_ptr, scale_ptr, zero_ptr, block, h, H: tl.constexpr, BS: tl.constexpr,
+                  D: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """KV head ``h`` of block ``block`` (int64) as fp32 [BS, D]: ``code x scale + zero``."""
     t, d = tl.arange(0, BS), tl.arange(0, D)
     W: tl.constexpr = D * BITS // 8
-    packed = tl.load(codes_ptr + ((n * BS + t[:, None]) * H + h) * W + tl.arange(0, W)[None, :])
+    packed = tl.load(codes_ptr + ((block * BS + t[:, None]) * H + h) * W
+                     + tl.arange(0, W)[None, :])
     codes = _unpack(packed, BS, D, BITS).to(tl.float32)
     if GROUP == 0:
-        meta = (n * H + h) * D + d
+        meta = (block * H + h) * D + d
         x = (codes * tl.load(scale_ptr + meta).to(tl.float32)[None, :]
              + tl.load(zero_ptr + meta).to(tl.float32)[None, :])
     else:
         NG: tl.constexpr = D // GROUP
-        meta = ((n * BS + t[:, None]) * H + h) * NG + tl.arange(0, NG)[None, :]
+        meta = ((block * BS + t[:, None]) * H + h) * NG + tl.arange(0, NG)[None, :]
         scale = tl.load(scale_ptr + meta).to(tl.float32)
         zero = tl.load(zero_ptr + meta).to(tl.float32)
         x = tl.reshape(tl.reshape(codes, (BS, NG, GROUP)) * scale[:, :, None]
                        + zero[:, :, None], (BS, D))
-    at = ((n * BS + t[:, None]) * H + h) * D + d[None, :]
+    return x
+
+
+@triton.jit
+def _decode_kernel(codes_ptr, scale_ptr, zero_ptr, out_ptr,
+                   H: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                   GROUP: tl.constexpr):
+    n, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    x = dequant_block(codes_ptr, scale_ptr, zero_ptr, n, h, H, BS, D, BITS, GROUP)
+    at = ((n * BS + tl.arange(0, BS)[:, None]) * H + h) * D + tl.arange(0, D)[None, :]
     tl.store(out_ptr + at, x.to(out_ptr.dtype.element_ty))
 
 

@@ -22,9 +22,13 @@ below the 16 rows a tensor-core tile needs, and the kernel stays bound by readin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+from kvledger.device.cuda.triton_kernels import kv_fp8, kv_int
 
 
 @triton.jit
@@ -34,13 +38,39 @@ def _tanh(x):
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
+def _kv_tile(plain_ptr, codes_ptr, scale_ptr, zero_ptr, residual_ptr, slot, block, h, tile,
+             stride_kb, stride_kt, stride_kh, H: tl.constexpr, D: tl.constexpr,
+             DP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr, KIND: tl.constexpr,
+             BITS: tl.constexpr, GROUP: tl.constexpr):
+    """KV head ``h`` of block ``block`` as fp32 [BSP, DP]: read in place (KIND 0), or a
+    quantized block (1: int, 2: fp8) decoded, or its residual buffer ``slot`` (>= 0) while it
+    is unsealed (quantized blocks: BS and D powers of two)."""
+    t, d = tl.arange(0, BSP), tl.arange(0, DP)
+    if KIND == 0:
+        x = tl.load(plain_ptr + block * stride_kb + t[:, None] * stride_kt + h * stride_kh
+                    + d[None, :], mask=tile, other=0.0).to(tl.float32)
+    elif slot >= 0:
+        x = tl.load(residual_ptr + ((slot * BS + t[:, None]) * H + h) * D
+                    + d[None, :]).to(tl.float32)
+    elif KIND == 1:
+        x = kv_int.dequant_block(codes_ptr, scale_ptr, zero_ptr, block, h, H, BS, D, BITS, GROUP)
+    else:
+        x = kv_fp8.dequant_block(codes_ptr, scale_ptr, block, h, H, BS, D)
+    return x
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, k_codes, k_scale, k_zero, k_res,
+                  v_ptr, v_codes, v_scale, v_zero, v_res, residual_of,
+                  tables_ptr, seq_ptr, lens_ptr, m_ptr, l_ptr, acc_ptr,
                   scale, softcap, window, blocks_per_split, splits,
                   stride_qn, stride_qh, stride_kb, stride_kt, stride_kh, stride_tab,
-                  HEADS: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+                  HEADS: tl.constexpr, H: tl.constexpr, GP: tl.constexpr,
                   D: tl.constexpr, DP: tl.constexpr, BS: tl.constexpr, BSP: tl.constexpr,
-                  SOFTCAP: tl.constexpr):
+                  SOFTCAP: tl.constexpr, KIND: tl.constexpr, K_BITS: tl.constexpr,
+                  K_GROUP: tl.constexpr, V_BITS: tl.constexpr, V_GROUP: tl.constexpr):
     i, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    GROUP: tl.constexpr = HEADS // H
     seq = tl.load(seq_ptr + i).to(tl.int64)
     ctx = tl.load(lens_ptr + i)
     start = tl.maximum(ctx - window, 0) if window > 0 else 0
@@ -56,12 +86,14 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, seq_ptr, lens_ptr, m_ptr, l_p
     acc = tl.zeros((GP, DP), tl.float32)
     for b in range(lo, hi):
         block = tl.load(tables_ptr + seq * stride_tab + b).to(tl.int64)
+        slot = tl.load(residual_of + block) if KIND != 0 else -1
         pos = b * BS + t
         seen = (t < BS) & (pos < ctx) & (pos >= start)
-        at = block * stride_kb + t[:, None] * stride_kt + h * stride_kh + d[None, :]
         tile = seen[:, None] & dm[None, :]
-        k = tl.load(k_ptr + at, mask=tile, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + at, mask=tile, other=0.0).to(tl.float32)
+        k = _kv_tile(k_ptr, k_codes, k_scale, k_zero, k_res, slot, block, h, tile,
+                     stride_kb, stride_kt, stride_kh, H, D, DP, BS, BSP, KIND, K_BITS, K_GROUP)
+        v = _kv_tile(v_ptr, v_codes, v_scale, v_zero, v_res, slot, block, h, tile,
+                     stride_kb, stride_kt, stride_kh, H, D, DP, BS, BSP, KIND, V_BITS, V_GROUP)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GP, BSP]
         if SOFTCAP:
             scores = _tanh(scores / softcap) * softcap
@@ -111,6 +143,22 @@ def choose_splits(queries: int, kv_heads: int, blocks: int, units: int) -> int:
     return max(1, min(wanted, blocks // 4, 64))
 
 
+@dataclass(frozen=True)
+class QuantizedSide:
+    """One side (K or V) of a quantized pool as the kernel reads it: the codec's numbers
+    (``kind`` ``"int"`` or ``"fp8"``, ``bits``, ``group``: 0 per channel), its fields over all
+    blocks (``codes``, ``scale``, ``zero``: None for fp8; contiguous) and the residual buffers
+    [slots, block_size, kv_heads, D] of unsealed blocks."""
+
+    kind: str
+    bits: int
+    group: int
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None
+    residual: torch.Tensor
+
+
 def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
                     block_tables: torch.Tensor, seq_of_query: torch.Tensor,
                     context_lens: torch.Tensor, scale: float, window: int | None = None,
@@ -122,25 +170,52 @@ def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: tor
     ``block_tables[seq_of_query[i]]``, the last ``window`` of them when given; scores times
     ``scale``, soft-capped at ``softcap`` when given, sink logits ``sinks`` [heads] when given;
     the context read in ``splits`` runs of blocks at once."""
-    n, heads, dim = q.shape
-    _, block_size, kv_heads, _ = key_blocks.shape
     assert key_blocks.stride() == value_blocks.stride() and key_blocks.stride(-1) == 1
+    plain = (key_blocks, None, None, None, None, value_blocks, None, None, None, None, None)
+    return _launch(q, plain, key_blocks.shape[1], key_blocks.shape[2], key_blocks.stride()[:3],
+                   (0, 0, 0, 0, 0), block_tables, seq_of_query, context_lens, scale, window,
+                   softcap, sinks, splits)
+
+
+def paged_attention_quantized(q: torch.Tensor, keys: QuantizedSide, values: QuantizedSide,
+                              residual_of: torch.Tensor, block_size: int,
+                              block_tables: torch.Tensor, seq_of_query: torch.Tensor,
+                              context_lens: torch.Tensor, scale: float,
+                              window: int | None = None, softcap: float | None = None,
+                              sinks: torch.Tensor | None = None,
+                              splits: int = 1) -> torch.Tensor:
+    """:func:`paged_attention` over a quantized pool: sealed blocks decoded from ``keys`` /
+    ``values`` (one kind for both), block b from residual buffer ``residual_of[b]`` (int64)
+    while that is >= 0. Block size and head_dim: powers of two."""
+    kind = 2 if keys.kind == "fp8" else 1
+    assert values.kind == keys.kind
+    sides = (None, keys.codes, keys.scale, keys.zero, keys.residual,
+             None, values.codes, values.scale, values.zero, values.residual, residual_of)
+    return _launch(q, sides, block_size, keys.residual.shape[2], (0, 0, 0),
+                   (kind, keys.bits, keys.group, values.bits, values.group), block_tables,
+                   seq_of_query, context_lens, scale, window, softcap, sinks, splits)
+
+
+def _launch(q, sides, block_size, kv_heads, strides, codec, block_tables, seq_of_query,
+            context_lens, scale, window, softcap, sinks, splits) -> torch.Tensor:
+    n, heads, dim = q.shape
     q = q.contiguous()
     sinks = None if sinks is None else sinks.float().contiguous()
-    group = heads // kv_heads
     used = -(-int(context_lens.max()) // block_size)
     per_split = -(-used // splits)
     dp = triton.next_power_of_2(dim)
     m = torch.empty(n * heads * splits, dtype=torch.float32, device=q.device)
     l_sum, acc = torch.empty_like(m), torch.empty(n * heads * splits * dp, dtype=torch.float32,
                                                    device=q.device)
+    sides = tuple(m if t is None else t for t in sides)  # an unused pointer: any tensor
+    kind, k_bits, k_group, v_bits, v_group = codec
     _split_kernel[(n, kv_heads, splits)](
-        q, key_blocks, value_blocks, block_tables, seq_of_query, context_lens, m, l_sum, acc,
+        q, *sides, block_tables, seq_of_query, context_lens, m, l_sum, acc,
         scale, softcap or 0.0, window or 0, per_split, splits,
-        q.stride(0), q.stride(1), key_blocks.stride(0), key_blocks.stride(1),
-        key_blocks.stride(2), block_tables.stride(0),
-        HEADS=heads, GROUP=group, GP=triton.next_power_of_2(group), D=dim, DP=dp,
-        BS=block_size, BSP=triton.next_power_of_2(block_size), SOFTCAP=softcap is not None)
+        q.stride(0), q.stride(1), *strides, block_tables.stride(0),
+        HEADS=heads, H=kv_heads, GP=triton.next_power_of_2(heads // kv_heads), D=dim, DP=dp,
+        BS=block_size, BSP=triton.next_power_of_2(block_size), SOFTCAP=softcap is not None,
+        KIND=kind, K_BITS=k_bits, K_GROUP=k_group, V_BITS=v_bits, V_GROUP=v_group)
     out = torch.empty_like(q)
     _merge_kernel[(n, heads)](
         m, l_sum, acc, sinks if sinks is not None else m, out, out.stride(0), out.stride(1),
