@@ -33,13 +33,18 @@ def runs_on(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda or (interpreting() and t.device.type == "cpu") for t in tensors)
 
 
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
 def _module(name: str):
     return importlib.import_module(f"kvledger.device.cuda.triton_kernels.{name}")
 
 
 class TritonPagedKernel:
     """``paged-native``'s kernel on this device (the interface of the CPU's ``PagedKernel``):
-    full-precision blocks only so far; a quantized store is read by ``paged-torch``."""
+    full-precision pools, and int8/int4/int2 and fp8 pools without outlier channels or
+    multi-block key groups (those are read by ``paged-torch``)."""
 
     def __init__(self, compute_units: int) -> None:
         self.compute_units = compute_units
@@ -52,13 +57,44 @@ class TritonPagedKernel:
                 and runs_on(q, key_blocks))
 
     def accepts_quantized(self, q: torch.Tensor, store) -> bool:
-        """False: the quantized stores' decoding is not fused into this kernel yet."""
-        return False
+        """Whether the kernel reads this QuantizedKVStore for these queries: its compute dtype,
+        its device, power-of-two block size and head_dim."""
+        return (q.dtype == store.compute_dtype and runs_on(q, store.residual_of)
+                and _pow2(store.block_size) and _pow2(q.shape[-1]))
 
-    @staticmethod
-    def kv_side(parts, residual, **numbers) -> None:
-        """None: no quantized layout is read in place yet (see :meth:`accepts_quantized`)."""
-        return
+    def kv_side(self, parts: dict[str, torch.Tensor], residual: torch.Tensor, *, kind: str,
+                bits: int, group: int, group_blocks: int = 1,
+                channels: torch.Tensor | None = None, rotation: torch.Tensor | None = None,
+                group_members: torch.Tensor | None = None):
+        """(the kernel's view of one codec's tensors, ``QuantizedSide``, the tensors it holds);
+        None for what it does not read yet: outlier channels, keys grouped over several blocks,
+        int3, a field not contiguous (the caller then takes ``paged-torch``)."""
+        if (channels is not None or group_blocks > 1
+                or (kind == "int" and bits not in self._attend.kv_int.BITS)
+                or not all(t.is_contiguous() for t in (*parts.values(), residual))):
+            return None
+        side = self._attend.QuantizedSide(kind, bits, group, parts["codes"], parts["scale"],
+                                          parts.get("zero"), residual, rotation)
+        return side, [*parts.values(), residual]
+
+    def quantized(self, q: torch.Tensor, sides, residual_of: torch.Tensor, block_size: int,
+                  kv_heads: int, paged, scale: float | None = None, window: int | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """Output [N, heads, D] of q over a quantized pool (``sides``: K's and V's
+        :meth:`kv_side`); rows stored rotated by R are read with q R, the output turned back
+        by R^T."""
+        keys, values = sides
+        dtype, rotation = q.dtype, keys.rotation
+        if rotation is not None:
+            q = (q.float() @ rotation).to(dtype)
+        tables = paged.block_tables
+        splits = self._attend.choose_splits(q.shape[0], kv_heads, tables.shape[1],
+                                            self.compute_units)
+        out = self._attend.paged_attention_quantized(
+            q, keys, values, residual_of, block_size, tables, paged.seq_of_query,
+            paged.context_lens, q.shape[-1] ** -0.5 if scale is None else scale, window, None,
+            sinks, splits)
+        return out if rotation is None else (out.float() @ rotation.T).to(dtype)
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
                  paged, scale: float | None = None, window: int | None = None,

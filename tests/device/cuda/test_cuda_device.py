@@ -156,3 +156,39 @@ def test_probe_on_cuda_without_a_gpu_refuses_before_measuring_or_saving(tmp_path
     r = CliRunner().invoke(app, ["probe", "--device", "cuda"])
     assert r.exit_code == 2 and "sees no CUDA GPU" in r.output, r.output
     assert "local device:" not in r.output and list(tmp_path.iterdir()) == []
+
+
+@TRITON
+@INTERPRETER
+@pytest.mark.triton
+@pytest.mark.parametrize("fmt,rotated", [("int8", False), ("int4", True), ("int2", False),
+                                         ("fp8", False), ("fp8", True)])
+def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotated,
+                                                                      monkeypatch):
+    from kvledger.engine.kv.rotation import hadamard
+
+    bs, heads, dim = 4, 2, 16
+    keys, values = make_codecs(fmt, bs, heads, dim, 8, "per-channel")
+    store = QuantizedKVStore(1, 12, bs, heads, dim, fmt, keys, values, torch.float32,
+                             residual_slots=3, rotation=hadamard(dim) if rotated else None)
+    gen = torch.Generator().manual_seed(3)
+    # sequence 0 owns blocks 0-3 (13 tokens: the last block unsealed, in a residual buffer),
+    # sequence 1 blocks 8-9 (8 tokens, both sealed)
+    slots = torch.cat([torch.arange(0, 13), torch.arange(32, 40)])
+    store.write(0, slots, torch.randn(21, heads, dim, generator=gen),
+                torch.randn(21, heads, dim, generator=gen))
+    assert int((store.residual_of >= 0).sum()) >= 1, "no block read from a residual buffer"
+    kernels, calls = CudaKernels(lambda: 4), _count(monkeypatch, "paged_attention",
+                                                     "paged_attention_quantized")
+    group = _decode_group(0, [torch.arange(0, 13), torch.arange(32, 40)])
+    meta = AttentionMetadata(None, decodes=[group])
+    q = torch.randn(2, 4, dim, generator=gen)
+    empty = torch.empty(0, heads, dim)
+    how = [LayerAttention(0.3, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))]
+    outs = []
+    for name in ("reference", "paged-native"):
+        backend = make_backend(name, kernels)
+        backend.set_layers(how)
+        outs.append(backend(0, q, empty, empty, meta, store))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    assert calls == [1] and make_backend("paged-native", kernels).reader(store) == "paged-native"

@@ -1,7 +1,7 @@
 """The Triton paged-attention kernel against the reference backend's attention (gather the
 context, then ``engine/attention/reference.py``'s SDPA or written-out scores): GQA, block
 tables out of order, sliding windows, soft-caps, sink logits, split-KV, prefill queries over
-a cached prefix, bf16. Under the interpreter on CPU tensors, or on a GPU (``-m gpu``)."""
+a cached prefix, bf16, int and fp8 pools with a residual block. Under the interpreter on CPU tensors, or on a GPU (``-m gpu``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,16 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed (pip install -e '.[cuda]')")
 
-from kvledger.device.cuda.triton_kernels.paged_attention import choose_splits, paged_attention
+from kvledger.device.cuda.triton_kernels.paged_attention import (
+    QuantizedSide,
+    choose_splits,
+    paged_attention,
+    paged_attention_quantized,
+)
 from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.attention.reference import _attend
+from kvledger.engine.kv.codec_numbers import codec_numbers
+from kvledger.engine.kv.codecs import Fp8Codec, IntCodec
 
 pytestmark = pytest.mark.triton
 
@@ -115,6 +122,35 @@ def test_prefill_queries_over_a_cached_prefix_see_prefix_plus_their_position(dev
     got = paged_attention(q, keys, values, tables, seqs, lens, scale=0.25, window=5, splits=2)
     torch.testing.assert_close(got.cpu(), _oracle(q, keys, values, tables, seqs, lens, how),
                                atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8", "fp8"])
+def test_a_quantized_pool_with_a_residual_block_reads_as_its_decoded_blocks(dev, kind):
+    """Sealed blocks decoded in the loop, the second sequence's last block from residual buffer
+    1; split and windowed."""
+    q, keys, values, tables, seqs, lens = _case("cpu", [15, 22], bs=4, dim=16)
+    last = int(tables[1, 21 // 4])
+    codecs = ((Fp8Codec(4, 2, 16),) * 2 if kind == "fp8" else
+              (IntCodec(4, 2, 16, int(kind[3:]), "per-channel", 16),
+               IntCodec(4, 2, 16, int(kind[3:]), "per-token", 8)))
+    residual_of = torch.full((keys.shape[0],), -1, dtype=torch.int64)
+    residual_of[last] = 1
+    decoded, sides = [], []
+    for codec, blocks in zip(codecs, (keys, values)):
+        parts = codec.encode(blocks)
+        residual = torch.randn(3, 4, 2, 16)
+        plain = codec.decode(parts, torch.float32)
+        plain[last] = residual[1]
+        decoded.append(plain)
+        numbers = codec_numbers(codec)
+        sides.append(QuantizedSide(numbers.kind, numbers.bits, numbers.group,
+                                   *(parts.get(f) if parts.get(f) is None else parts[f].to(dev)
+                                     for f in ("codes", "scale", "zero")), residual.to(dev)))
+    how = LayerAttention(0.25, window=9)
+    got = paged_attention_quantized(q.to(dev), *sides, residual_of.to(dev), 4, tables.to(dev),
+                                    seqs.to(dev), lens.to(dev), 0.25, window=9, splits=3)
+    want = _oracle(q, decoded[0], decoded[1], tables, seqs, lens, how)
+    torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=2e-5)
 
 
 def test_the_split_count_fills_the_compute_units_without_short_splits():

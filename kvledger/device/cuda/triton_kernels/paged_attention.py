@@ -147,8 +147,9 @@ def choose_splits(queries: int, kv_heads: int, blocks: int, units: int) -> int:
 class QuantizedSide:
     """One side (K or V) of a quantized pool as the kernel reads it: the codec's numbers
     (``kind`` ``"int"`` or ``"fp8"``, ``bits``, ``group``: 0 per channel), its fields over all
-    blocks (``codes``, ``scale``, ``zero``: None for fp8; contiguous) and the residual buffers
-    [slots, block_size, kv_heads, D] of unsealed blocks."""
+    blocks (``codes``, ``scale``, ``zero``: None for fp8; contiguous), the residual buffers
+    [slots, block_size, kv_heads, D] of unsealed blocks, and the fp32 rotation [D, D] the rows
+    are stored by (None: none; the caller turns queries and output)."""
 
     kind: str
     bits: int
@@ -157,6 +158,8 @@ class QuantizedSide:
     scale: torch.Tensor
     zero: torch.Tensor | None
     residual: torch.Tensor
+    rotation: torch.Tensor | None = None
+    num_outliers = 0  # outlier channels are not read here (the engine checks V has none)
 
 
 def paged_attention(q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
