@@ -3,8 +3,8 @@ references at a Llama-3.1-8B layer's shapes, then their times, in well under 5 m
 H100/H200, installing nothing.
 
 1. Checks: paged attention (GQA 32/8, head 128, block 16; plain, window, sinks, soft-cap,
-   split-KV) against gather + the reference backend's attention, fp32 within 1e-4 and bf16
-   within bf16 rounding; the int8 / int4 / int2 / fp8 KV encoders against
+   split-KV; over int8 / int4 / fp8 pools) against gather + the reference backend's attention,
+   fp32 within 1e-4 and bf16 within bf16 rounding; the int8 / int4 / int2 / fp8 KV encoders against
    ``engine/kv/codecs.py`` byte for byte, their decoders to fp32 tolerance.
 2. Times (CUDA events): device-to-device copy bandwidth (the HBM figure); one layer's decode
    attention over a bf16 pool at contexts 1K / 8K / 32K for batch 1 and 16, with the K/V bytes
@@ -97,6 +97,45 @@ def check_attention(shape: dict, dev: str) -> list[str]:
                 verdict = "ok" if err <= tol else "FAIL"
                 lines.append(f"{verdict} attention {name} {str(dtype)[6:]} splits={splits}: "
                              f"max |err| {err:.2e} (<= {tol:g})")
+    lines += _check_quantized_attention(shape, dev)
+    return lines
+
+
+def _check_quantized_attention(shape: dict, dev: str) -> list[str]:
+    """Paged attention over int8 / int4 / fp8 pools against the decoded pool's reference."""
+    from kvledger.device.cuda.triton_kernels.paged_attention import (
+        QuantizedSide,
+        paged_attention_quantized,
+    )
+    from kvledger.engine.attention.layer import LayerAttention
+    from kvledger.engine.kv.codec_numbers import codec_numbers
+    from kvledger.engine.kv.codecs import Fp8Codec, IntCodec
+
+    bs, heads, dim = shape["block"], shape["kv_heads"], shape["dim"]
+    how = LayerAttention(dim ** -0.5)
+    q, keys, values, tables, seqs, lens = _pool(shape, shape["contexts"][-1], 2, torch.float32,
+                                                "cpu")
+    lines = []
+    for name, codecs in (("int8", [IntCodec(bs, heads, dim, 8, "per-channel", dim),
+                                   IntCodec(bs, heads, dim, 8, "per-token", 8)]),
+                         ("int4", [IntCodec(bs, heads, dim, 4, "per-channel", dim),
+                                   IntCodec(bs, heads, dim, 4, "per-token", 8)]),
+                         ("fp8", [Fp8Codec(bs, heads, dim)] * 2)):
+        sides, decoded = [], []
+        for codec, blocks in zip(codecs, (keys, values)):
+            parts = codec.encode(blocks)
+            decoded.append(codec.decode(parts, torch.float32))
+            n = codec_numbers(codec)
+            fields = [None if parts.get(f) is None else parts[f].to(dev)
+                      for f in ("codes", "scale", "zero")]
+            sides.append(QuantizedSide(n.kind, n.bits, n.group, *fields,
+                                       torch.zeros(1, bs, heads, dim, device=dev)))
+        none = torch.full((keys.shape[0],), -1, dtype=torch.int64, device=dev)
+        got = paged_attention_quantized(q.to(dev), *sides, none, bs, tables.to(dev),
+                                        seqs.to(dev), lens.to(dev), how.scale, splits=3)
+        err = float((got.cpu() - _oracle(q, *decoded, tables, lens, how)).abs().max())
+        lines.append(f"{'ok' if err <= 1e-4 else 'FAIL'} attention over an {name} pool: "
+                     f"max |err| {err:.2e} (<= 0.0001)")
     return lines
 
 

@@ -29,7 +29,7 @@ def test_the_dry_run_passes_every_check_and_runs_every_timing():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     checks = [line for line in lines if line.startswith(("ok ", "FAIL "))]
-    assert len(checks) == 21 and all(line.startswith("ok ") for line in checks), r.stdout
+    assert len(checks) == 24 and all(line.startswith("ok ") for line in checks), r.stdout
     assert "# times (dry run: the flow, not a measurement)" in lines
     assert sum(line.startswith("decode attention") for line in lines) == 4
     assert sum(line.startswith("int") and "encode" in line for line in lines) == 2
