@@ -68,9 +68,12 @@ class TritonPagedKernel:
                 group_members: torch.Tensor | None = None):
         """(the kernel's view of one codec's tensors, ``QuantizedSide``, the tensors it holds);
         None for what it does not read yet: outlier channels, keys grouped over several blocks,
-        int3, a field not contiguous (the caller then takes ``paged-torch``)."""
-        if (channels is not None or group_blocks > 1
-                or (kind == "int" and bits not in self._attend.kv_int.BITS)
+        int3, shapes not powers of two, a field not contiguous (the caller then takes
+        ``paged-torch``)."""
+        _, bs, _, dim = residual.shape
+        shape_ok = (self._attend.kv_int.accepts(bs, dim, bits, group) if kind == "int"
+                    else _pow2(bs) and _pow2(dim))
+        if (channels is not None or group_blocks > 1 or not shape_ok
                 or not all(t.is_contiguous() for t in (*parts.values(), residual))):
             return None
         side = self._attend.QuantizedSide(kind, bits, group, parts["codes"], parts["scale"],

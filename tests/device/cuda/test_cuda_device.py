@@ -192,3 +192,16 @@ def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotat
         outs.append(backend(0, q, empty, empty, meta, store))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     assert calls == [1] and make_backend("paged-native", kernels).reader(store) == "paged-native"
+
+
+@TRITON
+@pytest.mark.parametrize("fmt,dim,outliers", [("int3", 16, False), ("int8", 24, False),
+                                              ("fp8", 24, False), ("int8", 16, True)])
+def test_a_pool_the_kernel_does_not_read_is_handed_to_paged_torch(fmt, dim, outliers):
+    """int3, a head_dim not a power of two, outlier key channels."""
+    channels = torch.tensor([[[3, 9], [7, 8]]]) if outliers else None
+    keys, values = make_codecs(fmt, 4, 2, dim, 8, "per-channel", channels)
+    store = QuantizedKVStore(1, 4, 4, 2, dim, fmt, keys, values, torch.float32,
+                             residual_slots=1)
+    reader = make_backend("paged-native", CudaKernels()).reader(store)
+    assert reader == "paged-native (paged-torch: 1 of 1 layers)"
