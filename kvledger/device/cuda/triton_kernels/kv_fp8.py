@@ -25,7 +25,7 @@ def _to_e4m3_grid(y):
     exact)."""
     exponent = ((y.to(tl.int32, bitcast=True) >> 23) & 255) - 127
     step = ((tl.maximum(exponent, -6) - 3 + 127) << 23).to(tl.float32, bitcast=True)
-    grid = ((y / step + ROUND) - ROUND) * step
+    grid = ((tl.math.div_rn(y, step) + ROUND) - ROUND) * step
     return tl.where(grid == 0.0, y * 0.0, grid)  # a negative y rounds to -0, as the cast
 
 
@@ -74,7 +74,7 @@ def encode_into(blocks: torch.Tensor, parts: dict[str, torch.Tensor], block_ids:
     assert blocks.stride(-1) == 1 and all(t.is_contiguous() for t in parts.values())
     _encode_kernel[(n, heads)](blocks, block_ids, parts["codes"], parts["scale"], min_scale,
                                blocks.stride(0), blocks.stride(1), blocks.stride(2),
-                               H=heads, BS=bs, D=dim)
+                               H=heads, BS=bs, D=dim, enable_fp_fusion=False)
 
 
 def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -82,5 +82,6 @@ def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     codes = parts["codes"].contiguous()
     n, bs, heads, dim = codes.shape
     out = torch.empty(n, bs, heads, dim, dtype=dtype, device=codes.device)
-    _decode_kernel[(n, heads)](codes, parts["scale"].contiguous(), out, H=heads, BS=bs, D=dim)
+    _decode_kernel[(n, heads)](codes, parts["scale"].contiguous(), out, H=heads, BS=bs, D=dim,
+                               enable_fp_fusion=False)
     return out

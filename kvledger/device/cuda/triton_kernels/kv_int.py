@@ -10,7 +10,9 @@ values); ``scale = max((hi - lo) / (2^b - 1 + centred), min_scale)`` and ``zero 
 GPU's approximate division) and the rounding adds and subtracts 1.5 x 2^23, so the bytes equal
 PyTorch's on every device. Codes pack along head_dim, channel 0 in the lowest bits.
 
-Decoding is ``code x scale + zero`` in fp32, then the compute dtype.
+Decoding is ``code x scale + zero`` in fp32, then the compute dtype. Both kernels run without
+FP fusion (``enable_fp_fusion=False``): a fused multiply-add would round once where PyTorch
+rounds twice.
 
 Shapes the kernels take: block size, head_dim and group powers of two (a Triton tile's sides);
 :func:`accepts` says so, and the caller encodes other shapes with the codec's PyTorch code.
@@ -144,7 +146,8 @@ def encode_into(blocks: torch.Tensor, parts: dict[str, torch.Tensor], block_ids:
     _encode_kernel[(n, heads)](
         blocks, block_ids, parts["codes"], parts["scale"], parts["zero"], min_scale,
         blocks.stride(0), blocks.stride(1), blocks.stride(2),
-        H=heads, BS=bs, D=dim, BITS=bits, GROUP=group, CENTRED=int(centred))
+        H=heads, BS=bs, D=dim, BITS=bits, GROUP=group, CENTRED=int(centred),
+        enable_fp_fusion=False)
 
 
 def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype, *, bits: int,
@@ -155,5 +158,6 @@ def decode(parts: dict[str, torch.Tensor], dtype: torch.dtype, *, bits: int,
     dim = width * 8 // bits
     out = torch.empty(n, bs, heads, dim, dtype=dtype, device=codes.device)
     _decode_kernel[(n, heads)](codes, parts["scale"].contiguous(), parts["zero"].contiguous(),
-                               out, H=heads, BS=bs, D=dim, BITS=bits, GROUP=group)
+                               out, H=heads, BS=bs, D=dim, BITS=bits, GROUP=group,
+                               enable_fp_fusion=False)
     return out

@@ -218,10 +218,11 @@ def _launch(q, sides, block_size, kv_heads, strides, codec, block_tables, seq_of
         q.stride(0), q.stride(1), *strides, block_tables.stride(0),
         HEADS=heads, H=kv_heads, GP=triton.next_power_of_2(heads // kv_heads), D=dim, DP=dp,
         BS=block_size, BSP=triton.next_power_of_2(block_size), SOFTCAP=softcap is not None,
-        KIND=kind, K_BITS=k_bits, K_GROUP=k_group, V_BITS=v_bits, V_GROUP=v_group)
+        KIND=kind, K_BITS=k_bits, K_GROUP=k_group, V_BITS=v_bits, V_GROUP=v_group,
+        enable_fp_fusion=True)
     out = torch.empty_like(q)
     _merge_kernel[(n, heads)](
         m, l_sum, acc, sinks if sinks is not None else m, out, out.stride(0), out.stride(1),
         splits, HEADS=heads, D=dim, DP=dp, SP=triton.next_power_of_2(splits),
-        HAS_SINKS=sinks is not None)
+        HAS_SINKS=sinks is not None, enable_fp_fusion=True)
     return out
