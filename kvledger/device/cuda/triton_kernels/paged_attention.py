@@ -15,9 +15,16 @@ query at position ``context_len - 1`` sees the last W positions), a soft-cap
 launch serves decode (one query per sequence) and prefill over a cached prefix (query j of a
 segment sees ``prefix + j + 1`` positions) alike.
 
+A quantized pool (:func:`paged_attention_quantized`: int8 / int4 / int2 or fp8, both sides one
+kind) is read block by block with the codecs' own dequantization (``kv_int.dequant_block``,
+``kv_fp8.dequant_block``); a block whose ``residual_of`` slot is >= 0 (not sealed yet) comes
+from that full-precision residual buffer instead.
+
 The split count is a runtime argument (one compiled kernel for every count; the merge compiles
-per power of two). The products are broadcast multiply-and-sum, not ``tl.dot``: a decode's GQA group is far
-below the 16 rows a tensor-core tile needs, and the kernel stays bound by reading K/V.
+per power of two). The products are broadcast multiply-and-sum, not ``tl.dot``: a decode's GQA
+group is far below the 16 rows a tensor-core tile needs, and the kernel stays bound by reading
+K/V. Not yet tuned on a GPU (``num_warps``, tile sizes): the [group, block, head_dim] product
+is held in registers.
 """
 
 from __future__ import annotations
