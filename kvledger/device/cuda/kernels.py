@@ -33,6 +33,12 @@ def runs_on(*tensors: torch.Tensor) -> bool:
     return all(t.is_cuda or (interpreting() and t.device.type == "cpu") for t in tensors)
 
 
+def fp8_capable(t: torch.Tensor) -> bool:
+    """Whether the kernels can cast ``t``'s device to and from e4m3: an sm_89+ GPU (H100, L40,
+    Ada; Triton does not lower the cast for an A100), or the interpreter on the CPU."""
+    return not t.is_cuda or torch.cuda.get_device_capability(t.device) >= (8, 9)
+
+
 def _pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
@@ -68,11 +74,11 @@ class TritonPagedKernel:
                 group_members: torch.Tensor | None = None):
         """(the kernel's view of one codec's tensors, ``QuantizedSide``, the tensors it holds);
         None for what it does not read yet: outlier channels, keys grouped over several blocks,
-        int3, shapes not powers of two, a field not contiguous (the caller then takes
+        int3, shapes not powers of two, fp8 before sm_89, a field not contiguous (the caller then takes
         ``paged-torch``)."""
         _, bs, _, dim = residual.shape
         shape_ok = (self._attend.kv_int.accepts(bs, dim, bits, group) if kind == "int"
-                    else _pow2(bs) and _pow2(dim))
+                    else _pow2(bs) and _pow2(dim) and fp8_capable(parts["codes"]))
         if (channels is not None or group_blocks > 1 or not shape_ok
                 or not all(t.is_contiguous() for t in (*parts.values(), residual))):
             return None

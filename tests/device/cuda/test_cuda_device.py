@@ -205,3 +205,16 @@ def test_a_pool_the_kernel_does_not_read_is_handed_to_paged_torch(fmt, dim, outl
                              residual_slots=1)
     reader = make_backend("paged-native", CudaKernels()).reader(store)
     assert reader == "paged-native (paged-torch: 1 of 1 layers)"
+
+
+@TRITON
+def test_an_fp8_pool_on_a_gpu_before_sm89_is_handed_to_paged_torch(monkeypatch):
+    import kvledger.device.cuda.kernels as cuda_kernels
+
+    keys, values = make_codecs("fp8", 4, 2, 16, 8, "per-channel")
+    store = QuantizedKVStore(1, 4, 4, 2, 16, "fp8", keys, values, torch.float32, 1)
+    backend = make_backend("paged-native", CudaKernels())
+    assert backend.reader(store) == "paged-native"
+    monkeypatch.setattr(cuda_kernels, "fp8_capable", lambda t: False)  # an A100's answer
+    backend = make_backend("paged-native", CudaKernels())
+    assert backend.reader(store) == "paged-native (paged-torch: 1 of 1 layers)"
