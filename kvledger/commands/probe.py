@@ -84,6 +84,10 @@ def probe(
         from kvledger.replay.trace import read_trace
 
         recorded_config(read_trace(steps_from).header)  # refuse before measuring anything
+    if kernels or steps:
+        from kvledger.device import resolve
+
+        resolve(engine_config.device)  # an unavailable device: refused before measuring
     dev = measure(buffer_mib, matmul_n, repeats)
     path = save_local_device(dev)
     print(

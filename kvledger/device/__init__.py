@@ -29,7 +29,7 @@ from kvledger.errors import InvalidParameterError
 if TYPE_CHECKING:
     from kvledger.device.ops import TorchOps
 
-DEVICES = {"cpu": "kvledger.device.cpu.device"}
+DEVICES = {"cpu": "kvledger.device.cpu.device", "cuda": "kvledger.device.cuda.device"}
 """Device name -> the module whose ``DEVICE`` is that device."""
 
 

@@ -38,7 +38,7 @@ class EngineConfig:
             no quota.
         use_kv_cache: keep the K and V of past tokens; without it every step recomputes the
             whole sequence (seed §1.3, for measuring).
-        device: the device the engine computes on (cpu; ``kvledger.device.DEVICES``),
+        device: the device the engine computes on (cpu, cuda; ``kvledger.device.DEVICES``),
             resolved once per engine and by every tensor-parallel rank.
         num_threads: torch intra-op threads; None = the CPUs this process may use: the
             affinity mask capped by the cgroup CPU quota, rounded down

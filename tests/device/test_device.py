@@ -23,7 +23,7 @@ def test_the_cpu_is_a_device_and_its_kernels_are_kernels():
 
 
 def test_an_unknown_device_is_a_user_error_that_names_it():
-    with pytest.raises(InvalidParameterError, match="device must be one of cpu, got 'tpu'"):
+    with pytest.raises(InvalidParameterError, match="device must be one of cpu, cuda, got 'tpu'"):
         resolve("tpu")
 
 
