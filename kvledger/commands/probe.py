@@ -104,8 +104,8 @@ def _tier_probe(directory: str, model: str) -> None:
     from kvledger.engine.kv.tiers import read_probe
     from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
     from kvledger.ledger.tier_load import save_figures
+    from kvledger.model.families import load_spec
     from kvledger.paths import config_dir
-    from kvledger.spec import load_spec
 
     tensor_bytes = read_probe.store_tensor_bytes(load_spec(model))
     tier_dir = open_tier_dir(directory)  # created, writable and not in use, or refused
@@ -160,12 +160,13 @@ def _is_kquant_gguf(spec) -> bool:
     """Whether ``spec`` was read from a GGUF file with K-quant matrices (held as its blocks)."""
     from pathlib import Path
 
+    from kvledger.model.families import family_of
     from kvledger.model.weights.gguf_tensors import is_kquant_file
     from kvledger.spec import open_gguf
 
     source = Path(spec.source)
     return spec.gguf_tensor_bytes is not None and source.is_file() \
-        and is_kquant_file(open_gguf(source), spec)
+        and is_kquant_file(open_gguf(source), family_of(spec))
 
 
 def _kernel_probe(model: str, threads: int | None) -> None:
@@ -173,7 +174,7 @@ def _kernel_probe(model: str, threads: int | None) -> None:
 
     from kvledger.device.cpu import kernel_probe, probe_timing
     from kvledger.device.cpu.cpu_quota import choose_threads
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     torch.set_num_threads(choose_threads(threads)[0])  # the count an engine would run
     spec = load_spec(model)

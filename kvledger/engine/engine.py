@@ -27,7 +27,13 @@ from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.tiers.build import build_link, refuse_unsupported, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
-from kvledger.engine.model_load import compute_dtype, load_model, model_name, model_spec
+from kvledger.engine.model_load import (
+    build_model,
+    compute_dtype,
+    load_model,
+    model_name,
+    model_spec,
+)
 from kvledger.engine.outputs import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.pool_size import pool_blocks
@@ -46,7 +52,6 @@ from kvledger.engine.structured.masks import advance_grammar
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
-from kvledger.model.families import model_class
 from kvledger.spec import MLA, SLIDING, ModelSpec
 
 log = logging.getLogger("kvledger.engine")
@@ -117,7 +122,7 @@ class LLMEngine:
                 f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
         attention = config.attention or CPU.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:
-            self.model = model_class(spec)(spec, weights, dtype, attention=attention)
+            self.model = build_model(spec, weights, dtype, attention)
         else:
             self.model = self.parallel.build_model(spec, weights, dtype, attention)
         self.kv_format = self.kv_layout.kv_format

@@ -22,10 +22,10 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.latent_store import LatentStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling_params import SamplingParams
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
 VARIANTS = sorted(FEATURES)
@@ -71,7 +71,7 @@ def test_the_tiny_models_have_what_the_features_say(tiny):
 
 def _halves_rope(monkeypatch):
     """RoPE on Llama's halves instead of interleaved pairs."""
-    from kvledger.model import mla
+    from kvledger.model.layers import rotary as mla
 
     def halves(self, x, positions):
         half = x.shape[-1] // 2
@@ -107,15 +107,15 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
     the entries in place as one KV head of 576 (its widest head), and its logits equal the
     reference backend's (gather + SDPA) through two prefill chunks and decodes."""
     from kvledger.device.cpu import native
+    from kvledger.model.families import family_of, load_spec
     from kvledger.model.weights.dummy import dummy_weights
-    from kvledger.spec import load_spec
 
     cfg = make_tiny("v2-lite", tmp_path).config.to_dict()
     cfg.update(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=16,
                num_key_value_heads=16, qk_nope_head_dim=16, v_head_dim=16)
     (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
     spec = load_spec(tmp_path / "config.json")
-    weights = dummy_weights(spec, torch.float32, 0.0)
+    weights = dummy_weights(spec, torch.float32, family_of(spec))
     kernel = native.load()
     if kernel is None:
         pytest.skip(f"no native kernel here: {native.why_unavailable()}")
@@ -123,7 +123,7 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
     assert kernel.accepts(torch.zeros(1, 16, 576), store.key_blocks[0])
     logits = {}
     for attention in ("reference", "paged-native"):
-        model = model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+        model = build_model(spec, dict(weights), torch.float32, attention=attention)
         runner = ModelRunner(model, _latent_store(spec), 16)
         req = Request("r", _prompt(40), SamplingParams(max_tokens=4))
         req.block_table = [5, 2, 7, 1]
@@ -169,7 +169,7 @@ def test_the_weights_held_and_read_are_the_ledgers(tiny, variant):
     from kvledger.ledger.params import count_params
 
     _, _, spec, weights = tiny(variant)
-    model = model_class(spec)(spec, dict(weights), torch.float32, attention="reference")
+    model = build_model(spec, dict(weights), torch.float32, attention="reference")
     params = count_params(spec)
     norms = spec.num_layers * (2 * spec.hidden_size + spec.kv_lora_rank + spec.q_lora_rank)
     assert model.weight_bytes == 4 * params.total
@@ -183,8 +183,7 @@ def test_bf16_with_int8_weights_and_a_bf16_latent(tiny):
     folder, hf, _, _ = tiny("v2")
     spec, weights = load_weights(folder, torch.bfloat16)
     formats = dict.fromkeys(("qkv", "o", "gate_up", "down", "lm_head"), "int8")
-    model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats,
-                              attention="paged-native")
+    model = build_model(spec, weights, torch.bfloat16, attention="paged-native", formats=formats)
     assert set(model.weight_formats.values()) == {"int8"}
     store = LatentStore(spec.num_layers, 16, 16, spec.kv_lora_rank + spec.qk_rope_head_dim,
                         torch.bfloat16)

@@ -29,11 +29,11 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.ledger.params import count_params
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
 FAMILIES = sorted(MOE_FEATURES)
@@ -57,7 +57,7 @@ def _hf(hf, ids: list[int], k: int) -> tuple[torch.Tensor, bool]:
 
 
 def _model(spec, weights, attention="reference"):
-    return model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+    return build_model(spec, dict(weights), torch.float32, attention=attention)
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
@@ -198,13 +198,14 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     run as a bf16 GEMM; with both classes w8a8 the others run as grouped native products
     (:meth:`Experts._grouped_add`, biases included): the prompt mixes both, a decode step is
     all grouped."""
+    from kvledger.device.cpu.kernels import KERNELS
     from kvledger.model.linear import w8a8_ok
 
     folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
-    model = model_class(spec)(spec, weights, torch.bfloat16,
+    model = build_model(spec, weights, torch.bfloat16,
                               formats={"gate_up": "w8a8", "down": down})
-    held = {cls: fmt if w8a8_ok(width) else "int8" for cls, fmt, width in (
+    held = {cls: fmt if w8a8_ok(width, KERNELS) else "int8" for cls, fmt, width in (
         ("gate_up", "w8a8", spec.hidden_size), ("down", down, spec.moe_intermediate_size))}
     assert {lin.format for ex in model.experts for lin in ex.gate_up} == {held["gate_up"]}
     assert {lin.format for ex in model.experts for lin in ex.down} == {held["down"]}

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sampling_params import SamplingParams
 from kvledger.errors import UnsupportedModelError
-from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-3
@@ -54,7 +54,7 @@ def test_qwen2_qkv_biases_match_transformers(tmp_path):
     hf_model = _save(tmp_path, Qwen2Config, Qwen2ForCausalLM)
     spec, weights = load_weights(tmp_path, torch.float32)
     assert spec.qkv_bias and not spec.o_bias
-    runner = ModelRunner(LlamaModel(spec, weights, torch.float32), None, 16)
+    runner = ModelRunner(build_model(spec, weights, torch.float32), None, 16)
     req = Request("r", [5, 17, 33, 2, 99, 100, 7, 64, 3], SamplingParams())
     logits = runner.execute([type("Chunk", (), {"request": req, "num_new_tokens": 9})()])
     with torch.no_grad():

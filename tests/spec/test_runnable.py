@@ -8,8 +8,12 @@ import dataclasses
 import pytest
 
 from kvledger.errors import UnsupportedModelError
-from kvledger.spec import ModelSpec, check_runnable
-from kvledger.spec.runnable import FAMILY_RUNS, FAMILY_TYPES, IMPLEMENTED, NOT_FORWARD, ONLY_AT
+from kvledger.model.families import FAMILIES, check_runnable
+from kvledger.spec import ModelSpec
+from kvledger.spec.runnable import IMPLEMENTED, NOT_FORWARD, ONLY_AT
+
+FAMILY_RUNS = {f.name: f.runs for f in FAMILIES.families if f.runs_in_engine}
+FAMILY_TYPES = {f.name: f.model_types for f in FAMILIES.families if f.runs_in_engine}
 
 LLAMA = ModelSpec(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
                   num_attention_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,

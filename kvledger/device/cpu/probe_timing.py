@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.kquant import NATIVE_FORMATS, KQuantLinear, random_matrix
 from kvledger.model.linear import (
     FORMATS,
@@ -70,11 +71,11 @@ def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
     if int4_shape_ok(out_f, in_f):
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
-    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+    layers = {fmt: Linear(dense, None, q4, fmt, kernels=KERNELS) for fmt in FORMATS
               if fmt not in Q4_FORMATS + KQUANT_FORMATS or (fmt in Q4_FORMATS and q4 is not None)}
     if in_f % 256 == 0:
         blocks = random_matrix("Q4_K", out_f, in_f, gen)
-        layers.update({fmt: KQuantLinear([blocks], None, fmt) for fmt in NATIVE_FORMATS})
+        layers.update({fmt: KQuantLinear([blocks], None, fmt, KERNELS) for fmt in NATIVE_FORMATS})
     return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # native ones built
 
 

@@ -1,4 +1,4 @@
-"""The model one rank runs: a :class:`LlamaModel` over its share of the weights
+"""The model one rank runs: its family's model over its share of the weights
 (:mod:`.shard`), with the two row-split projections all-reduced and the LM head gathered.
 
 Nothing in the forward pass changes: after the output projection and after down, each rank
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.engine.model_load import build_model
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.parallel.shard import shard_spec, shard_weights
-from kvledger.model.families import model_class
 from kvledger.model.linear import Linear
-from kvledger.model.llama import LlamaModel
 from kvledger.spec import ModelSpec
 
 
@@ -60,17 +59,17 @@ class VocabParallelHead:
 
 def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                      group: RankGroup, attention: str | None,
-                     formats: dict[str, str] | None = None) -> LlamaModel:
+                     formats: dict[str, str] | None = None):
     """Rank ``group.rank``'s model of ``spec`` (the whole model's architecture) from the whole
     model's ``weights``.
 
     Raises:
         InvalidParameterError: the model does not split over ``group.world`` ranks.
-        UnsupportedModelError: as :func:`kvledger.model.families.model_class`.
+        UnsupportedModelError: as :func:`kvledger.engine.model_load.build_model`.
     """
     tp = group.world
-    model = model_class(spec)(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
-                              dtype, attention=attention, formats=formats)
+    model = build_model(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
+                        dtype, attention, formats)
     for layer in model.layers:
         layer["o"] = RowParallel(layer["o"], group)
         layer["down"] = RowParallel(layer["down"], group)

@@ -11,8 +11,8 @@ import torch
 
 from kvledger.device.cpu.fused import NativeOps, fused_ops
 from kvledger.device.cpu.native import library
+from kvledger.model.layers.rotary import RotaryEmbedding
 from kvledger.model.ops import TorchOps
-from kvledger.model.rope import RotaryEmbedding
 
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -6}
 

@@ -1,73 +1,46 @@
-"""DeepSeek-V2 and V2-Lite (arXiv:2405.04434; transformers' ``DeepseekV2ForCausalLM``): the Llama
-decoder with multi-head latent attention (:mod:`.mla`) on every layer, a dense SwiGLU MLP on the
-first ``first_k_dense_replace`` layers and DeepSeekMoE after them.
-
-DeepSeekMoE (§2.2, transformers' ``DeepseekV2TopkRouter`` / ``DeepseekV2Moe``): router
-probabilities ``p = softmax(W_r x)`` in fp32 over all routed experts; ``greedy`` takes the top
-``num_experts_per_tok``; ``group_limited_greedy`` first keeps the ``topk_group`` groups (of
-``n_group`` equal groups of experts) with the highest maximum p and takes the top-k among their
-experts; the chosen weights are never renormalised and are multiplied by
-``routed_scaling_factor``. The shared experts are one SwiGLU MLP of ``num_shared_experts x
-moe_intermediate_size`` added for every token. Dense layers past the first k
-(``moe_layer_freq``) and ``norm_topk_prob`` are refused at start (``spec/runnable.py``):
-transformers' model has neither.
+"""The decoder with multi-head latent attention (:mod:`.latent_attention`) on every layer and
+DeepSeekMoE's MLP (DeepSeek-V2 and V2-Lite, arXiv:2405.04434; transformers'
+``DeepseekV2ForCausalLM``): a dense SwiGLU MLP on the first ``first_k_dense_replace`` layers,
+then group-routed experts (:class:`.experts.GroupRoutedExperts`, never renormalised, times
+``routed_scaling_factor``) plus the shared experts, one SwiGLU MLP of ``num_shared_experts x
+moe_intermediate_size`` added for every token. The attention backend's score scale is
+multiplied by YaRN's softmax factor (:func:`.rotary.yarn_softmax_factor`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from kvledger.model.experts import Experts
+from kvledger.model.layers.decoder import Decoder
+from kvledger.model.layers.experts import GroupRoutedExperts
+from kvledger.model.layers.latent_attention import LatentAttention
+from kvledger.model.layers.rotary import InterleavedRope, yarn_softmax_factor
 from kvledger.model.linear import Linear
-from kvledger.model.llama import _fused_linear
-from kvledger.model.mla import InterleavedRope, LatentAttention
-from kvledger.model.moe import MoEModel
-from kvledger.model.rope import yarn_softmax_factor
 
 
-class GroupRoutedExperts(Experts):
-    """:class:`Experts` routed as DeepSeekMoE (module docstring)."""
+class LatentDecoder(Decoder):
+    """:class:`Decoder` whose layers hold ``mla`` (:class:`LatentAttention`) and, on MoE
+    layers, ``experts`` and the shared experts' ``shared_gate_up`` / ``shared_down``."""
 
-    def __init__(self, *args, n_group: int, topk_group: int, scale: float) -> None:
-        super().__init__(*args)
-        self.n_group, self.topk_group, self.scale = n_group, topk_group, scale
-
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        scores = probs
-        if self.n_group > 1:
-            groups = probs.view(len(probs), self.n_group, -1)
-            keep = torch.zeros(groups.shape[:2], dtype=torch.bool)
-            keep.scatter_(1, groups.amax(-1).topk(self.topk_group, dim=-1).indices, True)
-            scores = (groups * keep[..., None]).view_as(probs)
-        weights, chosen = torch.topk(scores, self.top_k, dim=-1)
-        return probs, weights * self.scale, chosen
-
-
-class DeepseekModel(MoEModel):
-    """DeepSeek-V2: :class:`MoEModel` whose layers hold ``mla`` (:class:`LatentAttention`) and,
-    on MoE layers, ``experts`` and the shared experts' ``shared_gate_up`` / ``shared_down``."""
-
-    FAMILY = "deepseek"
-
-    def __init__(self, spec, weights, dtype, attention=None, formats=None) -> None:
-        super().__init__(spec, weights, dtype, attention=attention, formats=formats)
+    def __init__(self, spec, weights, dtype, *, device, attention, formats=None) -> None:
+        super().__init__(spec, weights, dtype, device=device, attention=attention,
+                         formats=formats)
         factor = yarn_softmax_factor(spec.rope_scaling)
-        self.attention.set_layers([
-            type(how)(how.scale * factor, how.window, how.softcap)
-            for how in self.attention.layers])
+        attention.set_layers([dataclasses.replace(how, scale=how.scale * factor)
+                              for how in attention.layers])
 
     def _ropes(self) -> list[InterleavedRope]:
         return [InterleavedRope(self.spec)] * self.spec.num_layers
 
     def _layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
-        prefix, dtype = f"model.layers.{i}.", self.dtype
+        prefix = f"model.layers.{i}."
 
         def linear(stems: list[str], shape_class: str) -> Linear:
-            return _fused_linear(w, stems, self.formats.get(shape_class, "dense"), release,
-                                 dtype)
+            return self._linear(w, stems, shape_class, release)
 
-        layer = {"mla": LatentAttention(self.spec, w, prefix, linear, dtype)}
+        layer = {"mla": LatentAttention(self.spec, w, prefix, linear, self.dtype)}
         layer |= self._mlp_layer(w, i, release)
         for key, name in (("input_norm", "input_layernorm"),
                           ("post_norm", "post_attention_layernorm")):
@@ -83,14 +56,11 @@ class DeepseekModel(MoEModel):
             ex.router, ex.gate_up, ex.down, ex.top_k, False, ex.act,
             n_group=spec.n_group if spec.topk_method == "group_limited_greedy" else 0,
             topk_group=spec.topk_group, scale=spec.routed_scaling_factor)
-        shared, formats = f"model.layers.{i}.mlp.shared_experts.", self.formats
+        shared = f"model.layers.{i}.mlp.shared_experts."
         if spec.num_shared_experts:
-            layer["shared_gate_up"] = _fused_linear(
-                w, [shared + "gate_proj", shared + "up_proj"], formats.get("gate_up", "dense"),
-                release, self.dtype)
-            layer["shared_down"] = _fused_linear(w, [shared + "down_proj"],
-                                                 formats.get("down", "dense"), release,
-                                                 self.dtype)
+            layer["shared_gate_up"] = self._linear(
+                w, [shared + "gate_proj", shared + "up_proj"], "gate_up", release)
+            layer["shared_down"] = self._linear(w, [shared + "down_proj"], "down", release)
         return layer
 
     def _mlp(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
@@ -101,8 +71,8 @@ class DeepseekModel(MoEModel):
 
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta, store):
-        """Hidden states [T, hidden] after the final norm (:meth:`LlamaModel.forward`, with
-        the absorbed MLA of :mod:`.mla` as each layer's attention)."""
+        """Hidden states [T, hidden] after the final norm (:meth:`Decoder.forward`, with
+        the absorbed MLA of :mod:`.latent_attention` as each layer's attention)."""
         ops, eps = self.ops, self.spec.rms_norm_eps
         h = self.embed_rows(input_ids)
         delta = None
@@ -123,7 +93,7 @@ class DeepseekModel(MoEModel):
         if shape_class in ("qkv", "o"):
             return [lin for lin in mla.linears() if (lin is mla.o) == (shape_class == "o")]
         shared = [layer[f"shared_{shape_class}"]] if f"shared_{shape_class}" in layer else []
-        return MoEModel.class_linears(layer, shape_class) + shared
+        return Decoder.class_linears(layer, shape_class) + shared
 
     def _dense_linears(self, layer: dict) -> list[Linear]:
         """A layer's Linears read whole every step: attention, dense or shared MLP."""
@@ -133,7 +103,7 @@ class DeepseekModel(MoEModel):
 
     @property
     def decode_weight_bytes(self) -> int:
-        """As :attr:`MoEModel.decode_weight_bytes`, with MLA's Linears and ``kv_b_proj``."""
+        """As :attr:`Decoder.decode_weight_bytes`, with MLA's Linears and ``kv_b_proj``."""
         k = self.spec.num_experts_per_tok
         dense = sum(lin.nbytes for layer in self.layers for lin in self._dense_linears(layer))
         absorbed = sum(layer["mla"].nbytes_absorbed for layer in self.layers)
@@ -142,7 +112,7 @@ class DeepseekModel(MoEModel):
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every weight held (as :attr:`MoEModel.weight_bytes`)."""
+        """Bytes of every weight held (as :attr:`Decoder.weight_bytes`)."""
         linears = [self.lm_head] + ([] if self.embed is self.lm_head else [self.embed])
         held = sum(ex.nbytes for ex in self.experts) + self.final_norm.nbytes
         for layer in self.layers:

@@ -20,6 +20,13 @@ When every expert is ``w8a8``, the experts given fewer rows than their GEMM thre
 them in decode) run as one grouped native product for gate_up and one for down
 (``kvl_w8a8_mm_grouped``: one activation quantization, one thread team); the others one
 product each. A token's k terms are summed in fp32.
+
+DeepSeekMoE's routing (:class:`GroupRoutedExperts`; arXiv:2405.04434 §2.2, transformers'
+``DeepseekV2TopkRouter`` / ``DeepseekV2Moe``): router probabilities ``p = softmax(W_r x)`` in
+fp32 over all routed experts; ``greedy`` takes the top ``num_experts_per_tok``;
+``group_limited_greedy`` first keeps the ``topk_group`` groups (of ``n_group`` equal groups of
+experts) with the highest maximum p and takes the top-k among their experts; the chosen
+weights are never renormalised and are multiplied by ``routed_scaling_factor``.
 """
 
 from __future__ import annotations
@@ -28,16 +35,16 @@ from collections.abc import Callable
 
 import torch
 
-from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.linear import Linear
 
 
 def grouped(linears: list[Linear]):
     """The grouped native product of ``linears`` (:meth:`kvledger.device.cpu.w8a8.W8A8Kernel.
-    bind_grouped`) when every one is ``w8a8``, else None."""
+    bind_grouped`, of the kernels they were built with) when every one is ``w8a8``, else
+    None."""
     if any(lin.format != "w8a8" for lin in linears):
         return None
-    return KERNELS.w8a8().bind_grouped([lin._native for lin in linears])
+    return linears[0].kernels.w8a8().bind_grouped([lin._native for lin in linears])
 
 
 class Experts:
@@ -132,3 +139,22 @@ class Experts:
     def nbytes(self) -> int:
         """Bytes of the router and every expert."""
         return self.router.nbytes + sum(lin.nbytes for lin in self.gate_up + self.down)
+
+
+class GroupRoutedExperts(Experts):
+    """:class:`Experts` routed as DeepSeekMoE (module docstring)."""
+
+    def __init__(self, *args, n_group: int, topk_group: int, scale: float) -> None:
+        super().__init__(*args)
+        self.n_group, self.topk_group, self.scale = n_group, topk_group, scale
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        scores = probs
+        if self.n_group > 1:
+            groups = probs.view(len(probs), self.n_group, -1)
+            keep = torch.zeros(groups.shape[:2], dtype=torch.bool)
+            keep.scatter_(1, groups.amax(-1).topk(self.topk_group, dim=-1).indices, True)
+            scores = (groups * keep[..., None]).view_as(probs)
+        weights, chosen = torch.topk(scores, self.top_k, dim=-1)
+        return probs, weights * self.scale, chosen

@@ -18,10 +18,11 @@ output over the entries, whose first L values are the latent, is multiplied by `
 before ``o_proj``. Cached tokens are never expanded per head, in decode and prefill alike,
 and each step reads the latent pool once for all heads. The softmax scale stays
 ``(nope + rope) ** -0.5``, times YaRN's ``mscale(factor, mscale_all_dim) ** 2``
-(:func:`kvledger.model.rope.yarn_softmax_factor`).
+(:func:`kvledger.model.layers.rotary.yarn_softmax_factor`).
 
 RoPE turns interleaved pairs ``(x_{2i}, x_{2i+1})`` (transformers' complex form,
-``apply_rotary_emb``), not Llama's halves. The two RMSNorms inside attention use eps 1e-6, the
+``apply_rotary_emb``; :class:`~kvledger.model.layers.rotary.InterleavedRope`), not Llama's
+halves. The two RMSNorms inside attention use eps 1e-6, the
 default of transformers' ``DeepseekV2RMSNorm`` (the config's ``rms_norm_eps`` is not passed).
 """
 
@@ -30,35 +31,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvledger.model.layers.rotary import InterleavedRope
 from kvledger.model.linear import Linear
-from kvledger.model.rope import attention_factor, inverse_frequencies
 from kvledger.spec import ModelSpec
 
 LATENT_NORM_EPS = 1e-6
-
-
-class InterleavedRope:
-    """cos / sin [positions, rope / 2] fp32 of the pairs' angles, times the attention factor."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        dim, positions = spec.qk_rope_head_dim, spec.max_position_embeddings
-        self.inv_freq = inverse_frequencies(dim, spec.rope_theta, spec.rope_scaling, positions)
-        self.mscale = attention_factor(spec.rope_scaling, positions)
-        self._tabulate(positions)
-
-    def _tabulate(self, num_positions: int) -> None:
-        angles = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
-        self.cos, self.sin = angles.cos() * self.mscale, angles.sin() * self.mscale
-
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, n, rope] turned at positions [T] (a new tensor, x's dtype)."""
-        if len(positions) and int(positions.max()) >= len(self.cos):
-            self._tabulate(2 * (int(positions.max()) + 1))
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-        return turned.flatten(-2).to(x.dtype)
 
 
 class LatentAttention:
