@@ -23,6 +23,9 @@ correction dimensions of ``beta_fast`` and ``beta_slow`` rotations (floored and 
 and DeepSeek's MLA also multiplies its softmax scale by ``mscale(factor, mscale_all_dim) ** 2``
 (:func:`yarn_softmax_factor`).
 
+:class:`InterleavedRope` turns interleaved pairs ``(x_{2i}, x_{2i+1})`` instead (DeepSeek's MLA,
+transformers' complex form ``apply_rotary_emb``), its cos and sin times the attention factor.
+
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
 """
