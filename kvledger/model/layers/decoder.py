@@ -7,12 +7,14 @@ attention (:mod:`.attention`) -> residual -> RMSNorm -> MLP -> residual] -> RMSN
 (tied or untied). The options, each switched on by the spec and its weights, and which of them
 a family computes is its descriptor's ``runs`` (a spec that needs another is refused at start):
 
-- attention: per-head q / k RMSNorm (Qwen3, Gemma 3), biases, a partial rotary factor and
+- attention: q / k RMSNorm per head (Qwen3, Gemma 3) or over the whole projection (OLMo),
+  biases, a partial rotary factor and
   LongRoPE / YaRN (:mod:`.rotary`), a second RoPE base for the sliding layers (Gemma 3),
   sliding windows, a score scale, score soft-capping and sink logits (gpt-oss: the sinks are
   weights, handed to the backend, :func:`.attention.with_sinks`);
-- norms after attention and after the MLP ("sandwich", Gemma 2/3), each norm weight offset by
-  :attr:`Decoder.NORM_OFFSET` (Gemma's ``1 + w``);
+- norms after attention and after the MLP ("sandwich", Gemma 2/3), or only there (OLMo:
+  :meth:`Decoder.norm_names`), each norm weight offset by :attr:`Decoder.NORM_OFFSET` (Gemma's
+  ``1 + w``);
 - the MLP: a gated one (SwiGLU, or GeGLU for ``gelu_pytorch_tanh``), or on a spec's MoE layers
   routed experts (:mod:`.experts`; gpt-oss's biased experts with the clamped SwiGLU when the
   spec sets ``swiglu_limit``);
@@ -134,7 +136,7 @@ class Decoder:
         """A layer's norms: key -> weight name under ``model.layers.{i}.``; with sandwich norms
         the norm before the MLP is ``pre_feedforward_layernorm`` and the two after attention
         and the MLP are ``attn_out_norm`` / ``mlp_out_norm``; a key the layer lacks is no
-        norm there."""
+        norm there (OLMo's layers have neither ``input_norm`` nor ``post_norm``)."""
         if self.spec.norms_per_layer == 4:
             return {"input_norm": "input_layernorm", "attn_out_norm": "post_attention_layernorm",
                     "post_norm": "pre_feedforward_layernorm",
@@ -225,17 +227,26 @@ class Decoder:
         h = self.embed_rows(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
-            h, x = ops.add_rms_norm(h, delta, layer["input_norm"], eps)
+            h, x = self._add_norm(h, delta, layer, "input_norm")
             q, k, v = project_qkv(layer, x, positions, self.ropes[i], self.spec, ops)
             attn = self.attention(i, q, k, v, meta, store)
             out = layer["o"](attn.reshape(-1, self.q_size))
             if "attn_out_norm" in layer:
                 out = ops.add_rms_norm(out, None, layer["attn_out_norm"], eps)[1]
-            h, x = ops.add_rms_norm(h, out, layer["post_norm"], eps)
+            h, x = self._add_norm(h, out, layer, "post_norm")
             delta = self._mlp(layer, x)
             if "mlp_out_norm" in layer:
                 delta = ops.add_rms_norm(delta, None, layer["mlp_out_norm"], eps)[1]
         return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, layer: dict, norm: str
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + delta, its RMSNorm by ``layer[norm]``), fused; a layer without that norm (OLMo's
+        post-norm layers) takes the sum itself."""
+        if norm in layer:
+            return self.ops.add_rms_norm(h, delta, layer[norm], self.spec.rms_norm_eps)
+        h = h if delta is None else h + delta
+        return h, h
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
