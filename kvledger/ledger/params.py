@@ -99,7 +99,8 @@ def attention_params(spec: ModelSpec, layer_kind: str) -> int:
     kv_out = spec.num_kv_heads * hd
     total = _linear(h, q_out, spec.qkv_bias) + 2 * _linear(h, kv_out, spec.qkv_bias)
     total += _linear(heads * hd, h, spec.o_bias)
-    total += 2 * hd if spec.qk_norm else 0
+    if spec.qk_norm:
+        total += (heads + spec.num_kv_heads) * hd if spec.qk_norm_full_width else 2 * hd
     return total + (heads if spec.attention_sinks else 0)
 
 

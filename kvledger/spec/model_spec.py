@@ -81,6 +81,7 @@ class ModelSpec:
     norm_bias: bool = False  # LayerNorm (weight + bias) instead of RMSNorm (weight only)
     norms_per_layer: int = 2  # Gemma 2/3: 4 (pre and post norm around attention and MLP)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma 3)
+    qk_norm_full_width: bool = False  # ... over the whole projection instead (OLMo 2 / 3)
     attn_output_gate: bool = False  # q_proj also emits a sigmoid gate (Qwen3-Next)
     attention_sinks: bool = False  # one learned sink logit per head, no KV (gpt-oss)
     position_embeddings: int = 0  # rows of a learned absolute position table (GPT-2)

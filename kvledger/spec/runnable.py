@@ -79,6 +79,7 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "norm_bias": is_(False),
     "norms_per_layer": is_(2),
     "qk_norm": is_(False),
+    "qk_norm_full_width": is_(False),
     "attn_output_gate": is_(False),
     "attention_sinks": is_(False),
     "position_embeddings": is_(0),

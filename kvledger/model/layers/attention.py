@@ -5,7 +5,7 @@ GQA: Ainslie et al., arXiv:2305.13245).
 Options, each switched on by the spec and its weights:
 
 - q / k RMSNorm before RoPE, per head (weights [head_dim]: Qwen3, Gemma 3) or over the whole
-  projection (weights [heads x head_dim]: OLMo 2 / 3);
+  projection (``qk_norm_full_width``, weights [heads x head_dim]: OLMo 2 / 3);
 - biases on q, k, v and o (Qwen2, gpt-oss);
 - RoPE on the first ``rotary_dim`` dimensions of each head (:mod:`.rotary`).
 
@@ -42,8 +42,9 @@ def attention_linears(w: dict[str, torch.Tensor], prefix: str, formats: dict[str
 def project_qkv(layer: dict, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 spec: ModelSpec, ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, heads, D], k and v [T, kv_heads, D] of normed hidden states x [T, hidden]: one
-    fused projection, the q / k norms if the layer has them (``q_norm`` / ``k_norm``: per head
-    or over the whole projection, by their length), RoPE on q and k together (``ops.rope_``)."""
+    fused projection, the q / k norms if the layer has them (``q_norm`` / ``k_norm``: per head,
+    or over the whole projection when ``spec.qk_norm_full_width``), RoPE on q and k together
+    (``ops.rope_``)."""
     eps, heads, kv_heads, dim = spec.rms_norm_eps, spec.num_attention_heads, \
         spec.num_kv_heads, spec.head_dim
     q_size, kv_size = heads * dim, kv_heads * dim
@@ -51,7 +52,7 @@ def project_qkv(layer: dict, x: torch.Tensor, positions: torch.Tensor, rope: Rot
     qk = qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, dim)
     if "q_norm" in layer:  # written back into qkv: RoPE then turns q and k in place
         q_norm, k_norm = layer["q_norm"], layer["k_norm"]
-        if len(q_norm) == dim:
+        if not spec.qk_norm_full_width:
             qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), q_norm, eps)
             qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), k_norm, eps)
         else:

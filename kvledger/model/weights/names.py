@@ -12,7 +12,7 @@ down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden], its b
 the router's own rather than DeepSeek-V3's score correction, and each expert's three at
 ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
-``k_norm``, the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads] and
+``k_norm`` (over the whole projection: [heads x head_dim]), the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads] and
 expert biases when the spec has them; an MLA layer's ``q_a_proj`` / ``q_a_layernorm`` /
 ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` and
 ``o_proj``, and its MoE layers' ``mlp.shared_experts``; the embedding, the final norm and an
@@ -81,7 +81,9 @@ def tensor_shapes(spec: ModelSpec, family: Family) -> dict[str, tuple[int, ...]]
                        p + "self_attn.o_proj.weight": (h, q)}
         shapes |= _mlp_shapes(spec, i)
         if spec.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+            wide = spec.qk_norm_full_width
+            shapes |= {p + "self_attn.q_norm.weight": (q if wide else d,),
+                       p + "self_attn.k_norm.weight": (kv if wide else d,)}
         if spec.qkv_bias:
             shapes |= {p + f"self_attn.{n}_proj.bias": (rows,)
                        for n, rows in (("q", q), ("k", kv), ("v", kv))}
