@@ -40,7 +40,12 @@ BASE = {"llama": LLAMA, "qwen3": dataclasses.replace(LLAMA, model_type="qwen3", 
                                         shared_expert_intermediate_size=16, mlp_only_layers=(0,),
                                         routed_scaling_factor=1.5, n_group=2, topk_group=1,
                                         topk_method="group_limited_greedy",
-                                        rope_scaling={"rope_type": "yarn", "factor": 4.0})}
+                                        rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "olmo3": dataclasses.replace(LLAMA, model_type="olmo3", qk_norm=True,
+                                     qk_norm_full_width=True, sliding_window=8,
+                                     layer_types=("sliding_attention", "full_attention"),
+                                     rope_local_base_freq=10000.0,
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0})}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,
