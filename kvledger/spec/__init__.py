@@ -20,7 +20,6 @@ from kvledger.spec.family import Family, FamilyTable
 from kvledger.spec.gguf_reader import (
     GGUFHeader,
     check_gguf_magic,
-    float32,
     open_gguf,
     spec_from_gguf,
     spec_from_gguf_reader,
@@ -59,7 +58,6 @@ __all__ = [
     "check_gguf_magic",
     "check_runnable",
     "every_nth_full",
-    "float32",
     "full_and_sliding",
     "is_",
     "is_set",

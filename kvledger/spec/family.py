@@ -106,13 +106,10 @@ class FamilyTable:
         self._by_type: dict[str, Family] = {}
         self._by_arch: dict[str, Family] = {}
         for family in self.families:
-            for key, table in [(t, self._by_type) for t in (*family.model_types,
-                                                           *family.aliases)] + \
-                    [(a, self._by_arch) for a in family.gguf_archs]:
-                if key in table:
-                    raise ValueError(f"{key!r} is claimed by {table[key].name} and "
-                                     f"{family.name}")
-                table[key] = family
+            for model_type in (*family.model_types, *family.aliases):
+                _claim(self._by_type, model_type, family)
+            for arch in family.gguf_archs:
+                _claim(self._by_arch, arch, family)
 
     def of_type(self, model_type: str) -> Family | None:
         """The family that reads ``model_type`` (or an alias of it), None when none does."""
@@ -131,3 +128,14 @@ class FamilyTable:
     def gguf_model_types(self) -> dict[str, str]:
         """GGUF architecture -> the ``model_type`` read, over every family."""
         return {arch: t for f in self.families for arch, t in f.gguf_archs.items()}
+
+
+def _claim(table: dict[str, Family], key: str, family: Family) -> None:
+    """``table[key] = family``, unless another family holds ``key``.
+
+    Raises:
+        ValueError: two families claim ``key``.
+    """
+    if key in table:
+        raise ValueError(f"{key!r} is claimed by {table[key].name} and {family.name}")
+    table[key] = family

@@ -26,7 +26,7 @@ from pathlib import Path
 from kvledger.errors import ConfigError
 from kvledger.paths import model_id
 from kvledger.spec.config import Config, merged, read_config
-from kvledger.spec.family import FamilyTable
+from kvledger.spec.family import Family, FamilyTable
 from kvledger.spec.model_spec import FULL, LINEAR, SLIDING, ModelSpec
 
 
@@ -145,7 +145,7 @@ def _rope_fields(c: Config) -> dict:
     }
 
 
-def _layer_types(c: Config, n: int, family) -> tuple[str, ...]:
+def _layer_types(c: Config, n: int, family: Family | None) -> tuple[str, ...]:
     """Per-layer kinds: the config's ``layer_types``, else the family's placement rule, else
     every layer full."""
     explicit = c.get("layer_types")

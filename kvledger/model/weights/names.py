@@ -28,7 +28,7 @@ from kvledger.spec import Family, ModelSpec
 _Q4_PARTS = (".q4_codes", ".q4_scale", ".q4_zero")
 EXPERT_STACKS = ("mlp.experts.gate_proj", "mlp.experts.up_proj", "mlp.experts.down_proj")
 """A layer's stacked expert projections [experts, out, in] (a GGUF's ``ffn_*_exps``), split
-by :func:`to_llama_names` into ``mlp.experts.{e}.*_proj``."""
+by :func:`to_common_names` into ``mlp.experts.{e}.*_proj``."""
 
 
 def to_common_names(state: dict[str, torch.Tensor], spec: ModelSpec, family: Family) -> None:
@@ -95,7 +95,7 @@ def tensor_shapes(spec: ModelSpec, family: Family) -> dict[str, tuple[int, ...]]
 
 
 def _mla_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
-    """An MLA layer's attention tensors (``model/mla.py``), ``p`` its ``self_attn.`` prefix."""
+    """An MLA layer's attention tensors (``model/layers/latent_attention.py``), ``p`` its ``self_attn.`` prefix."""
     h, heads, rank = spec.hidden_size, spec.num_attention_heads, spec.kv_lora_rank
     q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
     shapes = {p + "kv_a_proj_with_mqa.weight": (rank + spec.qk_rope_head_dim, h),
