@@ -32,6 +32,7 @@ from kvledger.data import config_path
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.sampling_params import SamplingParams
+from kvledger.errors import InvalidParameterError
 from kvledger.model.families import load_spec, model_class
 from kvledger.model.families.olmo3 import FAMILY
 from kvledger.spec import FULL, SLIDING
@@ -109,3 +110,11 @@ def test_the_released_config_runs_in_the_family():
     assert spec.layer_types[:4] == (SLIDING,) * 3 + (FULL,) and spec.sliding_window == 4096
     assert spec.rope_scaling["factor"] == 8.0 and spec.rope_local_base_freq == spec.rope_theta
     assert (spec.num_layers, spec.hidden_size, spec.vocab_size) == (32, 4096, 100278)
+
+
+def test_tensor_parallelism_refuses_the_whole_projection_norm():
+    """Each rank holds some heads; a norm over all of them is not sharded yet."""
+    from kvledger.engine.parallel.shard import check_divisible
+
+    with pytest.raises(InvalidParameterError, match="whole projection"):
+        check_divisible(load_spec(config_path("allenai__Olmo-3-7B-Think")), 2)
