@@ -13,7 +13,6 @@ from kvledger.errors import UnsupportedModelError
 from kvledger.model.families import ENGINE_MODEL_TYPES, FAMILIES, load_spec, model_class
 from kvledger.model.families.gemma import FAMILY as GEMMA
 from kvledger.model.layers.decoder import Decoder
-from kvledger.model.layers.latent_decoder import LatentDecoder
 
 GEMMA_DECODER = GEMMA.model()
 
@@ -25,7 +24,7 @@ GEMMA_DECODER = GEMMA.model()
     ("microsoft__Phi-3.5-mini-instruct", Decoder), ("google__gemma-2-9b", GEMMA_DECODER),
     ("google__gemma-3-1b-it", GEMMA_DECODER), ("mistralai__Mixtral-8x7B-v0.1", Decoder),
     ("Qwen__Qwen3-30B-A3B", Decoder), ("openai__gpt-oss-20b", Decoder),
-    ("deepseek-ai__DeepSeek-V2-Lite", LatentDecoder)])
+    ("deepseek-ai__DeepSeek-V2-Lite", Decoder)])
 def test_catalogue_configs_run_in_their_family(name, cls):
     """Real config.json files of the types the forward passes reproduce (checked against
     transformers in test_llama.py and test_family_oracle.py)."""
@@ -83,7 +82,7 @@ def test_every_family_module_is_in_the_registry_once():
     assert sorted(f.name for f in FAMILIES.families) == sorted(modules)
     runs = {f.name: f.model() for f in FAMILIES.families if f.runs_in_engine}
     assert {"llama", "qwen3", "phi3", "gemma", "moe", "gpt_oss", "deepseek"} <= set(runs)
-    assert {Decoder, GEMMA_DECODER, LatentDecoder} <= set(runs.values())
+    assert {Decoder, GEMMA_DECODER} <= set(runs.values())
     assert all(issubclass(cls, Decoder) for cls in runs.values())
     plan_only = {f.name for f in FAMILIES.families if not f.runs_in_engine}
     assert {"deepseek_v3", "qwen2_moe", "qwen3_next", "gpt2", "gpt_neox"} <= plan_only

@@ -161,8 +161,9 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     model = _model(spec, weights)
     layers = model.layers
     static = model.lm_head.nbytes + sum(
-        layer[cls].nbytes for layer in layers for cls in ("qkv", "o", "gate_up", "down")
-        if cls in layer)
+        lin.nbytes for layer in layers for block in (layer["attn"], layer["mlp"])
+        if block not in model.experts for cls in ("qkv", "o", "gate_up", "down")
+        for lin in block.linears(cls))
     params = count_params(spec)
     want = 4 * (params.active - params.embedding - _vector_params(spec))
     assert model.decode_weight_bytes == want

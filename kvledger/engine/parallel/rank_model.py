@@ -71,7 +71,7 @@ def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: t
     model = build_model(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
                         dtype, attention, formats)
     for layer in model.layers:
-        layer["o"] = RowParallel(layer["o"], group)
-        layer["down"] = RowParallel(layer["down"], group)
+        layer["attn"].o = RowParallel(layer["attn"].o, group)
+        layer["mlp"].down = RowParallel(layer["mlp"].down, group)
     model.lm_head = VocabParallelHead(model.lm_head, group, spec.vocab_size)
     return model

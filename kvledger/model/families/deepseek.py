@@ -117,9 +117,9 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
 
 
 def _model() -> type:
-    from kvledger.model.layers.latent_decoder import LatentDecoder
+    from kvledger.model.layers.decoder import Decoder
 
-    return LatentDecoder
+    return Decoder
 
 
 FAMILY = Family(

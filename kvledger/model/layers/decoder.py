@@ -1,25 +1,27 @@
 """The decoder forward pass in plain PyTorch, reading and writing the paged KV cache, composed
-from the shared layers; the families that are this decoder with options pick it
-(``kvledger.model.families``).
+per layer of an attention block and an MLP block of the shared layers, chosen by the spec; the
+families that are this decoder with options pick it (``kvledger.model.families``).
 
 Architecture (Touvron et al., "LLaMA", arXiv:2302.13971): token embedding -> N x [RMSNorm ->
-attention (:mod:`.attention`) -> residual -> RMSNorm -> MLP -> residual] -> RMSNorm -> LM head
-(tied or untied). The options, each switched on by the spec and its weights, and which of them
-a family computes is its descriptor's ``runs`` (a spec that needs another is refused at start):
+attention -> residual -> RMSNorm -> MLP -> residual] -> RMSNorm -> LM head (tied or untied).
+Each layer holds ``attn``, ``mlp`` and its norms:
 
-- attention: q / k RMSNorm per head (Qwen3, Gemma 3) or over the whole projection (OLMo),
-  biases, a partial rotary factor and
-  LongRoPE / YaRN (:mod:`.rotary`), a second RoPE base for the sliding layers (Gemma 3),
-  sliding windows, a score scale, score soft-capping and sink logits (gpt-oss: the sinks are
-  weights, handed to the backend, :func:`.attention.with_sinks`);
-- norms after attention and after the MLP ("sandwich", Gemma 2/3), or only there (OLMo:
-  :meth:`Decoder.norm_names`), each norm weight offset by :attr:`Decoder.NORM_OFFSET` (Gemma's
-  ``1 + w``);
-- the MLP: a gated one (SwiGLU, or GeGLU for ``gelu_pytorch_tanh``), or on a spec's MoE layers
-  routed experts (:mod:`.experts`; gpt-oss's biased experts with the clamped SwiGLU when the
-  spec sets ``swiglu_limit``);
-- an embedding scaled by sqrt(hidden), rounded to the model's dtype first
-  (:attr:`Decoder.SCALED_EMBEDDING`, Gemma), final-logit soft-capping.
+- ``attn``: self-attention (:class:`.attention.SelfAttention`: q / k norms, biases, partial
+  and scaled RoPE, sinks), or on an ``mla`` layer multi-head latent attention
+  (:class:`.latent_attention.LatentAttention`, DeepSeek-V2); the sliding layers' own RoPE base
+  when the spec has one (Gemma 3, OLMo 3); windows, score scale and soft-capping are the
+  backend's per-layer parameters, which each block completes (sinks, MLA's YaRN factor);
+- ``mlp``: a gated MLP (:class:`.mlp.GatedMLP`: SwiGLU, or GeGLU for ``gelu_pytorch_tanh``),
+  or on the spec's MoE layers routed experts (:class:`.experts.Experts`: gpt-oss's clamped
+  SwiGLU when the spec sets ``swiglu_limit``; DeepSeekMoE's group routing, scaling and shared
+  experts, :class:`.experts.GroupRoutedExperts`);
+- norms: before attention and before the MLP, and after them too ("sandwich", Gemma 2/3), or
+  only after them (OLMo: :meth:`Decoder.norm_names`), each weight offset by
+  :attr:`Decoder.NORM_OFFSET` (Gemma's ``1 + w``).
+
+Also: an embedding scaled by sqrt(hidden), rounded to the model's dtype first
+(:attr:`Decoder.SCALED_EMBEDDING`, Gemma), final-logit soft-capping. Which options a family
+computes is its descriptor's ``runs``: a spec that needs another is refused at start.
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
 layer runs four matmuls (:mod:`.linears`). In bf16 each matrix shape class (``qkv``, ``o``,
@@ -35,18 +37,21 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.model.layers.attention import attention_linears, project_qkv, with_sinks
-from kvledger.model.layers.experts import Experts
+from kvledger.model.layers.attention import SelfAttention
+from kvledger.model.layers.experts import Experts, GroupRoutedExperts
+from kvledger.model.layers.latent_attention import LatentAttention
 from kvledger.model.layers.linears import (
     fused_linear,
     held,
+    held_bytes,
     kquant_classes,
     one_linear,
     q4_classes,
 )
-from kvledger.model.layers.rotary import RotaryEmbedding
+from kvledger.model.layers.mlp import GatedMLP
+from kvledger.model.layers.rotary import InterleavedRope, RotaryEmbedding
 from kvledger.model.linear import Linear
-from kvledger.spec import SLIDING, ModelSpec
+from kvledger.spec import MLA, SLIDING, ModelSpec
 
 SHAPE_CLASSES = ("qkv", "o", "gate_up", "down")
 """A layer's shape classes of Linears (beside the model's ``lm_head``)."""
@@ -61,7 +66,8 @@ class Decoder:
         dtype: compute dtype (torch.float32 or torch.bfloat16).
         device: a ``kvledger.device.Device``: its weight formats, GEMM paths, fused ops and
             kernels.
-        attention: the attention backend, its per-layer parameters set by the engine.
+        attention: the attention backend, its per-layer parameters set by the engine (each
+            layer's block completes them: sinks, MLA's YaRN factor).
         formats: weight format per shape class (``{"qkv": "int4", "lm_head": "int8", ...}``);
             classes left out are dense; None asks the device. Ignored in fp32.
     """
@@ -101,17 +107,16 @@ class Decoder:
         del embed, head
         self.normalizer = torch.tensor(spec.hidden_size ** 0.5, dtype=dtype)
         self.final_norm = self.norm_weight(w.pop("model.norm.weight"))
+        self.ropes = self._ropes()
+        self.rope = self.ropes[0]  # the turn of retained keys (retention runs on one RoPE)
         self.layers = []
         for i in range(spec.num_layers):
             self.layers.append(self._layer(w, i, release))
             for cls, choice in gemm.items():
                 for linear in self.class_linears(self.layers[-1], cls) if choice else ():
                     linear.use_gemm(*choice)
-        if spec.attention_sinks:
-            with_sinks(attention, [layer["sinks"] for layer in self.layers])
-        self.ropes = self._ropes()
-        self.rope = self.ropes[0]  # the turn of retained keys (retention runs on one RoPE)
-        self.q_size = spec.num_attention_heads * spec.head_dim
+        attention.set_layers([layer["attn"].backend_params(how)
+                              for layer, how in zip(self.layers, attention.layers)])
 
     def norm_weight(self, weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """An RMSNorm weight as the ops take it: ``weight + NORM_OFFSET``, a new tensor (no
@@ -119,9 +124,10 @@ class Decoder:
         stay fp32 beside bf16 rows, as the fused add + RMSNorm takes them)."""
         return (weight.float() + self.NORM_OFFSET).to(dtype or weight.dtype)
 
-    def _ropes(self) -> list[RotaryEmbedding]:
-        """One RoPE table per layer: the spec's, or for the sliding layers its local base
-        (``rope_local_base_freq``, unscaled) when it has one (Gemma 3)."""
+    def _ropes(self) -> list:
+        """One RoPE table per layer: the spec's, for the sliding layers its local base
+        (``rope_local_base_freq``, unscaled) when it has one, for ``mla`` layers DeepSeek's
+        interleaved pairs."""
         spec = self.spec
         tables = {None: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                         spec.rope_theta, spec.rope_scaling, self.dtype,
@@ -130,6 +136,8 @@ class Decoder:
             tables[SLIDING] = RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                               spec.rope_local_base_freq, None, self.dtype,
                                               spec.rotary_dim)
+        if MLA in spec.layer_types:
+            tables = {None: InterleavedRope(spec)}
         return [tables.get(kind, tables[None]) for kind in spec.layer_types]
 
     def norm_names(self) -> dict[str, str]:
@@ -144,43 +152,49 @@ class Decoder:
         return {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm"}
 
     def _layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
-        """Layer ``i``'s norms, attention Linears (:func:`.attention.attention_linears`), MLP
-        (:meth:`_mlp_layer`) and sink logits [heads] in fp32 when the spec has them."""
-        prefix = f"model.layers.{i}."
-        layer = attention_linears(w, prefix, self.formats, release, self.dtype, self.kernels)
-        layer |= self._mlp_layer(w, i, release)
-        norms = self.norm_names()
-        if self.spec.qk_norm:
-            norms |= {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
-        for key, name in norms.items():  # q / k norms go through F.rms_norm on compute rows
-            dtype = self.dtype if key in ("q_norm", "k_norm") else None
-            layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"), dtype)
-        if self.spec.attention_sinks:
-            layer["sinks"] = w.pop(f"{prefix}self_attn.sinks").float()
+        """Layer ``i``: its attention block (by its kind), MLP block (:meth:`_mlp`) and norms."""
+        prefix, spec = f"model.layers.{i}.", self.spec
+
+        def linear(stems: list[str], shape_class: str) -> Linear:
+            return fused_linear(w, stems, self.formats.get(shape_class, "dense"), release,
+                                self.dtype, self.kernels)
+
+        if spec.layer_types[i] == MLA:
+            attn = LatentAttention(spec, w, prefix, linear, self.ropes[i], self.dtype)
+        else:
+            attn = SelfAttention(spec, w, prefix, linear, self.norm_weight, self.ropes[i],
+                                 self.ops, self.dtype)
+        layer = {"attn": attn, "mlp": self._mlp(w, linear, i)}
+        for key, name in self.norm_names().items():
+            layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"))
         return layer
 
-    def _linear(self, w: dict, stems: list[str], shape_class: str, release) -> Linear:
-        return fused_linear(w, stems, self.formats.get(shape_class, "dense"), release,
-                            self.dtype, self.kernels)
+    def _mlp(self, w: dict[str, torch.Tensor], linear, i: int) -> GatedMLP | Experts:
+        """Layer ``i``'s MLP: gate / up / down, or on an MoE layer its router and experts (each
+        in the ``gate_up`` / ``down`` classes' formats), routed as the spec says, and
+        DeepSeek's shared experts."""
+        mlp, spec = f"model.layers.{i}.mlp.", self.spec
 
-    def _mlp_layer(self, w: dict[str, torch.Tensor], i: int, release) -> dict:
-        """Layer ``i``'s MLP: ``gate_up`` (gate rows, then up) and ``down`` Linears, or on an
-        MoE layer its :class:`.experts.Experts`, each expert in the ``gate_up`` / ``down``
-        classes' formats."""
-        mlp = f"model.layers.{i}.mlp."
-        if not self.spec.is_moe_layer(i):
-            return {"gate_up": self._linear(w, [mlp + "gate_proj", mlp + "up_proj"], "gate_up",
-                                            release),
-                    "down": self._linear(w, [mlp + "down_proj"], "down", release)}
+        def gated(stem: str) -> GatedMLP:
+            return GatedMLP(linear([stem + "gate_proj", stem + "up_proj"], "gate_up"),
+                            linear([stem + "down_proj"], "down"), self.act)
+
+        if not spec.is_moe_layer(i):
+            return gated(mlp)
         router = Linear(w.pop(mlp + "gate.weight"), w.pop(mlp + "gate.bias", None))
         gate_up, down = [], []
-        for e in range(self.spec.num_experts):
+        for e in range(spec.num_experts):
             stem = f"{mlp}experts.{e}."
-            gate_up.append(self._linear(w, [stem + "gate_proj", stem + "up_proj"], "gate_up",
-                                        release))
-            down.append(self._linear(w, [stem + "down_proj"], "down", release))
-        return {"experts": Experts(router, gate_up, down, self.spec.num_experts_per_tok,
-                                   self.spec.norm_topk_prob, self.expert_act)}
+            gate_up.append(linear([stem + "gate_proj", stem + "up_proj"], "gate_up"))
+            down.append(linear([stem + "down_proj"], "down"))
+        shared = gated(mlp + "shared_experts.") if spec.num_shared_experts else None
+        args = (router, gate_up, down, spec.num_experts_per_tok, spec.norm_topk_prob,
+                self.expert_act)
+        if spec.topk_method == "greedy" and spec.routed_scaling_factor == 1.0:
+            return Experts(*args, shared=shared)
+        return GroupRoutedExperts(
+            *args, n_group=spec.n_group if spec.topk_method == "group_limited_greedy" else 0,
+            topk_group=spec.topk_group, scale=spec.routed_scaling_factor, shared=shared)
 
     def expert_act(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The experts' activation ``[T, 2f] -> [T, f]`` of gate then up columns: the MLP's
@@ -190,24 +204,16 @@ class Decoder:
                                            self.spec.swiglu_limit)
         return self.act(gate_up)
 
-    def _mlp(self, layer: dict, x: torch.Tensor) -> torch.Tensor:
-        """The MLP's output [T, hidden] of normed hidden states x [T, hidden]."""
-        if "experts" in layer:
-            return layer["experts"](x)
-        return layer["down"](self.act(layer["gate_up"](x)))
-
     @staticmethod
     def class_linears(layer: dict, shape_class: str) -> list[Linear]:
-        """A layer's Linears of one shape class (``qkv``, ``o``, ``gate_up``, ``down``; an MoE
-        layer's ``gate_up`` / ``down``: its experts')."""
-        if shape_class not in layer and "experts" in layer:
-            return layer["experts"].linears(shape_class)
-        return [layer[shape_class]] if shape_class in layer else []
+        """A layer's Linears of one shape class (``qkv``, ``o``: its attention's; ``gate_up``,
+        ``down``: its MLP's, an MoE layer's experts' then its shared experts')."""
+        return layer["attn"].linears(shape_class) + layer["mlp"].linears(shape_class)
 
     @property
     def experts(self) -> list[Experts]:
         """The MoE layers' experts, in layer order."""
-        return [layer["experts"] for layer in self.layers if "experts" in layer]
+        return [layer["mlp"] for layer in self.layers if isinstance(layer["mlp"], Experts)]
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, hidden] of token ids [T] (times sqrt(hidden) when
@@ -228,13 +234,11 @@ class Decoder:
         delta = None
         for i, layer in enumerate(self.layers):
             h, x = self._add_norm(h, delta, layer, "input_norm")
-            q, k, v = project_qkv(layer, x, positions, self.ropes[i], self.spec, ops)
-            attn = self.attention(i, q, k, v, meta, store)
-            out = layer["o"](attn.reshape(-1, self.q_size))
+            out = layer["attn"](i, x, positions, self.attention, meta, store)
             if "attn_out_norm" in layer:
                 out = ops.add_rms_norm(out, None, layer["attn_out_norm"], eps)[1]
             h, x = self._add_norm(h, out, layer, "post_norm")
-            delta = self._mlp(layer, x)
+            delta = layer["mlp"](x)
             if "mlp_out_norm" in layer:
                 delta = ops.add_rms_norm(delta, None, layer["mlp_out_norm"], eps)[1]
         return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
@@ -258,34 +262,30 @@ class Decoder:
 
     @property
     def decode_weight_bytes(self) -> int:
-        """Bytes of weights one batch-1 decode step reads: every layer's attention Linears and
-        dense MLPs, the LM head, and per MoE layer its router and ``num_experts_per_tok``
-        experts (a larger batch reads the distinct experts its tokens chose:
-        :attr:`.experts.Experts.bytes_read`); the embedding table is gathered by row, not read
-        whole."""
-        k = self.spec.num_experts_per_tok
-        dense = [layer[cls] for layer in self.layers for cls in SHAPE_CLASSES if cls in layer]
-        routed = sum(ex.router.nbytes + k * ex.expert_bytes for ex in self.experts)
-        return sum(lin.nbytes for lin in dense) + self.lm_head.nbytes + routed
+        """Bytes of weights one batch-1 decode step reads: every layer's blocks
+        (``decode_bytes``: attention and dense MLPs whole, per MoE layer its router and
+        ``num_experts_per_tok`` experts) and the LM head; the embedding table is gathered by
+        row, not read whole."""
+        blocks = sum(layer[b].decode_bytes for layer in self.layers for b in ("attn", "mlp"))
+        return blocks + self.lm_head.nbytes
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of every weight held: the Linears (biases included, every expert and router),
-        the embedding when it is not the LM head's, and the norms."""
+        """Bytes of every weight held: every layer's blocks and norms, the LM head, the
+        embedding when it is not the LM head's, and the final norm."""
         linears = [self.lm_head] + ([] if self.embed is self.lm_head else [self.embed])
-        vectors = [self.final_norm]
+        total = sum(held_bytes(lin) for lin in linears) + self.final_norm.nbytes
         for layer in self.layers:
-            linears += [lin for cls in SHAPE_CLASSES for lin in self.class_linears(layer, cls)]
-            linears += [layer["experts"].router] if "experts" in layer else []
-            vectors += [t for key, t in layer.items() if key.endswith("norm")]
-        vectors += [lin.bias for lin in linears if lin.bias is not None]
-        return sum(lin.nbytes for lin in linears) + sum(t.nbytes for t in vectors)
+            total += layer["attn"].held_bytes + layer["mlp"].held_bytes
+            total += sum(t.nbytes for key, t in layer.items() if key.endswith("norm"))
+        return total
 
     @property
     def weight_formats(self) -> dict[str, str]:
         """Format held per shape class (a request the weights cannot meet is dense);
         ``gate_up`` / ``down`` are the experts' on an MoE model (each expert holds one; a dense
         MLP layer takes the same class's format)."""
-        layer = next((layer for layer in self.layers if "experts" in layer), self.layers[0])
+        layer = next((layer for layer in self.layers if isinstance(layer["mlp"], Experts)),
+                     self.layers[0])
         held_formats = {cls: self.class_linears(layer, cls)[0].format for cls in SHAPE_CLASSES}
         return {**held_formats, "lm_head": self.lm_head.format}

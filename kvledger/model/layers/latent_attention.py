@@ -28,10 +28,13 @@ default of transformers' ``DeepseekV2RMSNorm`` (the config's ``rms_norm_eps`` is
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
-from kvledger.model.layers.rotary import InterleavedRope
+from kvledger.model.layers.linears import held_bytes
+from kvledger.model.layers.rotary import InterleavedRope, yarn_softmax_factor
 from kvledger.model.linear import Linear
 from kvledger.spec import ModelSpec
 
@@ -44,11 +47,13 @@ class LatentAttention:
     Args:
         spec: the architecture; w: the weights (its ``{prefix}self_attn.*`` entries are popped);
         linear: ``(stems, shape class) -> Linear`` of the row-concatenated projections;
-        dtype: the compute dtype.
+        rope: the interleaved RoPE of the ``rope`` dims; dtype: the compute dtype.
     """
 
-    def __init__(self, spec: ModelSpec, w: dict, prefix: str, linear, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, w: dict, prefix: str, linear, rope: InterleavedRope,
+                 dtype: torch.dtype):
         attn = prefix + "self_attn."
+        self.rope, self.softmax_factor = rope, yarn_softmax_factor(spec.rope_scaling)
         self.heads, self.latent = spec.num_attention_heads, spec.kv_lora_rank
         self.nope, self.rope_dim = spec.qk_nope_head_dim, spec.qk_rope_head_dim
         self.v_dim = spec.v_head_dim
@@ -66,14 +71,38 @@ class LatentAttention:
         self.w_uv = kv_b[:, self.nope:].contiguous()  # [H, v, L]
         self.o = linear([attn + "o_proj"], "o")
 
-    def linears(self) -> list[Linear]:
-        """The layer's Linears (the absorbed ``kv_b`` is :attr:`nbytes_absorbed`)."""
-        return [lin for lin in (self.q_a, self.q_b, self.kv_a, self.o) if lin is not None]
+    def backend_params(self, how):
+        """The backend's ``LayerAttention`` of this layer: the engine's, its scale times YaRN's
+        softmax factor (module docstring)."""
+        return dataclasses.replace(how, scale=how.scale * self.softmax_factor)
+
+    def __call__(self, index: int, x: torch.Tensor, positions: torch.Tensor, backend, meta,
+                 store) -> torch.Tensor:
+        """The attention output [T, hidden] of normed hidden states x [T, hidden] at positions
+        [T]: the absorbed queries over the cached entries, layer ``index`` of ``backend``."""
+        q, entry = self.query_and_entry(x, positions, self.rope)
+        return self.output(backend(index, q, entry, entry, meta, store))
+
+    def linears(self, shape_class: str) -> list[Linear]:
+        """Its Linears of ``qkv`` (the q and kv_a projections) or ``o`` (``[]`` for another
+        class; the absorbed ``kv_b`` is not a Linear)."""
+        if shape_class == "o":
+            return [self.o]
+        qkv = [lin for lin in (self.q_a, self.q_b, self.kv_a) if lin is not None]
+        return qkv if shape_class == "qkv" else []
 
     @property
-    def nbytes_absorbed(self) -> int:
-        """Bytes of ``W_UK`` and ``W_UV`` (``kv_b_proj``), read whole every step."""
-        return self.w_uk.nbytes + self.w_uv.nbytes
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads: its Linears and ``W_UK`` / ``W_UV``, whole."""
+        linears = self.linears("qkv") + self.linears("o")
+        return sum(lin.nbytes for lin in linears) + self.w_uk.nbytes + self.w_uv.nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held (norms included)."""
+        norms = [t for t in (self.q_a_norm, self.kv_a_norm) if t is not None]
+        return sum(held_bytes(lin) for lin in self.linears("qkv") + self.linears("o")) + \
+            self.w_uk.nbytes + self.w_uv.nbytes + sum(t.nbytes for t in norms)
 
     def query_and_entry(self, x: torch.Tensor, positions: torch.Tensor,
                         rope: InterleavedRope) -> tuple[torch.Tensor, torch.Tensor]:

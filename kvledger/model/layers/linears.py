@@ -1,7 +1,8 @@
 """A layer's Linears from a checkpoint's tensors: one projection, or several fused by rows,
 held in the weight format the device chose for their shape class
-(:mod:`kvledger.model.linear`), GGUF blocks kept as they are in a ``kquant`` format; and which
-shape classes a checkpoint stores as Q4 or as GGUF blocks (what the device may choose from).
+(:mod:`kvledger.model.linear`), GGUF blocks kept as they are in a ``kquant`` format; which
+shape classes a checkpoint stores as Q4 or as GGUF blocks (what the device may choose from);
+the bytes a Linear holds.
 
 Tensors are removed from the weights dict as they are used and their pages released
 (``release``, see :class:`kvledger.model.weights.loader.MappedWeights`), so at most one layer
@@ -47,6 +48,11 @@ def held(t, dtype: torch.dtype):
             t.dim() == 1 and t.dtype == torch.float32 and dtype == torch.bfloat16):
         return t
     return t.to(dtype)
+
+
+def held_bytes(linear: Linear) -> int:
+    """Bytes of a Linear's weight (and scales) and its bias."""
+    return linear.nbytes + (0 if linear.bias is None else linear.bias.nbytes)
 
 
 def one_linear(weight, fmt: str, release, dtype: torch.dtype, kernels) -> Linear:
