@@ -80,6 +80,7 @@ def test_a_native_format_is_held_where_built():
 
 
 def test_a_dense_weight_asked_for_a_kquant_format_stays_dense():
-    assert Linear(torch.randn(4, 256).bfloat16(), fmt="kquant-avx2", kernels=KERNELS).format == "dense"
+    dense = Linear(torch.randn(4, 256).bfloat16(), fmt="kquant-avx2", kernels=KERNELS)
+    assert dense.format == "dense"
     with pytest.raises(ValueError, match="K-quant weight's format"):
         KQuantLinear([random_matrix("Q4_K", 4, 256)], fmt="int8", kernels=KERNELS)

@@ -73,8 +73,8 @@ def fused_linear(w: dict[str, torch.Tensor], stems: list[str], fmt: str, release
     ``dtype``), with their biases concatenated when they have them (``{stem}.bias``);
     ``kernels``: the device's.
 
-    Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4`` / ``w4a8``),
-    so a memory-mapped weight cache never pages in the other one.
+    Only the source the format needs is read (the dense rows, or the Q4 codes for ``int4`` /
+    ``w4a8``), so a memory-mapped weight cache never pages in the other one.
     """
     parts = (".q4_codes", ".q4_scale", ".q4_zero")
     biases = [w.pop(s + ".bias", None) for s in stems]

@@ -6,7 +6,8 @@ parameter names (``model.embed_tokens.weight`` [vocab, hidden], ``model.layers.{
 head is untied; the biases and extra norms of :func:`.names.tensor_shapes` when the spec has
 them), every family brought to those names by :func:`.names.to_common_names` (its family's
 renames first: ``kvledger.model.families``). A model type no family of the engine runs exactly
-is refused (``kvledger.model.families.check_runnable``) before any tensor is read. ``load_format="dummy"``: :mod:`.dummy`.
+is refused (``kvledger.model.families.check_runnable``) before any tensor is read.
+``load_format="dummy"``: :mod:`.dummy`.
 
 Sources:
   * K-quant GGUF file (Q4_K, Q5_K, Q6_K matrices): matrices kept as the file's blocks, read

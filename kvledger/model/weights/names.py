@@ -12,8 +12,8 @@ down projections (an MoE layer: the router ``mlp.gate`` [experts, hidden], its b
 the router's own rather than DeepSeek-V3's score correction, and each expert's three at
 ``moe_intermediate_size``), ``input_layernorm``, ``post_attention_layernorm``, Gemma's
 ``pre_feedforward_layernorm`` / ``post_feedforward_layernorm``, the per-head ``q_norm`` /
-``k_norm`` (over the whole projection: [heads x head_dim]), the q/k/v and o biases, gpt-oss's sink logits ``self_attn.sinks`` [heads] and
-expert biases when the spec has them; an MLA layer's ``q_a_proj`` / ``q_a_layernorm`` /
+``k_norm`` (over the whole projection: [heads x head_dim]), the q/k/v and o biases,
+gpt-oss's sink logits ``self_attn.sinks`` [heads] and expert biases when the spec has them; an MLA layer's ``q_a_proj`` / ``q_a_layernorm`` /
 ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` and
 ``o_proj``, and its MoE layers' ``mlp.shared_experts``; the embedding, the final norm and an
 untied ``lm_head``; then the family's changes (``Family.tensor_shapes``).
@@ -95,7 +95,8 @@ def tensor_shapes(spec: ModelSpec, family: Family) -> dict[str, tuple[int, ...]]
 
 
 def _mla_shapes(spec: ModelSpec, p: str) -> dict[str, tuple[int, ...]]:
-    """An MLA layer's attention tensors (``model/layers/latent_attention.py``), ``p`` its ``self_attn.`` prefix."""
+    """An MLA layer's attention tensors (``model/layers/latent_attention.py``), ``p`` its
+    ``self_attn.`` prefix."""
     h, heads, rank = spec.hidden_size, spec.num_attention_heads, spec.kv_lora_rank
     q_dim = heads * (spec.qk_nope_head_dim + spec.qk_rope_head_dim)
     shapes = {p + "kv_a_proj_with_mqa.weight": (rank + spec.qk_rope_head_dim, h),

@@ -240,7 +240,8 @@ def test_gemm_path_is_the_layers_own_weight(path):
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - exact).abs()
                      <= 2 ** -8 * exact.abs() + rounding + 1e-6).all()), fmt
-        assert torch.equal(lin(x[:8]), Linear(w, bias, q4, fmt, kernels=KERNELS)(x[:8]))  # 8 rows: own kernel
+        own = Linear(w, bias, q4, fmt, kernels=KERNELS)
+        assert torch.equal(lin(x[:8]), own(x[:8]))  # 8 rows: own kernel
         if fmt != "dense":
             dense = lin.dense_weight(torch.bfloat16).double()  # each weight rounded once
             assert bool(((dense - weight.double()).abs()

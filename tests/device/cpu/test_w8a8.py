@@ -245,7 +245,8 @@ def test_bf16_weight_of_the_gguf_blocks_is_each_weight_rounded_once(monkeypatch,
     1e-7 for the minimum the file's fp16 parts give in fp32); a w8a8 weight's against its own
     codes x scales the same way."""
     (q, scale, zero), dense = gguf_q4
-    w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8", kernels=KERNELS)
+    w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8",
+                kernels=KERNELS)
     w8 = Linear(dense[:64].bfloat16(), None, None, "w8a8", kernels=KERNELS)
     codes = w8.packed.double() * w8.scales.double().repeat_interleave(32, 1)
     if not native:

@@ -37,7 +37,8 @@ def test_shapes_are_the_transformers_models(model_id):
     if spec.tie_word_embeddings:
         want.pop("lm_head.weight", None)
     to_common_names(want, spec, family_of(spec))
-    assert tensor_shapes(spec, family_of(spec)) == {name: tuple(t.shape) for name, t in want.items()}
+    shapes = tensor_shapes(spec, family_of(spec))
+    assert shapes == {name: tuple(t.shape) for name, t in want.items()}
 
 
 def test_values_are_seeded_bounded_and_norms_identity(tmp_path):
