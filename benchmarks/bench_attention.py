@@ -22,7 +22,7 @@ from common import machine_line
 from kvledger.engine.attention import AttentionMetadata, make_backend
 from kvledger.engine.attention.metadata import DecodeGroup
 from kvledger.engine.kv.store import KVStore
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
 
 BLOCK = 16
 

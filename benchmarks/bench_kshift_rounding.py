@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kvledger.model.rope import RotaryEmbedding
+from kvledger.model.layers.rotary import RotaryEmbedding
 
 
 def median_error(y: torch.Tensor, exact: torch.Tensor) -> float:

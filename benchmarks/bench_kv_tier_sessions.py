@@ -98,7 +98,7 @@ def probe_tier(directory: Path, config: Path) -> dict:
     from kvledger.commands.probe import prefill_speed
     from kvledger.engine.kv.tiers.read_probe import measure_read, store_tensor_bytes
     from kvledger.ledger.tier_load import save_figures
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     directory.mkdir(parents=True, exist_ok=True)
     figures = (measure_read(directory, store_tensor_bytes(load_spec("default")))

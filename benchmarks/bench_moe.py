@@ -12,7 +12,7 @@ dummy weights in bf16 and the bundled tokenizer padded to the vocabulary (``dumm
 ``time``: kvledger's TPOT (64 new tokens after a 512-token prompt, greedy, EOS ignored, the
 default fast mode: the probe's formats, w8a8 on the file's Q8_0 codes where it picks it) and
 the bytes of weights one decode step reads (``decode_weight_bytes``, measured per step as the
-experts run: :attr:`kvledger.model.experts.Experts.bytes_read`) beside the ledger's active
+experts run: :attr:`kvledger.model.layers.experts.Experts.bytes_read`) beside the ledger's active
 parameters; then ``llama-bench`` tg64 at depth 512 on the same file and threads.
 
 Usage:

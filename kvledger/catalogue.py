@@ -64,7 +64,7 @@ def catalogue_spec(entry: CatalogueEntry) -> ModelSpec:
     Shipped configs are known families, so reading them raises no warning; any that does is
     passed on to the caller.
     """
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     spec = load_spec(entry.path)
     return dataclasses.replace(spec, name=entry.model_id)
@@ -104,7 +104,7 @@ def load_model_spec(model: str) -> ModelSpec:
             local path nor in the catalogue (see :func:`lookup`).
         ConfigError, UnsupportedModelError: as :func:`kvledger.spec.load_spec`.
     """
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     if model == "default" or is_path_like(model) or Path(model).expanduser().exists():
         return load_spec(model)

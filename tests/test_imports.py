@@ -154,9 +154,9 @@ def test_the_engine_model_and_device_never_reach_the_server_or_the_cli():
 
 ORDER = (
     ("kvledger", "kvledger.errors", "kvledger.paths", "kvledger.data", "kvledger.spec"),
-    ("kvledger.ledger", "kvledger.catalogue"),
+    ("kvledger.ledger",),
     ("kvledger.device",),
-    ("kvledger.model",),
+    ("kvledger.model", "kvledger.catalogue"),
     ("kvledger.engine",),
     ("kvledger.bench", "kvledger.eval", "kvledger.sessions"),
     ("kvledger.replay", "kvledger.server"),

@@ -29,7 +29,7 @@ class _Ledger:
 
     def __init__(self, plan_model: str, device_name: str, dtype: str | None) -> None:
         from kvledger.ledger.hardware import get_device
-        from kvledger.spec import load_spec
+        from kvledger.model.families import load_spec
 
         self.spec = load_spec(plan_model)
         self.device = get_device(device_name)

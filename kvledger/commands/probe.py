@@ -110,8 +110,8 @@ def _tier_probe(directory: str, model: str) -> None:
     from kvledger.engine.kv.tiers import read_probe
     from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
     from kvledger.ledger.tier_load import save_figures
+    from kvledger.model.families import load_spec
     from kvledger.paths import config_dir
-    from kvledger.spec import load_spec
 
     tensor_bytes = read_probe.store_tensor_bytes(load_spec(model))
     tier_dir = open_tier_dir(directory)  # created, writable and not in use, or refused
@@ -166,19 +166,20 @@ def _is_kquant_gguf(spec) -> bool:
     """Whether ``spec`` was read from a GGUF file with K-quant matrices (held as its blocks)."""
     from pathlib import Path
 
+    from kvledger.model.families import family_of
     from kvledger.model.weights.gguf_tensors import is_kquant_file
     from kvledger.spec import open_gguf
 
     source = Path(spec.source)
     return spec.gguf is not None and source.is_file() \
-        and is_kquant_file(open_gguf(source), spec)
+        and is_kquant_file(open_gguf(source), family_of(spec))
 
 
 def _kernel_probe(model: str, threads: int | None, device_name: str) -> None:
     from kvledger.device import resolve
     from kvledger.engine.tuning import probe as kernel_probe
     from kvledger.engine.tuning import timing as probe_timing
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     device = resolve(device_name)
     device.threads(threads)  # the count an engine would run

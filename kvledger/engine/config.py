@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
+from kvledger.model.weights import LOAD_FORMATS
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int3", "int2")
-LOAD_FORMATS = ("auto", "dummy")
 
 
 @dataclass

@@ -18,7 +18,6 @@ import time
 import torch
 
 from kvledger.device import resolve
-from kvledger.engine.attention import make_backend
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
@@ -26,7 +25,13 @@ from kvledger.engine.kv.pool_size import pool_blocks
 from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
-from kvledger.engine.model_load import compute_dtype, load_model, model_name, model_spec
+from kvledger.engine.model_load import (
+    build_model,
+    compute_dtype,
+    load_model,
+    model_name,
+    model_spec,
+)
 from kvledger.engine.output.detokenizer import IncrementalDetokenizer
 from kvledger.engine.output.request_output import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
@@ -55,7 +60,6 @@ from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
-from kvledger.model.families import model_class
 from kvledger.spec import MLA, SLIDING, ModelSpec
 
 log = logging.getLogger("kvledger.engine")
@@ -128,13 +132,11 @@ class LLMEngine:
                 f"KV tiers hold blocks one at a time, and {self.kv_layout.kv_format} keys are "
                 f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
         tuned = self.tuned
-        attention = make_backend(config.attention or tuned.attention_backend(
-            spec, self.kv_layout.quantized), tuned.kernels)
+        attention = config.attention or tuned.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:
-            self.model = model_class(spec)(spec, weights, dtype, attention=attention,
-                                           device=tuned)
+            self.model = build_model(spec, weights, dtype, attention, device=tuned)
         else:
-            self.model = self.parallel.build_model(spec, weights, dtype, attention.name, tuned)
+            self.model = self.parallel.build_model(spec, weights, dtype, attention, tuned)
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token

@@ -1,7 +1,8 @@
 """What an engine loads before it builds anything: the compute dtype, the model's id and
 spec, and its weights and tokenizer (``model/weights/loader.py``; dummy weights at a
 catalogue config's shapes, refused before they are made when they and the KV pool exceed the
-available memory, ``kv/pool_size.check_memory``).
+available memory, ``kv/pool_size.check_memory``); and the model built of them on the device with
+its attention backend (:func:`build_model`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from pathlib import Path
 
 import torch
 
+from kvledger.device import resolve
+from kvledger.engine.attention import make_backend
+from kvledger.engine.attention.layer import layers_of
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.pool_size import check_memory
+from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import InvalidParameterError
 from kvledger.model.families import model_class
 from kvledger.spec import ModelSpec
@@ -33,6 +38,23 @@ def compute_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def build_model(spec: ModelSpec, weights: dict, dtype: torch.dtype,
+                attention: str | None = None, formats: dict[str, str] | None = None,
+                device: TunedDevice | None = None):
+    """The model of ``spec``'s family (:func:`kvledger.model.families.model_class`) on
+    ``device`` (the engine's tuned device; None: the CPU's), with the attention backend named
+    ``attention`` (None: the device's choice) given the spec's per-layer parameters.
+
+    Raises:
+        UnsupportedModelError: as ``model_class``.
+    """
+    cls = model_class(spec)
+    device = device or TunedDevice(resolve("cpu"))
+    backend = make_backend(attention or device.attention_backend(spec), device.kernels)
+    backend.set_layers(layers_of(spec))
+    return cls(spec, weights, dtype, device=device, attention=backend, formats=formats)
+
+
 def model_name(model: str, load_format: str = "auto") -> str:
     """The id clients use (``paths.model_id`` of the resolved path; a catalogue id as given
     under dummy weights)."""
@@ -46,7 +68,7 @@ def model_name(model: str, load_format: str = "auto") -> str:
 def model_spec(config: EngineConfig) -> ModelSpec:
     """The spec of ``config.model``, read without its weights (a catalogue id under dummy
     weights)."""
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     if config.load_format == "dummy":
         from kvledger.model.weights.dummy import dummy_spec

@@ -33,7 +33,7 @@ from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSeg
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.retention.interface import HeldContext
 from kvledger.engine.sample.prompt_logprobs import logit_rows
-from kvledger.model.llama import LlamaModel
+from kvledger.model.layers.decoder import Decoder
 
 MAX_PADDING = 1.25
 """Longest context over the shortest (+1) that one decode group pads to."""
@@ -42,7 +42,7 @@ MAX_PADDING = 1.25
 class ModelRunner:
     """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode)."""
 
-    def __init__(self, model: LlamaModel, store: KVStore | None, block_size: int) -> None:
+    def __init__(self, model: Decoder, store: KVStore | None, block_size: int) -> None:
         self.model, self.store, self.block_size = model, store, block_size
         self._offsets = torch.arange(block_size)
 

@@ -102,7 +102,8 @@ def attention_params(spec: ModelSpec, layer_kind: str) -> int:
     att = spec.attention
     total = _linear(h, q_out, att.qkv_bias) + 2 * _linear(h, kv_out, att.qkv_bias)
     total += _linear(heads * hd, h, att.o_bias)
-    total += 2 * hd if att.qk_norm else 0
+    if att.qk_norm:
+        total += (heads + spec.num_kv_heads) * hd if att.qk_norm_full_width else 2 * hd
     return total + (heads if att.sinks else 0)
 
 

@@ -1,4 +1,4 @@
-"""The model: one forward-pass module per architecture family (:mod:`.llama`; the family of a
-``model_type`` in :mod:`.families`), and what the families share: RoPE (:mod:`.rope`), the
-linear layers and their weight formats (:mod:`.linear`, :mod:`.q4`), the element-wise ops in
-PyTorch (:mod:`.ops`), and the weights' loading (:mod:`.weights`)."""
+"""The model: one module per family (:mod:`.families`: its config and GGUF reading, weight
+names, refusals and forward), the layers the forwards are composed of (:mod:`.layers`), the
+linear layers and their weight formats (:mod:`.linear`, :mod:`.q4`, :mod:`.kquant`), the
+element-wise ops in PyTorch (:mod:`.ops`), and the weights' loading (:mod:`.weights`)."""

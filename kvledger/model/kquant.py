@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.linear import KQUANT_FORMATS, Linear
 
 KQUANT_TYPES = ("Q4_K", "Q5_K", "Q6_K")
@@ -72,10 +71,10 @@ class GGMLMatrix:
         data = self.data[:, start // per * size:stop // per * size].contiguous()
         return GGMLMatrix(self.type_name, data, stop - start)
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """[rows, in_features] in ``dtype``: ggml's fp32 weights (the native dequantizer where
-        built, else :func:`dequantize`), rounded once to ``dtype``."""
-        native = KERNELS.kquant()
+    def dequantize(self, dtype: torch.dtype, kernels=None) -> torch.Tensor:
+        """[rows, in_features] in ``dtype``: ggml's fp32 weights (the native dequantizer of the
+        device's ``kernels`` where built, else :func:`dequantize`), rounded once to ``dtype``."""
+        native = None if kernels is None else kernels.kquant()
         if native is not None and dtype in (torch.float32, torch.bfloat16):
             return native.dequantize(self.type_name, self.data.contiguous(), self.in_features,
                                      dtype)
@@ -192,10 +191,12 @@ class KQuantLinear(Linear):
         bias: optional [out].
         fmt: one of :data:`KQUANT_FORMATS`; a native path this build lacks (or a type its
             kernel does not take) falls back along them.
+        kernels: the device's native kernels (``kvledger.device.Device.kernels``); None:
+            ``kquant-torch``.
     """
 
     def __init__(self, parts: list[GGMLMatrix], bias: torch.Tensor | None = None,
-                 fmt: str = KQUANT_FORMATS[0]) -> None:
+                 fmt: str = KQUANT_FORMATS[0], kernels=None) -> None:
         if fmt not in KQUANT_FORMATS:
             raise ValueError(f"a K-quant weight's format is one of {KQUANT_FORMATS}, not {fmt!r}")
         self.parts, self.bias = parts, bias
@@ -203,8 +204,8 @@ class KQuantLinear(Linear):
         self.weight = self.packed = self.scales = None
         self.gemm_rows: int | None = None
         self.gemm_path = "fp32"
-        self.format, self._native = "kquant-torch", None
-        native = KERNELS.kquant()
+        self.format, self._native, self.kernels = "kquant-torch", None, kernels
+        native = None if kernels is None else kernels.kquant()
         for name in KQUANT_FORMATS[KQUANT_FORMATS.index(fmt):]:
             isa = NATIVE_FORMATS.get(name)
             if isa is None or native is None or isa not in native.isas \
@@ -231,11 +232,11 @@ class KQuantLinear(Linear):
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """W [out, in] in ``dtype``, dequantized for this call (:meth:`GGMLMatrix.dequantize`)."""
         if len(self.parts) == 1:
-            return self.parts[0].dequantize(dtype)
-        return torch.cat([p.dequantize(dtype) for p in self.parts])
+            return self.parts[0].dequantize(dtype, self.kernels)
+        return torch.cat([p.dequantize(dtype, self.kernels) for p in self.parts])
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` [T] of W as [T, in] in ``dtype`` (an embedding lookup)."""
         if len(self.parts) != 1:
             return self.dense_weight(dtype)[ids]
-        return self.parts[0][ids].dequantize(dtype)
+        return self.parts[0][ids].dequantize(dtype, self.kernels)

@@ -1,6 +1,6 @@
 """Linear layers whose weight is held in exactly one format, chosen per shape class.
 
-Formats (names used by the kernel probe, :mod:`kvledger.device.cpu.kernel_probe`):
+Formats (names used by the kernel probe, :mod:`kvledger.engine.tuning.probe`):
 
 - ``dense``: the [out, in] matrix in the compute dtype (``F.linear``; oneDNN / MKL);
 - ``int4``: a GGUF Q4_0/Q4_1 matrix kept packed for PyTorch's CPU int4 weight-only kernel
@@ -27,7 +27,7 @@ dequantized for the call is faster (:meth:`Linear.gemm`, one of :data:`GEMM_PATH
 on CPUs without native bf16 matmul (measured: 30 ms against 60 ms for a [3072, 576] int8 weight
 at 512 rows on a 2-core AMD EPYC Zen 1), ``bf16`` (oneDNN) where the CPU multiplies bf16
 natively (AVX512-BF16, AMX). A layer takes its ``gemm_path`` from ``gemm_rows`` rows on, both
-chosen per shape class by the kernel probe (:func:`kvledger.device.cpu.kernel_probe.probe`).
+chosen per shape class by the kernel probe (:func:`kvledger.engine.tuning.probe.probe`).
 ``int4`` keeps no codes it could dequantize and always runs its kernel.
 """
 
@@ -38,7 +38,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.q4 import GROUP, q4_blocks, q4_dequantize
 
 KQUANT_FORMATS = ("kquant-avx512", "kquant-avx2", "kquant-torch")
@@ -65,9 +64,10 @@ def int8_shape_ok(in_features: int) -> bool:
     return in_features % 16 == 0
 
 
-def w8a8_ok(in_features: int) -> bool:
-    """Whether the native ``w8a8`` kernel is built here and takes inputs of this width."""
-    kernel = KERNELS.w8a8()
+def w8a8_ok(in_features: int, kernels) -> bool:
+    """Whether the device's ``kernels`` (``kvledger.device.Device.kernels``; None: none) have
+    the native ``w8a8`` kernel built and it takes inputs of this width."""
+    kernel = None if kernels is None else kernels.w8a8()
     return kernel is not None and kernel.accepts(in_features)
 
 
@@ -122,22 +122,26 @@ class Linear:
             back to ``dense``; ``w4a8`` without the native kernel (:func:`w8a8_ok`) is ``int4``.
         release: for ``int8`` / ``w8a8``, called with each chunk of ``weight`` once quantized
             (:func:`int8_rows`); the caller must not need those rows of ``weight`` again.
+        kernels: the device's native kernels (``kvledger.device.Device.kernels``); None: the
+            PyTorch paths only.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                  fmt: str = "dense",
-                 release: Callable[[torch.Tensor], None] | None = None) -> None:
+                 release: Callable[[torch.Tensor], None] | None = None,
+                 kernels=None) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
         if fmt in KQUANT_FORMATS:
             fmt = "dense"
-        if fmt == "w4a8" and (q4 is None or not w8a8_ok(weight.shape[1])):
+        self.kernels = kernels
+        if fmt == "w4a8" and (q4 is None or not w8a8_ok(weight.shape[1], kernels)):
             fmt = "int4"
         if weight.dtype != torch.bfloat16 or (fmt == "int4" and (
                 q4 is None or not int4_shape_ok(*weight.shape))):
             fmt = "dense"
-        if fmt == "w8a8" and not w8a8_ok(weight.shape[1]):
+        if fmt == "w8a8" and not w8a8_ok(weight.shape[1], kernels):
             fmt = "int8"
         if fmt == "int8" and not int8_shape_ok(weight.shape[1]):
             fmt = "dense"
@@ -151,7 +155,7 @@ class Linear:
             self._pack_q4(q4)
         elif fmt == "w8a8":
             self.packed, self.scales = int8_blocks(weight, release)
-            self._native = KERNELS.w8a8().bind(self.packed, self.scales)
+            self._native = kernels.w8a8().bind(self.packed, self.scales)
         else:
             self.packed, scale = int8_rows(weight, release=release)
             self.scales, self._row_scales = scale.to(torch.bfloat16), scale
@@ -159,7 +163,7 @@ class Linear:
     @classmethod
     def from_q4(cls, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                 shape: tuple[int, int], bias: torch.Tensor | None = None,
-                fmt: str = "int4") -> Linear:
+                fmt: str = "int4", kernels=None) -> Linear:
         """An ``int4`` or ``w4a8`` Linear of ``shape`` [out, in] from its Q4 parts alone (no
         dense W read); ``w4a8`` without the native kernel is ``int4``.
 
@@ -167,12 +171,12 @@ class Linear:
             ValueError: ``fmt`` not a Q4 format, or no kernel of it takes the shape
                 (:func:`w8a8_ok`, :func:`int4_shape_ok`).
         """
-        if fmt == "w4a8" and not w8a8_ok(shape[1]):
+        if fmt == "w4a8" and not w8a8_ok(shape[1], kernels):
             fmt = "int4"
         if fmt not in Q4_FORMATS or (fmt == "int4" and not int4_shape_ok(*shape)):
             raise ValueError(f"no {fmt} kernel takes a {list(shape)} weight")
         self = cls.__new__(cls)
-        self.format = fmt
+        self.format, self.kernels = fmt, kernels
         self.bias, self.out_features = bias, shape[0]
         self.weight, self.gemm_rows, self.gemm_path = None, None, "fp32"
         self._pack_q4(q4)
@@ -182,7 +186,7 @@ class Linear:
         q, scale, zero = q4
         if self.format == "w4a8":
             self.packed, self.scales, self._minima = q4_blocks(q, scale, zero)
-            self._native = KERNELS.w8a8().bind_q4(self.packed, self.scales, self._minima)
+            self._native = self.kernels.w8a8().bind_q4(self.packed, self.scales, self._minima)
             return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
@@ -246,7 +250,7 @@ class Linear:
             raise ValueError("an int4-packed weight cannot be read back")
         if self.format == "dense":
             return self.weight.to(dtype)
-        native = KERNELS.w8a8() if dtype == torch.bfloat16 else None
+        native = self.kernels.w8a8() if self.kernels and dtype == torch.bfloat16 else None
         if self.format == "w4a8":
             if native is not None:
                 return native.dense_q4(self.packed, self.scales, self._minima)

@@ -1,19 +1,25 @@
 """The model spec: what a model is, read from the format it comes in.
 
 ``ModelSpec`` (:mod:`.model_spec`) is the data type: every architectural number the ledger and
-the engine need, counts rather than bytes, grouped by concept (:mod:`.groups`). One reader
-per source format builds it (:meth:`ModelSpec.from_fields`): :mod:`.hf_config` (a Hugging Face
-``config.json``) and :mod:`.gguf_reader` (a GGUF file's header). :func:`load_spec` (:mod:`.load`) picks the reader for a model argument;
-:func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly and
-names the engine family that runs the rest (``FAMILY_TYPES``). No torch here: the planner runs
-without an ML stack.
+the engine need, counts rather than bytes, grouped by concept (:mod:`.groups`), built
+by :meth:`ModelSpec.from_fields` from the flat Hugging Face names. The generic readers build it, one per source format,
+each through the family that reads the model (a :class:`Family` descriptor, :mod:`.family`):
+:mod:`.hf_config` (a Hugging Face ``config.json``, read with :class:`Config`,
+:mod:`.config`) and :mod:`.gguf_reader` (a GGUF file's header, seen by a family as a
+:class:`GGUFHeader`); :func:`read_spec` (:mod:`.load`) picks the reader for a model argument;
+:func:`check_runnable` (:mod:`.runnable`) refuses what the engine would not compute exactly.
+Every reader takes the :class:`FamilyTable` as a parameter: the families and their registry
+live above this package (``kvledger.model.families``, whose ``load_spec`` callers use). No
+torch here: the planner runs without an ML stack.
 
 Code outside this package imports the names below from ``kvledger.spec``, never a module of
 the package (``tests/test_imports.py`` checks it).
 """
 
+from kvledger.spec.config import Config
+from kvledger.spec.family import Family, FamilyTable
 from kvledger.spec.gguf_reader import (
-    GGUF_MODEL_TYPES,
+    GGUFHeader,
     check_gguf_magic,
     open_gguf,
     spec_from_gguf,
@@ -35,21 +41,36 @@ from kvledger.spec.groups import (
     Rope,
 )
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
-from kvledger.spec.load import load_spec
+from kvledger.spec.load import read_spec
 from kvledger.spec.model_spec import ModelSpec
-from kvledger.spec.runnable import ENGINE_MODEL_TYPES, FAMILY_TYPES, check_runnable
+from kvledger.spec.placement import (
+    every_nth_full,
+    sliding_from,
+    uniform_window,
+    use_sliding_window,
+)
+from kvledger.spec.runnable import (
+    any_value,
+    check_runnable,
+    full_and_sliding,
+    is_,
+    is_set,
+    leading,
+    rope_types,
+)
 
 __all__ = [
-    "ENGINE_MODEL_TYPES",
-    "FAMILY_TYPES",
     "FULL",
-    "GGUF_MODEL_TYPES",
     "LINEAR",
     "MLA",
     "SLIDING",
     "Attention",
+    "Config",
     "ConfigWarning",
     "Experts",
+    "Family",
+    "FamilyTable",
+    "GGUFHeader",
     "GgufFacts",
     "Latent",
     "LayerKinds",
@@ -58,11 +79,21 @@ __all__ = [
     "ModelSpec",
     "Norm",
     "Rope",
+    "any_value",
     "check_gguf_magic",
     "check_runnable",
-    "load_spec",
+    "every_nth_full",
+    "full_and_sliding",
+    "is_",
+    "is_set",
+    "leading",
     "open_gguf",
+    "read_spec",
+    "rope_types",
+    "sliding_from",
     "spec_from_gguf",
     "spec_from_gguf_reader",
     "spec_from_hf_config",
+    "uniform_window",
+    "use_sliding_window",
 ]

@@ -37,6 +37,7 @@ class Attention:
     query_pre_attn_scalar: float | None = None  # scores scaled by its -0.5 power (Gemma)
     logit_softcapping: float | None = None  # scores -> c * tanh(s / c) (Gemma 2)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma 3)
+    qk_norm_full_width: bool = False  # ... over the whole projection instead (OLMo 2 / 3)
     output_gate: bool = False  # q_proj also emits a sigmoid gate (Qwen3-Next)
     sinks: bool = False  # one learned sink logit per head, no KV (gpt-oss)
     qkv_bias: bool = False
@@ -157,6 +158,7 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "query_pre_attn_scalar": ("attention", "query_pre_attn_scalar"),
     "attn_logit_softcapping": ("attention", "logit_softcapping"),
     "qk_norm": ("attention", "qk_norm"),
+    "qk_norm_full_width": ("attention", "qk_norm_full_width"),
     "attn_output_gate": ("attention", "output_gate"),
     "attention_sinks": ("attention", "sinks"),
     "qkv_bias": ("attention", "qkv_bias"),

@@ -22,7 +22,7 @@ from kvledger.engine.parallel.shard import kv_head_range, shard_spec, shard_weig
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.ledger.kv_format import KVFormatSpec
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
 
 FP32 = KVFormatSpec("fp32")
 

@@ -27,7 +27,7 @@ from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.parallel.shard import kv_head_range
 from kvledger.ledger.kv import kv_heads_per_rank
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
 
 BUNDLED_PROMPT = [1, 504, 3458, 282, 4649, 314, 216, 30, 51, 2533, 1345, 28, 27, 2124]
 

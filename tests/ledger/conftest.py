@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvledger.data import config_path
-from kvledger.spec import spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
 
 
 @pytest.fixture

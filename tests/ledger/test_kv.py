@@ -37,6 +37,7 @@ HAND_KV_PER_TOKEN = {
     "Qwen__Qwen3-0.6B": 28 * 2 * 8 * 128 * 2,  # head_dim 128 (hidden 1024 / 16 = 64)
     "microsoft__Phi-3.5-mini-instruct": 32 * 2 * 32 * 96 * 2,  # MHA, 3072 / 32 = 96
     "microsoft__Phi-4-mini-instruct": 32 * 2 * 8 * 128 * 2,  # 3072 / 24 = 128, 8 KV heads
+    "allenai__Olmo-3-7B-Think": 32 * 2 * 32 * 128 * 2,  # MHA, 4096 / 32 = 128 (windows: none)
     "Qwen__Qwen3-Next-80B-A3B-Thinking": (48 // 4) * 2 * 2 * 256 * 2,  # 12 full-attention layers
     "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # MLA latent + rope key, no factor 2
     "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,

@@ -26,7 +26,7 @@ def test_ledger_and_spec_import_no_torch():
         "kvledger.ledger.params, "
         "kvledger.ledger.hardware, kvledger.ledger.costs, kvledger.ledger.planner, "
         "kvledger.spec, kvledger.data\n"
-        "from kvledger.spec import load_spec\n"
+        "from kvledger.model.families import load_spec\n"
         "from kvledger.ledger.planner import plan\n"
         "from kvledger.ledger.hardware import get_device\n"
         f"plan(load_spec({str(CONFIG)!r}), get_device('H100-SXM'))\n"
@@ -44,4 +44,4 @@ def test_plan_command_runs_without_torch():
 
 @pytest.mark.slow
 def test_gguf_spec_reads_without_torch():
-    _torch_free("from kvledger.spec import load_spec\nload_spec('default')\n")
+    _torch_free("from kvledger.model.families import load_spec\nload_spec('default')\n")

@@ -90,7 +90,7 @@ def test_gpt2_exact_and_tied(real_spec):
 
 @pytest.mark.slow
 def test_bundled_gguf_counts_its_tensor_elements():
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     spec = load_spec("default")
     assert count_params(spec).total == 134_515_008
@@ -130,7 +130,7 @@ def test_totals_match_transformers_on_the_meta_device():
     vendored copy dropped the key, whose transformers default is 1536)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kvledger.spec import spec_from_hf_config
+    from kvledger.model.families import spec_from_hf_config
 
     paths = sorted(configs_dir().glob("*.json"))
     assert {p.stem for p in paths} == set(config_names()) >= set(CARDS)  # never an empty loop

@@ -23,7 +23,7 @@ from kvledger.ledger.tier_load import (
     save_figures,
     saved_figures,
 )
-from kvledger.spec import spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
 
 BLOCK_BYTES, PARAMS, PAIR_FLOPS = 368_640, 134_515_008, 30 * 2 * 9 * 128
 assert 49_152 * 576 + 30 * (2 * 576**2 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576) + 576 \

@@ -20,10 +20,10 @@ from family_kit import hf_greedy, hf_logits
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-4  # max |fp32 logit difference| against transformers
@@ -95,7 +95,7 @@ def scattered_diffs(spec, weights, store, prompt: list[int], reference: Referenc
                     steps: int = DECODE_STEPS) -> tuple[list[float], list[int]]:
     """:func:`logit_diffs` of the family's fp32 model over ``store`` (blocks of 16): the prompt
     prefilled in two chunks (a third, the rest) into the :data:`SCATTERED` blocks."""
-    model = model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+    model = build_model(spec, dict(weights), torch.float32, attention=attention)
     req = Request("r", list(prompt), SamplingParams(max_tokens=max(steps, 1)))
     req.block_table = list(SCATTERED)
     first = len(prompt) // 3

@@ -20,10 +20,10 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.latent_store import LatentStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
 VARIANTS = sorted(FEATURES)
@@ -35,8 +35,8 @@ def _prompt(n: int = 53) -> list[int]:
 
 
 def _latent_store(spec, blocks: int = 32) -> LatentStore:
-    return LatentStore(spec.num_layers, blocks, 16,
-                       spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim, torch.float32)
+    return LatentStore(spec.num_layers, blocks, 16, spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim,
+                       torch.float32)
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
@@ -69,7 +69,7 @@ def test_the_tiny_models_have_what_the_features_say(tiny):
 
 def _halves_rope(monkeypatch):
     """RoPE on Llama's halves instead of interleaved pairs."""
-    from kvledger.model import mla
+    from kvledger.model.layers import rotary as mla
 
     def halves(self, x, positions):
         half = x.shape[-1] // 2
@@ -105,15 +105,15 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
     the entries in place as one KV head of 576 (its widest head), and its logits equal the
     reference backend's (gather + SDPA) through two prefill chunks and decodes."""
     from kvledger.device.cpu import native
+    from kvledger.model.families import family_of, load_spec
     from kvledger.model.weights.dummy import dummy_weights
-    from kvledger.spec import load_spec
 
     cfg = make_tiny("v2-lite", tmp_path).config.to_dict()
     cfg.update(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=16,
                num_key_value_heads=16, qk_nope_head_dim=16, v_head_dim=16)
     (tmp_path / "config.json").write_text(__import__("json").dumps(cfg))
     spec = load_spec(tmp_path / "config.json")
-    weights = dummy_weights(spec, torch.float32, 0.0)
+    weights = dummy_weights(spec, torch.float32, family_of(spec))
     kernel = native.load()
     if kernel is None:
         pytest.skip(f"no native kernel here: {native.why_unavailable()}")
@@ -121,7 +121,7 @@ def test_the_native_kernel_reads_the_full_latent_in_place(tmp_path):
     assert kernel.accepts(torch.zeros(1, 16, 576), store.key_blocks[0])
     logits = {}
     for attention in ("reference", "paged-native"):
-        model = model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+        model = build_model(spec, dict(weights), torch.float32, attention=attention)
         runner = ModelRunner(model, _latent_store(spec), 16)
         req = Request("r", _prompt(40), SamplingParams(max_tokens=4))
         req.block_table = [5, 2, 7, 1]
@@ -154,8 +154,8 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, variant)
             "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "num_experts",
             "num_experts_per_tok", "num_shared_experts", "moe_intermediate_size",
             "mlp_only_layers", "routed_scaling_factor", "norm_topk_prob")
-    gguf, folder = spec.as_fields(), folder_spec.as_fields()
-    assert {k: gguf[k] for k in same} == {k: folder[k] for k in same}
+    ours, folder = spec.as_fields(), folder_spec.as_fields()
+    assert {k: ours[k] for k in same} == {k: folder[k] for k in same}
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
 
@@ -168,10 +168,9 @@ def test_the_weights_held_and_read_are_the_ledgers(tiny, variant):
     from kvledger.ledger.params import count_params
 
     _, _, spec, weights = tiny(variant)
-    model = model_class(spec)(spec, dict(weights), torch.float32, attention="reference")
+    model = build_model(spec, dict(weights), torch.float32, attention="reference")
     params = count_params(spec)
-    norms = spec.num_layers * (2 * spec.hidden_size + spec.latent.kv_lora_rank
-                               + spec.latent.q_lora_rank)
+    norms = spec.num_layers * (2 * spec.hidden_size + spec.latent.kv_lora_rank + spec.latent.q_lora_rank)
     assert model.weight_bytes == 4 * params.total
     assert model.decode_weight_bytes == 4 * (params.active - params.embedding - norms
                                              - spec.hidden_size)
@@ -183,11 +182,10 @@ def test_bf16_with_int8_weights_and_a_bf16_latent(tiny):
     folder, hf, _, _ = tiny("v2")
     spec, weights = load_weights(folder, torch.bfloat16)
     formats = dict.fromkeys(("qkv", "o", "gate_up", "down", "lm_head"), "int8")
-    model = model_class(spec)(spec, weights, torch.bfloat16, formats=formats,
-                              attention="paged-native")
+    model = build_model(spec, weights, torch.bfloat16, attention="paged-native", formats=formats)
     assert set(model.weight_formats.values()) == {"int8"}
-    store = LatentStore(spec.num_layers, 16, 16,
-                        spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim, torch.bfloat16)
+    store = LatentStore(spec.num_layers, 16, 16, spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim,
+                        torch.bfloat16)
     req = Request("r", _prompt(), SamplingParams())
     req.block_table = [4, 1, 9, 2]
     logits = ModelRunner(model, store, 16).execute([Chunk(req, req.num_tokens)])

@@ -7,8 +7,8 @@ sliding layer holds the blocks of its last W - 1 positions, issue 34 item 6).
 The oracle is transformers' greedy choice recomputing the whole sequence each step
 (``family_kit.hf_greedy``). ``phi3-long`` is left out: below its 64 original positions
 transformers takes LongRoPE's short factors where the engine, whose max length is past them,
-took the long ones for good (``kvledger.model.rope``); its logits are checked past 64 positions
-in test_family_oracle.py.
+took the long ones for good (``kvledger.model.layers.rotary``); its logits are checked past 64
+positions in test_family_oracle.py.
 """
 
 from __future__ import annotations

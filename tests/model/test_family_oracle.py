@@ -26,10 +26,10 @@ from oracle_kit import (
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 from kvledger.spec import FULL
 
@@ -130,7 +130,7 @@ def test_bf16_fast_mode_tracks_the_fp32_oracle(tiny, family):
     ops where they apply): logits within 5 % of their spread of transformers' fp32 ones."""
     folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
-    model = model_class(spec)(spec, weights, torch.bfloat16)
+    model = build_model(spec, weights, torch.bfloat16)
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     req = Request("r", _prompt(family), SamplingParams())
     req.block_table = [4, 1, 9, 2, 11]

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kvledger.engine.attention import AttentionMetadata, PrefillSegment
-from kvledger.model.llama import LlamaModel
+from kvledger.engine.model_load import build_model
 from kvledger.model.weights.loader import load_tokenizer, load_weights
 
 LAYERS = ("qkv", "o", "gate_up", "down")
@@ -29,7 +29,7 @@ LAYERS = ("qkv", "o", "gate_up", "down")
 
 def _log_probs(dtype, formats, ids):
     spec, weights = load_weights("default", dtype)
-    model = LlamaModel(spec, weights, dtype, attention="paged-native", formats=formats)
+    model = build_model(spec, weights, dtype, attention="paged-native", formats=formats)
     meta = AttentionMetadata(None, prefills=[PrefillSegment(0, len(ids))])
     hidden = model.forward(ids, torch.arange(len(ids)), meta, None)
     return model.compute_logits(hidden).log_softmax(-1), model.weight_formats

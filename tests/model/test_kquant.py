@@ -47,7 +47,7 @@ def test_the_fallback_equals_the_fp64_product(no_native):
     """kquant-torch: the weight dequantized for the call, multiplied in fp32, rounded to bf16."""
     parts = [random_matrix("Q4_K", 24, 512, torch.Generator().manual_seed(0)),
              random_matrix("Q6_K", 8, 512, torch.Generator().manual_seed(1))]
-    lin = KQuantLinear(parts, fmt="kquant-avx512")
+    lin = KQuantLinear(parts, fmt="kquant-avx512", kernels=KERNELS)
     assert lin.format == "kquant-torch"
     x = torch.randn(3, 512).bfloat16()
     w = torch.cat([_reference(p) for p in parts]).double()
@@ -60,7 +60,7 @@ def test_the_fallback_equals_the_fp64_product(no_native):
 
 def test_many_rows_take_the_gemm_on_the_dequantized_weight():
     m = random_matrix("Q5_K", 16, 256, torch.Generator().manual_seed(2))
-    lin = KQuantLinear([m], bias=torch.arange(16.0).bfloat16())
+    lin = KQuantLinear([m], bias=torch.arange(16.0).bfloat16(), kernels=KERNELS)
     lin.use_gemm(4, "fp32")
     x = torch.randn(5, 256).bfloat16()
     expected = (torch.nn.functional.linear(x.float(), _reference(m)) + torch.arange(16.0))
@@ -75,11 +75,12 @@ def test_a_native_format_is_held_where_built():
     m = random_matrix("Q4_K", 8, 256)
     expected = "kquant-avx512" if "avx512" in native.isas else \
         "kquant-avx2" if "avx2" in native.isas else "kquant-torch"
-    assert KQuantLinear([m]).format == expected
-    assert KQuantLinear([m]).nbytes == m.data.nbytes == 8 * 144
+    assert KQuantLinear([m], kernels=KERNELS).format == expected
+    assert KQuantLinear([m], kernels=KERNELS).nbytes == m.data.nbytes == 8 * 144
 
 
 def test_a_dense_weight_asked_for_a_kquant_format_stays_dense():
-    assert Linear(torch.randn(4, 256).bfloat16(), fmt="kquant-avx2").format == "dense"
+    dense = Linear(torch.randn(4, 256).bfloat16(), fmt="kquant-avx2", kernels=KERNELS)
+    assert dense.format == "dense"
     with pytest.raises(ValueError, match="K-quant weight's format"):
-        KQuantLinear([random_matrix("Q4_K", 4, 256)], fmt="int8")
+        KQuantLinear([random_matrix("Q4_K", 4, 256)], fmt="int8", kernels=KERNELS)

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.kquant import GGMLMatrix
-from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_tokenizer, load_weights
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tiny-q4_k_m.gguf"
@@ -42,18 +42,19 @@ def text_ids() -> list[int]:
 @pytest.fixture(scope="module")
 def reference():
     """The file's weights dequantized by ``gguf`` to fp32, run dense in fp32."""
+    from kvledger.model.families import family_of, spec_from_gguf_reader
     from kvledger.model.weights.gguf_tensors import gguf_state_dict
-    from kvledger.spec import open_gguf, spec_from_gguf_reader
+    from kvledger.spec import open_gguf
 
     reader = open_gguf(FIXTURE)
     spec = spec_from_gguf_reader(reader, FIXTURE)
-    return LlamaModel(spec, gguf_state_dict(reader, spec), torch.float32)
+    return build_model(spec, gguf_state_dict(reader, spec, family_of(spec)), torch.float32)
 
 
 @pytest.fixture(scope="module")
 def held():
     spec, weights = load_weights(FIXTURE, torch.bfloat16)
-    return spec, weights, LlamaModel(spec, weights, torch.bfloat16, formats=KQUANT)
+    return spec, weights, build_model(spec, weights, torch.bfloat16, formats=KQUANT)
 
 
 def _all_logits(model, ids: list[int]) -> torch.Tensor:

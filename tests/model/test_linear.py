@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.linear import Linear, int8_rows
 from kvledger.model.q4 import q4_parts
 
@@ -36,7 +37,7 @@ def _q4_matrix(out_f=96, in_f=128):
 @pytest.mark.parametrize("rows", [1, 8, 33])
 def test_each_format_matches_the_fp32_product(fmt, rows):
     dense, q4 = _q4_matrix()
-    linear = Linear(dense.bfloat16(), None, q4, fmt)
+    linear = Linear(dense.bfloat16(), None, q4, fmt, kernels=KERNELS)
     assert linear.format == fmt
     assert (linear.weight is None) == (fmt != "dense")  # one copy only
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows))
@@ -72,7 +73,7 @@ def test_int8_rows_release_each_chunk_once_after_reading_it(block):
 
 def test_int8_rows_lookup_is_the_dequantized_row():
     w = torch.randn(50, 32, generator=torch.Generator().manual_seed(3)).bfloat16()
-    linear = Linear(w, fmt="int8")
+    linear = Linear(w, fmt="int8", kernels=KERNELS)
     ids = torch.tensor([4, 0, 49])
     want = linear.packed[ids].float() * linear.scales[ids, None].float()
     assert torch.allclose(linear.rows(ids, torch.float32), want, rtol=1e-2)
@@ -81,16 +82,16 @@ def test_int8_rows_lookup_is_the_dequantized_row():
 
 def test_fp32_weights_stay_dense_and_int4_needs_q4():
     dense, q4 = _q4_matrix()
-    assert Linear(dense, None, q4, "int4").format == "dense"
-    assert Linear(dense.bfloat16(), None, None, "int4").format == "dense"
+    assert Linear(dense, None, q4, "int4", kernels=KERNELS).format == "dense"
+    assert Linear(dense.bfloat16(), None, None, "int4", kernels=KERNELS).format == "dense"
     with pytest.raises(ValueError, match="format"):
-        Linear(dense, fmt="fp8")
+        Linear(dense, fmt="fp8", kernels=KERNELS)
 
 
 def test_int4_on_a_shape_the_kernel_refuses_stays_dense():
     # torch's CPU int4 packing raises for out_features not a multiple of 16 (tiny models)
     dense, q4 = _q4_matrix(out_f=24, in_f=64)
-    linear = Linear(dense.bfloat16(), None, q4, "int4")
+    linear = Linear(dense.bfloat16(), None, q4, "int4", kernels=KERNELS)
     assert linear.format == "dense"
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
     assert torch.allclose(linear(x.bfloat16()).float(), x @ dense.t(), atol=0.05, rtol=0.02)
@@ -102,7 +103,7 @@ def test_int8_on_a_width_the_kernel_refuses_gives_the_product(fmt):
     # multiple of 16 (an AVX-512 CPU; a tiny tensor-parallel shard had 40): the product of
     # such a layer must still come out right, with or without that kernel
     w = torch.randn(64, 40, generator=torch.Generator().manual_seed(5))
-    linear = Linear(w.bfloat16(), fmt=fmt)
+    linear = Linear(w.bfloat16(), fmt=fmt, kernels=KERNELS)
     x = torch.randn(17, 40, generator=torch.Generator().manual_seed(6))
     ref = x @ w.t()
     assert (linear(x.bfloat16()).float() - ref).abs().max() <= 0.02 * ref.abs().max()

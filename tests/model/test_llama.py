@@ -13,10 +13,10 @@ from oracle_kit import Chunk, dense_reference, logit_diffs
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.model.llama import LlamaModel
 from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-3
@@ -24,7 +24,7 @@ DECODE_STEPS = 16
 
 
 def _paged_runner(spec, weights, num_blocks=64, block_size=16, attention="reference"):
-    model = LlamaModel(spec, weights, torch.float32, attention=attention)
+    model = build_model(spec, weights, torch.float32, attention=attention)
     store = KVStore(
         spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, torch.float32
     )
@@ -52,7 +52,7 @@ def test_tiny_llama_logits_match_transformers(tiny_llama, attention):
 def test_tiny_llama_no_cache_matches_transformers(tiny_llama):
     folder, hf_model = tiny_llama
     spec, weights = load_weights(folder, torch.float32)
-    runner = ModelRunner(LlamaModel(spec, weights, torch.float32), None, 16)
+    runner = ModelRunner(build_model(spec, weights, torch.float32), None, 16)
     req = Request("r", [5, 17, 33, 2, 99, 100, 7], SamplingParams())
     logits = runner.execute([Chunk(req, req.num_tokens)])
     with torch.no_grad():
@@ -76,7 +76,7 @@ def test_tiny_llama_bf16_paged_logits_track_fp32_oracle(tiny_llama):
     """bf16 path (weights, activations and KV pool in bf16) stays close to the fp32 oracle."""
     folder, hf_model = tiny_llama
     spec, weights = load_weights(folder, torch.bfloat16)
-    model = LlamaModel(spec, weights, torch.bfloat16)
+    model = build_model(spec, weights, torch.bfloat16)
     store = KVStore(spec.num_layers, 16, 16, spec.num_kv_heads, spec.head_dim, torch.bfloat16)
     runner = ModelRunner(model, store, 16)
     req = Request("r", list(range(10, 60)), SamplingParams())
@@ -101,7 +101,7 @@ def test_decode_weight_bytes_count_the_files_matrices(bundled_path):
     head = names.get("output.weight", names["token_embd.weight"])
     elements = sum(n for name, n in names.items() if name.split(".")[-2] in matrices) + head
     spec, weights = load_weights(bundled_path, torch.float32)
-    model = LlamaModel(spec, weights, torch.float32, formats={c: "dense" for c in
+    model = build_model(spec, weights, torch.float32, formats={c: "dense" for c in
                                                               ("qkv", "o", "gate_up", "down",
                                                                "lm_head")})
     assert model.decode_weight_bytes == 4 * elements

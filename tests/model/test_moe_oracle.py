@@ -27,11 +27,11 @@ from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_pr
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.ledger.params import count_params
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 
 FAMILIES = sorted(MOE_FEATURES)
@@ -55,7 +55,7 @@ def _hf(hf, ids: list[int], k: int) -> tuple[torch.Tensor, bool]:
 
 
 def _model(spec, weights, attention="reference"):
-    return model_class(spec)(spec, dict(weights), torch.float32, attention=attention)
+    return build_model(spec, dict(weights), torch.float32, attention=attention)
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
@@ -128,10 +128,10 @@ def test_gguf_as_the_converter_writes_it_matches_transformers(tmp_path, family):
     write_gguf(family, hf, tmp_path / "m.gguf")
     spec, weights = load_weights(tmp_path / "m.gguf", torch.float32)
     folder_spec, _ = load_weights(tmp_path / "hf", torch.float32)
-    gguf, folder = spec.as_fields(), folder_spec.as_fields()
-    same = ("model_type", "num_experts", "num_experts_per_tok", "mlp_only_layers",
-            "moe_intermediate_size")
-    assert {k: gguf[k] for k in same} == {k: folder[k] for k in same}
+    assert (spec.model_type, spec.experts.count, spec.experts.per_token, spec.experts.mlp_only_layers,
+            spec.experts.intermediate_size) == (
+        folder_spec.model_type, folder_spec.experts.count, folder_spec.experts.per_token,
+        folder_spec.experts.mlp_only_layers, folder_spec.experts.intermediate_size)
     diffs, _ = _diffs(spec, weights, hf, _prompt(), steps=4)
     assert max(diffs) <= TOL, diffs
 
@@ -159,8 +159,9 @@ def test_a_decode_step_reads_the_ledgers_active_parameters(tiny, family):
     model = _model(spec, weights)
     layers = model.layers
     static = model.lm_head.nbytes + sum(
-        layer[cls].nbytes for layer in layers for cls in ("qkv", "o", "gate_up", "down")
-        if cls in layer)
+        lin.nbytes for layer in layers for block in (layer["attn"], layer["mlp"])
+        if block not in model.experts for cls in ("qkv", "o", "gate_up", "down")
+        for lin in block.linears(cls))
     params = count_params(spec)
     want = 4 * (params.active - params.embedding - _vector_params(spec))
     assert model.decode_weight_bytes == want
@@ -196,13 +197,14 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     run as a bf16 GEMM; with both classes w8a8 the others run as grouped native products
     (:meth:`Experts._grouped_add`, biases included): the prompt mixes both, a decode step is
     all grouped."""
+    from kvledger.device.cpu.kernels import KERNELS
     from kvledger.model.linear import w8a8_ok
 
     folder, hf, _, _ = tiny(family)
     spec, weights = load_weights(folder, torch.bfloat16)
-    model = model_class(spec)(spec, weights, torch.bfloat16,
+    model = build_model(spec, weights, torch.bfloat16,
                               formats={"gate_up": "w8a8", "down": down})
-    held = {cls: fmt if w8a8_ok(width) else "int8" for cls, fmt, width in (
+    held = {cls: fmt if w8a8_ok(width, KERNELS) else "int8" for cls, fmt, width in (
         ("gate_up", "w8a8", spec.hidden_size), ("down", down, spec.experts.intermediate_size))}
     assert {lin.format for ex in model.experts for lin in ex.gate_up} == {held["gate_up"]}
     assert {lin.format for ex in model.experts for lin in ex.down} == {held["down"]}

@@ -17,7 +17,8 @@ import json
 import pytest
 
 from kvledger.data import config_path
-from kvledger.spec import SLIDING, spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
+from kvledger.spec import SLIDING
 
 NAMES = ["meta-llama__Llama-3.1-8B", "mistralai__Mistral-7B-v0.1", "Qwen__Qwen2.5-7B",
          "Qwen__Qwen3-0.6B", "Qwen__Qwen3-8B", "Qwen__Qwen3-30B-A3B",
@@ -102,7 +103,7 @@ def test_torch_dtype_and_dtype(tmp_path):
 def test_the_forward_fields_of_real_configs():
     """Values from the configs themselves (and transformers' class defaults where a key is
     absent: Gemma 3's local base 10,000, its pattern 6)."""
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     g2 = load_spec(config_path("google__gemma-2-9b"))
     assert (g2.attention.query_pre_attn_scalar, g2.attention.logit_softcapping,

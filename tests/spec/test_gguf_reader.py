@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvledger.errors import ConfigError, UnsupportedModelError
+from kvledger.model.families import spec_from_gguf
 from kvledger.paths import bundled_model_path
-from kvledger.spec import FULL, SLIDING, spec_from_gguf
+from kvledger.spec import FULL, SLIDING
 
 
 def test_bundled_spec_matches_model_card():

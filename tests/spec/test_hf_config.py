@@ -15,7 +15,8 @@ from kvledger.ledger.kv_format import KVFormatSpec
 
 BF16 = KVFormatSpec("bf16")
 from kvledger.ledger.params import count_params
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ConfigWarning, spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
+from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ConfigWarning
 
 CONFIGS = configs_dir()
 

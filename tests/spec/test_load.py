@@ -9,7 +9,7 @@ import pytest
 
 from kvledger.data import config_path
 from kvledger.errors import ModelNotFoundError
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
 
 LLAMA = config_path("meta-llama__Llama-3.1-8B")
 

@@ -9,7 +9,8 @@ import pytest
 
 from kvledger.data import configs_dir
 from kvledger.errors import ConfigError
-from kvledger.spec import FULL, SLIDING, Experts, ModelSpec, spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
+from kvledger.spec import FULL, SLIDING, Experts, ModelSpec
 from kvledger.spec.groups import FLAT_NAMES, GROUPS, OPTIONAL
 
 CORE = {"name": "tiny", "model_type": "llama", "num_layers": 2, "hidden_size": 32,

@@ -8,36 +8,44 @@ import dataclasses
 import pytest
 
 from kvledger.errors import UnsupportedModelError
-from kvledger.spec import ModelSpec, check_runnable
+from kvledger.model.families import FAMILIES, check_runnable
+from kvledger.spec import ModelSpec
 from kvledger.spec.groups import FLAT_NAMES, GROUPS
-from kvledger.spec.runnable import FAMILY_RUNS, FAMILY_TYPES, IMPLEMENTED, NOT_FORWARD, ONLY_AT
+from kvledger.spec.runnable import IMPLEMENTED, NOT_FORWARD, ONLY_AT
+
+FAMILY_RUNS = {f.name: f.runs for f in FAMILIES.families if f.runs_in_engine}
+FAMILY_TYPES = {f.name: f.model_types for f in FAMILIES.families if f.runs_in_engine}
 
 LLAMA = ModelSpec.from_fields(name="tiny", model_type="llama", num_layers=2, hidden_size=32,
-                              num_attention_heads=4, num_kv_heads=2, head_dim=8,
-                              intermediate_size=64, vocab_size=128, max_position_embeddings=128)
+                  num_attention_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                  vocab_size=128, max_position_embeddings=128)
 # one spec each engine family runs
 BASE = {"llama": LLAMA, "qwen3": LLAMA.with_fields(model_type="qwen3", qk_norm=True),
         "phi3": LLAMA.with_fields(model_type="phi3", partial_rotary_factor=0.5),
         "gemma": LLAMA.with_fields(model_type="gemma2", hidden_act="gelu_pytorch_tanh",
-                                   norms_per_layer=4, attn_logit_softcapping=50.0),
+                                     norms_per_layer=4, attn_logit_softcapping=50.0),
         "moe": LLAMA.with_fields(model_type="qwen3_moe", qk_norm=True, num_experts=4,
-                                 num_experts_per_tok=2, moe_intermediate_size=16,
-                                 mlp_only_layers=(1,), norm_topk_prob=True),
-        "gpt_oss": LLAMA.with_fields(
-            model_type="gpt_oss", num_experts=4, num_experts_per_tok=2,
+                                   num_experts_per_tok=2, moe_intermediate_size=16,
+                                   mlp_only_layers=(1,), norm_topk_prob=True),
+        "gpt_oss": LLAMA.with_fields(model_type="gpt_oss", num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=16, norm_topk_prob=True, router_bias=True, mlp_bias=True,
             qkv_bias=True, o_bias=True, attention_sinks=True, swiglu_limit=7.0,
             swiglu_alpha=1.702, layer_types=("sliding_attention", "full_attention"),
             sliding_window=8, rope_scaling={"rope_type": "yarn", "factor": 4.0}),
         "deepseek": LLAMA.with_fields(model_type="deepseek_v2", layer_types=("mla",) * 2,
-                                      head_dim=12, kv_lora_rank=16, q_lora_rank=8,
-                                      qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
-                                      num_experts=4, num_experts_per_tok=2,
-                                      moe_intermediate_size=16, num_shared_experts=1,
-                                      shared_expert_intermediate_size=16, mlp_only_layers=(0,),
-                                      routed_scaling_factor=1.5, n_group=2, topk_group=1,
-                                      topk_method="group_limited_greedy",
-                                      rope_scaling={"rope_type": "yarn", "factor": 4.0})}
+                                        head_dim=12, kv_lora_rank=16, q_lora_rank=8,
+                                        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+                                        num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=16, num_shared_experts=1,
+                                        shared_expert_intermediate_size=16, mlp_only_layers=(0,),
+                                        routed_scaling_factor=1.5, n_group=2, topk_group=1,
+                                        topk_method="group_limited_greedy",
+                                        rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "olmo3": LLAMA.with_fields(model_type="olmo3", qk_norm=True,
+                                     qk_norm_full_width=True, sliding_window=8,
+                                     layer_types=("sliding_attention", "full_attention"),
+                                     rope_local_base_freq=10000.0,
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0})}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,
@@ -99,9 +107,8 @@ def test_each_other_value_is_refused_by_name(family, name):
 
 def test_a_family_runs_the_values_it_lists():
     for spec in (LLAMA.with_fields(model_type="mistral", sliding_window=16,
-                                   layer_types=("sliding_attention",) * 2),
+                                     layer_types=("sliding_attention",) * 2),
                  BASE["phi3"].with_fields(rope_scaling={"rope_type": "longrope"}),
                  BASE["gemma"].with_fields(rope_local_base_freq=10000.0, qk_norm=True,
-                                           query_pre_attn_scalar=7.0,
-                                           final_logit_softcapping=30.0)):
+                                     query_pre_attn_scalar=7.0, final_logit_softcapping=30.0)):
         check_runnable(spec)

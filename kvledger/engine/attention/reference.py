@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
-from kvledger.model.rope import RotaryEmbedding
+from kvledger.model.layers.rotary import RotaryEmbedding
 
 
 class AttentionBackend:

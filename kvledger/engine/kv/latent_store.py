@@ -3,8 +3,8 @@
 An MLA layer caches one entry per token, ``kv_a_layernorm(c_KV)`` (``kv_lora_rank`` values) then
 the roped ``k_pe`` (``qk_rope_head_dim`` values), shared by every head: one tensor per layer of
 ``[num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]``. The absorbed attention
-(``model/mla.py``) reads it as the keys of one KV head and its leading ``kv_lora_rank`` values
-as the values, so the store hands out the same tensor for both: ``key_blocks[layer] is
+(``model/layers/latent_attention.py``) reads it as the keys of one KV head and its leading
+``kv_lora_rank`` values as the values, so the store hands out the same tensor for both: ``key_blocks[layer] is
 value_blocks[layer]``, written once per token, read once per step. It holds exactly
 ``num_blocks * ledger.kv_bytes_per_block`` bytes, ``(kv_lora_rank + qk_rope_head_dim) x layers
 x element bytes`` per token slot.

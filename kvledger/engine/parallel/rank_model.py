@@ -1,4 +1,4 @@
-"""The model one rank runs: a :class:`LlamaModel` over its share of the weights
+"""The model one rank runs: its family's model over its share of the weights
 (:mod:`.shard`), with the two row-split projections all-reduced and the LM head gathered.
 
 Nothing in the forward pass changes: after the output projection and after down, each rank
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from kvledger.engine.model_load import build_model
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.parallel.shard import shard_spec, shard_weights
-from kvledger.model.families import model_class
 from kvledger.model.linear import Linear
-from kvledger.model.llama import LlamaModel
 from kvledger.spec import ModelSpec
 
 
@@ -60,19 +59,19 @@ class VocabParallelHead:
 
 def build_rank_model(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                      group: RankGroup, attention: str | None,
-                     formats: dict[str, str] | None = None, device=None) -> LlamaModel:
+                     formats: dict[str, str] | None = None, device=None):
     """Rank ``group.rank``'s model of ``spec`` (the whole model's architecture) from the whole
     model's ``weights``, on ``device`` (a ``kvledger.engine.tuning.tuned.TunedDevice``).
 
     Raises:
         InvalidParameterError: the model does not split over ``group.world`` ranks.
-        UnsupportedModelError: as :func:`kvledger.model.families.model_class`.
+        UnsupportedModelError: as :func:`kvledger.engine.model_load.build_model`.
     """
     tp = group.world
-    model = model_class(spec)(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
-                              dtype, attention=attention, formats=formats, device=device)
+    model = build_model(shard_spec(spec, tp), shard_weights(weights, spec, tp, group.rank),
+                        dtype, attention, formats, device)
     for layer in model.layers:
-        layer["o"] = RowParallel(layer["o"], group)
-        layer["down"] = RowParallel(layer["down"], group)
+        layer["attn"].o = RowParallel(layer["attn"].o, group)
+        layer["mlp"].down = RowParallel(layer["mlp"].down, group)
     model.lm_head = VocabParallelHead(model.lm_head, group, spec.vocab_size)
     return model

@@ -31,7 +31,7 @@ from kvledger.engine.attention import AttentionMetadata
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.runner import ModelRunner
-from kvledger.model.llama import LlamaModel
+from kvledger.model.layers.decoder import Decoder
 
 
 @dataclass
@@ -54,7 +54,7 @@ class Step:
     store_ops: list[tuple[str, tuple]] = field(default_factory=list)
 
 
-def run_step(model: LlamaModel, store: KVStore | None, step: Step, group: RankGroup
+def run_step(model: Decoder, store: KVStore | None, step: Step, group: RankGroup
              ) -> torch.Tensor:
     """Hidden states [T, hidden], or logits [N, vocab] (rank 0; [N, 0] elsewhere).
 
@@ -79,7 +79,7 @@ class ParallelRunner(ModelRunner):
     Raises (from each step): TensorParallelError: a rank died or a collective timed out.
     """
 
-    def __init__(self, model: LlamaModel, store: KVStore | None, block_size: int,
+    def __init__(self, model: Decoder, store: KVStore | None, block_size: int,
                  group: RankGroup) -> None:
         super().__init__(model, store, block_size)
         self.group = group

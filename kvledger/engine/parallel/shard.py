@@ -49,8 +49,14 @@ def check_divisible(spec: ModelSpec, tp: int) -> None:
         InvalidParameterError: ``tp`` does not divide the query heads (or the KV heads and
             ``tp`` do not divide one another; the message names the head counts), or the MLP
             width; or the model routes to experts or caches an MLA latent (their sharding is
-            not implemented).
+            not implemented), or normalizes q / k over the whole projection (across the ranks'
+            heads: not implemented).
     """
+    if spec.attention.qk_norm_full_width:
+        raise InvalidParameterError(
+            f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) normalizes q and k "
+            "over the whole projection, which tensor parallelism does not shard yet; run it "
+            "with --tensor-parallel-size 1")
     if MLA in spec.layers.types:
         raise InvalidParameterError(
             f"--tensor-parallel-size {tp}: {spec.name} ({spec.model_type}) uses MLA "

@@ -209,10 +209,10 @@ def probe(spec: ModelSpec, device: Device, refresh: bool = False) -> ProbeResult
             log.warning("ignoring a malformed kernel-probe cache entry (%s)", exc)
     sizes, evict, kernels = shapes(spec), timing.evictor(), device.kernels
     result = ProbeResult(cpu, torch.__version__, torch.get_num_threads(),
-                         {c: timing.time_formats(*sizes[c], evict) for c in CLASSES},
+                         {c: timing.time_formats(*sizes[c], kernels, evict) for c in CLASSES},
                          timing.time_attention(spec, kernels),
                          timing.time_fused(spec, kernels),
-                         {c: timing.time_gemm(*sizes[c]) for c in GEMM_CLASSES},
+                         {c: timing.time_gemm(*sizes[c], kernels) for c in GEMM_CLASSES},
                          timing.time_attention(spec, kernels, quantized=True))
     entries[key] = asdict(result)
     _MEMO[memo] = result

@@ -62,20 +62,21 @@ def best_us(candidates: dict, repeats: int = REPEATS, before=None) -> dict[str, 
     return {name: round(t * 1e6, 1) for name, t in best.items()}
 
 
-def _layers(out_f: int, in_f: int) -> dict[str, Linear]:
-    """One Linear per format of a random [out_f, in_f] weight (int4 where its shape allows;
-    the native ``kquant`` paths on Q4_K blocks where the width is whole super-blocks)."""
+def _layers(out_f: int, in_f: int, kernels: Kernels) -> dict[str, Linear]:
+    """One Linear per format of a random [out_f, in_f] weight on the device's ``kernels``
+    (int4 where its shape allows; the native ``kquant`` paths on Q4_K blocks where the width
+    is whole super-blocks)."""
     gen = torch.Generator().manual_seed(0)
     dense = (torch.randn(out_f, in_f, generator=gen) * 0.02).bfloat16()
     q4 = None
     if int4_shape_ok(out_f, in_f):
         q4 = (torch.randint(0, 16, (out_f, in_f), generator=gen, dtype=torch.uint8),
               torch.full((out_f, in_f // 32), 0.01), torch.zeros(out_f, in_f // 32))
-    layers = {fmt: Linear(dense, None, q4, fmt) for fmt in FORMATS
+    layers = {fmt: Linear(dense, None, q4, fmt, kernels=kernels) for fmt in FORMATS
               if fmt not in Q4_FORMATS + KQUANT_FORMATS or (fmt in Q4_FORMATS and q4 is not None)}
     if in_f % 256 == 0:
         blocks = random_matrix("Q4_K", out_f, in_f, gen)
-        layers.update({fmt: KQuantLinear([blocks], None, fmt) for fmt in NATIVE_FORMATS})
+        layers.update({fmt: KQuantLinear([blocks], None, fmt, kernels) for fmt in NATIVE_FORMATS})
     return {fmt: lin for fmt, lin in layers.items() if lin.format == fmt}  # native ones built
 
 
@@ -102,20 +103,21 @@ def evictor():
     return lambda: buffer.sum()
 
 
-def time_formats(out_f: int, in_f: int, evict) -> dict[str, float]:
+def time_formats(out_f: int, in_f: int, kernels: Kernels, evict) -> dict[str, float]:
     """Format -> best time of one bf16 decode row through an [out_f, in_f] weight, µs;
     ``evict()`` (:func:`evictor`) runs before every timed call."""
     x = torch.randn(1, in_f).bfloat16()
-    return best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f).items()},
+    return best_us({fmt: lambda lin=lin: lin(x) for fmt, lin in _layers(out_f, in_f, kernels).items()},
                     before=evict)
 
 
-def time_gemm(out_f: int, in_f: int) -> dict[str, dict[str, dict[str, float]]]:
+def time_gemm(out_f: int, in_f: int, kernels: Kernels
+              ) -> dict[str, dict[str, dict[str, float]]]:
     """Format -> rows (as text, :data:`GEMM_ROWS`) -> ``{"own": µs, path: µs, ...}`` through
     an [out_f, in_f] weight, for each of :data:`kvledger.model.linear.GEMM_PATHS` that is not
     the format's own kernel (none for int4; no ``bf16`` for dense, whose own kernel it is)."""
     result: dict[str, dict[str, dict[str, float]]] = {}
-    for fmt, lin in _layers(out_f, in_f).items():
+    for fmt, lin in _layers(out_f, in_f, kernels).items():
         paths = [] if fmt == "int4" else [p for p in GEMM_PATHS if not (
             fmt == "dense" and GEMM_PATHS[p] == lin.weight.dtype)]
         for rows in GEMM_ROWS:

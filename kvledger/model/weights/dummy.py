@@ -5,7 +5,7 @@ The model is a folder or file with a config (as ``load_spec`` reads it), or a Hu
 the catalogue (``kvledger models``). Every tensor of :func:`.names.tensor_shapes` is drawn
 uniform in [-1e-3, 1e-3] from a generator seeded with :data:`SEED` (the same weights on every
 tensor-parallel rank and every run); RMSNorm weights are the identity: 1, or 0 in Gemma's
-``(1 + w)`` form (``NORM_OFFSET`` of the family). The tokenizer is the model's own when its
+``(1 + w)`` form (the family's ``norm_offset``). The tokenizer is the model's own when its
 folder has one, else the bundled model's, which the caller is told
 (:func:`kvledger.model.weights.loader.load_tokenizer_or_bundled`).
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from kvledger.model.weights.names import is_norm, tensor_shapes
-from kvledger.spec import ModelSpec
+from kvledger.spec import Family, ModelSpec
 
 SEED = 0
 BOUND = 1e-3
@@ -36,7 +36,7 @@ def dummy_spec(model: str) -> ModelSpec:
     import dataclasses
 
     from kvledger.catalogue import catalogue_spec, lookup
-    from kvledger.spec import load_spec
+    from kvledger.model.families import load_spec
 
     if model == "default" or Path(model).expanduser().exists():
         return load_spec(model)
@@ -44,13 +44,14 @@ def dummy_spec(model: str) -> ModelSpec:
     return dataclasses.replace(catalogue_spec(entry), source=str(entry.path))
 
 
-def dummy_weights(spec: ModelSpec, dtype: torch.dtype, norm_offset: float) -> dict:
-    """Seeded weights of ``spec`` in ``dtype`` (module docstring); norms ``1 - norm_offset``."""
+def dummy_weights(spec: ModelSpec, dtype: torch.dtype, family: Family) -> dict:
+    """Seeded weights of ``spec`` (of ``family``) in ``dtype`` (module docstring); norms
+    ``1 - family.norm_offset``."""
     g = torch.Generator().manual_seed(SEED)
     out = {}
-    for name, shape in tensor_shapes(spec).items():
+    for name, shape in tensor_shapes(spec, family).items():
         if is_norm(name):
-            out[name] = torch.full(shape, 1.0 - norm_offset, dtype=dtype)
+            out[name] = torch.full(shape, 1.0 - family.norm_offset, dtype=dtype)
         else:
             out[name] = torch.empty(shape, dtype=dtype).uniform_(-BOUND, BOUND, generator=g)
     return out

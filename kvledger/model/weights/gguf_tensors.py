@@ -1,17 +1,14 @@
 """GGUF tensors -> a Hugging Face-named fp32 state dict.
 
-Each tensor of a GGUF (the architectures of ``kvledger.spec.GGUF_MODEL_TYPES``) is dequantized
-with ``gguf.quants.dequantize`` (numpy) and renamed to its Hugging Face parameter name, per
-architecture as llama.cpp's ``convert_hf_to_gguf`` named it (gguf-py's ``tensor_mapping``):
-the Llama names, except that Gemma 2/3 write ``post_attention_layernorm`` as
-``post_attention_norm``, ``pre_feedforward_layernorm`` as ``ffn_norm`` and
-``post_feedforward_layernorm`` as ``post_ffw_norm``, and Phi-3 keeps its fused ``attn_qkv``
-and ``ffn_up`` (gate and up rows), and an MoE layer's experts are stacked ``ffn_*_exps``
-[experts, out, in] (Mixtral's ``w1`` / ``w3`` / ``w2`` as gate / up / down) beside its router
-``ffn_gate_inp``; :mod:`.names` splits those. Gemma's converter stores every
-norm weight as ``1 + w`` (its RMSNorm's form): 1 is subtracted back, exactly for weights
->= 0.5. Phi-3's ``rope_factors_long`` / ``_short`` belong to the spec (``rope_scaling``), not
-to the weights. GGUF stores dimensions
+Each tensor of a GGUF (an architecture a family of ``kvledger.model.families`` reads) is
+dequantized with ``gguf.quants.dequantize`` (numpy) and renamed to its Hugging Face parameter
+name as llama.cpp's ``convert_hf_to_gguf`` named it (gguf-py's ``tensor_mapping``): the Llama
+names, an MoE layer's stacked ``ffn_*_exps`` [experts, out, in] (Mixtral's ``w1`` / ``w3`` /
+``w2`` as gate / up / down) beside its router ``ffn_gate_inp`` (:mod:`.names` splits those),
+and the names the family adds (``Family.gguf_tensors``). A family whose converter stores every
+norm weight as ``1 + w`` (``Family.gguf_norm_plus_one``, Gemma) has 1 subtracted back, exactly
+for weights >= 0.5. Phi-3's ``rope_factors_long`` / ``_short`` belong to the spec
+(``rope_scaling``), not to the weights. GGUF stores dimensions
 innermost-first (``ne0`` = columns), so a dequantized matrix already comes out as ``[out, in]``
 like ``nn.Linear.weight``; the embedding comes out as ``[vocab, hidden]``.
 
@@ -46,15 +43,13 @@ import torch
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.kquant import BLOCK_TYPES, KQUANT_TYPES, GGMLMatrix
 from kvledger.model.q4 import Q4_TYPES, q4_parts
-from kvledger.spec import ModelSpec
+from kvledger.spec import Family, ModelSpec
 
 # Types we dequantize (all through gguf.quants; float types are stored as-is).
 SUPPORTED_TYPES = frozenset(
     ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
     + ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4"]
 )
-# GGUF architectures whose converter permutes attn_q / attn_k rows for RoPE.
-PERMUTED_ARCHS = frozenset({"llama", "mistral"})
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -78,44 +73,25 @@ _BLOCK_NAMES = {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
-_ARCH_BLOCK_NAMES = {
-    "gemma2": {"post_attention_norm": "post_attention_layernorm",
-               "ffn_norm": "pre_feedforward_layernorm",
-               "post_ffw_norm": "post_feedforward_layernorm"},
-    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    # MLA (DeepSeek-V2): kv_b_proj split per head into attn_k_b [H, L, nope] (transposed) and
-    # attn_v_b [H, v, L]; names.to_llama_names joins them back
-    "deepseek2": {"attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
-                  "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
-                  "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_k_b": "self_attn.k_b_proj",
-                  "attn_v_b": "self_attn.v_b_proj", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
-                  "ffn_up_shexp": "mlp.shared_experts.up_proj",
-                  "ffn_down_shexp": "mlp.shared_experts.down_proj"},
-}
-_ARCH_BLOCK_NAMES["gemma3"] = _ARCH_BLOCK_NAMES["gemma2"]
-_ARCH_BLOCK_NAMES["gpt-oss"] = {"post_attention_norm": "post_attention_layernorm",
-                                "attn_sinks": "self_attn.sinks"}
-NORM_PLUS_ONE = frozenset({"gemma2", "gemma3"})
-"""Architectures whose converter stores norm weights as ``1 + w``."""
 SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 """Tensors the spec reader takes (LongRoPE's factors), not weights."""
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str, arch: str = "llama") -> str:
-    """Hugging Face parameter name of a GGUF tensor name of architecture ``arch``
+def hf_name(gguf_name: str, family: Family) -> str:
+    """Hugging Face parameter name of a GGUF tensor name of a family's file
     (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``).
 
     Raises:
-        UnsupportedModelError: the name is not part of the architecture's decoder.
+        UnsupportedModelError: the name is not part of the family's decoder.
     """
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    names = {**_BLOCK_NAMES, **_ARCH_BLOCK_NAMES.get(arch, {})}
+    names = {**_BLOCK_NAMES, **family.gguf_tensors}
     m = _BLOCK_RE.match(gguf_name)
     if m is None or m.group(2) not in names:
         raise UnsupportedModelError(
-            f"unsupported GGUF tensor {gguf_name!r} (not a weight of a {arch} decoder)"
+            f"unsupported GGUF tensor {gguf_name!r} (not a weight of a {family.name} decoder)"
         )
     layer, part, kind = m.groups()
     return f"model.layers.{layer}.{names[part]}.{kind}"
@@ -152,9 +128,9 @@ def dequantize(tensor) -> np.ndarray:
     return gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
 
 
-def _names(tensor, arch: str) -> tuple[str, str] | None:
+def _names(tensor, family: Family) -> tuple[str, str] | None:
     """(Hugging Face name, GGUF part such as ``attn_q``; "" outside the layers) of a tensor of
-    architecture ``arch``; None for a tensor the spec reader takes (:data:`SPEC_TENSORS`).
+    a family's file; None for a tensor the spec reader takes (:data:`SPEC_TENSORS`).
 
     Raises:
         UnsupportedModelError: llama3 RoPE factors (``rope_freqs``, not implemented) or a name
@@ -167,22 +143,23 @@ def _names(tensor, arch: str) -> tuple[str, str] | None:
     if tensor.name in SPEC_TENSORS:
         return None
     part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
-    return hf_name(tensor.name, arch), part
+    return hf_name(tensor.name, family), part
 
 
-KQUANT_ARCHS = frozenset({"llama", "mistral", "qwen2"})
-"""Architectures whose K-quant matrices are held as blocks (checked against their dequantized
-file); the other families' K-quant files are dequantized at load."""
+def is_kquant_file(reader, family: Family) -> bool:
+    """Whether the open GGUF holds a K-quant matrix (Q4_K, Q5_K or Q6_K) of a family whose
+    blocks are held as stored (``Family.gguf_kquant_blocks``: checked against their
+    dequantized file; the other families' K-quant files are dequantized at load)."""
+    return family.gguf_kquant_blocks and any(
+        t.tensor_type.name in KQUANT_TYPES for t in reader.tensors)
 
 
-def is_kquant_file(reader, spec: ModelSpec) -> bool:
-    """Whether the open GGUF holds a K-quant matrix (Q4_K, Q5_K or Q6_K) of an architecture
-    whose blocks are held as stored (:data:`KQUANT_ARCHS`)."""
-    return (spec.extra.get("gguf_architecture", spec.model_type) in KQUANT_ARCHS
-            and any(t.tensor_type.name in KQUANT_TYPES for t in reader.tensors))
+def _permuted(spec: ModelSpec, family: Family) -> bool:
+    """Whether the file's attn_q / attn_k rows were permuted for ggml's RoPE."""
+    return spec.extra.get("gguf_architecture", spec.model_type) in family.gguf_rope_permuted
 
 
-def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
+def gguf_block_state(reader, path, spec: ModelSpec, family: Family, dtype: torch.dtype
                      ) -> dict[str, torch.Tensor | GGMLMatrix]:
     """The tensors of an open K-quant GGUF under Hugging Face names: matrices of
     :data:`~kvledger.model.kquant.BLOCK_TYPES` as :class:`~kvledger.model.kquant.GGMLMatrix`
@@ -192,13 +169,12 @@ def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
     Raises:
         UnsupportedModelError: as :func:`gguf_state_dict`.
     """
-    arch = spec.extra.get("gguf_architecture", spec.model_type)
-    permuted = arch in PERMUTED_ARCHS
+    permuted = _permuted(spec, family)
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor | GGMLMatrix] = {}
     with open(path, "rb") as f:
         for tensor in reader.tensors:
-            names, type_name = _names(tensor, arch), tensor.tensor_type.name
+            names, type_name = _names(tensor, family), tensor.tensor_type.name
             if names is None:
                 continue
             name, part = names
@@ -220,7 +196,7 @@ def gguf_block_state(reader, path, spec: ModelSpec, dtype: torch.dtype
     return state
 
 
-def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
+def gguf_state_dict(reader, spec: ModelSpec, family: Family) -> dict[str, torch.Tensor]:
     """Dequantize every tensor of an open GGUF into HF-named contiguous fp32 torch tensors.
 
     Q4_0 / Q4_1 matrices also keep their packed form for the int4 decode kernel, as
@@ -230,21 +206,21 @@ def gguf_state_dict(reader, spec: ModelSpec) -> dict[str, torch.Tensor]:
     Args:
         reader: a ``gguf.GGUFReader`` of the file ``spec`` was read from.
         spec: its ModelSpec (head counts for the rotary un-permutation).
+        family: the family of its architecture (its tensor names, permutation, norm form).
     Raises:
         UnsupportedModelError: unsupported tensor type or tensor name, or llama3 RoPE factors
             stored as a ``rope_freqs`` tensor (not implemented).
     """
-    arch = spec.extra.get("gguf_architecture", spec.model_type)
-    permuted = arch in PERMUTED_ARCHS
+    permuted = _permuted(spec, family)
     heads = {"attn_q": spec.num_attention_heads, "attn_k": spec.num_kv_heads}
     state: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
-        names = _names(tensor, arch)
+        names = _names(tensor, family)
         if names is None:
             continue
         name, part = names
         arrays = {name: dequantize(tensor)}
-        if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+        if family.gguf_norm_plus_one and name.endswith("norm.weight"):
             arrays[name] -= 1.0
         if tensor.tensor_type.name in Q4_TYPES and name.endswith(".weight") \
                 and arrays[name].ndim == 2:

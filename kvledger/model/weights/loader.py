@@ -4,9 +4,10 @@
 parameter names (``model.embed_tokens.weight`` [vocab, hidden], ``model.layers.{i}.self_attn.
 {q,k,v,o}_proj.weight`` [out, in], ..., ``model.norm.weight``; ``lm_head.weight`` only when the
 head is untied; the biases and extra norms of :func:`.names.tensor_shapes` when the spec has
-them), every family brought to those names by :func:`.names.to_llama_names`. A model type no
-family of the engine runs exactly is refused (``kvledger.spec.check_runnable``) before any
-tensor is read. ``load_format="dummy"``: :mod:`.dummy`.
+them), every family brought to those names by :func:`.names.to_common_names` (its family's
+renames first: ``kvledger.model.families``). A model type no family of the engine runs exactly
+is refused (``kvledger.model.families.check_runnable``) before any tensor is read.
+``load_format="dummy"``: :mod:`.dummy`.
 
 Sources:
   * K-quant GGUF file (Q4_K, Q5_K, Q6_K matrices): matrices kept as the file's blocks, read
@@ -45,7 +46,14 @@ from pathlib import Path
 import torch
 
 from kvledger.errors import ConfigError, InvalidParameterError, ModelNotFoundError
-from kvledger.model.weights.names import tensor_shapes, to_llama_names
+from kvledger.model.families import (
+    check_runnable,
+    family_of,
+    spec_from_gguf_reader,
+    spec_from_hf_config,
+)
+from kvledger.model.weights import LOAD_FORMATS
+from kvledger.model.weights.names import tensor_shapes, to_common_names
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
@@ -80,8 +88,6 @@ def load_weights(
         ModelNotFoundError, ConfigError, UnsupportedModelError: see the module docstring.
         InvalidParameterError: an unknown ``load_format``.
     """
-    from kvledger.engine.config import LOAD_FORMATS
-    from kvledger.model.families import model_class
     from kvledger.model.weights.dummy import dummy_spec, dummy_weights
 
     if load_format not in LOAD_FORMATS:
@@ -89,7 +95,8 @@ def load_weights(
                                     f"got {load_format!r}")
     if load_format == "dummy":
         spec = dummy_spec(str(path))
-        return spec, dummy_weights(spec, dtype, model_class(spec).NORM_OFFSET)
+        check_runnable(spec)
+        return spec, dummy_weights(spec, dtype, family_of(spec))
     path = resolve_model_path(path)
     if path.is_dir():
         spec, state = _load_hf_folder(path)
@@ -98,7 +105,7 @@ def load_weights(
         return blocks
     else:
         spec, state = _load_gguf_cached(path, dtype)
-    to_llama_names(state, spec)
+    to_common_names(state, spec, family_of(spec))
     _check_complete(spec, state)
     cast = {name: _cast(t, dtype) for name, t in state.items()}
     if isinstance(state, MappedWeights):  # same dtype as cached: the same mapped tensors
@@ -145,15 +152,16 @@ def _load_gguf_blocks(path: Path, dtype: torch.dtype
     (:func:`kvledger.model.weights.gguf_tensors.gguf_block_state`: read in seconds, so not
     cached); None for another GGUF."""
     from kvledger.model.weights.gguf_tensors import gguf_block_state, is_kquant_file
-    from kvledger.spec import check_gguf_magic, check_runnable, open_gguf, spec_from_gguf_reader
+    from kvledger.spec import check_gguf_magic, open_gguf
 
     check_gguf_magic(path)
     reader = open_gguf(path)
     spec = spec_from_gguf_reader(reader, path)
-    if not is_kquant_file(reader, spec):
+    family = family_of(spec)
+    if not is_kquant_file(reader, family):
         return None
     check_runnable(spec)  # before any block is read
-    return spec, gguf_block_state(reader, path, spec, dtype)
+    return spec, gguf_block_state(reader, path, spec, family, dtype)
 
 
 class MappedWeights(dict):
@@ -199,12 +207,12 @@ def _mapped_ranges(path: Path) -> list[tuple[int, int]]:
 
 def _load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from kvledger.model.weights.gguf_tensors import gguf_state_dict
-    from kvledger.spec import check_runnable, open_gguf, spec_from_gguf_reader
+    from kvledger.spec import open_gguf
 
     reader = open_gguf(path)
     spec = spec_from_gguf_reader(reader, path)
     check_runnable(spec)  # before dequantizing
-    return spec, gguf_state_dict(reader, spec)
+    return spec, gguf_state_dict(reader, spec, family_of(spec))
 
 
 def _save_atomically(
@@ -245,8 +253,6 @@ def _load_hf_folder(folder: Path) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from kvledger.spec import check_runnable, spec_from_hf_config
-
     if not (folder / "config.json").is_file():
         raise ModelNotFoundError(f"no config.json in {folder} (give a GGUF file or an HF folder)")
     shards = _safetensors_shards(folder)
@@ -278,7 +284,7 @@ def _safetensors_shards(folder: Path) -> list[Path]:
 def _check_complete(spec: ModelSpec, state: dict[str, torch.Tensor]) -> None:
     """Raise ConfigError naming the first tensor of :func:`.names.tensor_shapes` the state
     dict lacks, or holds at another shape."""
-    for name, shape in tensor_shapes(spec).items():
+    for name, shape in tensor_shapes(spec, family_of(spec)).items():
         if name not in state:
             raise ConfigError(f"weights of {spec.source} lack the tensor {name!r}")
         if tuple(state[name].shape) != shape:

@@ -12,7 +12,7 @@ import torch
 from kvledger.device.cpu.fused import NativeOps, fused_ops
 from kvledger.device.cpu.native import library
 from kvledger.device.ops import TorchOps
-from kvledger.model.rope import RotaryEmbedding
+from kvledger.model.layers.rotary import RotaryEmbedding
 
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -6}
 

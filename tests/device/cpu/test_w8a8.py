@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kvledger.device.cpu import w8a8
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.linear import Linear, int8_blocks
 from kvledger.model.q4 import q4_blocks, q4_parts
 
@@ -119,7 +120,7 @@ def test_bad_arguments_are_refused(kernel):
 
 def test_linear_keeps_one_int8_copy_and_falls_back_without_the_kernel(monkeypatch):
     w = (torch.randn(48, 64, generator=torch.Generator().manual_seed(4)) * 0.1).bfloat16()
-    linear = Linear(w, fmt="w8a8")
+    linear = Linear(w, fmt="w8a8", kernels=KERNELS)
     assert linear.format == "w8a8" and linear.weight is None
     assert linear.scales.dtype == torch.float32 and linear.scales.shape == (48, 2)
     ids = torch.tensor([0, 47])
@@ -127,9 +128,9 @@ def test_linear_keeps_one_int8_copy_and_falls_back_without_the_kernel(monkeypatc
                        _int8_weight(linear.packed, linear.scales)[ids].float())
     x = torch.randn(3, 64).bfloat16()
     assert torch.equal(linear(x), w8a8.kernel()(x, linear.packed, linear.scales))
-    assert Linear(w[:, :48], fmt="w8a8").format == "int8"  # not whole blocks of 32
+    assert Linear(w[:, :48], fmt="w8a8", kernels=KERNELS).format == "int8"  # not whole blocks of 32
     monkeypatch.setattr(w8a8, "kernel", lambda: None)
-    assert Linear(w, fmt="w8a8").format == "int8"
+    assert Linear(w, fmt="w8a8", kernels=KERNELS).format == "int8"
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +204,7 @@ def test_w4a8_refuses_bad_parts(kernel, gguf_q4):
 def test_linear_w4a8_keeps_the_blocks_once_and_falls_back_to_int4(monkeypatch, gguf_q4):
     (q, scale, zero), dense = gguf_q4
     q4 = (q[:64], scale[:64], zero[:64])
-    linear = Linear(dense[:64].bfloat16(), None, q4, "w4a8")
+    linear = Linear(dense[:64].bfloat16(), None, q4, "w4a8", kernels=KERNELS)
     assert linear.format == "w4a8" and linear.weight is None
     assert linear.nbytes == 64 * 1536 // 2 + 2 * 64 * 48 * 4  # nibbles + fp32 scale, minimum
     ids = torch.tensor([0, 63])
@@ -212,10 +213,10 @@ def test_linear_w4a8_keeps_the_blocks_once_and_falls_back_to_int4(monkeypatch, g
     exact = x.double() @ dense[:64].t()
     gemm = linear.gemm(x, "fp32").double()  # prefill path: the same weight, x not rounded
     assert ((gemm - exact).abs() <= exact.abs() * 2 ** -8 + 1e-3).all()
-    assert Linear.from_q4(q4, (64, 1536), None, "w4a8").format == "w4a8"
+    assert Linear.from_q4(q4, (64, 1536), None, "w4a8", kernels=KERNELS).format == "w4a8"
     monkeypatch.setattr(w8a8, "kernel", lambda: None)
-    assert Linear(dense[:64].bfloat16(), None, q4, "w4a8").format == "int4"
-    assert Linear.from_q4(q4, (64, 1536), None, "w4a8").format == "int4"
+    assert Linear(dense[:64].bfloat16(), None, q4, "w4a8", kernels=KERNELS).format == "int4"
+    assert Linear.from_q4(q4, (64, 1536), None, "w4a8", kernels=KERNELS).format == "int4"
 
 
 def test_int8_blocks_give_back_the_files_q8_0_codes(bundled_path):
@@ -244,8 +245,9 @@ def test_bf16_weight_of_the_gguf_blocks_is_each_weight_rounded_once(monkeypatch,
     1e-7 for the minimum the file's fp16 parts give in fp32); a w8a8 weight's against its own
     codes x scales the same way."""
     (q, scale, zero), dense = gguf_q4
-    w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8")
-    w8 = Linear(dense[:64].bfloat16(), None, None, "w8a8")
+    w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8",
+                kernels=KERNELS)
+    w8 = Linear(dense[:64].bfloat16(), None, None, "w8a8", kernels=KERNELS)
     codes = w8.packed.double() * w8.scales.double().repeat_interleave(32, 1)
     if not native:
         monkeypatch.setattr(w8a8, "kernel", lambda: None)

@@ -15,7 +15,8 @@ from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.ledger.kv import kv_bytes_per_page, kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups, peak_blocks, sequence_blocks
-from kvledger.spec import FULL, SLIDING, spec_from_hf_config
+from kvledger.model.families import spec_from_hf_config
+from kvledger.spec import FULL, SLIDING
 
 BF16 = KVFormatSpec("bf16")
 BS = 16

@@ -43,7 +43,7 @@ def test_key_turn_applies_to_unrotated_keys_in_fp64():
     """A RoPE turn (``--kv-positions cache``) of the keys the store returns (rotated back)
     equals the turn of the original keys; turning the stored rotated keys would not (RoPE and
     a Hadamard do not commute), which is why the store rotates back before any reader."""
-    from kvledger.model.rope import RotaryEmbedding
+    from kvledger.model.layers.rotary import RotaryEmbedding
 
     d = 64
     rope = RotaryEmbedding(d, 256, 10000.0, None, torch.float64)

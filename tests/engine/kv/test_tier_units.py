@@ -19,7 +19,7 @@ from kvledger.engine.kv.tiers.disk import DiskTier
 from kvledger.engine.kv.tiers.ram import RAMTier
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
 from kvledger.errors import InvalidParameterError
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
 
 FP = "ab" * 32
 PAYLOAD = 1000

@@ -225,7 +225,7 @@ def test_gemm_path_is_the_layers_own_weight(path):
     for fmt in ("int8", "w8a8", "w4a8", "dense"):
         if fmt == "dense" and path == "bf16":
             continue  # the dense bf16 layer's own kernel
-        lin = Linear(w, bias, q4, fmt)
+        lin = Linear(w, bias, q4, fmt, kernels=CPU.kernels)
         assert lin.format == fmt
         if fmt == "dense":
             weight = w.float()
@@ -244,7 +244,8 @@ def test_gemm_path_is_the_layers_own_weight(path):
         assert got.dtype == torch.bfloat16
         assert bool(((got.double() - exact).abs()
                      <= 2 ** -8 * exact.abs() + rounding + 1e-6).all()), fmt
-        assert torch.equal(lin(x[:8]), Linear(w, bias, q4, fmt)(x[:8]))  # 8 rows: own kernel
+        own = Linear(w, bias, q4, fmt, kernels=CPU.kernels)
+        assert torch.equal(lin(x[:8]), own(x[:8]))  # 8 rows: own kernel
         if fmt != "dense":
             dense = lin.dense_weight(torch.bfloat16).double()  # each weight rounded once
             assert bool(((dense - weight.double()).abs()
@@ -269,7 +270,7 @@ def test_q4_layer_without_the_native_kernel_keeps_int4_at_every_row_count(monkey
     builder.library.cache_clear()
     w8a8.kernel.cache_clear()
     try:
-        lin = Linear.from_q4(q4, (64, 64), fmt="w4a8")
+        lin = Linear.from_q4(q4, (64, 64), fmt="w4a8", kernels=CPU.kernels)
         assert lin.format == "int4"
         lin.use_gemm(16, "bf16")
         got = lin(x)  # 40 rows, past the GEMM start the probe gave w4a8

@@ -15,10 +15,11 @@ from kvledger.data import config_path
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.errors import KVBudgetError, ModelNotFoundError, UnsupportedModelError
+from kvledger.model.families import family_of
 from kvledger.model.weights import dummy as dummy_module
 from kvledger.model.weights.dummy import BOUND, dummy_spec
 from kvledger.model.weights.loader import load_weights
-from kvledger.model.weights.names import tensor_shapes, to_llama_names
+from kvledger.model.weights.names import tensor_shapes, to_common_names
 
 
 @pytest.mark.parametrize("model_id", ["Qwen/Qwen3-0.6B", "microsoft/Phi-4-mini-instruct",
@@ -35,8 +36,9 @@ def test_shapes_are_the_transformers_models(model_id):
     want = {name: t for name, t in hf.state_dict().items() if "rotary_emb" not in name}
     if spec.tie_word_embeddings:
         want.pop("lm_head.weight", None)
-    to_llama_names(want, spec)
-    assert tensor_shapes(spec) == {name: tuple(t.shape) for name, t in want.items()}
+    to_common_names(want, spec, family_of(spec))
+    shapes = tensor_shapes(spec, family_of(spec))
+    assert shapes == {name: tuple(t.shape) for name, t in want.items()}
 
 
 def test_values_are_seeded_bounded_and_norms_identity(tmp_path):

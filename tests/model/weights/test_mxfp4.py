@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.model.families import model_class
 from kvledger.model.weights.loader import load_weights
 from kvledger.model.weights.mxfp4 import dequantize
 
@@ -85,7 +85,7 @@ def test_an_mxfp4_checkpoint_loads_to_transformers_logits(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     spec, weights = load_weights(tmp_path, torch.float32)
     ids = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(1))
-    ours = model_class(spec)(spec, weights, torch.float32, attention="reference")
+    ours = build_model(spec, weights, torch.float32, attention="reference")
     store = KVStore(spec.num_layers, 4, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
     req = Request("r", ids.tolist(), SamplingParams())
     req.block_table = [2]

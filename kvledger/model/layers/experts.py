@@ -20,6 +20,15 @@ When every expert is ``w8a8``, the experts given fewer rows than their GEMM thre
 them in decode) run as one grouped native product for gate_up and one for down
 (``kvl_w8a8_mm_grouped``: one activation quantization, one thread team); the others one
 product each. A token's k terms are summed in fp32.
+
+DeepSeekMoE's routing (:class:`GroupRoutedExperts`; arXiv:2405.04434 §2.2, transformers'
+``DeepseekV2TopkRouter`` / ``DeepseekV2Moe``): router probabilities ``p = softmax(W_r x)`` in
+fp32 over all routed experts; ``greedy`` takes the top ``num_experts_per_tok``;
+``group_limited_greedy`` first keeps the ``topk_group`` groups (of ``n_group`` equal groups of
+experts) with the highest maximum p and takes the top-k among their experts; the chosen
+weights are never renormalised and are multiplied by ``routed_scaling_factor``. Its shared
+experts, one gated MLP of ``num_shared_experts x moe_intermediate_size``, are added for every
+token (``shared``, either class).
 """
 
 from __future__ import annotations
@@ -28,16 +37,18 @@ from collections.abc import Callable
 
 import torch
 
-from kvledger.device.cpu.kernels import KERNELS
+from kvledger.model.layers.linears import held_bytes
+from kvledger.model.layers.mlp import GatedMLP
 from kvledger.model.linear import Linear
 
 
 def grouped(linears: list[Linear]):
     """The grouped native product of ``linears`` (:meth:`kvledger.device.cpu.w8a8.W8A8Kernel.
-    bind_grouped`) when every one is ``w8a8``, else None."""
+    bind_grouped`, of the kernels they were built with) when every one is ``w8a8``, else
+    None."""
     if any(lin.format != "w8a8" for lin in linears):
         return None
-    return KERNELS.w8a8().bind_grouped([lin._native for lin in linears])
+    return linears[0].kernels.w8a8().bind_grouped([lin._native for lin in linears])
 
 
 class Experts:
@@ -49,12 +60,14 @@ class Experts:
         down: per expert, ``[hidden, f]``.
         top_k: experts per token; normalize: renormalise the top-k weights (``norm_topk_prob``).
         act: ``[T, 2f] -> [T, f]``, the gated activation (SiLU x up).
+        shared: the shared experts (DeepSeek's, one MLP of them all), added for every token.
     """
 
     def __init__(self, router: Linear, gate_up: list[Linear], down: list[Linear], top_k: int,
-                 normalize: bool, act: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                 normalize: bool, act: Callable[[torch.Tensor], torch.Tensor],
+                 shared: GatedMLP | None = None) -> None:
         self.router, self.gate_up, self.down = router, gate_up, down
-        self.top_k, self.normalize, self.act = top_k, normalize, act
+        self.top_k, self.normalize, self.act, self.shared = top_k, normalize, act, shared
         self.bytes_read = 0
         """Weight bytes read by every call so far (router + the experts run)."""
         self._grouped = grouped(gate_up), grouped(down)
@@ -72,7 +85,7 @@ class Experts:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The MoE output [T, hidden] of x [T, hidden] (module docstring): each token's k terms
-        summed in fp32 and rounded once to x's dtype."""
+        summed in fp32 and rounded once to x's dtype, plus the shared experts' output."""
         _, weights, chosen = self.route(x)
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)
@@ -96,7 +109,7 @@ class Experts:
                     out.index_add_(0, idx, y.float() * scale[start:start + n])
                 start += n
         self.bytes_read += self.router.nbytes + len(used) * self.expert_bytes
-        return out.to(x.dtype)
+        return out.to(x.dtype) if self.shared is None else out.to(x.dtype) + self.shared(x)
 
     def _gemm_rows(self) -> float:
         """Rows from which an expert's products run as a GEMM (:meth:`Linear.use_gemm`)."""
@@ -120,8 +133,10 @@ class Experts:
         out.index_add_(0, rows, y.float() * scale)
 
     def linears(self, shape_class: str) -> list[Linear]:
-        """The experts' Linears of ``gate_up`` or ``down`` (``[]`` for another class)."""
-        return {"gate_up": self.gate_up, "down": self.down}.get(shape_class, [])
+        """The experts' Linears of ``gate_up`` or ``down``, then the shared experts' (``[]`` for
+        another class)."""
+        shared = [] if self.shared is None else self.shared.linears(shape_class)
+        return {"gate_up": self.gate_up, "down": self.down}.get(shape_class, []) + shared
 
     @property
     def expert_bytes(self) -> int:
@@ -129,6 +144,36 @@ class Experts:
         return self.gate_up[0].nbytes + self.down[0].nbytes
 
     @property
-    def nbytes(self) -> int:
-        """Bytes of the router and every expert."""
-        return self.router.nbytes + sum(lin.nbytes for lin in self.gate_up + self.down)
+    def decode_bytes(self) -> int:
+        """Weight bytes one batch-1 decode step reads: the router, ``top_k`` experts and the
+        shared experts (a larger batch reads the distinct experts its tokens chose:
+        :attr:`bytes_read`)."""
+        shared = 0 if self.shared is None else self.shared.decode_bytes
+        return self.router.nbytes + self.top_k * self.expert_bytes + shared
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held: the router and every expert (biases included), the
+        shared experts."""
+        shared = 0 if self.shared is None else self.shared.held_bytes
+        return sum(held_bytes(lin) for lin in [self.router, *self.gate_up, *self.down]) + shared
+
+
+class GroupRoutedExperts(Experts):
+    """:class:`Experts` routed as DeepSeekMoE (module docstring)."""
+
+    def __init__(self, *args, n_group: int, topk_group: int, scale: float,
+                 shared: GatedMLP | None = None) -> None:
+        super().__init__(*args, shared=shared)
+        self.n_group, self.topk_group, self.scale = n_group, topk_group, scale
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        scores = probs
+        if self.n_group > 1:
+            groups = probs.view(len(probs), self.n_group, -1)
+            keep = torch.zeros(groups.shape[:2], dtype=torch.bool)
+            keep.scatter_(1, groups.amax(-1).topk(self.topk_group, dim=-1).indices, True)
+            scores = (groups * keep[..., None]).view_as(probs)
+        weights, chosen = torch.topk(scores, self.top_k, dim=-1)
+        return probs, weights * self.scale, chosen

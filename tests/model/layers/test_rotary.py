@@ -1,4 +1,4 @@
-"""YaRN (``kvledger.model.rope``) against transformers' ``_compute_yarn_parameters``: the
+"""YaRN (``kvledger.model.layers.rotary``) against transformers' ``_compute_yarn_parameters``: the
 inverse frequencies and the attention factor, for gpt-oss-20b's catalogue config and variants
 of each option (truncate, beta_fast / beta_slow, a factor from the context, mscale pairs, an
 explicit attention_factor)."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvledger.data import config_path
-from kvledger.model.rope import RotaryEmbedding, attention_factor, inverse_frequencies
-from kvledger.spec import load_spec
+from kvledger.model.families import load_spec
+from kvledger.model.layers.rotary import RotaryEmbedding, attention_factor, inverse_frequencies
 
 VARIANTS = [
     {},

@@ -23,6 +23,9 @@ correction dimensions of ``beta_fast`` and ``beta_slow`` rotations (floored and 
 and DeepSeek's MLA also multiplies its softmax scale by ``mscale(factor, mscale_all_dim) ** 2``
 (:func:`yarn_softmax_factor`).
 
+:class:`InterleavedRope` turns interleaved pairs ``(x_{2i}, x_{2i+1})`` instead (DeepSeek's MLA,
+transformers' complex form ``apply_rotary_emb``), its cos and sin times the attention factor.
+
 The cos/sin tables are computed once in fp32 for every position up to the context limit and
 cast to the model dtype, so a step only indexes them.
 """
@@ -34,6 +37,7 @@ import math
 import torch
 
 from kvledger.errors import UnsupportedModelError
+from kvledger.spec import ModelSpec
 
 SCALING_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
@@ -184,3 +188,27 @@ class RotaryEmbedding:
             return torch.cat((RotaryEmbedding.apply(x[..., :rot], cos, sin), x[..., rot:]), -1)
         rolled = torch.roll(x, rot // 2, dims=-1)
         return torch.addcmul(x * cos, rolled, sin)
+
+
+class InterleavedRope:
+    """cos / sin [positions, rope / 2] fp32 of the pairs' angles, times the attention factor."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        dim, positions = spec.latent.qk_rope_head_dim, spec.max_position_embeddings
+        self.inv_freq = inverse_frequencies(dim, spec.rope.theta, spec.rope.scaling, positions)
+        self.mscale = attention_factor(spec.rope.scaling, positions)
+        self._tabulate(positions)
+
+    def _tabulate(self, num_positions: int) -> None:
+        angles = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
+        self.cos, self.sin = angles.cos() * self.mscale, angles.sin() * self.mscale
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, n, rope] turned at positions [T] (a new tensor, x's dtype)."""
+        if len(positions) and int(positions.max()) >= len(self.cos):
+            self._tabulate(2 * (int(positions.max()) + 1))
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+        even, odd = pairs[..., 0], pairs[..., 1]
+        turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+        return turned.flatten(-2).to(x.dtype)

@@ -18,47 +18,27 @@ output over the entries, whose first L values are the latent, is multiplied by `
 before ``o_proj``. Cached tokens are never expanded per head, in decode and prefill alike,
 and each step reads the latent pool once for all heads. The softmax scale stays
 ``(nope + rope) ** -0.5``, times YaRN's ``mscale(factor, mscale_all_dim) ** 2``
-(:func:`kvledger.model.rope.yarn_softmax_factor`).
+(:func:`kvledger.model.layers.rotary.yarn_softmax_factor`).
 
 RoPE turns interleaved pairs ``(x_{2i}, x_{2i+1})`` (transformers' complex form,
-``apply_rotary_emb``), not Llama's halves. The two RMSNorms inside attention use eps 1e-6, the
+``apply_rotary_emb``; :class:`~kvledger.model.layers.rotary.InterleavedRope`), not Llama's
+halves. The two RMSNorms inside attention use eps 1e-6, the
 default of transformers' ``DeepseekV2RMSNorm`` (the config's ``rms_norm_eps`` is not passed).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
+from kvledger.model.layers.linears import held_bytes
+from kvledger.model.layers.rotary import InterleavedRope, yarn_softmax_factor
 from kvledger.model.linear import Linear
-from kvledger.model.rope import attention_factor, inverse_frequencies
 from kvledger.spec import ModelSpec
 
 LATENT_NORM_EPS = 1e-6
-
-
-class InterleavedRope:
-    """cos / sin [positions, rope / 2] fp32 of the pairs' angles, times the attention factor."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        dim, positions = spec.latent.qk_rope_head_dim, spec.max_position_embeddings
-        self.inv_freq = inverse_frequencies(dim, spec.rope.theta, spec.rope.scaling, positions)
-        self.mscale = attention_factor(spec.rope.scaling, positions)
-        self._tabulate(positions)
-
-    def _tabulate(self, num_positions: int) -> None:
-        angles = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
-        self.cos, self.sin = angles.cos() * self.mscale, angles.sin() * self.mscale
-
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [T, n, rope] turned at positions [T] (a new tensor, x's dtype)."""
-        if len(positions) and int(positions.max()) >= len(self.cos):
-            self._tabulate(2 * (int(positions.max()) + 1))
-        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-        even, odd = pairs[..., 0], pairs[..., 1]
-        turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-        return turned.flatten(-2).to(x.dtype)
 
 
 class LatentAttention:
@@ -67,11 +47,13 @@ class LatentAttention:
     Args:
         spec: the architecture; w: the weights (its ``{prefix}self_attn.*`` entries are popped);
         linear: ``(stems, shape class) -> Linear`` of the row-concatenated projections;
-        dtype: the compute dtype.
+        rope: the interleaved RoPE of the ``rope`` dims; dtype: the compute dtype.
     """
 
-    def __init__(self, spec: ModelSpec, w: dict, prefix: str, linear, dtype: torch.dtype):
+    def __init__(self, spec: ModelSpec, w: dict, prefix: str, linear, rope: InterleavedRope,
+                 dtype: torch.dtype):
         attn = prefix + "self_attn."
+        self.rope, self.softmax_factor = rope, yarn_softmax_factor(spec.rope.scaling)
         self.heads, self.latent = spec.num_attention_heads, spec.latent.kv_lora_rank
         self.nope, self.rope_dim = spec.latent.qk_nope_head_dim, spec.latent.qk_rope_head_dim
         self.v_dim = spec.latent.v_head_dim
@@ -89,14 +71,38 @@ class LatentAttention:
         self.w_uv = kv_b[:, self.nope:].contiguous()  # [H, v, L]
         self.o = linear([attn + "o_proj"], "o")
 
-    def linears(self) -> list[Linear]:
-        """The layer's Linears (the absorbed ``kv_b`` is :attr:`nbytes_absorbed`)."""
-        return [lin for lin in (self.q_a, self.q_b, self.kv_a, self.o) if lin is not None]
+    def backend_params(self, how):
+        """The backend's ``LayerAttention`` of this layer: the engine's, its scale times YaRN's
+        softmax factor (module docstring)."""
+        return dataclasses.replace(how, scale=how.scale * self.softmax_factor)
+
+    def __call__(self, index: int, x: torch.Tensor, positions: torch.Tensor, backend, meta,
+                 store) -> torch.Tensor:
+        """The attention output [T, hidden] of normed hidden states x [T, hidden] at positions
+        [T]: the absorbed queries over the cached entries, layer ``index`` of ``backend``."""
+        q, entry = self.query_and_entry(x, positions, self.rope)
+        return self.output(backend(index, q, entry, entry, meta, store))
+
+    def linears(self, shape_class: str) -> list[Linear]:
+        """Its Linears of ``qkv`` (the q and kv_a projections) or ``o`` (``[]`` for another
+        class; the absorbed ``kv_b`` is not a Linear)."""
+        if shape_class == "o":
+            return [self.o]
+        qkv = [lin for lin in (self.q_a, self.q_b, self.kv_a) if lin is not None]
+        return qkv if shape_class == "qkv" else []
 
     @property
-    def nbytes_absorbed(self) -> int:
-        """Bytes of ``W_UK`` and ``W_UV`` (``kv_b_proj``), read whole every step."""
-        return self.w_uk.nbytes + self.w_uv.nbytes
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads: its Linears and ``W_UK`` / ``W_UV``, whole."""
+        linears = self.linears("qkv") + self.linears("o")
+        return sum(lin.nbytes for lin in linears) + self.w_uk.nbytes + self.w_uv.nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held (norms included)."""
+        norms = [t for t in (self.q_a_norm, self.kv_a_norm) if t is not None]
+        return sum(held_bytes(lin) for lin in self.linears("qkv") + self.linears("o")) + \
+            self.w_uk.nbytes + self.w_uv.nbytes + sum(t.nbytes for t in norms)
 
     def query_and_entry(self, x: torch.Tensor, positions: torch.Tensor,
                         rope: InterleavedRope) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,106 @@
+"""Self-attention's projections around the attention backend: q, k, v out of one fused Linear,
+their norms, RoPE on q and k, and the output projection (Vaswani et al., arXiv:1706.03762;
+GQA: Ainslie et al., arXiv:2305.13245).
+
+Options, each switched on by the spec and its weights:
+
+- q / k RMSNorm before RoPE, per head (weights [head_dim]: Qwen3, Gemma 3) or over the whole
+  projection (``qk_norm_full_width``, weights [heads x head_dim]: OLMo 2 / 3);
+- biases on q, k, v and o (Qwen2, gpt-oss);
+- RoPE on the first ``rotary_dim`` dimensions of each head (:mod:`.rotary`);
+- learned sink logits, one per query head (gpt-oss), handed to the backend.
+
+What the backend applies per layer (score scale, sliding window, soft-capping, sink logits) is
+its ``LayerAttention`` (``kvledger.engine.attention.layer``), set by the engine from the spec;
+:meth:`SelfAttention.backend_params` adds what the layer's weights hold (the sinks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.model.layers.linears import held_bytes
+from kvledger.model.layers.rotary import RotaryEmbedding
+from kvledger.model.linear import Linear
+from kvledger.spec import ModelSpec
+
+
+class SelfAttention:
+    """One layer's self-attention (module docstring).
+
+    Args:
+        spec: the architecture; w: the weights (its ``{prefix}self_attn.*`` entries are
+            popped); linear: ``(stems, shape class) -> Linear`` of the row-concatenated
+            projections; norm: ``(weight, dtype) -> `` the weight as the model holds a norm's;
+        rope: this layer's RoPE table; ops: the device's fused ops (``rope_``); dtype: the
+            compute dtype.
+    """
+
+    def __init__(self, spec: ModelSpec, w: dict, prefix: str,
+                 linear: Callable[[list[str], str], Linear], norm, rope: RotaryEmbedding,
+                 ops, dtype: torch.dtype) -> None:
+        attn = prefix + "self_attn."
+        self.spec, self.rope, self.ops = spec, rope, ops
+        self.qkv = linear([attn + f"{p}_proj" for p in "qkv"], "qkv")
+        self.o = linear([attn + "o_proj"], "o")
+        self.q_norm = self.k_norm = self.sinks = None
+        if spec.attention.qk_norm:  # they go through F.rms_norm on compute rows
+            self.q_norm = norm(w.pop(attn + "q_norm.weight"), dtype)
+            self.k_norm = norm(w.pop(attn + "k_norm.weight"), dtype)
+        if spec.attention.sinks:
+            self.sinks = w.pop(attn + "sinks").float()
+
+    def backend_params(self, how):
+        """The backend's ``LayerAttention`` of this layer: the engine's, with the sinks."""
+        return how if self.sinks is None else dataclasses.replace(how, sinks=self.sinks)
+
+    def __call__(self, index: int, x: torch.Tensor, positions: torch.Tensor, backend, meta,
+                 store) -> torch.Tensor:
+        """The attention output [T, hidden] of normed hidden states x [T, hidden] at positions
+        [T], layer ``index`` of ``backend`` (``meta``: the step's ``AttentionMetadata``;
+        ``store``: the KV store or None)."""
+        q, k, v = self.project(x, positions)
+        spec = self.spec
+        return self.o(backend(index, q, k, v, meta, store).reshape(
+            -1, spec.num_attention_heads * spec.head_dim))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, D], k and v [T, kv_heads, D]: one fused projection, the q / k norms,
+        RoPE on q and k together."""
+        spec = self.spec
+        eps, heads, kv_heads, dim = spec.norm.eps, spec.num_attention_heads, \
+            spec.num_kv_heads, spec.head_dim
+        q_size, kv_size = heads * dim, kv_heads * dim
+        qkv = self.qkv(x)
+        qk = qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, dim)
+        if self.q_norm is not None:  # written back into qkv: RoPE then turns q, k in place
+            if spec.attention.qk_norm_full_width:
+                flat = qkv[:, : q_size + kv_size]
+                flat[:, :q_size] = F.rms_norm(flat[:, :q_size], (q_size,), self.q_norm, eps)
+                flat[:, q_size:] = F.rms_norm(flat[:, q_size:], (kv_size,), self.k_norm, eps)
+            else:
+                qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), self.q_norm, eps)
+                qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), self.k_norm, eps)
+        qk = self.ops.rope_(qk, positions, self.rope)
+        v = qkv[:, q_size + kv_size:].view(-1, kv_heads, dim)
+        return qk[:, :heads], qk[:, heads:], v
+
+    def linears(self, shape_class: str) -> list[Linear]:
+        """Its Linears of ``qkv`` or ``o`` (``[]`` for another class)."""
+        return {"qkv": [self.qkv], "o": [self.o]}.get(shape_class, [])
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads: both Linears, whole."""
+        return self.qkv.nbytes + self.o.nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held (biases, norms and sinks included)."""
+        vectors = [t for t in (self.q_norm, self.k_norm, self.sinks) if t is not None]
+        return held_bytes(self.qkv) + held_bytes(self.o) + sum(t.nbytes for t in vectors)
