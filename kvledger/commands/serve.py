@@ -79,6 +79,9 @@ def serve(
         help="Most 'stop' strings per request; more: HTTP 400.")] = 16,
     max_stop_chars: Annotated[int, typer.Option(
         help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
+    max_prompt_logprob_entries: Annotated[int, typer.Option(
+        help="Most prompt-logprob entries of one prompt: its tokens x (prompt_logprobs + 1); "
+             "more: HTTP 400.")] = 1_000_000,
     send_timeout_s: Annotated[float, typer.Option(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
     served_model_name: Annotated[str | None, typer.Option(
@@ -122,6 +125,7 @@ def serve(
         header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
         max_input_chars=max_input_chars, max_input_items=max_input_items,
         max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars,
+        max_prompt_logprob_entries=max_prompt_logprob_entries,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging
