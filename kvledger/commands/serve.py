@@ -80,8 +80,8 @@ def serve(
     max_stop_chars: Annotated[int, typer.Option(
         help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
     max_prompt_logprob_entries: Annotated[int, typer.Option(
-        help="Most prompt-logprob entries of one prompt: its tokens x (prompt_logprobs + 1); "
-             "more: HTTP 400.")] = 1_000_000,
+        help="Most prompt-logprob entries of one request: its prompt tokens x "
+             "(prompt_logprobs + 1); more: HTTP 400.")] = 1_000_000,
     send_timeout_s: Annotated[float, typer.Option(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
     served_model_name: Annotated[str | None, typer.Option(

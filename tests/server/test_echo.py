@@ -115,6 +115,10 @@ def test_prompt_logprob_entries_are_capped_by_an_option(make_client, route):
         assert echo.status_code == 400, echo.text
     assert client.post(route, json={**body, "max_tokens": 1,
                                     "prompt_logprobs": k}).status_code == 200
+    if route == "/v1/completions":  # the cap is per request: a batch's prompts add up
+        batch = client.post(route, json={"prompt": [text, text], "max_tokens": 1,
+                                         "prompt_logprobs": k})
+        assert batch.status_code == 400, batch.text
 
 
 @pytest.mark.parametrize(("body", "named"), [

@@ -20,9 +20,10 @@ limit                      default    when hit
 ``max_stop_strings``       16         400 naming ``stop``
 ``max_stop_chars``         256        400 naming ``stop`` (characters of one stop string)
 ``max_prompt_logprob_entries``
-                           1,000,000  400 naming ``prompt_logprobs``: a prompt's tokens x
-                                      (``prompt_logprobs`` + 1), the entries its answer
-                                      would hold (``echo`` with ``logprobs`` N counts N)
+                           1,000,000  400 naming ``prompt_logprobs``: a request's prompt
+                                      tokens x (``prompt_logprobs`` + 1), the entries its
+                                      answer would hold (``echo`` with ``logprobs`` N
+                                      counts N)
 ``max_concurrent_streams`` none       429 with Retry-After (streamed requests in flight)
 ``request_timeout_s``      none       the request is aborted: 504 ``request_timeout`` (no
                                       Retry-After: it would time out again), or
