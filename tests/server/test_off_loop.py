@@ -100,3 +100,20 @@ def test_a_detokenize_body_is_parsed_off_the_event_loop(make_client, monkeypatch
     r = make_client().post("/detokenize", json={"tokens": [ord(c) for c in "Hi!"]})
     assert r.status_code == 200 and r.json() == {"prompt": "Hi!"}
     assert threads == [False]
+
+
+def test_a_large_response_gives_the_heap_back_after_it(make_client, monkeypatch):
+    """Prompt logprobs of a long prompt left RSS 1.7 GB higher for good (issue 61 item 9):
+    after a body of a megabyte or more the freed heap goes back to the OS (glibc)."""
+    from kvledger.server import heap_trim
+
+    trimmed: list[int] = []
+    monkeypatch.setattr(heap_trim, "TRIM_FROM_BYTES", 2000)
+    monkeypatch.setattr(heap_trim, "_malloc_trim", lambda: trimmed.append)
+    client = make_client()
+    assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}).status_code == 200
+    assert trimmed == []
+    r = client.post("/v1/completions", json={"prompt": "Hello there " * 4, "max_tokens": 1,
+                                             "prompt_logprobs": 5})
+    assert r.status_code == 200 and len(r.content) >= 2000
+    assert trimmed == [0]

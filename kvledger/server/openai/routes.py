@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.auth.tenancy import Caller, caller
+from kvledger.server.heap_trim import trim_after
 from kvledger.server.limits.input_size import bind_input_limits, check_prompt_logprobs
 from kvledger.server.openai.error_handlers import error_response
 from kvledger.server.openai.errors import ErrorResponse, UnsupportedParameterError
@@ -320,6 +321,10 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
         return JSONResponse(error, status_code=status)
     def respond() -> JSONResponse:  # prompt logprobs make bodies of megabytes
         bodies = [formatters[rid].response(*finals[rid]) for rid in request_ids]
-        return JSONResponse(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
+        finals.clear()  # the outputs (prompt logprobs: many small objects) go before the trim
+        response = JSONResponse(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
+        del bodies
+        trim_after(len(response.body))
+        return response
 
     return await state.loop.tokenizer_thread.run(respond)
