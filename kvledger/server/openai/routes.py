@@ -7,6 +7,12 @@ request per prompt through the engine thread, which raises context and quota err
 429 for a full queue) before any byte of a stream is sent; adding is all-or-nothing (a failed
 add aborts the ones before it). Then they either stream SSE or wait for the final outputs,
 aborting the requests if the client leaves or ``request_timeout_s`` passes.
+
+What grows with a request runs in the tokenizer thread, off the event loop: a chat request's
+tool plan and template messages, and the whole non-streamed body (built and serialised; the
+heap given back after a large one, :mod:`..heap_trim`). Prompt logprobs past
+``max_prompt_logprob_entries`` are refused once the prompts are tokenized (400). The grammar
+tokenizer is set up before the server takes requests (:func:`warm_grammars`).
 """
 
 from __future__ import annotations
