@@ -156,3 +156,22 @@ def test_live_echo_logprobs_match_transformers(live_server):
     want = [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
     assert got[0] is None and len(got) == len(ids)
     assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
+
+
+@pytest.mark.slow
+def test_live_chat_prompt_logprobs_equal_those_of_the_rendered_prompt(live_server):
+    """Chat's top-level ``prompt_logprobs`` are the completions' over the same token ids."""
+    url, headers = live_server.url, live_server.headers
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ids = httpx.post(url + "/tokenize", headers=headers,
+                     json={"messages": messages}).json()["tokens"]
+    chat = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
+        "messages": messages, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+    plain = httpx.post(url + "/v1/completions", headers=headers, timeout=60, json={
+        "prompt": ids, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+    assert chat.status_code == plain.status_code == 200, chat.text
+    got, want = chat.json()["prompt_logprobs"], plain.json()["choices"][0]["prompt_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for a, b in zip(got[1:], want[1:]):
+        assert a.keys() == b.keys()
+        assert all(abs(a[k]["logprob"] - b[k]["logprob"]) < 1e-4 for k in a)
