@@ -81,6 +81,9 @@ def serve(
         help="Longest 'stop' string (characters); longer: HTTP 400.")] = 256,
     max_tools: Annotated[int, typer.Option(
         help="Most tools in one request; more: HTTP 400.")] = 128,
+    max_prompt_logprob_entries: Annotated[int, typer.Option(
+        help="Most prompt-logprob entries of one request: its prompt tokens x "
+             "(prompt_logprobs + 1); more: HTTP 400.")] = 1_000_000,
     send_timeout_s: Annotated[float, typer.Option(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
     served_model_name: Annotated[str | None, typer.Option(
@@ -124,6 +127,7 @@ def serve(
         header_timeout_s=header_timeout_s, max_header_bytes=max_header_bytes,
         max_input_chars=max_input_chars, max_input_items=max_input_items,
         max_stop_strings=max_stop_strings, max_stop_chars=max_stop_chars, max_tools=max_tools,
+        max_prompt_logprob_entries=max_prompt_logprob_entries,
         max_concurrent_streams=max_concurrent_streams, request_timeout_s=request_timeout_s,
         send_timeout_s=send_timeout_s, drain_timeout_s=drain_timeout_s)
     import logging

@@ -40,7 +40,7 @@ from kvledger.engine.request import NULL_BLOCK, Request
 from kvledger.engine.retention.build import retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
-from kvledger.engine.sample.prompt_logprobs import take_prompt_logprobs
+from kvledger.engine.sample.prompt_logprobs import PromptLogprobs
 from kvledger.engine.sample.sampler import Sampler
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.engine.sample.structured.compiler import (
@@ -323,7 +323,7 @@ class LLMEngine:
             m = chunk.request.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
         sampling = [c.request for c in plan.chunks if c.samples]
-        logits = take_prompt_logprobs(plan.chunks, self.runner.execute(plan.chunks))
+        logits = self.runner.execute(plan.chunks, PromptLogprobs(plan.chunks))
         tokens, logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.advance(plan)
         now = time.perf_counter()

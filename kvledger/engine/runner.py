@@ -4,7 +4,8 @@ For each scheduled chunk (a request and how many of its tokens to compute) it bu
 step batch: input ids, positions, slot mapping (slot = block_table[pos // block_size] *
 block_size + pos % block_size) and the attention metadata (decode group first, then one prefill
 segment per chunk). Logits are computed only at the last position of chunks that sample, and
-at every position of a chunk whose request wants prompt logprobs (``prompt_logprobs.py``).
+at every position of a chunk whose request wants prompt logprobs, a slice of rows at a time
+handed to the step's reducer (``prompt_logprobs.py``).
 
 Each chunk's request says what its queries attend (``request.retention.attention``,
 ``engine/retention/interface.py``): its prefix through the block table (above), or a
@@ -32,7 +33,7 @@ import torch
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.retention.interface import HeldContext
-from kvledger.engine.sample.prompt_logprobs import logit_rows
+from kvledger.engine.sample.prompt_logprobs import SliceReducer, logit_rows, logits_in_slices
 from kvledger.model.layers.decoder import Decoder
 
 MAX_PADDING = 1.25
@@ -46,15 +47,16 @@ class ModelRunner:
         self.model, self.store, self.block_size = model, store, block_size
         self._offsets = torch.arange(block_size)
 
-    def execute(self, chunks: Seq) -> torch.Tensor:
+    def execute(self, chunks: Seq, reduce: SliceReducer | None = None) -> torch.Tensor:
         """Logits [rows, vocab] (fp32): each chunk's ``logit_rows`` last rows, in the order of
-        ``chunks`` (one row per chunk that samples, unless prompt logprobs are wanted).
+        ``chunks`` (one row per chunk that samples, unless prompt logprobs are wanted); with
+        ``reduce``, what it keeps of each slice of them (``prompt_logprobs.logits_in_slices``).
 
         ``chunks``: objects with ``request`` (a Request: num_computed_tokens, block_table,
         tokens) and ``num_new_tokens``; a chunk samples when it reaches the end of its request.
         """
         hidden, last = self._forward(chunks)
-        return self.model.compute_logits(hidden[last])
+        return logits_in_slices(self.model.compute_logits, hidden[last], reduce)
 
     def hidden_states(self, chunks: Seq) -> torch.Tensor:
         """Final hidden states [T, hidden] of every token of the step, decodes first, then each

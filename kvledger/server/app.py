@@ -31,7 +31,7 @@ from kvledger.server.metrics.observer import RequestObserver
 from kvledger.server.metrics.server_metrics import ServerMetrics
 from kvledger.server.openai.error_handlers import install_error_handlers
 from kvledger.server.openai.json_body import JsonBodyMiddleware
-from kvledger.server.openai.routes import router
+from kvledger.server.openai.routes import router, warm_grammars
 from kvledger.server.responses.routes import install_responses_api
 from kvledger.server.vllm_compat import VllmCompat, install_vllm_compat
 
@@ -103,6 +103,8 @@ def create_app(engine: Any, *, api_key: str | list[str] | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if state.grammars is not None:
+            await warm_grammars(state.grammars)
         state.loop.start()
         sweeper = asyncio.create_task(app.state.sessions.sweep_forever())
         yield

@@ -68,6 +68,30 @@ def test_prompt_logprobs_match_transformers_chunked_and_batched(tiny_engine_fact
         assert done["w"].token_ids[0] == int(_oracle(hf_model, full)[len(prompt) - 1].argmax())
 
 
+def test_prompt_rows_become_logits_a_slice_at_a_time(tiny_engine_factory, tiny_llama,
+                                                      monkeypatch):
+    """A 300-token prompt in one chunk never has more than SLICE_ROWS rows of logits at once
+    (issue 61: the whole [tokens, vocab] block held 1.7 GB), and the entries across slice
+    borders, the other request's tokens, are unchanged."""
+    from kvledger.engine.sample import prompt_logprobs
+
+    monkeypatch.setattr(prompt_logprobs, "SLICE_ROWS", 32)
+    _, hf_model = tiny_llama
+    prompt = _prompt(300, 5)
+    engine = tiny_engine_factory()
+    sizes = []
+    compute = engine.model.compute_logits
+    monkeypatch.setattr(engine.model, "compute_logits",
+                        lambda hidden: sizes.append(len(hidden)) or compute(hidden))
+    wanted = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, prompt_logprobs=3)
+    plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    done = _run(engine, {"w": prompt, "p": _prompt(20, 6)}, {"w": wanted, "p": plain})
+    assert max(sizes) <= 32 and sum(sizes) > 300
+    _check(done["w"].prompt_logprobs, prompt, _oracle(hf_model, prompt), k=3)
+    alone = _run(tiny_engine_factory(), {"p": _prompt(20, 6)}, {"p": plain})["p"].token_ids
+    assert done["p"].token_ids == alone
+
+
 def test_a_cached_prompt_is_computed_again_for_its_logprobs(tiny_engine_factory, tiny_llama):
     _, hf_model = tiny_llama
     prompt = _prompt(50, 3)

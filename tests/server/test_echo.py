@@ -67,6 +67,60 @@ def test_a_batch_of_token_id_prompts_echoes_each_one(make_client):
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 2
 
 
+def test_chat_prompt_logprobs_are_the_responses_top_level_field(make_client):
+    """vLLM's chat response carries ``prompt_logprobs`` over the rendered prompt (issue 61
+    item 10: it was dropped as an unknown field)."""
+    client = make_client()
+    messages = [{"role": "user", "content": "Hey"}]
+    r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1,
+                                                  "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    body, ids = r.json(), client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    entries = body["prompt_logprobs"]
+    assert len(entries) == len(ids) == body["usage"]["prompt_tokens"] and entries[0] is None
+    assert entries[1] == {
+        str(ids[1]): {"logprob": -0.1, "rank": 1, "decoded_token": chr(ids[1])},
+        str(ord("?")): {"logprob": -0.05, "rank": 1, "decoded_token": "?"}}
+    assert "prompt_logprobs" not in body["choices"][0]
+    plain = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert "prompt_logprobs" not in plain.json()
+    streamed = client.post("/v1/chat/completions", json={
+        "messages": messages, "prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400
+    assert "'prompt_logprobs' with 'stream'" in streamed.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_prompt_logprob_entries_are_capped_by_an_option(make_client, route):
+    """Tokens x (prompt_logprobs + 1) over --max-prompt-logprob-entries: a 400 naming it
+    (issue 61 item 9); at the cap the request is served."""
+    from kvledger.server.limits.server_limits import ServerLimits
+
+    client = make_client(limits=ServerLimits(max_prompt_logprob_entries=60))
+    text = "x" * 20
+    body = ({"prompt": text} if route == "/v1/completions"
+            else {"messages": [{"role": "user", "content": text}]})
+    tokens = len(text) if route == "/v1/completions" else client.post(
+        "/tokenize", json={"messages": body["messages"]}).json()["count"]
+    over = client.post(route, json={**body, "max_tokens": 1,
+                                    "prompt_logprobs": 60 // tokens})
+    assert over.status_code == 400, over.text
+    error = over.json()["error"]
+    assert error["param"] == "prompt_logprobs" and "--max-prompt-logprob-entries" in (
+        error["message"])
+    k = 60 // tokens - 1
+    if route == "/v1/completions":  # echo with logprobs N counts N
+        echo = client.post(route, json={**body, "max_tokens": 1, "echo": True,
+                                        "logprobs": k + 1})
+        assert echo.status_code == 400, echo.text
+    assert client.post(route, json={**body, "max_tokens": 1,
+                                    "prompt_logprobs": k}).status_code == 200
+    if route == "/v1/completions":  # the cap is per request: a batch's prompts add up
+        batch = client.post(route, json={"prompt": [text, text], "max_tokens": 1,
+                                         "prompt_logprobs": k})
+        assert batch.status_code == 400, batch.text
+
+
 @pytest.mark.parametrize(("body", "named"), [
     ({"echo": True, "stream": True}, "'echo' with 'stream'"),
     ({"prompt_logprobs": 1, "stream": True}, "'prompt_logprobs' with 'stream'"),
@@ -102,3 +156,22 @@ def test_live_echo_logprobs_match_transformers(live_server):
     want = [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
     assert got[0] is None and len(got) == len(ids)
     assert max(abs(a - b) for a, b in zip(got[1:], want)) < 1e-4
+
+
+@pytest.mark.slow
+def test_live_chat_prompt_logprobs_equal_those_of_the_rendered_prompt(live_server):
+    """Chat's top-level ``prompt_logprobs`` are the completions' over the same token ids."""
+    url, headers = live_server.url, live_server.headers
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ids = httpx.post(url + "/tokenize", headers=headers,
+                     json={"messages": messages}).json()["tokens"]
+    chat = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60, json={
+        "messages": messages, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+    plain = httpx.post(url + "/v1/completions", headers=headers, timeout=60, json={
+        "prompt": ids, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0})
+    assert chat.status_code == plain.status_code == 200, chat.text
+    got, want = chat.json()["prompt_logprobs"], plain.json()["choices"][0]["prompt_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for a, b in zip(got[1:], want[1:]):
+        assert a.keys() == b.keys()
+        assert all(abs(a[k]["logprob"] - b[k]["logprob"]) < 1e-4 for k in a)

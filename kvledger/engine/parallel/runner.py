@@ -31,6 +31,7 @@ from kvledger.engine.attention import AttentionMetadata
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.parallel.group import RankGroup
 from kvledger.engine.runner import ModelRunner
+from kvledger.engine.sample.prompt_logprobs import SliceReducer, logits_in_slices
 from kvledger.model.layers.decoder import Decoder
 
 
@@ -54,9 +55,10 @@ class Step:
     store_ops: list[tuple[str, tuple]] = field(default_factory=list)
 
 
-def run_step(model: Decoder, store: KVStore | None, step: Step, group: RankGroup
-             ) -> torch.Tensor:
-    """Hidden states [T, hidden], or logits [N, vocab] (rank 0; [N, 0] elsewhere).
+def run_step(model: Decoder, store: KVStore | None, step: Step, group: RankGroup,
+             reduce: SliceReducer | None = None) -> torch.Tensor:
+    """Hidden states [T, hidden], or logits [N, vocab] (rank 0; [N, 0] elsewhere), computed
+    in the same slices on every rank, each through ``reduce`` when given (rank 0's).
 
     Raises:
         TensorParallelError: a rank died or a collective timed out.
@@ -70,7 +72,8 @@ def run_step(model: Decoder, store: KVStore | None, step: Step, group: RankGroup
         group.all_reduce(scores)
         for o, total in zip(observers, scores.split([len(o.scores) for o in observers])):
             o.scores.copy_(total)
-    return model.compute_logits(hidden[step.rows]) if step.logits else hidden
+    return (logits_in_slices(model.compute_logits, hidden[step.rows], reduce) if step.logits
+            else hidden)
 
 
 class ParallelRunner(ModelRunner):
@@ -96,16 +99,17 @@ class ParallelRunner(ModelRunner):
         if self.store.quantized:
             self._store_ops.append(("release", (block_id,)))
 
-    def execute(self, chunks: Seq) -> torch.Tensor:
+    def execute(self, chunks: Seq, reduce: SliceReducer | None = None) -> torch.Tensor:
         """Logits [num_sampling_chunks, vocab] (fp32) of the whole model, as ModelRunner's."""
-        return self._step(chunks, logits=True)
+        return self._step(chunks, logits=True, reduce=reduce)
 
     def hidden_states(self, chunks: Seq) -> torch.Tensor:
         """Final hidden states [T, hidden] (identical on every rank after the all-reduce)."""
         return self._step(chunks, logits=False)
 
-    def _step(self, chunks: Seq, logits: bool) -> torch.Tensor:
+    def _step(self, chunks: Seq, logits: bool, reduce: SliceReducer | None = None
+              ) -> torch.Tensor:
         step = Step(*self.batch(chunks), logits=logits, store_ops=self._store_ops)
         self._store_ops = []
         self.group.broadcast(step)
-        return run_step(self.model, self.store, step, self.group)
+        return run_step(self.model, self.store, step, self.group, reduce)

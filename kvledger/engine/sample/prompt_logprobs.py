@@ -5,21 +5,32 @@ for token 0, which nothing predicts, then the log-softmax at positions 0..P-2 ta
 1..P-1. The raw model's distribution is used, before any sampling parameter, as vLLM does. Each
 entry also has the token's rank and the top-k alternatives (k = ``prompt_logprobs``).
 
-A chunk of a request whose entries are not all in yet has the logits of every row computed
-(:func:`logit_rows`, which the runner's wanted rows follow). The engine records them with
-:func:`take_prompt_logprobs` before sampling. A preempted request computes its prompt again
-and records nothing twice. Such a request reads no prefix-cache hit, because the positions a
-hit skips would have no logits (vLLM v1 skips the cache the same way); its own blocks still
-enter the cache for later requests.
+A chunk of a request whose entries are not all in yet wants the final hidden state of every
+row (:func:`logit_rows`, which the runner's wanted rows follow). The runner turns the wanted
+rows into logits :data:`SLICE_ROWS` at a time (:func:`logits_in_slices`) and hands each slice
+to the step's :class:`PromptLogprobs`, which records the slice's entries at once (the token's
+logprob, rank and top-k: a few numbers per row) and keeps only the rows that sample. So a
+prompt of any length costs one slice of logits at a time, never [tokens, vocab], and it is
+computed chunk by chunk inside the scheduler's token budget like any prefill. A preempted
+request computes its prompt again and records nothing twice. Such a request reads no
+prefix-cache hit, because the positions a hit skips would have no logits (vLLM v1 skips the
+cache the same way); its own blocks still enter the cache for later requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from kvledger.engine.output.request_output import TokenLogprob
+
+SLICE_ROWS = 128
+"""Rows turned into logits together: 128 x vocab fp32 (25 MB at the bundled model's 49,152
+tokens, 78 MB at 152,064)."""
+
+SliceReducer = Callable[[int, torch.Tensor], torch.Tensor]
+"""``reduce(first_row, logits)`` -> the rows of the slice to keep."""
 
 
 def wants_prompt_logits(request, start: int) -> bool:
@@ -40,36 +51,68 @@ def logit_rows(chunk) -> int:
     return int(start + chunk.num_new_tokens == req.num_tokens)
 
 
-def take_prompt_logprobs(chunks: Sequence, logits: torch.Tensor) -> torch.Tensor:
-    """Record the prompt entries found in ``logits`` (the rows of :func:`logit_rows`, chunk by
-    chunk, before the step advances the requests); return the sampling rows [N, vocab]."""
-    row, sampling = 0, []
-    for chunk in chunks:
-        n = logit_rows(chunk)
-        req, start = chunk.request, chunk.request.num_computed_tokens
-        if n and wants_prompt_logits(req, start):
-            _record(req, start, logits[row: row + n])
-        if start + chunk.num_new_tokens == req.num_tokens:
-            sampling.append(row + n - 1)
-        row += n
-    return logits if len(sampling) == row else logits[sampling]
+def logits_in_slices(compute_logits: Callable[[torch.Tensor], torch.Tensor],
+                     hidden: torch.Tensor, reduce: SliceReducer | None = None) -> torch.Tensor:
+    """Logits of the rows ``hidden`` [N, hidden], computed :data:`SLICE_ROWS` rows at a time
+    (every tensor-parallel rank runs the same slices: the LM head gathers); each slice goes
+    through ``reduce`` when given, and what it keeps is concatenated."""
+    if len(hidden) <= SLICE_ROWS and reduce is None:
+        return compute_logits(hidden)
+    kept = []
+    for lo in range(0, max(len(hidden), 1), SLICE_ROWS):
+        logits = compute_logits(hidden[lo: lo + SLICE_ROWS])
+        kept.append(logits if reduce is None else reduce(lo, logits))
+    return torch.cat(kept)
 
 
-def _record(req, start: int, logits: torch.Tensor) -> None:
-    """Append the entries of tokens ``start + 1 ..`` (prompt tokens not recorded yet)."""
-    entries, prompt = req.output.prompt_logprobs, req.prompt_token_ids
-    first = len(entries) - 1 - start  # rows already recorded (a recomputed prompt)
-    assert first >= 0, "prompt chunks are recorded in order"
-    last = min(len(logits), len(prompt) - 1 - start)
-    if first >= last:
-        return
-    logp = torch.log_softmax(logits[first:last].float(), dim=-1)
-    targets = torch.tensor(prompt[start + 1 + first: start + 1 + last])
-    chosen = logp.gather(1, targets[:, None])[:, 0]
-    ranks = (logp > chosen[:, None]).sum(dim=1) + 1
-    k = req.params.prompt_logprobs
-    top = torch.topk(logp, k) if k else None
-    for i, token in enumerate(targets.tolist()):
-        alternatives = [] if top is None else list(zip(top.indices[i].tolist(),
-                                                       top.values[i].tolist()))
-        entries.append(TokenLogprob(token, float(chosen[i]), alternatives, int(ranks[i])))
+class PromptLogprobs:
+    """One step's slice reducer (:data:`SliceReducer`): records the prompt entries of the
+    wanted rows of ``chunks`` (before the step advances the requests) and keeps the rows that
+    sample, in the order of ``chunks``."""
+
+    def __init__(self, chunks: Sequence) -> None:
+        self._rows: list[tuple | None] = []  # per wanted row: (request, position) or None
+        self._sampling: list[int] = []
+        for chunk in chunks:
+            req, start = chunk.request, chunk.request.num_computed_tokens
+            end, prompt = start + chunk.num_new_tokens, wants_prompt_logits(req, start)
+            self._rows.extend((req, p) if prompt else None
+                              for p in range(end - logit_rows(chunk), end))
+            if end == req.num_tokens:
+                self._sampling.append(len(self._rows) - 1)
+
+    def __call__(self, first: int, logits: torch.Tensor) -> torch.Tensor:
+        rows = range(first, first + len(logits))
+        run: list[int] = []
+        for r in rows:
+            if run and (self._rows[r] is None or self._rows[r][0] is not self._rows[run[0]][0]):
+                self._record(run, logits[run[0] - first: run[-1] + 1 - first])
+                run = []
+            if self._rows[r] is not None:
+                run.append(r)
+        if run:
+            self._record(run, logits[run[0] - first: run[-1] + 1 - first])
+        return logits[[r - first for r in self._sampling if r in rows]]
+
+    def _record(self, run: list[int], logits: torch.Tensor) -> None:
+        """Append the entries the rows ``run`` (one request's consecutive positions) predict,
+        skipping those recorded already (a recomputed prompt) and the last prompt token's."""
+        req, start = self._rows[run[0]]
+        entries, prompt = req.output.prompt_logprobs, req.prompt_token_ids
+        lo = len(entries) - 1 - start  # rows already recorded
+        assert lo >= 0, "prompt chunks are recorded in order"
+        hi = min(len(run), len(prompt) - 1 - start)
+        if lo >= hi:
+            return
+        logits = logits[lo:hi].float()
+        lse = torch.logsumexp(logits, dim=-1)
+        targets = torch.tensor(prompt[start + 1 + lo: start + 1 + hi])
+        chosen = logits.gather(1, targets[:, None])[:, 0]
+        ranks = (logits > chosen[:, None]).sum(dim=1) + 1
+        k = req.params.prompt_logprobs
+        top = torch.topk(logits, k) if k else None
+        values = (chosen - lse).tolist()
+        for i, token in enumerate(targets.tolist()):
+            alternatives = [] if top is None else list(zip(
+                top.indices[i].tolist(), (top.values[i] - lse[i]).tolist()))
+            entries.append(TokenLogprob(token, values[i], alternatives, int(ranks[i])))

@@ -6,7 +6,9 @@ first, in one pass over its input fields (:data:`INPUT_FIELDS`): the characters 
 strings (``max_input_chars``) and the items of their lists: messages, content parts, prompts,
 input items (``max_input_items``). Token ids are not items (a token-id prompt is bounded by
 the context), and documents' ``file_data`` are not characters (``max_document_bytes`` bounds
-them). Over a limit: HTTP 400 ``input_too_large`` naming the field.
+them). Over a limit: HTTP 400 ``input_too_large`` naming the field. Once tokenized, a request
+whose ``prompt_logprobs`` answer would hold more than ``max_prompt_logprob_entries`` entries
+(over all its prompts) is refused the same way, naming ``prompt_logprobs`` (:func:`check_prompt_logprobs`).
 
 The limits are the app's :class:`~kvledger.server.limits.server_limits.ServerLimits`, which the
 routers' dependency :func:`bind_input_limits` makes current for the request before FastAPI validates
@@ -79,3 +81,21 @@ def check_input_size(data: Any) -> None:
     for field in INPUT_FIELDS:
         if field in data:
             _measure(data[field], field, counts, limits)
+
+
+def check_prompt_logprobs(limits: ServerLimits, prompts: list[list[int]], k: int | None) -> None:
+    """Refuse prompt logprobs (top ``k``; None: not asked) of one request's ``prompts`` (token
+    ids) whose entries, their tokens x (k + 1), pass ``max_prompt_logprob_entries``.
+
+    Raises:
+        InputTooLargeError: naming ``prompt_logprobs`` (HTTP 400).
+    """
+    if k is None:
+        return
+    entries = sum(map(len, prompts)) * (k + 1)
+    cap = limits.max_prompt_logprob_entries
+    if entries > cap:
+        raise InputTooLargeError("prompt_logprobs", (
+            f"prompt logprobs of this request would hold {entries:,} entries (its prompts' "
+            f"tokens x (prompt_logprobs + 1), 'echo' with 'logprobs' N counting N); this "
+            f"server takes at most {cap:,} (--max-prompt-logprob-entries)"))

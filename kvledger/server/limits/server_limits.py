@@ -20,6 +20,11 @@ limit                      default    when hit
 ``max_stop_strings``       16         400 naming ``stop``
 ``max_stop_chars``         256        400 naming ``stop`` (characters of one stop string)
 ``max_tools``              128        400 naming ``tools`` (tools of one request)
+``max_prompt_logprob_entries``
+                           1,000,000  400 naming ``prompt_logprobs``: a request's prompt
+                                      tokens x (``prompt_logprobs`` + 1), the entries its
+                                      answer would hold (``echo`` with ``logprobs`` N
+                                      counts N)
 ``max_concurrent_streams`` none       429 with Retry-After (streamed requests in flight)
 ``request_timeout_s``      none       the request is aborted: 504 ``request_timeout`` (no
                                       Retry-After: it would time out again), or
@@ -54,6 +59,7 @@ class ServerLimits:
     max_stop_strings: int = 16
     max_stop_chars: int = 256
     max_tools: int = 128
+    max_prompt_logprob_entries: int = 1_000_000
     max_concurrent_streams: int | None = None
     request_timeout_s: float | None = None
     send_timeout_s: float = 30.0

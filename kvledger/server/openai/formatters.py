@@ -100,8 +100,11 @@ class _Formatter:
 
     def __init__(self, request_id: str, model: str, tokenizer: Any, logprobs: bool,
                  index: int = 0, continuous_usage: bool = False,
-                 tool_parser: ToolCallParser | None = None) -> None:
+                 tool_parser: ToolCallParser | None = None,
+                 prompt_logprobs: bool = False) -> None:
         self.request_id = request_id
+        self.prompt_logprobs = prompt_logprobs  # vLLM's field is in the response
+        self._texts: dict[int, str] = {}  # token id -> text, decoded once per response
         self.index = index
         self.continuous_usage = continuous_usage  # every chunk carries the usage so far
         self.tool_parser = tool_parser  # when the request has tools (chat)
@@ -121,7 +124,23 @@ class _Formatter:
         return chunks
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _vllm_prompt_logprobs(self, out: RequestOutput) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token null (the first), else a dict of the
+        token then its top alternatives, ``{token id: {logprob, rank, decoded_token}}``."""
+        return [None if lp is None else self._vllm_entry(lp) for lp in out.prompt_logprobs]
+
+    def _vllm_entry(self, lp: TokenLogprob) -> dict:
+        entry = {str(lp.token_id): {"logprob": _clamp(lp.logprob), "rank": lp.rank,
+                                    "decoded_token": self._token_text(lp.token_id)}}
+        for rank, (token, value) in enumerate(lp.top, start=1):
+            entry.setdefault(str(token), {"logprob": _clamp(value), "rank": rank,
+                                          "decoded_token": self._token_text(token)})
+        return entry
 
     def usage_chunk(self, outs: RequestOutput | list[RequestOutput]) -> dict:
         """The single ``include_usage`` chunk: empty ``choices`` and the (summed) usage."""
@@ -141,9 +160,9 @@ class CompletionFormatter(_Formatter):
     object_name = chunk_object = "text_completion"
 
     def __init__(self, *args: Any, echo: bool = False, prompt_only: bool = False,
-                 prompt_logprobs: bool = False, **kwargs: Any) -> None:
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.echo, self.prompt_only, self.prompt_logprobs = echo, prompt_only, prompt_logprobs
+        self.echo, self.prompt_only = echo, prompt_only
         self._text_offset = 0
 
     def _logprobs(self, lps: list[TokenLogprob | None], token_ids: list[int]) -> dict:
@@ -183,26 +202,18 @@ class CompletionFormatter(_Formatter):
                   "logprobs": self._logprobs(lps, token_ids) if self.logprobs else None,
                   "finish_reason": out.finish_reason}
         if self.prompt_logprobs:
-            choice["prompt_logprobs"] = [None if lp is None else self._vllm_entry(lp)
-                                         for lp in out.prompt_logprobs]
+            choice["prompt_logprobs"] = self._vllm_prompt_logprobs(out)
         body = {**self._envelope([choice]), "usage": usage(out)}
         if self.prompt_only:
             body["usage"].update(completion_tokens=0,
                                  total_tokens=body["usage"]["prompt_tokens"])
         return body
 
-    def _vllm_entry(self, lp: TokenLogprob) -> dict:
-        """vLLM's prompt-logprob dict: the token first, then its top alternatives."""
-        entry = {str(lp.token_id): {"logprob": _clamp(lp.logprob), "rank": lp.rank,
-                                    "decoded_token": self._token_text(lp.token_id)}}
-        for rank, (token, value) in enumerate(lp.top, start=1):
-            entry.setdefault(str(token), {"logprob": _clamp(value), "rank": rank,
-                                          "decoded_token": self._token_text(token)})
-        return entry
-
 
 class ChatFormatter(_Formatter):
-    """``/v1/chat/completions`` bodies and chunks."""
+    """``/v1/chat/completions`` bodies and chunks; with ``prompt_logprobs``, the body's
+    top-level ``prompt_logprobs`` (vLLM's ``ChatCompletionResponse``) over the rendered
+    prompt's tokens."""
 
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
@@ -290,4 +301,7 @@ class ChatFormatter(_Formatter):
         choice = {"index": self.index, "message": self._message(out),
                   "logprobs": self._logprobs(lps) if self.logprobs else None,
                   "finish_reason": self._finish_reason(out)}
-        return {**self._envelope([choice]), "usage": usage(out)}
+        body = {**self._envelope([choice]), "usage": usage(out)}
+        if self.prompt_logprobs:  # vLLM's chat response carries it at the top level
+            body["prompt_logprobs"] = self._vllm_prompt_logprobs(out)
+        return body

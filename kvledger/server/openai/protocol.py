@@ -247,6 +247,13 @@ NonEmptyText = Annotated[Text, Field(min_length=1), AfterValidator(_not_blank)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
+def _no_streamed_prompt_logprobs(body):
+    """``body``, unless it asks for ``prompt_logprobs`` with ``stream`` (as vLLM, refused)."""
+    if body.stream and body.prompt_logprobs is not None:
+        raise ValueError("'prompt_logprobs' with 'stream' is not supported: send stream false")
+    return body
+
+
 class CompletionRequest(_SamplingBody):
     """``POST /v1/completions``: a text prompt, token ids, or a list of either (one choice
     per prompt).
@@ -278,10 +285,7 @@ class CompletionRequest(_SamplingBody):
                              "the prompt alone)")
         if self.stream and self.echo:
             raise ValueError("'echo' with 'stream' is not supported: send stream false")
-        if self.stream and self.prompt_logprobs is not None:
-            raise ValueError("'prompt_logprobs' with 'stream' is not supported: send stream "
-                             "false")
-        return self
+        return _no_streamed_prompt_logprobs(self)
 
     @property
     def prompt_only(self) -> bool:
@@ -305,13 +309,19 @@ class CompletionRequest(_SamplingBody):
 
 
 class ChatCompletionRequest(_SamplingBody):
-    """``POST /v1/chat/completions``: messages rendered by the model's chat template."""
+    """``POST /v1/chat/completions``: messages rendered by the model's chat template.
+
+    ``prompt_logprobs`` (vLLM's) adds each token's logprob and top alternatives of the
+    rendered prompt as the response's top-level ``prompt_logprobs``, as vLLM does; not
+    streamed (400).
+    """
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsBody | None = None
     tools: list[ChatTool] | None = None
@@ -322,7 +332,7 @@ class ChatCompletionRequest(_SamplingBody):
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("'top_logprobs' requires 'logprobs' to be true")
-        return self
+        return _no_streamed_prompt_logprobs(self)
 
     @field_validator("messages")
     @classmethod
@@ -348,7 +358,7 @@ class ChatCompletionRequest(_SamplingBody):
         """SamplingParams of this request (raises InvalidParameterError on bad values)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling(max_tokens, logprobs)
+        return self._sampling(max_tokens, logprobs, self.prompt_logprobs)
 
 
 class TokenizeRequest(_Body):

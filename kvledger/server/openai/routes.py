@@ -7,6 +7,12 @@ request per prompt through the engine thread, which raises context and quota err
 429 for a full queue) before any byte of a stream is sent; adding is all-or-nothing (a failed
 add aborts the ones before it). Then they either stream SSE or wait for the final outputs,
 aborting the requests if the client leaves or ``request_timeout_s`` passes.
+
+What grows with a request runs in the tokenizer thread, off the event loop: a chat request's
+tool plan and template messages, and the whole non-streamed body (built and serialised; the
+heap given back after a large one, :mod:`..heap_trim`). Prompt logprobs past
+``max_prompt_logprob_entries`` are refused once the prompts are tokenized (400). The grammar
+tokenizer is set up before the server takes requests (:func:`warm_grammars`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from starlette.responses import JSONResponse, Response
 from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.auth.tenancy import Caller, caller
-from kvledger.server.limits.input_size import bind_input_limits
+from kvledger.server.heap_trim import trim_after
+from kvledger.server.limits.input_size import bind_input_limits, check_prompt_logprobs
 from kvledger.server.openai.error_handlers import error_response
 from kvledger.server.openai.errors import ErrorResponse, UnsupportedParameterError
 from kvledger.server.openai.formatters import ChatFormatter, CompletionFormatter, merge_choices
@@ -59,6 +66,7 @@ ERRORS = {"4XX": {"model": ErrorResponse, "description": "OpenAI-shaped error (4
 router = APIRouter(responses=ERRORS, dependencies=[Depends(bind_input_limits)])
 STARTED = int(time.time())
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads it
+WARM_CONSTRAINT = StructuredOutputsParams(regex="[0-9]")  # compiled at start (warm_grammars)
 
 
 def _state(request: Request):
@@ -124,14 +132,14 @@ async def completions(body: CompletionRequest, request: Request):
     """OpenAI text completion (one choice per prompt), streamed or not; ``echo`` and
     ``prompt_logprobs`` as vLLM serves them."""
     formatter = functools.partial(CompletionFormatter, echo=body.echo,
-                                  prompt_only=body.prompt_only,
-                                  prompt_logprobs=body.prompt_logprobs is not None)
+                                  prompt_only=body.prompt_only)
     return await _generate(request, body, formatter, "cmpl", logprobs=body.logprobs is not None)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    """OpenAI chat completion (the model's chat template), streamed or not."""
+    """OpenAI chat completion (the model's chat template), streamed or not; vLLM's
+    ``prompt_logprobs`` at the response's top level."""
     return await _generate(request, body, ChatFormatter, "chatcmpl", logprobs=body.logprobs)
 
 
@@ -187,6 +195,16 @@ async def compile_constraint(state, constraint, tenant: str | None) -> None:
     await asyncio.wrap_future(state.grammars.submit(constraint, tenant))
 
 
+async def warm_grammars(grammars) -> None:
+    """Compile :data:`WARM_CONSTRAINT` with ``grammars`` (a GrammarCompiler): the grammar
+    tokenizer's set-up holds the GIL for up to a second, so it is done before the server takes
+    requests rather than beside the first structured one."""
+    try:
+        await asyncio.wrap_future(grammars.submit(WARM_CONSTRAINT))
+    except InvalidParameterError as exc:  # the first structured request will say it too
+        log.warning("structured output could not be set up: %s", exc)
+
+
 @contextmanager
 def request_field(param: str):
     """Name ``param`` (the request field a constraint came from) on an InvalidParameterError
@@ -235,17 +253,25 @@ async def _output_plan(state, body, model: str, params, tenant: str | None
     response_format = getattr(body, "response_format", None)
     schema = response_format.schema() if response_format is not None else None
     prompts, plan, tools = body.prompts(), None, None
-    if isinstance(body, ChatCompletionRequest):
-        functions = [t.function for t in body.tools or []]
-        plan = plan_tools(functions, body.tool_choice, body.parallel_tool_calls, schema,
-                          state.tokenizer, model)
-        messages, tools = template_messages(body.messages, plan, state.tokenizer, model)
+    if isinstance(body, ChatCompletionRequest):  # thousands of tools take a while
+        plan, messages, tools = await state.loop.tokenizer_thread.run(
+            _chat_plan, body, schema, state.tokenizer, model)
         prompts = [messages]
     with request_field("structured_outputs" if body.structured_outputs is not None else
                        "response_format" if schema is not None else "tools"):
         params.structured_outputs = output_constraint(schema, body.structured_outputs, plan)
         await compile_output(state, params.structured_outputs, plan, tenant)
-    return [await state.loop.tokenize(prompt, tools) for prompt in prompts], plan
+    token_ids = [await state.loop.tokenize(prompt, tools) for prompt in prompts]
+    check_prompt_logprobs(state.limits, token_ids, params.prompt_logprobs)
+    return token_ids, plan
+
+
+def _chat_plan(body: ChatCompletionRequest, schema, tokenizer, model: str):
+    """A chat request's tool plan, template messages and tools (in the tokenizer thread)."""
+    functions = [t.function for t in body.tools or []]
+    plan = plan_tools(functions, body.tool_choice, body.parallel_tool_calls, schema,
+                      tokenizer, model)
+    return plan, *template_messages(body.messages, plan, tokenizer, model)
 
 
 async def _add_all(state, request_ids: list[str], prompts: list, params,
@@ -290,7 +316,8 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     formatters = {rid: formatter_cls(response_id, model, state.tokenizer, logprobs, index=i,
                                      continuous_usage=body.continuous_usage,
                                      tool_parser=tool_plan.parser() if tool_plan is not None
-                                     else None)
+                                     else None,
+                                     prompt_logprobs=body.prompt_logprobs is not None)
                   for i, rid in enumerate(request_ids)}
 
     def abort() -> None:
@@ -314,7 +341,12 @@ async def _generate(request: Request, body, formatter_cls, id_prefix: str, logpr
     except EngineFailure as exc:
         status, error = engine_error(exc.args[0])
         return JSONResponse(error, status_code=status)
-    bodies = [formatters[rid].response(*finals[rid]) for rid in request_ids]
-    if len(bodies) == 1:
-        return bodies[0]
-    return merge_choices(bodies)
+    def respond() -> JSONResponse:  # prompt logprobs make bodies of megabytes
+        bodies = [formatters[rid].response(*finals[rid]) for rid in request_ids]
+        finals.clear()  # the outputs (prompt logprobs: many small objects) go before the trim
+        response = JSONResponse(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
+        del bodies
+        trim_after(len(response.body))
+        return response
+
+    return await state.loop.tokenizer_thread.run(respond)
