@@ -29,7 +29,7 @@ def greedy(engine, prompts: list[list[int]], **params
     from kvledger.engine.sample.sampling_params import SamplingParams
 
     seen, execute = [], engine.runner.execute
-    engine.runner.execute = lambda chunks: seen.append(execute(chunks)) or seen[-1]
+    engine.runner.execute = lambda chunks, *rest: seen.append(execute(chunks, *rest)) or seen[-1]
     for i, ids in enumerate(prompts):
         engine.add_request(f"r{i}", ids, SamplingParams(**{**GREEDY, **params}))
     done = {}

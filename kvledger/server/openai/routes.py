@@ -201,7 +201,9 @@ async def warm_grammars(grammars) -> None:
     requests rather than beside the first structured one."""
     try:
         await asyncio.wrap_future(grammars.submit(WARM_CONSTRAINT))
-    except InvalidParameterError as exc:  # the first structured request will say it too
+    except (InvalidParameterError, ValueError) as exc:  # the first structured request will
+        # say it too (ValueError: llguidance refuses a tokenizer that lacks the model's EOS ids,
+        # as a dummy-weight model's with the bundled tokenizer)
         log.warning("structured output could not be set up: %s", exc)
 
 
