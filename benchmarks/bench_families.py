@@ -30,7 +30,7 @@ MODELS = {"qwen3-0.6b": "Qwen/Qwen3-0.6B", "gemma3-1b": "google/gemma-3-1b-it"}
 
 
 def prepare(args) -> None:
-    from kvledger.catalogue import lookup
+    from kvledger.model.catalogue import lookup
 
     work = Path(args.work)
     for name, model_id in MODELS.items():

@@ -41,7 +41,7 @@ GGUF_TYPES = ("bf16", "q8_0")
 
 def _config(kind: str, layers: int) -> dict:
     """The shrunk config of ``kind`` (module docstring)."""
-    from kvledger.catalogue import lookup
+    from kvledger.model.catalogue import lookup
 
     raw = json.loads(Path(lookup(BASE).path).read_text())
     raw.update(num_hidden_layers=layers, architectures=["DeepseekV2ForCausalLM"],

@@ -35,7 +35,7 @@ MODELS = ("moe", "dense")
 
 def _config(kind: str, layers: int) -> dict:
     """The shrunk config of ``kind`` (module docstring)."""
-    from kvledger.catalogue import lookup
+    from kvledger.model.catalogue import lookup
 
     raw = json.loads(Path(lookup(BASE).path).read_text())
     raw.update(num_hidden_layers=layers, max_window_layers=layers)

@@ -156,7 +156,7 @@ ORDER = (
     ("kvledger", "kvledger.errors", "kvledger.paths", "kvledger.data", "kvledger.spec"),
     ("kvledger.ledger",),
     ("kvledger.device",),
-    ("kvledger.model", "kvledger.catalogue"),
+    ("kvledger.model",),
     ("kvledger.engine",),
     ("kvledger.bench", "kvledger.eval", "kvledger.sessions"),
     ("kvledger.replay", "kvledger.server"),

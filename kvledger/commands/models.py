@@ -15,8 +15,8 @@ def models(
     json_out: Annotated[bool, typer.Option("--json", help="Print the rows as JSON")] = False,
 ) -> None:
     """List the shipped model configs: layer kinds, KV heads, head_dim, KV bytes per token."""
-    from kvledger.catalogue import catalogue_rows
     from kvledger.ledger.kv_format import kv_format
+    from kvledger.model.catalogue import catalogue_rows
 
     kv_format(kv_dtype)  # an unknown format is a one-line error before any work
     rows = catalogue_rows(kv_dtype)

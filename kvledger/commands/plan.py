@@ -109,11 +109,11 @@ def plan(
     ] = None,
 ) -> None:
     """KV, weights, concurrency, TTFT and TPOT of MODEL at each context on a device."""
-    from kvledger.catalogue import load_model_spec
     from kvledger.ledger.hardware import get_device
     from kvledger.ledger.planner import PlanOptions
     from kvledger.ledger.planner import plan as make_plan
     from kvledger.ledger.retention import spec_from_options
+    from kvledger.model.catalogue import load_model_spec
 
     if turn_tokens <= 0:
         raise InvalidParameterError(f"--turn-tokens must be positive, got {turn_tokens}")

@@ -64,8 +64,8 @@ def replay(
 ) -> None:
     """Replay a trace through the real scheduler in simulated time; predict its latencies."""
     from kvledger.bench.records import BenchResult
-    from kvledger.catalogue import load_model_spec
     from kvledger.ledger.hardware import get_device
+    from kvledger.model.catalogue import load_model_spec
     from kvledger.replay import report, setup
     from kvledger.replay.azure import read_azure
     from kvledger.replay.trace import read_trace

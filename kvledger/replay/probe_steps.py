@@ -51,7 +51,7 @@ def probe_steps(device, model: str, threads: int | None, trace: str | None = Non
             dataclasses.replace(config, model=model, num_threads=threads))
         retention, block_size = config.retention, config.block_size
     else:
-        from kvledger.catalogue import load_model_spec
+        from kvledger.model.catalogue import load_model_spec
         from kvledger.replay.setup import kv_format_of, recorded_config
         from kvledger.replay.trace import read_trace
 

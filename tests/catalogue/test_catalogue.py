@@ -12,8 +12,8 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from kvledger.catalogue import entries, find
 from kvledger.cli import app
+from kvledger.model.catalogue import entries, find
 
 LLAMA_8B_BF16 = 32 * 2 * 8 * 128 * 2  # 32 layers, 8 KV heads, head_dim 128 (model card)
 GPT2_BF16 = 12 * 2 * 12 * 64 * 2  # 12 layers, 12 heads of 64, MHA

@@ -114,7 +114,7 @@ def test_fit_key_and_the_calibrating_command():
 def _synthetic_fit(truth: Efficiency, spec: RetentionSpec, seed: int):
     """Fit on steps whose durations are the step model's under ``truth``: random prefill and
     decode chunks, contexts as ``spec`` keeps them."""
-    from kvledger.catalogue import load_model_spec
+    from kvledger.model.catalogue import load_model_spec
 
     model = StepTimeModel(load_model_spec("default"), DEVICE, truth)
     rng = random.Random(seed)
@@ -170,7 +170,7 @@ def test_fits_saved_per_policy_and_chosen_by_the_setting(config_dir):
 
 
 def test_a_fit_keeps_its_step_times_when_a_later_probe_measures_other_peaks(config_dir):
-    from kvledger.catalogue import load_model_spec
+    from kvledger.model.catalogue import load_model_spec
 
     truth = Efficiency(mfu=0.3, mbu=0.6, step_overhead_s=0.004, seq_overhead_s=0.0002,
                        source="t", decode_group_s=0.002, paged_mfu=0.05, weights_mbu=0.9)

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from kvledger.catalogue import load_model_spec
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.hardware import get_device
 from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.model.catalogue import load_model_spec
 from kvledger.replay.fit import FIT_WEIGHTS_MBU, fit
 from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
 

@@ -35,7 +35,7 @@ def dummy_spec(model: str) -> ModelSpec:
     """
     import dataclasses
 
-    from kvledger.catalogue import catalogue_spec, lookup
+    from kvledger.model.catalogue import catalogue_spec, lookup
     from kvledger.model.families import load_spec
 
     if model == "default" or Path(model).expanduser().exists():

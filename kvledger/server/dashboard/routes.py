@@ -119,9 +119,9 @@ async def stats(request: Request) -> JSONResponse:
 @router.get("/dashboard/api/catalogue")
 async def catalogue() -> JSONResponse:
     """Model ids (with KV figures), device names and KV formats the plan form offers."""
-    from kvledger.catalogue import catalogue_rows
     from kvledger.ledger.hardware import DEVICES
     from kvledger.ledger.kv_format import KV_FORMATS
+    from kvledger.model.catalogue import catalogue_rows
 
     rows = await asyncio.to_thread(catalogue_rows)
     return JSONResponse({"models": rows, "devices": list(DEVICES), "kv_formats": KV_FORMATS},
@@ -142,9 +142,9 @@ class PlanRequest(BaseModel):
 
 def _plan(body: PlanRequest) -> dict:
     """The plan of a catalogue model (never a path: the form must not read server files)."""
-    from kvledger.catalogue import catalogue_spec, lookup
     from kvledger.ledger.hardware import get_device
     from kvledger.ledger.planner import PlanOptions, parse_contexts, plan
+    from kvledger.model.catalogue import catalogue_spec, lookup
 
     spec = catalogue_spec(lookup(body.model))
     device = get_device(body.device)

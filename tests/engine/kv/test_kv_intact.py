@@ -57,8 +57,8 @@ def test_full_precision_what_if_rows_drop_intact_tokens():
 def test_ledger_reserves_twice_the_intact_tokens_in_the_compute_dtype():
     """SmolLM2-135M: 30 layers x 3 KV heads x head_dim 64 x K and V x 2 bytes (bf16) =
     23,040 bytes per token; 32 intact tokens held twice add 64 tokens' worth per sequence."""
-    from kvledger.catalogue import load_model_spec
     from kvledger.ledger.kv import residual_bytes
+    from kvledger.model.catalogue import load_model_spec
 
     spec = load_model_spec("HuggingFaceTB/SmolLM2-135M")
     options = {"key_group_tokens": 32, "residual_tokens": 128}
@@ -133,9 +133,9 @@ def test_intact_tokens_are_refused_with_kv_tiers_and_on_sliding_models(
         tiny_engine_factory, tmp_path):  # noqa: F811
     import dataclasses
 
-    from kvledger.catalogue import load_model_spec
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.kv.layout import resolve_layout
+    from kvledger.model.catalogue import load_model_spec
 
     with pytest.raises(InvalidParameterError, match="--kv-intact-tokens keeps the first"):
         tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_intact_tokens=16,
