@@ -23,6 +23,7 @@ top-k is greedy. The converter splits ``kv_b_proj`` per head into ``attn_k_b`` [
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import (
     MLA,
     Config,
@@ -116,12 +117,6 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
                 (k_b.transpose(1, 2), v_b), dim=1).reshape(-1, k_b.shape[1]).contiguous()
 
 
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
-
-
 FAMILY = Family(
     name="deepseek",
     model_types=("deepseek_v2",),
@@ -147,5 +142,5 @@ FAMILY = Family(
                   "ffn_up_shexp": "mlp.shared_experts.up_proj",
                   "ffn_down_shexp": "mlp.shared_experts.down_proj"},
     weight_names=_weight_names,
-    model=_model,
+    model=decoder,
 )

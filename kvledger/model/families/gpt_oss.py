@@ -25,6 +25,7 @@ off: the two differ slightly); ``attn_sinks`` are the sinks.
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -92,12 +93,6 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
                       stem + "down_proj.weight": down[e].T, stem + "down_proj.bias": down_bias[e]}
 
 
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
-
-
 FAMILY = Family(
     name="gpt_oss",
     model_types=("gpt_oss",),
@@ -115,5 +110,5 @@ FAMILY = Family(
     gguf_tensors={"post_attention_norm": "post_attention_layernorm",
                   "attn_sinks": "self_attn.sinks"},
     weight_names=_weight_names,
-    model=_model,
+    model=decoder,
 )

@@ -11,6 +11,7 @@ matrices are held as the file's blocks.
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -36,12 +37,6 @@ def _gguf_fields(header: GGUFHeader, fields: dict) -> dict:
     return {"model_type": "mixtral"} if fields.get("num_experts") else {}
 
 
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
-
-
 FAMILY = Family(
     name="llama",
     model_types=("llama", "mistral", "qwen2"),
@@ -52,5 +47,5 @@ FAMILY = Family(
     gguf_fields=_gguf_fields,
     gguf_rope_permuted=frozenset({"llama", "mistral"}),
     gguf_kquant_blocks=True,
-    model=_model,
+    model=decoder,
 )

@@ -20,6 +20,7 @@ Mixtral checkpoints name their experts ``block_sparse_moe.experts.{e}.w1/w3/w2``
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -87,12 +88,6 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
         state[f"{stem}mlp.experts.{expert}.{_MIXTRAL[kind + '.']}{suffix}"] = state.pop(name)
 
 
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
-
-
 FAMILY = Family(
     name="moe",
     model_types=("mixtral", "qwen3_moe"),
@@ -104,5 +99,5 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"qwen3moe": "qwen3_moe"},
     weight_names=_weight_names,
-    model=_model,
+    model=decoder,
 )

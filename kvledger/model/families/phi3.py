@@ -11,6 +11,7 @@ max model length (``kvledger.model.layers.rotary``); a GGUF stores them as the
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import (
     Family,
     ModelSpec,
@@ -36,12 +37,6 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
                                                    (p + "mlp.up_proj", f)])
 
 
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
-
-
 FAMILY = Family(
     name="phi3",
     model_types=("phi3",),
@@ -52,5 +47,5 @@ FAMILY = Family(
     gguf_archs={"phi3": "phi3"},
     gguf_tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     weight_names=_weight_names,
-    model=_model,
+    model=decoder,
 )

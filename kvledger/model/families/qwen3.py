@@ -5,17 +5,12 @@ on, as transformers places it."""
 
 from __future__ import annotations
 
+from kvledger.model.layers import decoder
 from kvledger.spec import Config, Family, any_value, full_and_sliding, use_sliding_window
 
 
 def _config_fields(c: Config, n: int) -> dict:
     return {"qk_norm": True}
-
-
-def _model() -> type:
-    from kvledger.model.layers.decoder import Decoder
-
-    return Decoder
 
 
 FAMILY = Family(
@@ -25,5 +20,5 @@ FAMILY = Family(
     config_fields=_config_fields,
     layer_types=use_sliding_window,
     gguf_archs={"qwen3": "qwen3"},
-    model=_model,
+    model=decoder,
 )

@@ -6,3 +6,11 @@ two MLP blocks, the gated MLP (:mod:`.mlp`) and routed experts with their router
 experts (:mod:`.experts`); Linears from a checkpoint's tensors (:mod:`.linears`); and the
 decoder that composes them per layer as the spec says (:mod:`.decoder`). The norms and gated
 activations are the device's fused ops (``kvledger.device.ops``)."""
+
+
+def decoder() -> type:
+    """The plain :class:`.decoder.Decoder`, imported when called: the ``model`` factory of a
+    family whose spec's options cover it (a family module imports no torch at module level)."""
+    from kvledger.model.layers.decoder import Decoder
+
+    return Decoder
