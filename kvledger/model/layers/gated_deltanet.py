@@ -1,0 +1,204 @@
+"""Gated DeltaNet, the linear-attention mixer of Qwen3.5 (and Qwen3-Next): Yang, Kautz &
+Hatamizadeh, "Gated Delta Networks", arXiv:2412.06464, as transformers' ``Qwen3_5GatedDeltaNet``
+computes it.
+
+Per token: one projection gives q, k, v (``key_dim``, ``key_dim``, ``value_dim``), the output
+gate z (``value_dim``) and per value head b and a; q, k, v pass a causal depthwise conv1d
+(kernel K, no bias) and SiLU; q and k are L2-normed per head and q scaled by 1/sqrt(dk); then
+per value head (a q / k head serves ``num_v_heads / num_k_heads`` consecutive value heads),
+with ``beta = sigmoid(b)`` and ``g = -exp(A_log) * softplus(a + dt_bias)``, the state
+S [dk, dv] follows the gated delta rule
+
+    S <- exp(g) S;   S <- S + k (beta (v - S^T k))^T;   o = S^T q,
+
+and the output is ``out_proj(RMSNorm(o) * w * silu(z))`` (the norm per value head).
+
+A prefill computes the rule chunk by chunk in the WY / UT form (Yang et al., "Parallelizing
+Linear Transformers with the Delta Rule over Sequence Length", arXiv:2406.06484): within a
+chunk of C tokens one triangular solve turns the C rank-one updates into two matrices
+(u: the new values, w: the decayed keys that read the previous state), so a chunk costs a few
+[C, C] / [C, d] matmuls and the state passes chunk to chunk. A decode token takes the
+recurrent update, through the device's native step where it has one
+(``Kernels.state_mixers``), else in PyTorch. Arithmetic is fp32 whatever the compute dtype;
+the state is kept in the slot's dtype.
+
+The state of a sequence: ``conv`` [conv_dim, K - 1] (the last K - 1 inputs of the conv) and
+``recurrent`` [num_v_heads, dk, dv].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.model.layers.state import LayerState, StateMeta
+from kvledger.model.layers.state_batch import ChunkLayout, StepSplit, causal_conv, zero_fresh
+
+CHUNK = 64
+"""Tokens per chunk of a prefill (transformers' and FLA's default)."""
+
+
+@dataclass(frozen=True)
+class DeltaNetShape:
+    """A gated-DeltaNet layer's sizes (Qwen3.5's ``linear_*`` config fields) and norm eps."""
+
+    hidden_size: int
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int = 4
+    eps: float = 1e-6
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-sequence state: ``conv`` and ``recurrent`` shapes."""
+        return {"conv": (self.conv_dim, self.conv_kernel - 1),
+                "recurrent": (self.num_v_heads, self.head_k_dim, self.head_v_dim)}
+
+
+IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+"""The projections under ``linear_attn.`` fused by rows into one in this order."""
+
+
+def l2_normed(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dimension (FLA's and transformers' form)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet:
+    """One gated-DeltaNet layer (module docstring).
+
+    Args:
+        shape: its sizes; in_proj: [T, hidden] -> [T, conv_dim + value_dim + 2 num_v_heads]
+            (q, k, v, z, b, a); conv_weight [conv_dim, K]; A_log, dt_bias [num_v_heads];
+            norm_weight [head_v_dim]; out_proj: [T, value_dim] -> [T, hidden];
+        kernels: the device's (``state_mixers()``: the native decode steps, or None).
+    """
+
+    def __init__(self, shape: DeltaNetShape, in_proj, conv_weight: torch.Tensor,
+                 A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
+                 out_proj, kernels=None) -> None:
+        self.shape, self.in_proj, self.out_proj = shape, in_proj, out_proj
+        self.conv_weight = conv_weight.reshape(shape.conv_dim, shape.conv_kernel).contiguous()
+        self.neg_A = -A_log.float().exp()
+        self.dt_bias, self.norm_weight = dt_bias.float(), norm_weight
+        native = kernels.state_mixers() if kernels is not None else None
+        self.native = native if native is not None and native.accepts_delta(shape) else None
+
+    @classmethod
+    def from_weights(cls, shape: DeltaNetShape, w: dict, prefix: str, linear,
+                     kernels=None) -> GatedDeltaNet:
+        """The layer from a checkpoint's tensors under ``{prefix}linear_attn.`` (popped);
+        ``linear``: ``(stems, shape class) -> Linear`` of the row-concatenated projections
+        (classes ``state_in`` / ``state_out``)."""
+        p = prefix + "linear_attn."
+        return cls(shape, linear([p + n for n in IN_PROJ], "state_in"),
+                   w.pop(p + "conv1d.weight"), w.pop(p + "A_log"), w.pop(p + "dt_bias"),
+                   w.pop(p + "norm.weight"), linear([p + "out_proj"], "state_out"), kernels)
+
+    def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
+        s = self.shape
+        zero_fresh(state, meta)
+        split = StepSplit(meta)
+        proj = self.in_proj(x)
+        qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)
+        core = proj.new_empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=torch.float32)
+        if split.decode:
+            rows = split.rows(split.decode)
+            core[rows] = self._decode(qkv[rows], a[rows], b[rows], state, split.decode)
+        if split.prefill:
+            layout = ChunkLayout(split, split.prefill, CHUNK)
+            mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, split.prefill)
+            core[layout.rows] = self._prefill(mixed, a[layout.rows], b[layout.rows], state,
+                                              layout)
+        return self.out_proj(self._gated_norm(core, z))
+
+    __call__ = forward
+
+    def _gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g, beta) [rows, num_v_heads], fp32."""
+        g = self.neg_A * F.softplus(a.float() + self.dt_bias)
+        return g, b.float().sigmoid()
+
+    def _qkv(self, mixed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q (normed, scaled), k (normed), both per value head, and v, fp32: [rows, Hv, d]."""
+        s = self.shape
+        q, k, v = mixed.float().split([s.key_dim, s.key_dim, s.value_dim], -1)
+        q, k = (l2_normed(t.reshape(-1, s.num_k_heads, s.head_k_dim)) for t in (q, k))
+        q = q * s.head_k_dim ** -0.5
+        rep = s.num_v_heads // s.num_k_heads
+        if rep > 1:
+            q, k = q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1)
+        return q, k, v.reshape(-1, s.num_v_heads, s.head_v_dim)
+
+    def _decode(self, qkv, a, b, state: LayerState, seqs: list[int]) -> torch.Tensor:
+        """One token per sequence of ``seqs``: conv update and recurrent update -> o [n, Hv, dv]."""
+        if self.native is not None and self.native.delta_ok(qkv, state):
+            return self.native.delta_decode(self, qkv, a, b, state, seqs)
+        idx = torch.as_tensor(seqs, dtype=torch.long)
+        window = torch.cat([state.conv[idx].float(), qkv.float()[:, :, None]], -1)
+        state.conv[idx] = window[:, :, 1:].to(state.conv.dtype)
+        mixed = F.silu((window * self.conv_weight.float()).sum(-1))
+        q, k, v = self._qkv(mixed)
+        g, beta = self._gates(a, b)
+        S = state.recurrent[idx].float() * g.exp()[..., None, None]
+        delta = (v - torch.einsum("nhk,nhkv->nhv", k, S)) * beta[..., None]
+        S += k[..., None] * delta[..., None, :]
+        state.recurrent[idx] = S.to(state.recurrent.dtype)
+        return torch.einsum("nhk,nhkv->nhv", q, S)
+
+    def _prefill(self, mixed, a, b, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
+        """The chunked form over the prefill sequences -> o [their tokens, Hv, dv]."""
+        q, k, v = self._qkv(mixed)
+        g, beta = self._gates(a, b)
+        # [chunks, H, C, d] / [chunks, H, C]; padded positions have k = v = 0 and g = 0
+        q, k, v = (layout.pad(t).transpose(1, 2) for t in (q, k, v))
+        g, beta = (layout.pad(t).transpose(1, 2) for t in (g, beta))
+        cum = g.cumsum(-1)
+        causal = torch.ones(layout.chunk, layout.chunk, dtype=torch.bool).tril()
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+        k_beta = k * beta[..., None]
+        # (I + strictly lower (beta k k^T . decay)) [u | w] = [beta v | beta k exp(cum)]
+        system = (k_beta @ k.transpose(-1, -2) * decay).tril(-1)
+        system += torch.eye(layout.chunk)
+        rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], -1)
+        uw = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        u, w = uw.split([v.shape[-1], k.shape[-1]], -1)
+        attn = q @ k.transpose(-1, -2) * decay
+        q_read = q * cum.exp()[..., None]
+        k_write = k * (cum[..., -1:] - cum).exp()[..., None]
+        chunk_decay = cum[..., -1].exp()[..., None, None]
+        idx = torch.as_tensor(layout.seqs, dtype=torch.long)
+        S = state.recurrent[idx].float()
+        out = torch.empty_like(v)
+        for chunks, which in layout.steps():
+            s = S[which]
+            v_new = u[chunks] - w[chunks] @ s
+            out[chunks] = q_read[chunks] @ s + attn[chunks] @ v_new
+            S[which] = s * chunk_decay[chunks] + k_write[chunks].transpose(-1, -2) @ v_new
+        state.recurrent[idx] = S.to(state.recurrent.dtype)
+        return layout.unpad(out.transpose(1, 2))
+
+    def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of each value head's o, times the weight and silu(z): [T, value_dim]."""
+        s = self.shape
+        normed = F.rms_norm(core, (s.head_v_dim,), eps=s.eps).to(z.dtype)
+        gated = (self.norm_weight * normed).float() * F.silu(
+            z.float().view(-1, s.num_v_heads, s.head_v_dim))
+        return gated.to(z.dtype).reshape(-1, s.value_dim)
