@@ -34,7 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from kvledger.model.layers.state import LayerState, StateMeta
-from kvledger.model.layers.state_batch import ChunkLayout, StepSplit, causal_conv, zero_fresh
+from kvledger.model.layers.state_batch import (
+    ChunkLayout,
+    StepSplit,
+    causal_conv,
+    conv_update,
+    zero_fresh,
+)
 
 CHUNK = 64
 """Tokens per chunk of a prefill (transformers' and FLA's default)."""
@@ -152,10 +158,7 @@ class GatedDeltaNet:
         if self.native is not None and self.native.delta_ok(qkv, state):
             return self.native.delta_decode(self, qkv, a, b, state, seqs)
         idx = torch.as_tensor(seqs, dtype=torch.long)
-        window = torch.cat([state.conv[idx].float(), qkv.float()[:, :, None]], -1)
-        state.conv[idx] = window[:, :, 1:].to(state.conv.dtype)
-        mixed = F.silu((window * self.conv_weight.float()).sum(-1))
-        q, k, v = self._qkv(mixed)
+        q, k, v = self._qkv(conv_update(qkv, self.conv_weight, None, state.conv, seqs))
         g, beta = self._gates(a, b)
         S = state.recurrent[idx].float() * g.exp()[..., None, None]
         delta = (v - torch.einsum("nhk,nhkv->nhv", k, S)) * beta[..., None]

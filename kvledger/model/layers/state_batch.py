@@ -1,7 +1,7 @@
 """The flat token batch of a step as the state mixers (:mod:`.gated_deltanet`, :mod:`.mamba2`)
 read it: which sequences decode one token and which prefill several (:class:`StepSplit`), the
 causal depthwise convolution over each sequence's tokens after its conv window
-(:func:`causal_conv`), and the prefill tokens laid out as padded chunks per sequence for a
+(:func:`causal_conv`; one token: :func:`conv_update`), and the prefill tokens laid out as padded chunks per sequence for a
 chunked scan (:class:`ChunkLayout`).
 
 A step's sequences are spans of the batch, ``cu_seqlens``-style, each with its slot of a
@@ -12,6 +12,7 @@ zeroed first (:func:`zero_fresh`), so a slot's previous content never leaks into
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ class StepSplit:
 
     def __init__(self, meta: StateMeta) -> None:
         cu = [int(c) for c in meta.cu_seqlens]
-        self.starts, self.lengths = cu[:-1], [b - a for a, b in zip(cu, cu[1:])]
+        self.starts, self.lengths = cu[:-1], [b - a for a, b in pairwise(cu)]
         self.decode = [i for i, n in enumerate(self.lengths) if n == 1]
         self.prefill = [i for i, n in enumerate(self.lengths) if n > 1]
 
@@ -74,6 +75,17 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     tail = (ends[:, None] - (k - 1) + torch.arange(k - 1)).reshape(-1)
     conv[idx] = buf[tail].view(len(seqs), k - 1, -1).transpose(1, 2).to(conv.dtype)
     return F.silu(out).to(x.dtype)
+
+
+def conv_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                conv: torch.Tensor, seqs: list[int]) -> torch.Tensor:
+    """:func:`causal_conv` of one token per sequence (rows of x [n, C]) -> [n, C] fp32: the
+    window and the token times the weight, the window shifted by one."""
+    idx = torch.as_tensor(seqs, dtype=torch.long)
+    window = torch.cat([conv[idx].float(), x.float()[:, :, None]], -1)
+    conv[idx] = window[:, :, 1:].to(conv.dtype)
+    out = (window * weight.float()).sum(-1)
+    return F.silu(out if bias is None else out + bias.float())
 
 
 class ChunkLayout:

@@ -1,0 +1,199 @@
+"""The Mamba-2 mixer (Dao & Gu, "Transformers are SSMs: Generalized Models and Efficient
+Algorithms Through Structured State Space Duality", arXiv:2405.21060) as transformers'
+``GraniteMoeHybridMambaLayer`` computes it (Granite-4.0-H; Bamba's and Mamba-2's own mixer
+are the same).
+
+Per token: one projection gives the gate z (``intermediate``), xBC (``conv_dim = intermediate +
+2 n_groups d_state``) and dt (one per head); xBC passes a causal depthwise conv1d (kernel K,
+with bias) and SiLU and splits into x [heads, head_dim], B and C [n_groups, d_state] (a group
+serves ``heads / n_groups`` consecutive heads). Per head, with ``dt = softplus(dt + dt_bias)``
+(clamped to ``time_step_limit``) and ``A = -exp(A_log)``, the state S [head_dim, d_state]
+follows
+
+    S <- exp(dt A) S + dt x B^T;   y = S C + D x,
+
+and the output is ``out_proj(RMSNorm_grouped(y * silu(z)) * w)`` (the norm over each of the
+n_groups slices of ``intermediate``).
+
+A prefill runs the SSD chunked scan: within a chunk the outputs are a masked [C, C] product
+(C B^T weighted by the decays between positions), each chunk's contribution to the state is one
+product, and only the states at chunk boundaries pass from chunk to chunk. The decays are
+differences of a cumulative sum of dt A taken in fp64, so long chunks of strongly decaying
+heads lose no precision. A decode token takes the recurrent update, through the device's
+native step where it has one (``Kernels.state_mixers``), else in PyTorch. Arithmetic is fp32
+whatever the compute dtype; the state is kept in the slot's dtype.
+
+The state of a sequence: ``conv`` [conv_dim, K - 1] and ``recurrent`` [heads, head_dim,
+d_state].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvledger.model.layers.state import LayerState, StateMeta
+from kvledger.model.layers.state_batch import (
+    ChunkLayout,
+    StepSplit,
+    causal_conv,
+    conv_update,
+    zero_fresh,
+)
+
+CHUNK_WORK = 1 << 24
+"""Most (chunk, head, position, position) decay entries a prefill builds at once; more chunks
+are computed in slices (4,096 tokens at Granite-4.0-H-Micro's shapes: 64 MiB per slice)."""
+
+
+@dataclass(frozen=True)
+class Mamba2Shape:
+    """A Mamba-2 layer's sizes (Granite's ``mamba_*`` config fields), dt limits, norm eps."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    d_state: int
+    n_groups: int = 1
+    conv_kernel: int = 4
+    chunk_size: int = 256
+    dt_min: float = 0.0
+    dt_max: float = float("inf")
+    eps: float = 1e-6
+
+    @property
+    def intermediate(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv: x, B and C."""
+        return self.intermediate + 2 * self.n_groups * self.d_state
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-sequence state: ``conv`` and ``recurrent`` shapes."""
+        return {"conv": (self.conv_dim, self.conv_kernel - 1),
+                "recurrent": (self.num_heads, self.head_dim, self.d_state)}
+
+
+class Mamba2:
+    """One Mamba-2 layer (module docstring).
+
+    Args:
+        shape: its sizes; in_proj: [T, hidden] -> [T, intermediate + conv_dim + heads] (z, xBC,
+            dt); conv_weight [conv_dim, K], conv_bias [conv_dim] or None; A_log, D, dt_bias
+            [heads]; norm_weight [intermediate]; out_proj: [T, intermediate] -> [T, hidden];
+        kernels: the device's (``state_mixers()``: the native decode steps, or None).
+    """
+
+    def __init__(self, shape: Mamba2Shape, in_proj, conv_weight: torch.Tensor,
+                 conv_bias: torch.Tensor | None, A_log: torch.Tensor, D: torch.Tensor,
+                 dt_bias: torch.Tensor, norm_weight: torch.Tensor, out_proj,
+                 kernels=None) -> None:
+        self.shape, self.in_proj, self.out_proj = shape, in_proj, out_proj
+        self.conv_weight = conv_weight.reshape(shape.conv_dim, shape.conv_kernel).contiguous()
+        self.conv_bias = None if conv_bias is None else conv_bias.float()
+        self.A, self.D = -A_log.float().exp(), D.float()
+        self.dt_bias, self.norm_weight = dt_bias.float(), norm_weight
+        native = kernels.state_mixers() if kernels is not None else None
+        self.native = native if native is not None and native.accepts_ssd(shape) else None
+
+    @classmethod
+    def from_weights(cls, shape: Mamba2Shape, w: dict, prefix: str, linear,
+                     kernels=None) -> Mamba2:
+        """The layer from a checkpoint's tensors under ``{prefix}mamba.`` (popped); ``linear``:
+        ``(stems, shape class) -> Linear`` (classes ``state_in`` / ``state_out``)."""
+        p = prefix + "mamba."
+        return cls(shape, linear([p + "in_proj"], "state_in"), w.pop(p + "conv1d.weight"),
+                   w.pop(p + "conv1d.bias", None), w.pop(p + "A_log"), w.pop(p + "D"),
+                   w.pop(p + "dt_bias"), w.pop(p + "norm.weight"),
+                   linear([p + "out_proj"], "state_out"), kernels)
+
+    def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
+        """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
+        s = self.shape
+        zero_fresh(state, meta)
+        split = StepSplit(meta)
+        proj = self.in_proj(x)
+        z, xbc, dt = proj.split([s.intermediate, s.conv_dim, s.num_heads], -1)
+        y = proj.new_empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32)
+        if split.decode:
+            rows = split.rows(split.decode)
+            y[rows] = self._decode(xbc[rows], dt[rows], state, split.decode)
+        if split.prefill:
+            layout = ChunkLayout(split, split.prefill, s.chunk_size)
+            mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split,
+                                split.prefill)
+            y[layout.rows] = self._prefill(mixed, dt[layout.rows], state, layout)
+        return self.out_proj(self._gated_norm(y, z))
+
+    __call__ = forward
+
+    def _split(self, mixed: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [rows, heads, head_dim], B and C [rows, groups, d_state], dt [rows, heads], fp32."""
+        s = self.shape
+        x, B, C = mixed.float().split([s.intermediate, s.n_groups * s.d_state,
+                                       s.n_groups * s.d_state], -1)
+        dt = F.softplus(dt.float() + self.dt_bias).clamp(s.dt_min, s.dt_max)
+        return (x.reshape(-1, s.num_heads, s.head_dim), B.reshape(-1, s.n_groups, s.d_state),
+                C.reshape(-1, s.n_groups, s.d_state), dt)
+
+    def _decode(self, xbc, dt, state: LayerState, seqs: list[int]) -> torch.Tensor:
+        """One token per sequence of ``seqs``: conv update and SSM step -> y [n, heads, P]."""
+        if self.native is not None and self.native.ssd_ok(xbc, state):
+            return self.native.ssd_decode(self, xbc, dt, state, seqs)
+        s = self.shape
+        idx = torch.as_tensor(seqs, dtype=torch.long)
+        x, B, C, dt = self._split(conv_update(xbc, self.conv_weight, self.conv_bias,
+                                              state.conv, seqs), dt)
+        rep = s.num_heads // s.n_groups
+        B, C = B.repeat_interleave(rep, 1), C.repeat_interleave(rep, 1)
+        S = state.recurrent[idx].float() * (dt * self.A).exp()[..., None, None]
+        S += (dt[..., None] * x)[..., None] * B[:, :, None, :]
+        state.recurrent[idx] = S.to(state.recurrent.dtype)
+        return torch.einsum("nhpk,nhk->nhp", S, C) + self.D[:, None] * x
+
+    def _prefill(self, mixed, dt, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
+        """The SSD chunked scan over the prefill sequences -> y [their tokens, heads, P]."""
+        s = self.shape
+        x, B, C, dt = self._split(mixed, dt)
+        g, r = s.n_groups, s.num_heads // s.n_groups
+        skip = self.D[:, None] * x
+        # per chunk: xdt [c, l, g, r, p], B / C [c, l, g, n], cum [c, g, r, l] (fp64)
+        xdt = layout.pad(x * dt[..., None]).unflatten(2, (g, r))
+        B, C = layout.pad(B), layout.pad(C)
+        cum = layout.pad((dt * self.A).double()).cumsum(1).permute(0, 2, 1).unflatten(1, (g, r))
+        last = cum[..., -1:]
+        y = torch.empty_like(xdt)
+        states = torch.empty(layout.num_chunks, g, r, s.head_dim, s.d_state)
+        per_slice = max(1, CHUNK_WORK // (s.num_heads * layout.chunk ** 2))
+        causal = torch.ones(layout.chunk, layout.chunk, dtype=torch.bool).tril()
+        for a in range(0, layout.num_chunks, per_slice):
+            sl = slice(a, a + per_slice)
+            decay = (cum[sl, ..., :, None] - cum[sl, ..., None, :]).float()
+            decay = decay.masked_fill(~causal, float("-inf")).exp()  # [c, g, r, l, s]
+            scores = torch.einsum("clgn,csgn->cgls", C[sl], B[sl])[:, :, None] * decay
+            y[sl] = torch.einsum("cgrls,csgrp->clgrp", scores, xdt[sl])
+            to_end = (last[sl] - cum[sl]).float().exp()  # [c, g, r, l]
+            states[sl] = torch.einsum("clgn,cgrl,clgrp->cgrpn", B[sl], to_end, xdt[sl])
+        idx = torch.as_tensor(layout.seqs, dtype=torch.long)
+        S = state.recurrent[idx].float().unflatten(1, (g, r))
+        start = torch.empty_like(states)
+        chunk_decay = last.float().exp()[..., None]  # [c, g, r, 1, 1]
+        for chunks, which in layout.steps():
+            start[chunks] = S[which]
+            S[which] = S[which] * chunk_decay[chunks] + states[chunks]
+        state.recurrent[idx] = S.flatten(1, 2).to(state.recurrent.dtype)
+        y += torch.einsum("clgn,cgrpn->clgrp", C, start) * \
+            cum.float().exp().permute(0, 3, 1, 2)[..., None]
+        return layout.unpad(y.flatten(2, 3)) + skip
+
+    def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over each group's slice of y * silu(z), times the weight: [T, intermediate]."""
+        s = self.shape
+        gated = y.reshape(-1, s.n_groups, s.intermediate // s.n_groups) * F.silu(
+            z.float().view(-1, s.n_groups, s.intermediate // s.n_groups))
+        normed = F.rms_norm(gated, (s.intermediate // s.n_groups,), eps=s.eps)
+        return self.norm_weight * normed.reshape(-1, s.intermediate).to(z.dtype)

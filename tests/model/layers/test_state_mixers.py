@@ -1,0 +1,96 @@
+"""The state mixers against transformers with the same random weights, fp32 (within 1e-4):
+gated DeltaNet (kvledger.model.layers.gated_deltanet, transformers' ``Qwen3_5GatedDeltaNet``)
+and Mamba-2 (kvledger.model.layers.mamba2, ``GraniteMoeHybridMambaLayer``). Prefills of several
+lengths (one token, under, at and over the chunk, several chunks), 16 decode steps carrying the
+state (against transformers' own cache and recurrent path), a prefill split in two equal to
+one, several sequences of different lengths in one flat batch with decodes and prefills mixed;
+ablations (the state not carried; DeltaNet without its L2 norm, Mamba-2 without its D skip)
+fail the comparison."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvledger.model.layers import gated_deltanet, mamba2
+from tests.model.layers.state_kit import deltanet_pair, mamba2_pair, step
+
+pytest.importorskip("transformers.models.qwen3_5")
+TOL = 1e-4
+PAIRS = {"deltanet": deltanet_pair, "mamba2": mamba2_pair}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool((a - b).abs().max() <= TOL)
+
+
+@pytest.mark.parametrize("mixer", PAIRS)
+@pytest.mark.parametrize("length", [1, 5, 16, 64, 100, 130])
+def test_prefill_then_decode(mixer, length):
+    pair = PAIRS[mixer]()
+    x = torch.randn(length + 16, pair.shape.hidden_size)
+    want = pair.theirs_over([x[:length], *x[length:].split(1)])
+    state = pair.state(1)
+    got = step(pair.ours, [x[:length]], state, [True])
+    for t in range(16):
+        got += step(pair.ours, [x[length + t:length + t + 1]], state, [False])
+    assert _close(torch.cat(got), want)
+
+
+@pytest.mark.parametrize("mixer", PAIRS)
+@pytest.mark.parametrize("first", [2, 16, 64, 70])
+def test_split_prefill_equals_one(mixer, first):
+    pair = PAIRS[mixer](1)
+    x = torch.randn(150, pair.shape.hidden_size)
+    whole, parts = pair.state(1), pair.state(1)
+    one = step(pair.ours, [x], whole, [True])[0]
+    two = torch.cat(step(pair.ours, [x[:first]], parts, [True])
+                    + step(pair.ours, [x[first:]], parts, [False]))
+    assert _close(two, one) and _close(one, pair.theirs_over([x]))
+    assert _close(parts.recurrent, whole.recurrent) and _close(parts.conv, whole.conv)
+
+
+@pytest.mark.parametrize("mixer", PAIRS)
+def test_flat_batch_of_sequences(mixer):
+    """Three sequences prefill together (lengths 3, 1 and 97), then decode together, then one
+    prefills more while the others decode: each equals transformers alone."""
+    pair = PAIRS[mixer](2)
+    cuts = (3, 1, 97)
+    xs = [torch.randn(n, pair.shape.hidden_size) for n in (3 + 1 + 40, 1 + 1 + 1, 97 + 1 + 1)]
+    state = pair.state(3)
+    out = [[o] for o in step(pair.ours, [x[:c] for x, c in zip(xs, cuts)], state, [True] * 3)]
+    for o, got in zip(out, step(pair.ours, [x[c:c + 1] for x, c in zip(xs, cuts)], state,
+                                [False] * 3)):
+        o.append(got)
+    for o, got in zip(out, step(pair.ours, [x[c + 1:] for x, c in zip(xs, cuts)], state,
+                                [False] * 3)):
+        o.append(got)
+    for x, o, c in zip(xs, out, cuts):
+        assert _close(torch.cat(o), pair.theirs_over([x[:c], x[c:c + 1], x[c + 1:]]))
+
+
+def test_mamba2_prefill_in_slices(monkeypatch):
+    """A prefill whose decays are built a few chunks at a time equals transformers."""
+    monkeypatch.setattr(mamba2, "CHUNK_WORK", 1)
+    pair = mamba2_pair(4)
+    x = torch.randn(70, pair.shape.hidden_size)
+    assert _close(step(pair.ours, [x], pair.state(1), [True])[0], pair.theirs_over([x]))
+
+
+@pytest.mark.parametrize("mixer", PAIRS)
+def test_ablations_fail(mixer, monkeypatch):
+    pair = PAIRS[mixer](3)
+    x = torch.randn(80, pair.shape.hidden_size)
+    want = pair.theirs_over([x[:50], x[50:]])
+
+    def run(fresh_again: bool) -> torch.Tensor:
+        state = pair.state(1)
+        return torch.cat(step(pair.ours, [x[:50]], state, [True])
+                         + step(pair.ours, [x[50:]], state, [fresh_again]))
+
+    assert _close(run(False), want) and not _close(run(True), want)
+    if mixer == "deltanet":
+        monkeypatch.setattr(gated_deltanet, "l2_normed", lambda t, eps=1e-6: t)
+    else:
+        monkeypatch.setattr(pair.ours, "D", torch.zeros_like(pair.ours.D))
+    assert not _close(run(False), want)
