@@ -39,7 +39,6 @@ from kvledger.model.layers.state_batch import (
     StepSplit,
     causal_conv,
     conv_update,
-    zero_fresh,
 )
 
 CHUNK = 64
@@ -120,7 +119,6 @@ class GatedDeltaNet:
     def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
         """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
         s = self.shape
-        zero_fresh(state, meta)
         split = StepSplit(meta)
         proj = self.in_proj(x)
         qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)

@@ -40,7 +40,6 @@ from kvledger.model.layers.state_batch import (
     StepSplit,
     causal_conv,
     conv_update,
-    zero_fresh,
 )
 
 CHUNK_WORK = 1 << 24
@@ -114,7 +113,6 @@ class Mamba2:
     def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
         """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
         s = self.shape
-        zero_fresh(state, meta)
         split = StepSplit(meta)
         proj = self.in_proj(x)
         z, xbc, dt = proj.split([s.intermediate, s.conv_dim, s.num_heads], -1)

@@ -4,20 +4,19 @@ causal depthwise convolution over each sequence's tokens after its conv window
 (:func:`causal_conv`; one token: :func:`conv_update`), and the prefill tokens laid out as padded chunks per sequence for a
 chunked scan (:class:`ChunkLayout`).
 
-A step's sequences are spans of the batch, ``cu_seqlens``-style, each with its slot of a
-:class:`kvledger.model.layers.state.LayerState` (same order); a fresh sequence's slot is
-zeroed first (:func:`zero_fresh`), so a slot's previous content never leaks into a new one.
+A step's sequences are spans of the batch (:class:`kvledger.model.layers.state.StateMeta`),
+each with its row of the :class:`kvledger.model.layers.state.LayerState` (same order; a fresh
+sequence's rows come zeroed).
 """
 
 from __future__ import annotations
 
 import math
-from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
 
-from kvledger.model.layers.state import LayerState, StateMeta
+from kvledger.model.layers.state import StateMeta
 
 
 class StepSplit:
@@ -26,25 +25,14 @@ class StepSplit:
     indices, with every sequence's ``starts`` and ``lengths`` in the flat batch."""
 
     def __init__(self, meta: StateMeta) -> None:
-        cu = [int(c) for c in meta.cu_seqlens]
-        self.starts, self.lengths = cu[:-1], [b - a for a, b in pairwise(cu)]
+        self.starts, self.lengths = list(meta.starts), list(meta.lengths)
         self.decode = [i for i, n in enumerate(self.lengths) if n == 1]
         self.prefill = [i for i, n in enumerate(self.lengths) if n > 1]
 
     def rows(self, seqs: list[int]) -> torch.Tensor:
         """The batch rows of the tokens of ``seqs`` (in their order), int64."""
-        if seqs == list(range(len(self.lengths))):
-            return torch.arange(self.starts[-1] + self.lengths[-1] if seqs else 0)
         return torch.cat([torch.arange(self.starts[i], self.starts[i] + self.lengths[i])
                           for i in seqs]) if seqs else torch.zeros(0, dtype=torch.long)
-
-
-def zero_fresh(state: LayerState, meta: StateMeta) -> None:
-    """Zero the conv window and recurrent state of the sequences that start fresh."""
-    fresh = torch.as_tensor(meta.fresh, dtype=torch.bool)
-    if bool(fresh.any()):
-        state.conv[fresh] = 0
-        state.recurrent[fresh] = 0
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -26,12 +26,12 @@ class Pair:
     def __init__(self, config, theirs: torch.nn.Module, ours, shape) -> None:
         self.config, self.theirs, self.ours, self.shape = config, theirs, ours, shape
 
-    def state(self, num_seqs: int, dtype: torch.dtype = torch.float32) -> LayerState:
-        """Slots for ``num_seqs`` sequences, filled with garbage (a fresh sequence must not
-        read it)."""
+    def state(self, num_seqs: int) -> LayerState:
+        """Rows for ``num_seqs`` sequences (fp32, as the engine keeps them), filled with
+        garbage (:func:`step` zeroes a fresh sequence's)."""
         shapes = self.shape.state_shapes()
-        return LayerState(conv=torch.randn(num_seqs, *shapes["conv"]).to(dtype),
-                          recurrent=torch.randn(num_seqs, *shapes["recurrent"]).to(dtype))
+        return LayerState(conv=torch.randn(num_seqs, *shapes["conv"]),
+                          recurrent=torch.randn(num_seqs, *shapes["recurrent"]))
 
     def theirs_over(self, chunks: list[torch.Tensor]) -> torch.Tensor:
         """transformers' outputs over successive inputs [L_i, hidden], with its cache."""
@@ -45,10 +45,16 @@ class Pair:
 def step(mixer, xs: list[torch.Tensor], state: LayerState, fresh: list[bool]
          ) -> list[torch.Tensor]:
     """One step of ``mixer`` over the sequences' new tokens xs[i] [L_i, hidden] laid end to end,
-    sequence i in slot i of ``state``: each sequence's output rows."""
+    sequence i in row i of ``state`` (zeroed first where ``fresh``, as the engine does): each
+    sequence's output rows."""
     lengths = [x.shape[0] for x in xs]
-    cu = torch.tensor([0, *lengths]).cumsum(0)
-    out = mixer.forward(torch.cat(xs), state, StateMeta(cu, torch.tensor(fresh)))
+    starts = torch.tensor([0, *lengths[:-1]]).cumsum(0).tolist()
+    for i, new in enumerate(fresh):
+        if new:
+            state.conv[i] = 0
+            state.recurrent[i] = 0
+    out = mixer.forward(torch.cat(xs), state, StateMeta(tuple(starts), tuple(lengths),
+                                                        tuple(fresh)))
     return list(out.split(lengths))
 
 
