@@ -99,11 +99,12 @@ class GatedDeltaNet:
                  A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
                  out_proj, kernels=None) -> None:
         self.shape, self.in_proj, self.out_proj = shape, in_proj, out_proj
-        self.conv_weight = conv_weight.reshape(shape.conv_dim, shape.conv_kernel).contiguous()
+        self.conv_weight = conv_weight.float().reshape(shape.conv_dim, shape.conv_kernel)
         self.neg_A = -A_log.float().exp()
-        self.dt_bias, self.norm_weight = dt_bias.float(), norm_weight
+        self.dt_bias, self.norm_weight = dt_bias.float().contiguous(), norm_weight
         native = kernels.state_mixers() if kernels is not None else None
-        self.native = native if native is not None and native.accepts_delta(shape) else None
+        self.native = native if native is not None and native.accepts_delta(
+            shape.head_k_dim, shape.head_v_dim) else None
 
     @classmethod
     def from_weights(cls, shape: DeltaNetShape, w: dict, prefix: str, linear,
@@ -124,8 +125,9 @@ class GatedDeltaNet:
         qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)
         core = proj.new_empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=torch.float32)
         if split.decode:
-            rows = split.rows(split.decode)
-            core[rows] = self._decode(qkv[rows], a[rows], b[rows], state, split.decode)
+            seqs = split.decode
+            core[split.rows(seqs)] = self._decode(split.take(qkv, seqs), split.take(a, seqs),
+                                                  split.take(b, seqs), state, seqs)
         if split.prefill:
             layout = ChunkLayout(split, split.prefill, CHUNK)
             mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, split.prefill)
@@ -153,9 +155,12 @@ class GatedDeltaNet:
 
     def _decode(self, qkv, a, b, state: LayerState, seqs: list[int]) -> torch.Tensor:
         """One token per sequence of ``seqs``: conv update and recurrent update -> o [n, Hv, dv]."""
-        if self.native is not None and self.native.delta_ok(qkv, state):
-            return self.native.delta_decode(self, qkv, a, b, state, seqs)
         idx = torch.as_tensor(seqs, dtype=torch.long)
+        if self.native is not None and self.native.takes(state.conv, state.recurrent, a, b) \
+                and self.native.takes(state.conv, state.recurrent, qkv):
+            mixed = self.native.conv(qkv, state.conv, idx, self.conv_weight, None)
+            return self.native.delta(mixed, a, b, state.recurrent, idx, self.shape.num_k_heads,
+                                     self.neg_A, self.dt_bias)
         q, k, v = self._qkv(conv_update(qkv, self.conv_weight, None, state.conv, seqs))
         g, beta = self._gates(a, b)
         S = state.recurrent[idx].float() * g.exp()[..., None, None]

@@ -92,12 +92,13 @@ class Mamba2:
                  dt_bias: torch.Tensor, norm_weight: torch.Tensor, out_proj,
                  kernels=None) -> None:
         self.shape, self.in_proj, self.out_proj = shape, in_proj, out_proj
-        self.conv_weight = conv_weight.reshape(shape.conv_dim, shape.conv_kernel).contiguous()
-        self.conv_bias = None if conv_bias is None else conv_bias.float()
-        self.A, self.D = -A_log.float().exp(), D.float()
-        self.dt_bias, self.norm_weight = dt_bias.float(), norm_weight
+        self.conv_weight = conv_weight.float().reshape(shape.conv_dim, shape.conv_kernel)
+        self.conv_bias = None if conv_bias is None else conv_bias.float().contiguous()
+        self.A, self.D = -A_log.float().exp(), D.float().contiguous()
+        self.dt_bias, self.norm_weight = dt_bias.float().contiguous(), norm_weight
         native = kernels.state_mixers() if kernels is not None else None
-        self.native = native if native is not None and native.accepts_ssd(shape) else None
+        self.native = native if native is not None and native.accepts_ssd(shape.d_state) \
+            else None
 
     @classmethod
     def from_weights(cls, shape: Mamba2Shape, w: dict, prefix: str, linear,
@@ -118,8 +119,9 @@ class Mamba2:
         z, xbc, dt = proj.split([s.intermediate, s.conv_dim, s.num_heads], -1)
         y = proj.new_empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32)
         if split.decode:
-            rows = split.rows(split.decode)
-            y[rows] = self._decode(xbc[rows], dt[rows], state, split.decode)
+            seqs = split.decode
+            y[split.rows(seqs)] = self._decode(split.take(xbc, seqs), split.take(dt, seqs), state,
+                                               seqs)
         if split.prefill:
             layout = ChunkLayout(split, split.prefill, s.chunk_size)
             mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split,
@@ -140,10 +142,13 @@ class Mamba2:
 
     def _decode(self, xbc, dt, state: LayerState, seqs: list[int]) -> torch.Tensor:
         """One token per sequence of ``seqs``: conv update and SSM step -> y [n, heads, P]."""
-        if self.native is not None and self.native.ssd_ok(xbc, state):
-            return self.native.ssd_decode(self, xbc, dt, state, seqs)
         s = self.shape
         idx = torch.as_tensor(seqs, dtype=torch.long)
+        if self.native is not None and self.native.takes(state.conv, state.recurrent, xbc) \
+                and self.native.takes(state.conv, state.recurrent, dt):
+            mixed = self.native.conv(xbc, state.conv, idx, self.conv_weight, self.conv_bias)
+            return self.native.ssd(mixed, dt, state.recurrent, idx, s.n_groups, self.A, self.D,
+                                   self.dt_bias, (s.dt_min, s.dt_max))
         x, B, C, dt = self._split(conv_update(xbc, self.conv_weight, self.conv_bias,
                                               state.conv, seqs), dt)
         rep = s.num_heads // s.n_groups

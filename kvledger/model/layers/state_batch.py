@@ -29,6 +29,14 @@ class StepSplit:
         self.decode = [i for i, n in enumerate(self.lengths) if n == 1]
         self.prefill = [i for i, n in enumerate(self.lengths) if n > 1]
 
+    def take(self, t: torch.Tensor, seqs: list[int]) -> torch.Tensor:
+        """The rows of t [T, ...] of the tokens of ``seqs``: t itself (a view, strides kept)
+        when they are all of it."""
+        if len(seqs) == len(self.lengths) and self.starts[0] == 0 \
+                and self.starts[-1] + self.lengths[-1] == t.shape[0]:
+            return t
+        return t[self.rows(seqs)]
+
     def rows(self, seqs: list[int]) -> torch.Tensor:
         """The batch rows of the tokens of ``seqs`` (in their order), int64."""
         return torch.cat([torch.arange(self.starts[i], self.starts[i] + self.lengths[i])

@@ -13,7 +13,7 @@ from kvledger.model.layers.state import LayerState, StateMeta
 from kvledger.model.linear import Linear
 
 DELTANET = DeltaNetShape(hidden_size=48, num_k_heads=2, num_v_heads=4, head_k_dim=16,
-                         head_v_dim=8, conv_kernel=4)
+                         head_v_dim=16, conv_kernel=4)
 """Grouped heads (two value heads per key head), a chunk of 64 tokens."""
 MAMBA2 = Mamba2Shape(hidden_size=32, num_heads=4, head_dim=8, d_state=16, n_groups=2,
                      conv_kernel=4, chunk_size=16)

@@ -5,19 +5,25 @@ lengths (one token, under, at and over the chunk, several chunks), 16 decode ste
 state (against transformers' own cache and recurrent path), a prefill split in two equal to
 one, several sequences of different lengths in one flat batch with decodes and prefills mixed;
 ablations (the state not carried; DeltaNet without its L2 norm, Mamba-2 without its D skip)
-fail the comparison."""
+fail the comparison. Each runs with the device's native decode steps too (``+native``,
+kvledger.device.cpu.state_steps)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
 
+from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.layers import gated_deltanet, mamba2
 from tests.model.layers.state_kit import deltanet_pair, mamba2_pair, step
 
 pytest.importorskip("transformers.models.qwen3_5")
 TOL = 1e-4
-PAIRS = {"deltanet": deltanet_pair, "mamba2": mamba2_pair}
+PAIRS = {"deltanet": deltanet_pair, "mamba2": mamba2_pair,
+         "deltanet+native": partial(deltanet_pair, kernels=KERNELS),
+         "mamba2+native": partial(mamba2_pair, kernels=KERNELS)}
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -28,6 +34,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("length", [1, 5, 16, 64, 100, 130])
 def test_prefill_then_decode(mixer, length):
     pair = PAIRS[mixer]()
+    assert (pair.ours.native is not None) == mixer.endswith("+native")
     x = torch.randn(length + 16, pair.shape.hidden_size)
     want = pair.theirs_over([x[:length], *x[length:].split(1)])
     state = pair.state(1)
@@ -89,7 +96,7 @@ def test_ablations_fail(mixer, monkeypatch):
                          + step(pair.ours, [x[50:]], state, [fresh_again]))
 
     assert _close(run(False), want) and not _close(run(True), want)
-    if mixer == "deltanet":
+    if mixer.startswith("deltanet"):
         monkeypatch.setattr(gated_deltanet, "l2_normed", lambda t, eps=1e-6: t)
     else:
         monkeypatch.setattr(pair.ours, "D", torch.zeros_like(pair.ours.D))
