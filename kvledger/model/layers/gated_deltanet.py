@@ -129,10 +129,11 @@ class GatedDeltaNet:
             core[split.rows(seqs)] = self._decode(split.take(qkv, seqs), split.take(a, seqs),
                                                   split.take(b, seqs), state, seqs)
         if split.prefill:
-            layout = ChunkLayout(split, split.prefill, CHUNK)
-            mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, split.prefill)
-            core[layout.rows] = self._prefill(mixed, a[layout.rows], b[layout.rows], state,
-                                              layout)
+            seqs = split.prefill
+            layout = ChunkLayout(split, seqs, CHUNK)
+            mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, seqs)
+            core[layout.rows] = self._prefill(mixed, split.take(a, seqs), split.take(b, seqs),
+                                              state, layout)
         return self.out_proj(self._gated_norm(core, z))
 
     __call__ = forward
@@ -171,33 +172,34 @@ class GatedDeltaNet:
 
     def _prefill(self, mixed, a, b, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
         """The chunked form over the prefill sequences -> o [their tokens, Hv, dv]."""
-        q, k, v = self._qkv(mixed)
-        g, beta = self._gates(a, b)
-        # [chunks, H, C, d] / [chunks, H, C]; padded positions have k = v = 0 and g = 0
-        q, k, v = (layout.pad(t).transpose(1, 2) for t in (q, k, v))
-        g, beta = (layout.pad(t).transpose(1, 2) for t in (g, beta))
+        s, n, size = self.shape, layout.num_chunks, layout.chunk
+        g, beta = (layout.pad(t).transpose(1, 2) for t in self._gates(a, b))  # [n, H, C]
+        # padded positions: q = k = v = 0 (the L2 norm of 0 is 0) and g = 0
+        q, k, v = (t.view(n, size, s.num_v_heads, -1).transpose(1, 2).contiguous()
+                   for t in self._qkv(layout.pad(mixed).view(n * size, -1)))
         cum = g.cumsum(-1)
-        causal = torch.ones(layout.chunk, layout.chunk, dtype=torch.bool).tril()
-        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+        causal = torch.ones(size, size, dtype=torch.bool).tril()
+        decay = (cum[..., :, None] - cum[..., None, :]).masked_fill_(~causal, float("-inf"))
+        decay = decay.exp_()
         k_beta = k * beta[..., None]
         # (I + strictly lower (beta k k^T . decay)) [u | w] = [beta v | beta k exp(cum)]
-        system = (k_beta @ k.transpose(-1, -2) * decay).tril(-1)
-        system += torch.eye(layout.chunk)
-        rhs = torch.cat([v * beta[..., None], k_beta * cum.exp()[..., None]], -1)
+        system = (k_beta @ k.transpose(-1, -2)).mul_(decay).tril_(-1)
+        system.diagonal(dim1=-2, dim2=-1).fill_(1)
+        rhs = torch.cat([v.mul_(beta[..., None]), k_beta.mul_(cum.exp()[..., None])], -1)
         uw = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-        u, w = uw.split([v.shape[-1], k.shape[-1]], -1)
-        attn = q @ k.transpose(-1, -2) * decay
-        q_read = q * cum.exp()[..., None]
-        k_write = k * (cum[..., -1:] - cum).exp()[..., None]
+        u, w = uw.split([s.head_v_dim, s.head_k_dim], -1)
+        attn = (q @ k.transpose(-1, -2)).mul_(decay)
+        q_read = q.mul_(cum.exp()[..., None])
+        k_write = k.mul_((cum[..., -1:] - cum).exp()[..., None]).transpose(-1, -2)
         chunk_decay = cum[..., -1].exp()[..., None, None]
-        idx = torch.as_tensor(layout.seqs, dtype=torch.long)
+        idx = torch.as_tensor(layout.ranked, dtype=torch.long)
         S = state.recurrent[idx].float()
-        out = torch.empty_like(v)
-        for chunks, which in layout.steps():
-            s = S[which]
-            v_new = u[chunks] - w[chunks] @ s
-            out[chunks] = q_read[chunks] @ s + attn[chunks] @ v_new
-            S[which] = s * chunk_decay[chunks] + k_write[chunks].transpose(-1, -2) @ v_new
+        out = torch.empty(n, s.num_v_heads, size, s.head_v_dim)
+        for chunks, m in layout.steps():
+            before = S[:m]
+            v_new = u[chunks] - w[chunks] @ before
+            out[chunks] = q_read[chunks] @ before + attn[chunks] @ v_new
+            S[:m] = before * chunk_decay[chunks] + k_write[chunks] @ v_new
         state.recurrent[idx] = S.to(state.recurrent.dtype)
         return layout.unpad(out.transpose(1, 2))
 

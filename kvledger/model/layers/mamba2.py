@@ -18,8 +18,11 @@ n_groups slices of ``intermediate``).
 A prefill runs the SSD chunked scan: within a chunk the outputs are a masked [C, C] product
 (C B^T weighted by the decays between positions), each chunk's contribution to the state is one
 product, and only the states at chunk boundaries pass from chunk to chunk. The decays are
-differences of a cumulative sum of dt A taken in fp64, so long chunks of strongly decaying
-heads lose no precision. A decode token takes the recurrent update, through the device's
+differences of a cumulative sum of dt A taken in fp64 (rounded once to fp32 for the [C, C]
+ones). The chunk size changes nothing but the cost: the config's ``mamba_chunk_size`` (256)
+is a GPU kernel's tile; on a CPU the [C, C] decays per head outweigh the states passed between
+chunks above 64 tokens (Granite-4.0-H-Micro's shapes: 64 is 1.8x faster than 256), so the
+default here is 64 (``Mamba2Shape.chunk_size``). A decode token takes the recurrent update, through the device's
 native step where it has one (``Kernels.state_mixers``), else in PyTorch. Arithmetic is fp32
 whatever the compute dtype; the state is kept in the slot's dtype.
 
@@ -49,7 +52,8 @@ are computed in slices (4,096 tokens at Granite-4.0-H-Micro's shapes: 64 MiB per
 
 @dataclass(frozen=True)
 class Mamba2Shape:
-    """A Mamba-2 layer's sizes (Granite's ``mamba_*`` config fields), dt limits, norm eps."""
+    """A Mamba-2 layer's sizes (Granite's ``mamba_*`` config fields), dt limits, norm eps, and
+    the tokens per chunk of a prefill's scan (the result does not depend on it)."""
 
     hidden_size: int
     num_heads: int
@@ -57,7 +61,7 @@ class Mamba2Shape:
     d_state: int
     n_groups: int = 1
     conv_kernel: int = 4
-    chunk_size: int = 256
+    chunk_size: int = 64
     dt_min: float = 0.0
     dt_max: float = float("inf")
     eps: float = 1e-6
@@ -123,10 +127,10 @@ class Mamba2:
             y[split.rows(seqs)] = self._decode(split.take(xbc, seqs), split.take(dt, seqs), state,
                                                seqs)
         if split.prefill:
-            layout = ChunkLayout(split, split.prefill, s.chunk_size)
-            mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split,
-                                split.prefill)
-            y[layout.rows] = self._prefill(mixed, dt[layout.rows], state, layout)
+            seqs = split.prefill
+            layout = ChunkLayout(split, seqs, s.chunk_size)
+            mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split, seqs)
+            y[layout.rows] = self._prefill(mixed, split.take(dt, seqs), state, layout)
         return self.out_proj(self._gated_norm(y, z))
 
     __call__ = forward
@@ -159,39 +163,44 @@ class Mamba2:
         return torch.einsum("nhpk,nhk->nhp", S, C) + self.D[:, None] * x
 
     def _prefill(self, mixed, dt, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
-        """The SSD chunked scan over the prefill sequences -> y [their tokens, heads, P]."""
-        s = self.shape
+        """The SSD chunked scan over the prefill sequences -> y [their tokens, heads, P].
+
+        Per chunk and group, the products over its r heads run as one matrix of r x P columns
+        ([l, (r p)] and [n, (r p)] blocks; the state as [n, (r p)]); only the [l, s] decays
+        need each head apart."""
+        s, c, size = self.shape, layout.num_chunks, layout.chunk
         x, B, C, dt = self._split(mixed, dt)
-        g, r = s.n_groups, s.num_heads // s.n_groups
+        g, r, p = s.n_groups, s.num_heads // s.n_groups, s.head_dim
         skip = self.D[:, None] * x
-        # per chunk: xdt [c, l, g, r, p], B / C [c, l, g, n], cum [c, g, r, l] (fp64)
-        xdt = layout.pad(x * dt[..., None]).unflatten(2, (g, r))
-        B, C = layout.pad(B), layout.pad(C)
+        # per chunk: xdt [c, g, l, r, p]; B, C [c, g, l, n]; cum [c, g, r, l] (fp64)
+        xdt = layout.pad(x * dt[..., None]).view(c, size, g, r, p).transpose(1, 2).contiguous()
+        per_head = xdt.permute(0, 1, 3, 2, 4).contiguous()  # [c, g, r, l, p]
+        B, C = (layout.pad(t).transpose(1, 2).contiguous() for t in (B, C))
         cum = layout.pad((dt * self.A).double()).cumsum(1).permute(0, 2, 1).unflatten(1, (g, r))
-        last = cum[..., -1:]
-        y = torch.empty_like(xdt)
-        states = torch.empty(layout.num_chunks, g, r, s.head_dim, s.d_state)
-        per_slice = max(1, CHUNK_WORK // (s.num_heads * layout.chunk ** 2))
-        causal = torch.ones(layout.chunk, layout.chunk, dtype=torch.bool).tril()
-        for a in range(0, layout.num_chunks, per_slice):
-            sl = slice(a, a + per_slice)
-            decay = (cum[sl, ..., :, None] - cum[sl, ..., None, :]).float()
-            decay = decay.masked_fill(~causal, float("-inf")).exp()  # [c, g, r, l, s]
-            scores = torch.einsum("clgn,csgn->cgls", C[sl], B[sl])[:, :, None] * decay
-            y[sl] = torch.einsum("cgrls,csgrp->clgrp", scores, xdt[sl])
-            to_end = (last[sl] - cum[sl]).float().exp()  # [c, g, r, l]
-            states[sl] = torch.einsum("clgn,cgrl,clgrp->cgrpn", B[sl], to_end, xdt[sl])
-        idx = torch.as_tensor(layout.seqs, dtype=torch.long)
-        S = state.recurrent[idx].float().unflatten(1, (g, r))
+        last, cum32 = cum[..., -1:], cum.float()
+        to_end = (last - cum).float().exp_().transpose(-1, -2)[..., None]  # [c, g, l, r, 1]
+        states = B.transpose(-1, -2) @ (xdt * to_end).view(c, g, size, r * p)  # [c, g, n, rp]
+        idx = torch.as_tensor(layout.ranked, dtype=torch.long)
+        S = state.recurrent[idx].float().view(-1, g, r, p, s.d_state)
+        S = S.permute(0, 1, 4, 2, 3).reshape(-1, g, s.d_state, r * p)
         start = torch.empty_like(states)
-        chunk_decay = last.float().exp()[..., None]  # [c, g, r, 1, 1]
-        for chunks, which in layout.steps():
-            start[chunks] = S[which]
-            S[which] = S[which] * chunk_decay[chunks] + states[chunks]
-        state.recurrent[idx] = S.flatten(1, 2).to(state.recurrent.dtype)
-        y += torch.einsum("clgn,cgrpn->clgrp", C, start) * \
-            cum.float().exp().permute(0, 3, 1, 2)[..., None]
-        return layout.unpad(y.flatten(2, 3)) + skip
+        chunk_decay = last.float().exp().transpose(-1, -2)[..., None].expand(c, g, 1, r, p)
+        chunk_decay = chunk_decay.reshape(c, g, 1, r * p)
+        for chunks, m in layout.steps():
+            start[chunks] = S[:m]
+            S[:m] = S[:m] * chunk_decay[chunks] + states[chunks]
+        state.recurrent[idx] = S.view(-1, g, s.d_state, r, p).permute(0, 1, 3, 4, 2).reshape(
+            state.recurrent[idx].shape).to(state.recurrent.dtype)
+        y = (C @ start).view(c, g, size, r, p).mul_(cum32.exp().transpose(-1, -2)[..., None])
+        per_slice = max(1, CHUNK_WORK // (s.num_heads * size ** 2))
+        upper = torch.ones(size, size, dtype=torch.bool).triu(1)
+        for a in range(0, c, per_slice):
+            sl = slice(a, a + per_slice)
+            decay = cum32[sl, ..., :, None] - cum32[sl, ..., None, :]  # [c, g, r, l, s]
+            decay = decay.masked_fill_(upper, float("-inf")).exp_()
+            scores = decay.mul_((C[sl] @ B[sl].transpose(-1, -2))[:, :, None])
+            y[sl] += (scores @ per_head[sl]).transpose(2, 3)
+        return layout.unpad(y.transpose(1, 2).flatten(2, 3)) + skip
 
     def _gated_norm(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each group's slice of y * silu(z), times the weight: [T, intermediate]."""

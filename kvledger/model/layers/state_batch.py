@@ -48,29 +48,30 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """SiLU of the causal depthwise convolution of the tokens of ``seqs`` (rows of x [T, C],
     strided views allowed), each sequence continuing after its window ``conv[i]`` [C, K - 1]
     (the K - 1 inputs before its first token), which becomes its last K - 1 inputs: returns
-    [tokens of seqs, C] in x's dtype, computed in fp32; weight [C, K].
+    fp32 [tokens of seqs, C]; weight fp32 [C, K].
 
     All sequences go through one sum of K shifted products: their windows and tokens are laid
     end to end, each token's output reads the K rows ending at its own, which never cross into
-    the sequence before."""
-    k = weight.shape[1]
-    idx = torch.as_tensor(seqs, dtype=torch.long)
-    lengths = [split.lengths[i] for i in seqs]
-    ends = torch.tensor(lengths).cumsum(0) + (k - 1) * torch.arange(1, len(seqs) + 1)
-    token_at = torch.cat([torch.arange(e - n, e) for e, n in zip(ends.tolist(), lengths)])
-    window_at = (ends - torch.tensor(lengths) - (k - 1))[:, None] + torch.arange(k - 1)
-    buf = x.new_empty(int(ends[-1]), x.shape[1], dtype=torch.float32)
-    buf[token_at] = x[split.rows(seqs)].float()
-    buf[window_at.reshape(-1)] = conv[idx].transpose(1, 2).reshape(-1, x.shape[1]).float()
-    w = weight.float()
-    out = buf[token_at] * w[:, k - 1]
-    for j in range(k - 1):
-        out.addcmul_(buf[token_at - (k - 1 - j)], w[:, j])
+    the sequence before (the outputs at window rows are computed and dropped)."""
+    w = weight.shape[1] - 1
+    segments, at = [], 0
+    for i in seqs:
+        segments.append((i, at, split.starts[i], split.lengths[i]))
+        at += w + split.lengths[i]
+    buf = torch.empty(at, x.shape[1])
+    for i, seg, start, n in segments:
+        buf[seg:seg + w] = conv[i].t()
+        buf[seg + w:seg + w + n] = x[start:start + n]
+    full = buf[w:] * weight[:, w]  # full[r]: the output at buf row r + w
+    for j in range(w):
+        full.addcmul_(buf[j:at - w + j], weight[:, j])
     if bias is not None:
-        out += bias.float()
-    tail = (ends[:, None] - (k - 1) + torch.arange(k - 1)).reshape(-1)
-    conv[idx] = buf[tail].view(len(seqs), k - 1, -1).transpose(1, 2).to(conv.dtype)
-    return F.silu(out).to(x.dtype)
+        full += bias
+    for i, seg, _, n in segments:
+        conv[i] = buf[seg + n:seg + n + w].t()
+    out = full if len(segments) == 1 else torch.cat([full[seg:seg + n]
+                                                     for _, seg, _, n in segments])
+    return F.silu(out, inplace=True)
 
 
 def conv_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -85,38 +86,46 @@ def conv_update(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 class ChunkLayout:
-    """The prefill tokens of ``seqs`` (a :class:`StepSplit`'s) as chunks of ``chunk`` positions,
-    each sequence starting a new chunk and its last one zero-padded: :meth:`pad` lays rows out
-    as [chunks, chunk, ...], :meth:`unpad` reads them back, :meth:`steps` gives the chunks of
-    each position in the sequences (the chunked scans run over chunks in order)."""
+    """The prefill tokens of ``seqs`` (a :class:`StepSplit`'s) as chunks of ``chunk``
+    positions, each sequence starting a new chunk and its last one zero-padded, laid out
+    position-major: the sequences ranked by their number of chunks (most first), chunk i of
+    every sequence that has one sits together, ranks in order. So the chunked scans' step i
+    reads one slice of chunks and the first ``m`` rows of the states (:meth:`steps`).
+
+    :meth:`pad` lays rows out as [chunks, chunk, ...], :meth:`unpad` reads them back;
+    ``ranked`` are the sequences of ``seqs`` in rank order (the order of the scans' states)."""
 
     def __init__(self, split: StepSplit, seqs: list[int], chunk: int) -> None:
-        self.chunk, self.seqs = chunk, seqs
-        self.rows = split.rows(seqs)
+        self.chunk, self.rows = chunk, split.rows(seqs)
         counts = [math.ceil(split.lengths[i] / chunk) for i in seqs]
-        first = [0]
-        for c in counts:
-            first.append(first[-1] + c)
-        self.num_chunks, self.counts, self.first = first[-1], counts, first[:-1]
-        self.index = torch.cat([torch.arange(split.lengths[i]) + f * chunk
-                                for i, f in zip(seqs, self.first)])
+        order = sorted(range(len(seqs)), key=lambda j: -counts[j])
+        self.ranked = [seqs[j] for j in order]
+        self.active = [sum(c > i for c in counts) for i in range(max(counts, default=0))]
+        first = torch.tensor([0, *self.active]).cumsum(0)
+        self.num_chunks = int(first[-1])
+        rank = {j: r for r, j in enumerate(order)}
+        self.index = torch.cat([
+            (first[t // chunk] + rank[j]) * chunk + t % chunk
+            for j, t in ((j, torch.arange(split.lengths[i])) for j, i in enumerate(seqs))])
+        self.first = first.tolist()
+        self.in_order = bool((self.index == torch.arange(len(self.index))).all())
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """The rows of the tokens of ``seqs`` (in their order; ``x[self.rows]`` of the step
-        batch) -> [chunks, chunk, ...], zeros in the padding."""
+        """The rows of the tokens of ``seqs`` (in their order) -> [chunks, chunk, ...], zeros in
+        the padding."""
         out = x.new_zeros(self.num_chunks * self.chunk, *x.shape[1:])
-        out[self.index] = x
+        if self.in_order:
+            out[:x.shape[0]] = x
+        else:
+            out[self.index] = x
         return out.view(self.num_chunks, self.chunk, *x.shape[1:])
 
     def unpad(self, y: torch.Tensor) -> torch.Tensor:
         """[chunks, chunk, ...] -> the rows of the tokens of ``seqs``, in their order."""
-        return y.reshape(self.num_chunks * self.chunk, *y.shape[2:])[self.index]
+        flat = y.reshape(self.num_chunks * self.chunk, *y.shape[2:])
+        return flat[:len(self.index)] if self.in_order else flat[self.index]
 
-    def steps(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per chunk position i: (the i-th chunk of each sequence that has one, those
-        sequences' positions in ``seqs``), both int64."""
-        out = []
-        for i in range(max(self.counts, default=0)):
-            which = [j for j, c in enumerate(self.counts) if c > i]
-            out.append((torch.tensor([self.first[j] + i for j in which]), torch.tensor(which)))
-        return out
+    def steps(self) -> list[tuple[slice, int]]:
+        """Per chunk position i: (the slice of the chunks at i, how many sequences have one:
+        the first that many in rank order)."""
+        return [(slice(self.first[i], self.first[i] + m), m) for i, m in enumerate(self.active)]
