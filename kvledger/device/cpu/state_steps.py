@@ -34,7 +34,8 @@ class StateStepKernel:
         self._conv = lib.kvl_conv_step
         self._conv.argtypes = [ptr, i64, i32, ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
         self._delta = lib.kvl_delta_step
-        self._delta.argtypes = [ptr, ptr, ptr, i64, i32, ptr, ptr] + [i32] * 5 + [ptr] * 3
+        self._delta.argtypes = [ptr, ptr, ptr, i64, i32, ptr, ptr] + [i32] * 5 + [ptr] * 4 \
+            + [i64, ptr, f32, ptr]
         self._ssd = lib.kvl_ssd_step
         self._ssd.argtypes = [ptr, ptr, i64, i32, ptr, ptr] + [i32] * 5 + [ptr] * 3 \
             + [f32, f32, ptr]
@@ -71,18 +72,25 @@ class StateStepKernel:
 
     def delta(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
               recurrent: torch.Tensor, rows: torch.Tensor, num_k_heads: int,
-              neg_A: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+              neg_A: torch.Tensor, dt_bias: torch.Tensor,
+              gate: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
         """The gated delta rule on the conv's q, k, v ``mixed`` fp32 [n, 2 key_dim +
         value_dim] with a, b [n, Hv] (rows of one matrix), on ``recurrent[rows[i]]`` [Hv, dk,
-        dv] in place -> o fp32 [n, Hv, dv]; neg_A (-exp(A_log)), dt_bias fp32 [Hv]."""
+        dv] in place -> o fp32 [n, Hv, dv]; neg_A (-exp(A_log)), dt_bias fp32 [Hv]. With
+        ``gate`` = (z [n, Hv dv] in a's dtype, norm weight fp32 [dv], eps): RMSNorm(o) * weight
+        * silu(z) per head instead, [n, Hv dv] in z's dtype."""
         _, hv, dk, dv = recurrent.shape
         n = mixed.shape[0]
         out = torch.empty(n, hv, dv)
+        z, weight, eps = gate if gate is not None else (None, None, 0.0)
+        gated = None if z is None else torch.empty(n, hv * dv, dtype=z.dtype)
         self._delta(mixed.data_ptr(), a.data_ptr(), b.data_ptr(), a.stride(0),
                     DTYPE_CODES[a.dtype], recurrent.data_ptr(), rows.data_ptr(), n,
                     num_k_heads, hv, dk, dv, neg_A.data_ptr(), dt_bias.data_ptr(),
-                    out.data_ptr())
-        return out
+                    out.data_ptr(), None if z is None else z.data_ptr(),
+                    0 if z is None else z.stride(0), None if z is None else weight.data_ptr(),
+                    eps, None if z is None else gated.data_ptr())
+        return out if z is None else gated
 
     def ssd(self, mixed: torch.Tensor, dt: torch.Tensor, recurrent: torch.Tensor,
             rows: torch.Tensor, n_groups: int, A: torch.Tensor, D: torch.Tensor,

@@ -102,6 +102,7 @@ class GatedDeltaNet:
         self.conv_weight = conv_weight.float().reshape(shape.conv_dim, shape.conv_kernel)
         self.neg_A = -A_log.float().exp()
         self.dt_bias, self.norm_weight = dt_bias.float().contiguous(), norm_weight
+        self.norm_weight_f32 = norm_weight.float().contiguous()
         native = kernels.state_mixers() if kernels is not None else None
         self.native = native if native is not None and native.accepts_delta(
             shape.head_k_dim, shape.head_v_dim) else None
@@ -123,18 +124,18 @@ class GatedDeltaNet:
         split = StepSplit(meta)
         proj = self.in_proj(x)
         qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)
-        core = proj.new_empty(x.shape[0], s.num_v_heads, s.head_v_dim, dtype=torch.float32)
+        parts = []
         if split.decode:
             seqs = split.decode
-            core[split.rows(seqs)] = self._decode(split.take(qkv, seqs), split.take(a, seqs),
-                                                  split.take(b, seqs), state, seqs)
+            parts.append((seqs, self._decode(*(split.take(t, seqs) for t in (qkv, a, b, z)),
+                                             state, seqs)))
         if split.prefill:
             seqs = split.prefill
-            layout = ChunkLayout(split, seqs, CHUNK)
             mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, seqs)
-            core[layout.rows] = self._prefill(mixed, split.take(a, seqs), split.take(b, seqs),
-                                              state, layout)
-        return self.out_proj(self._gated_norm(core, z))
+            core = self._prefill(mixed, split.take(a, seqs), split.take(b, seqs), state,
+                                 ChunkLayout(split, seqs, CHUNK))
+            parts.append((seqs, self._gated_norm(core, split.take(z, seqs))))
+        return self.out_proj(split.assemble(parts, x.shape[0]))
 
     __call__ = forward
 
@@ -154,21 +155,23 @@ class GatedDeltaNet:
             q, k = q.repeat_interleave(rep, 1), k.repeat_interleave(rep, 1)
         return q, k, v.reshape(-1, s.num_v_heads, s.head_v_dim)
 
-    def _decode(self, qkv, a, b, state: LayerState, seqs: list[int]) -> torch.Tensor:
-        """One token per sequence of ``seqs``: conv update and recurrent update -> o [n, Hv, dv]."""
+    def _decode(self, qkv, a, b, z, state: LayerState, seqs: list[int]) -> torch.Tensor:
+        """One token per sequence of ``seqs``: conv update, recurrent update and the gated
+        norm -> [n, value_dim]."""
         idx = torch.as_tensor(seqs, dtype=torch.long)
-        if self.native is not None and self.native.takes(state.conv, state.recurrent, a, b) \
+        if self.native is not None and self.native.takes(state.conv, state.recurrent, a, b, z) \
                 and self.native.takes(state.conv, state.recurrent, qkv):
             mixed = self.native.conv(qkv, state.conv, idx, self.conv_weight, None)
             return self.native.delta(mixed, a, b, state.recurrent, idx, self.shape.num_k_heads,
-                                     self.neg_A, self.dt_bias)
+                                     self.neg_A, self.dt_bias,
+                                     (z, self.norm_weight_f32, self.shape.eps))
         q, k, v = self._qkv(conv_update(qkv, self.conv_weight, None, state.conv, seqs))
         g, beta = self._gates(a, b)
         S = state.recurrent[idx].float() * g.exp()[..., None, None]
         delta = (v - torch.einsum("nhk,nhkv->nhv", k, S)) * beta[..., None]
         S += k[..., None] * delta[..., None, :]
         state.recurrent[idx] = S.to(state.recurrent.dtype)
-        return torch.einsum("nhk,nhkv->nhv", q, S)
+        return self._gated_norm(torch.einsum("nhk,nhkv->nhv", q, S), z)
 
     def _prefill(self, mixed, a, b, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
         """The chunked form over the prefill sequences -> o [their tokens, Hv, dv]."""

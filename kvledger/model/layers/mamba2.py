@@ -121,17 +121,17 @@ class Mamba2:
         split = StepSplit(meta)
         proj = self.in_proj(x)
         z, xbc, dt = proj.split([s.intermediate, s.conv_dim, s.num_heads], -1)
-        y = proj.new_empty(x.shape[0], s.num_heads, s.head_dim, dtype=torch.float32)
+        parts = []
         if split.decode:
             seqs = split.decode
-            y[split.rows(seqs)] = self._decode(split.take(xbc, seqs), split.take(dt, seqs), state,
-                                               seqs)
+            parts.append((seqs, self._decode(split.take(xbc, seqs), split.take(dt, seqs), state,
+                                             seqs)))
         if split.prefill:
             seqs = split.prefill
-            layout = ChunkLayout(split, seqs, s.chunk_size)
             mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split, seqs)
-            y[layout.rows] = self._prefill(mixed, split.take(dt, seqs), state, layout)
-        return self.out_proj(self._gated_norm(y, z))
+            parts.append((seqs, self._prefill(mixed, split.take(dt, seqs), state,
+                                              ChunkLayout(split, seqs, s.chunk_size))))
+        return self.out_proj(self._gated_norm(split.assemble(parts, x.shape[0]), z))
 
     __call__ = forward
 

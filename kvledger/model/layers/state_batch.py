@@ -29,18 +29,31 @@ class StepSplit:
         self.decode = [i for i, n in enumerate(self.lengths) if n == 1]
         self.prefill = [i for i, n in enumerate(self.lengths) if n > 1]
 
+    def _whole(self, seqs: list[int], rows: int) -> bool:
+        """Whether the tokens of ``seqs`` are all ``rows`` rows of the batch."""
+        return len(seqs) == len(self.lengths) and self.starts[0] == 0 \
+            and self.starts[-1] + self.lengths[-1] == rows
+
     def take(self, t: torch.Tensor, seqs: list[int]) -> torch.Tensor:
         """The rows of t [T, ...] of the tokens of ``seqs``: t itself (a view, strides kept)
         when they are all of it."""
-        if len(seqs) == len(self.lengths) and self.starts[0] == 0 \
-                and self.starts[-1] + self.lengths[-1] == t.shape[0]:
-            return t
-        return t[self.rows(seqs)]
+        return t if self._whole(seqs, t.shape[0]) else t[self.rows(seqs)]
+
+    def assemble(self, parts: list[tuple[list[int], torch.Tensor]], rows: int) -> torch.Tensor:
+        """The batch's ``rows`` rows from parts (seqs, the rows of their tokens in order)."""
+        if len(parts) == 1 and self._whole(parts[0][0], rows):
+            return parts[0][1]
+        out = parts[0][1].new_empty(rows, *parts[0][1].shape[1:])
+        for seqs, values in parts:
+            out[self.rows(seqs)] = values
+        return out
 
     def rows(self, seqs: list[int]) -> torch.Tensor:
         """The batch rows of the tokens of ``seqs`` (in their order), int64."""
+        if all(self.lengths[i] == 1 for i in seqs):
+            return torch.tensor([self.starts[i] for i in seqs], dtype=torch.long)
         return torch.cat([torch.arange(self.starts[i], self.starts[i] + self.lengths[i])
-                          for i in seqs]) if seqs else torch.zeros(0, dtype=torch.long)
+                          for i in seqs])
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -96,7 +109,7 @@ class ChunkLayout:
     ``ranked`` are the sequences of ``seqs`` in rank order (the order of the scans' states)."""
 
     def __init__(self, split: StepSplit, seqs: list[int], chunk: int) -> None:
-        self.chunk, self.rows = chunk, split.rows(seqs)
+        self.chunk = chunk
         counts = [math.ceil(split.lengths[i] / chunk) for i in seqs]
         order = sorted(range(len(seqs)), key=lambda j: -counts[j])
         self.ranked = [seqs[j] for j in order]

@@ -5,7 +5,8 @@
 //    the last K - 1 inputs, then SiLU; the window shifts by one (in place);
 //  - kvl_delta_step: the gated delta rule (Yang, Kautz & Hatamizadeh, arXiv:2412.06464) on the
 //    conv's q, k, v: L2 norm of q and k, q / sqrt(dk), g = -exp(A_log) softplus(a + dt_bias),
-//    beta = sigmoid(b); S <- e^g S; S <- S + k (beta (v - S^T k))^T; o = S^T q (in place on S);
+//    beta = sigmoid(b); S <- e^g S; S <- S + k (beta (v - S^T k))^T; o = S^T q (in place on S),
+//    then, when given the gate z, the output RMSNorm(o) w silu(z) of each head;
 //  - kvl_ssd_step: the Mamba-2 recurrence (Dao & Gu, arXiv:2405.21060) on the conv's x, B, C:
 //    dt = clamp(softplus(dt + dt_bias)); S <- e^(dt A) S + dt x B^T; y = S C + D x.
 //
@@ -112,10 +113,34 @@ void l2_normed(const float* x, int d, float scale, float* out) {
     for (int i = 0; i < d; ++i) out[i] = x[i] * inv;
 }
 
+inline void put(float* p, int64_t i, float f) { p[i] = f; }
+inline void put(uint16_t* p, int64_t i, float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    p[i] = static_cast<uint16_t>(u >> 16);
+}
+
+// out[j] = o[j] / rms(o) * w[j] * silu(z[j]) over one head's dv values; o rounded to T first,
+// as the PyTorch norm rounds it to the compute dtype before the weight.
+template <typename T>
+void gated_norm(const float* o, const T* z, const float* w, float eps, int dv, T* out) {
+    float sq = 0.f;
+    for (int j = 0; j < dv; ++j) sq += o[j] * o[j];
+    const float inv = 1.f / std::sqrt(sq / dv + eps);
+    for (int j = 0; j < dv; ++j) {
+        T normed[1];
+        put(normed, 0, o[j] * inv);
+        put(normed, 0, to_f32(normed, 0) * w[j]);
+        put(out, j, to_f32(normed, 0) * silu(to_f32(z, j)));
+    }
+}
+
 template <typename T>
 void delta_step(const float* mixed, const T* a, const T* b, int64_t ab_stride, float* S,
                 const int64_t* rows, int n, int hk, int hv, int dk, int dv,
-                const float* neg_A, const float* dt_bias, float* out) {
+                const float* neg_A, const float* dt_bias, float* out, const T* z,
+                int64_t z_stride, const float* norm_w, float eps, T* gated) {
     const int64_t key_dim = static_cast<int64_t>(hk) * dk, width = 2 * key_dim + hv * dv;
     const int rep = hv / hk;
     const float q_scale = 1.f / std::sqrt(static_cast<float>(dk));
@@ -129,9 +154,13 @@ void delta_step(const float* mixed, const T* a, const T* b, int64_t ab_stride, f
         l2_normed(row + key_dim + kh * dk, dk, 1.f, kn);
         const float g = neg_A[h] * softplus(to_f32(a, i * ab_stride + h) + dt_bias[h]);
         const float beta = 1.f / (1.f + std::exp(-to_f32(b, i * ab_stride + h)));
+        float* o = out + static_cast<int64_t>(p) * dv;
         delta_head(S + (rows[i] * hv + h) * static_cast<int64_t>(dk) * dv, qn, kn,
                    row + 2 * key_dim + static_cast<int64_t>(h) * dv, std::exp(g), beta, dk, dv,
-                   out + static_cast<int64_t>(p) * dv);
+                   o);
+        if (z)
+            gated_norm(o, z + i * z_stride + static_cast<int64_t>(h) * dv, norm_w, eps, dv,
+                       gated + static_cast<int64_t>(p) * dv);
     }
 }
 
@@ -187,16 +216,22 @@ void kvl_conv_step(const void* x, int64_t x_stride, int x_bf16, float* window,
 }
 
 // mixed: fp32 [n, 2 hk dk + hv dv] (q, k, v after the conv); a, b: [n] rows of ab_stride
-// elements, hv each (fp32 or bf16); S: fp32 [*, hv, dk, dv], row rows[i]; out: fp32 [n, hv, dv].
+// elements, hv each (fp32 or bf16, as z and gated); S: fp32 [*, hv, dk, dv], row rows[i]; out:
+// fp32 [n, hv, dv]; z: null, or [n] rows of z_stride elements, hv dv each, and then gated
+// [n, hv, dv] gets RMSNorm(o) norm_w silu(z) per head (norm_w: fp32 [dv]).
 void kvl_delta_step(const float* mixed, const void* a, const void* b, int64_t ab_stride,
-                    int ab_bf16, float* S, const int64_t* rows, int n, int hk, int hv, int dk,
-                    int dv, const float* neg_A, const float* dt_bias, float* out) {
-    if (ab_bf16)
+                    int bf16, float* S, const int64_t* rows, int n, int hk, int hv, int dk,
+                    int dv, const float* neg_A, const float* dt_bias, float* out, const void* z,
+                    int64_t z_stride, const float* norm_w, float eps, void* gated) {
+    if (bf16)
         delta_step(mixed, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b),
-                   ab_stride, S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out);
+                   ab_stride, S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out,
+                   static_cast<const uint16_t*>(z), z_stride, norm_w, eps,
+                   static_cast<uint16_t*>(gated));
     else
         delta_step(mixed, static_cast<const float*>(a), static_cast<const float*>(b), ab_stride,
-                   S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out);
+                   S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out, static_cast<const float*>(z),
+                   z_stride, norm_w, eps, static_cast<float*>(gated));
 }
 
 // mixed: fp32 [n, heads hd + 2 groups ds] (x, B, C after the conv); dt: [n] rows of dt_stride
