@@ -2,7 +2,7 @@
 (hidden 1,024; 16 key and 16 value heads of 128; conv 4) and Mamba-2 at Granite-4.0-H-Micro's
 (hidden 2,048; 64 heads of 64; d_state 128; 1 group; conv 4; scanned in chunks of 64 rather
 than the config's 256, see kvledger.model.layers.mamba2), random bf16 weights,
-fp32 state as the engine keeps it.
+the state in bf16 as the engine keeps it (its compute dtype).
 
 Prints, per thread count: prefill tokens/s of one ``--prompt``-token sequence (the chunked
 forms, PyTorch), and the time of one decode step of ``--batch`` sequences through the PyTorch
@@ -74,7 +74,8 @@ def alone(layer, projected: torch.Tensor):
 
 def state(shape, batch: int) -> LayerState:
     sizes = shape.state_shapes()
-    return LayerState(torch.zeros(batch, *sizes["conv"]), torch.zeros(batch, *sizes["recurrent"]))
+    return LayerState(torch.zeros(batch, *sizes["conv"], dtype=torch.bfloat16),
+                      torch.zeros(batch, *sizes["recurrent"], dtype=torch.bfloat16))
 
 
 def meta(lengths: list[int], fresh: bool) -> StateMeta:

@@ -4,11 +4,12 @@ into the step's gathered state rows.
 
 A decode token through PyTorch costs ~15 small ops per layer (the conv window, the norms and
 gates, the state update and read), each a few microseconds of dispatch; the kernels do each
-mixer's step in two calls, in fp32 (the formulas: :mod:`kvledger.model.layers.gated_deltanet`,
-:mod:`kvledger.model.layers.mamba2`; the tests hold them to the PyTorch steps). They take
-fp32 states (as the engine keeps them), the projection's columns in fp32 or bf16, and the
-state's last dimension (dv, d_state) a multiple of the build's vector lanes; anything else is
-the caller's PyTorch path. :func:`kernel` is None when the native library cannot be built.
+mixer's step in two calls, in fp32 arithmetic (the formulas:
+:mod:`kvledger.model.layers.gated_deltanet`, :mod:`kvledger.model.layers.mamba2`; the tests
+hold them to the PyTorch steps), DeltaNet's gated RMSNorm included. They take states in fp32
+or bf16 (the engine keeps them in its compute dtype), the projection's columns in fp32 or bf16,
+and the state's last dimension (dv, d_state) a multiple of the build's vector lanes; anything
+else is the caller's PyTorch path. :func:`kernel` is None when the native library cannot be built.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ class StateStepKernel:
         ptr, i32, i64, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         self.lanes, self.max_key_dim = lib.kvl_state_lanes(), lib.kvl_state_max_key_dim()
         self._conv = lib.kvl_conv_step
-        self._conv.argtypes = [ptr, i64, i32, ptr, ptr, i32, i32, i32, ptr, ptr, ptr]
+        self._conv.argtypes = [ptr, i64, i32, ptr, i32, ptr, i32, i32, i32, ptr, ptr, ptr]
         self._delta = lib.kvl_delta_step
-        self._delta.argtypes = [ptr, ptr, ptr, i64, i32, ptr, ptr] + [i32] * 5 + [ptr] * 4 \
-            + [i64, ptr, f32, ptr]
+        self._delta.argtypes = [ptr, ptr, ptr, i64, i32, ptr, i32, ptr] + [i32] * 5 \
+            + [ptr] * 4 + [i64, ptr, f32, ptr]
         self._ssd = lib.kvl_ssd_step
-        self._ssd.argtypes = [ptr, ptr, i64, i32, ptr, ptr] + [i32] * 5 + [ptr] * 3 \
+        self._ssd.argtypes = [ptr, ptr, i64, i32, ptr, i32, ptr] + [i32] * 5 + [ptr] * 3 \
             + [f32, f32, ptr]
         for fn in (self._conv, self._delta, self._ssd):
             fn.restype = None
@@ -53,10 +54,11 @@ class StateStepKernel:
     @staticmethod
     def takes(state_conv: torch.Tensor, state_recurrent: torch.Tensor,
               *columns: torch.Tensor) -> bool:
-        """Whether the tensors of one call are laid out as the kernels read them: fp32
-        contiguous states, the projection's columns as rows of contiguous elements."""
-        return (all(t.dtype == torch.float32 and t.is_contiguous()
-                    for t in (state_conv, state_recurrent))
+        """Whether the tensors of one call are laid out as the kernels read them: contiguous
+        states of one dtype (fp32 or bf16), the projection's columns (one dtype) as rows of
+        contiguous elements."""
+        return (state_conv.dtype in DTYPE_CODES and state_recurrent.dtype == state_conv.dtype
+                and state_conv.is_contiguous() and state_recurrent.is_contiguous()
                 and all(_strided_rows(c) and c.dtype == columns[0].dtype for c in columns))
 
     def conv(self, x: torch.Tensor, window: torch.Tensor, rows: torch.Tensor,
@@ -66,7 +68,7 @@ class StateStepKernel:
         n, channels = x.shape
         out = torch.empty(n, channels)
         self._conv(x.data_ptr(), x.stride(0), DTYPE_CODES[x.dtype], window.data_ptr(),
-                   rows.data_ptr(), n, channels, weight.shape[1], weight.data_ptr(),
+                   DTYPE_CODES[window.dtype], rows.data_ptr(), n, channels, weight.shape[1], weight.data_ptr(),
                    None if bias is None else bias.data_ptr(), out.data_ptr())
         return out
 
@@ -85,7 +87,8 @@ class StateStepKernel:
         z, weight, eps = gate if gate is not None else (None, None, 0.0)
         gated = None if z is None else torch.empty(n, hv * dv, dtype=z.dtype)
         self._delta(mixed.data_ptr(), a.data_ptr(), b.data_ptr(), a.stride(0),
-                    DTYPE_CODES[a.dtype], recurrent.data_ptr(), rows.data_ptr(), n,
+                    DTYPE_CODES[a.dtype], recurrent.data_ptr(), DTYPE_CODES[recurrent.dtype],
+                    rows.data_ptr(), n,
                     num_k_heads, hv, dk, dv, neg_A.data_ptr(), dt_bias.data_ptr(),
                     out.data_ptr(), None if z is None else z.data_ptr(),
                     0 if z is None else z.stride(0), None if z is None else weight.data_ptr(),
@@ -102,7 +105,7 @@ class StateStepKernel:
         n = mixed.shape[0]
         out = torch.empty(n, heads, hd)
         self._ssd(mixed.data_ptr(), dt.data_ptr(), dt.stride(0), DTYPE_CODES[dt.dtype],
-                  recurrent.data_ptr(), rows.data_ptr(), n, heads, hd, ds, n_groups,
+                  recurrent.data_ptr(), DTYPE_CODES[recurrent.dtype], rows.data_ptr(), n, heads, hd, ds, n_groups,
                   A.data_ptr(), D.data_ptr(), dt_bias.data_ptr(), *dt_limits, out.data_ptr())
         return out
 

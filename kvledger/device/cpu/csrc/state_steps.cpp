@@ -10,9 +10,11 @@
 //  - kvl_ssd_step: the Mamba-2 recurrence (Dao & Gu, arXiv:2405.21060) on the conv's x, B, C:
 //    dt = clamp(softplus(dt + dt_bias)); S <- e^(dt A) S + dt x B^T; y = S C + D x.
 //
-// States and the conv window are fp32 (the engine keeps them so); the projection's columns
-// (the new conv input, a, b, dt) are fp32 or bf16 rows of a strided matrix. A state's rows are
-// picked by an index, so the step writes straight into the gathered batch of the engine.
+// States and the conv window are fp32 or bf16 (the engine keeps them in its compute dtype; bf16
+// is widened on load and rounded to nearest even on store, the arithmetic is fp32); the
+// projection's columns (the new conv input, a, b, dt, z) are fp32 or bf16 rows of a strided
+// matrix. A state's rows are picked by an index, so the step writes straight into the gathered
+// batch of the engine.
 //
 // The state loops run along the state's last dimension (dv, d_state) in GCC vectors of kLanes
 // fp32: 16 (one zmm) where the compiler targets AVX-512, 8 (one ymm) with AVX2, else 4 (SSE or
@@ -23,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -37,12 +40,30 @@ typedef float vec __attribute__((vector_size(4 * kLanes)));
 constexpr int kTile = 4;  // vectors of a column tile held in registers
 constexpr int64_t PARALLEL_MIN = 1 << 16;
 
+typedef uint16_t vec16 __attribute__((vector_size(2 * kLanes)));
+typedef uint32_t vecu __attribute__((vector_size(4 * kLanes)));
+
 inline vec load(const float* p) {
     vec r;
     std::memcpy(&r, p, sizeof r);
     return r;
 }
+inline vec load(const uint16_t* p) {  // bf16 -> fp32: the 16 bits become the high half
+    vec16 h;
+    std::memcpy(&h, p, sizeof h);
+    const vecu u = __builtin_convertvector(h, vecu) << 16;
+    vec r;
+    std::memcpy(&r, &u, sizeof r);
+    return r;
+}
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+inline void store(uint16_t* p, vec v) {  // round to nearest even
+    vecu u;
+    std::memcpy(&u, &v, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    const vec16 h = __builtin_convertvector(u >> 16, vec16);
+    std::memcpy(p, &h, sizeof h);
+}
 inline vec splat(float f) { return vec{} + f; }
 inline float hsum(vec v) {
     float s = 0.f;
@@ -57,31 +78,39 @@ inline float to_f32(const uint16_t* p, int64_t i) {
     std::memcpy(&f, &u, 4);
     return f;
 }
+inline void put(float* p, int64_t i, float f) { p[i] = f; }
+inline void put(uint16_t* p, int64_t i, float f) {  // round to nearest even
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    p[i] = static_cast<uint16_t>(u >> 16);
+}
 inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
 inline float silu(float x) { return x / (1.f + std::exp(-x)); }
 
-template <typename T>
-void conv_step(const T* x, int64_t x_stride, float* window, const int64_t* rows, int n, int C,
+template <typename T, typename TS>
+void conv_step(const T* x, int64_t x_stride, TS* window, const int64_t* rows, int n, int C,
                int K, const float* w, const float* bias, float* out) {
     const int W = K - 1;
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * C * K >= PARALLEL_MIN)
     for (int i = 0; i < n; ++i) {
-        float* win = window + rows[i] * C * W;
+        TS* win = window + rows[i] * C * W;
         for (int c = 0; c < C; ++c) {
-            float* h = win + static_cast<int64_t>(c) * W;
+            TS* h = win + static_cast<int64_t>(c) * W;
             const float* wc = w + static_cast<int64_t>(c) * K;
             const float now = to_f32(x, i * x_stride + c);
             float acc = (bias ? bias[c] : 0.f) + wc[W] * now;
-            for (int j = 0; j < W; ++j) acc += wc[j] * h[j];
+            for (int j = 0; j < W; ++j) acc += wc[j] * to_f32(h, j);
             for (int j = 0; j + 1 < W; ++j) h[j] = h[j + 1];
-            if (W > 0) h[W - 1] = now;
+            if (W > 0) put(h, W - 1, now);
             out[static_cast<int64_t>(i) * C + c] = silu(acc);
         }
     }
 }
 
 // One value head of one sequence: S [dk, dv] in place, o [dv].
-void delta_head(float* S, const float* qn, const float* kn, const float* v, float decay,
+template <typename TS>
+void delta_head(TS* S, const float* qn, const float* kn, const float* v, float decay,
                 float beta, int dk, int dv, float* o) {
     for (int j0 = 0; j0 < dv; j0 += kTile * kLanes) {
         const int nv = (dv - j0) / kLanes < kTile ? (dv - j0) / kLanes : kTile;
@@ -95,7 +124,7 @@ void delta_head(float* S, const float* qn, const float* kn, const float* v, floa
         for (int i = 0; i < dk; ++i) {
             const vec ki = splat(kn[i]), qi = splat(qn[i]);
             for (int t = 0; t < nv; ++t) {
-                float* p = S + i * dv + j0 + t * kLanes;
+                TS* p = S + i * dv + j0 + t * kLanes;
                 const vec s = load(p) * decay + ki * delta[t];
                 store(p, s);
                 acc[t] += qi * s;
@@ -113,14 +142,6 @@ void l2_normed(const float* x, int d, float scale, float* out) {
     for (int i = 0; i < d; ++i) out[i] = x[i] * inv;
 }
 
-inline void put(float* p, int64_t i, float f) { p[i] = f; }
-inline void put(uint16_t* p, int64_t i, float f) {  // round to nearest even
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    p[i] = static_cast<uint16_t>(u >> 16);
-}
-
 // out[j] = o[j] / rms(o) * w[j] * silu(z[j]) over one head's dv values; o rounded to T first,
 // as the PyTorch norm rounds it to the compute dtype before the weight.
 template <typename T>
@@ -136,8 +157,8 @@ void gated_norm(const float* o, const T* z, const float* w, float eps, int dv, T
     }
 }
 
-template <typename T>
-void delta_step(const float* mixed, const T* a, const T* b, int64_t ab_stride, float* S,
+template <typename T, typename TS>
+void delta_step(const float* mixed, const T* a, const T* b, int64_t ab_stride, TS* S,
                 const int64_t* rows, int n, int hk, int hv, int dk, int dv,
                 const float* neg_A, const float* dt_bias, float* out, const T* z,
                 int64_t z_stride, const float* norm_w, float eps, T* gated) {
@@ -164,8 +185,8 @@ void delta_step(const float* mixed, const T* a, const T* b, int64_t ab_stride, f
     }
 }
 
-template <typename T>
-void ssd_step(const float* mixed, const T* dt, int64_t dt_stride, float* S, const int64_t* rows,
+template <typename T, typename TS>
+void ssd_step(const float* mixed, const T* dt, int64_t dt_stride, TS* S, const int64_t* rows,
               int n, int heads, int hd, int ds, int groups, const float* A, const float* D,
               const float* dt_bias, float dt_min, float dt_max, float* out) {
     const int64_t inner = static_cast<int64_t>(heads) * hd, width = inner + 2 * groups * ds;
@@ -181,12 +202,12 @@ void ssd_step(const float* mixed, const T* dt, int64_t dt_stride, float* S, cons
         float step = softplus(to_f32(dt, i * dt_stride + h) + dt_bias[h]);
         step = step < dt_min ? dt_min : (step > dt_max ? dt_max : step);
         const vec decay = splat(std::exp(step * A[h]));
-        float* s = S + (rows[i] * heads + h) * static_cast<int64_t>(hd) * ds;
+        TS* s = S + (rows[i] * heads + h) * static_cast<int64_t>(hd) * ds;
         for (int r = 0; r < hd; ++r) {
             const vec u = splat(step * x[r]);
             vec acc = {};
             for (int j = 0; j < ds; j += kLanes) {
-                float* q = s + static_cast<int64_t>(r) * ds + j;
+                TS* q = s + static_cast<int64_t>(r) * ds + j;
                 const vec v = load(q) * decay + u * load(B + j);
                 store(q, v);
                 acc += v * load(C + j);
@@ -196,6 +217,19 @@ void ssd_step(const float* mixed, const T* dt, int64_t dt_stride, float* S, cons
     }
 }
 
+// Calls fn with (T*) columns and (TS*) states: each fp32 (0) or bf16 (1) by its code.
+template <typename Fn>
+void with_types(int columns_bf16, int state_bf16, Fn fn) {
+    if (columns_bf16 && state_bf16)
+        fn(static_cast<uint16_t*>(nullptr), static_cast<uint16_t*>(nullptr));
+    else if (columns_bf16)
+        fn(static_cast<uint16_t*>(nullptr), static_cast<float*>(nullptr));
+    else if (state_bf16)
+        fn(static_cast<float*>(nullptr), static_cast<uint16_t*>(nullptr));
+    else
+        fn(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+}
+
 }  // namespace
 
 extern "C" {
@@ -203,50 +237,51 @@ extern "C" {
 int kvl_state_lanes() { return kLanes; }
 int kvl_state_max_key_dim() { return 512; }
 
-// x: [n] rows of x_stride elements, C channels each (fp32, or bf16 when x_bf16); window: fp32
-// [*, C, K - 1], row rows[i] for sequence i; w: fp32 [C, K]; bias: fp32 [C] or null; out:
-// fp32 [n, C].
-void kvl_conv_step(const void* x, int64_t x_stride, int x_bf16, float* window,
+// x: [n] rows of x_stride elements, C channels each; window: [*, C, K - 1], row rows[i] for
+// sequence i; w: fp32 [C, K]; bias: fp32 [C] or null; out: fp32 [n, C]. x_bf16 / state_bf16:
+// the element types of x and of the window (0: fp32, 1: bf16).
+void kvl_conv_step(const void* x, int64_t x_stride, int x_bf16, void* window, int state_bf16,
                    const int64_t* rows, int n, int C, int K, const float* w, const float* bias,
                    float* out) {
-    if (x_bf16)
-        conv_step(static_cast<const uint16_t*>(x), x_stride, window, rows, n, C, K, w, bias, out);
-    else
-        conv_step(static_cast<const float*>(x), x_stride, window, rows, n, C, K, w, bias, out);
+    with_types(x_bf16, state_bf16, [&](auto* t, auto* ts) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using TS = std::remove_pointer_t<decltype(ts)>;
+        conv_step(static_cast<const T*>(x), x_stride, static_cast<TS*>(window), rows, n, C, K, w,
+                  bias, out);
+    });
 }
 
 // mixed: fp32 [n, 2 hk dk + hv dv] (q, k, v after the conv); a, b: [n] rows of ab_stride
-// elements, hv each (fp32 or bf16, as z and gated); S: fp32 [*, hv, dk, dv], row rows[i]; out:
-// fp32 [n, hv, dv]; z: null, or [n] rows of z_stride elements, hv dv each, and then gated
-// [n, hv, dv] gets RMSNorm(o) norm_w silu(z) per head (norm_w: fp32 [dv]).
+// elements, hv each (fp32 or bf16: bf16, as z and gated); S: [*, hv, dk, dv] (state_bf16), row
+// rows[i]; out: fp32 [n, hv, dv]; z: null, or [n] rows of z_stride elements, hv dv each, and
+// then gated [n, hv, dv] gets RMSNorm(o) norm_w silu(z) per head (norm_w: fp32 [dv]).
 void kvl_delta_step(const float* mixed, const void* a, const void* b, int64_t ab_stride,
-                    int bf16, float* S, const int64_t* rows, int n, int hk, int hv, int dk,
-                    int dv, const float* neg_A, const float* dt_bias, float* out, const void* z,
-                    int64_t z_stride, const float* norm_w, float eps, void* gated) {
-    if (bf16)
-        delta_step(mixed, static_cast<const uint16_t*>(a), static_cast<const uint16_t*>(b),
-                   ab_stride, S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out,
-                   static_cast<const uint16_t*>(z), z_stride, norm_w, eps,
-                   static_cast<uint16_t*>(gated));
-    else
-        delta_step(mixed, static_cast<const float*>(a), static_cast<const float*>(b), ab_stride,
-                   S, rows, n, hk, hv, dk, dv, neg_A, dt_bias, out, static_cast<const float*>(z),
-                   z_stride, norm_w, eps, static_cast<float*>(gated));
+                    int bf16, void* S, int state_bf16, const int64_t* rows, int n, int hk,
+                    int hv, int dk, int dv, const float* neg_A, const float* dt_bias,
+                    float* out, const void* z, int64_t z_stride, const float* norm_w, float eps,
+                    void* gated) {
+    with_types(bf16, state_bf16, [&](auto* t, auto* ts) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using TS = std::remove_pointer_t<decltype(ts)>;
+        delta_step(mixed, static_cast<const T*>(a), static_cast<const T*>(b), ab_stride,
+                   static_cast<TS*>(S), rows, n, hk, hv, dk, dv, neg_A, dt_bias, out,
+                   static_cast<const T*>(z), z_stride, norm_w, eps, static_cast<T*>(gated));
+    });
 }
 
 // mixed: fp32 [n, heads hd + 2 groups ds] (x, B, C after the conv); dt: [n] rows of dt_stride
-// elements, heads each (fp32 or bf16); S: fp32 [*, heads, hd, ds], row rows[i]; A (= -exp
-// A_log), D, dt_bias: fp32 [heads]; out: fp32 [n, heads, hd].
-void kvl_ssd_step(const float* mixed, const void* dt, int64_t dt_stride, int dt_bf16, float* S,
-                  const int64_t* rows, int n, int heads, int hd, int ds, int groups,
-                  const float* A, const float* D, const float* dt_bias, float dt_min,
+// elements, heads each (fp32 or bf16); S: [*, heads, hd, ds] (state_bf16), row rows[i]; A
+// (= -exp A_log), D, dt_bias: fp32 [heads]; out: fp32 [n, heads, hd].
+void kvl_ssd_step(const float* mixed, const void* dt, int64_t dt_stride, int dt_bf16, void* S,
+                  int state_bf16, const int64_t* rows, int n, int heads, int hd, int ds,
+                  int groups, const float* A, const float* D, const float* dt_bias, float dt_min,
                   float dt_max, float* out) {
-    if (dt_bf16)
-        ssd_step(mixed, static_cast<const uint16_t*>(dt), dt_stride, S, rows, n, heads, hd, ds,
-                 groups, A, D, dt_bias, dt_min, dt_max, out);
-    else
-        ssd_step(mixed, static_cast<const float*>(dt), dt_stride, S, rows, n, heads, hd, ds,
-                 groups, A, D, dt_bias, dt_min, dt_max, out);
+    with_types(dt_bf16, state_bf16, [&](auto* t, auto* ts) {
+        using T = std::remove_pointer_t<decltype(t)>;
+        using TS = std::remove_pointer_t<decltype(ts)>;
+        ssd_step(mixed, static_cast<const T*>(dt), dt_stride, static_cast<TS*>(S), rows, n,
+                 heads, hd, ds, groups, A, D, dt_bias, dt_min, dt_max, out);
+    });
 }
 
 }  // extern "C"
