@@ -14,10 +14,10 @@ from functools import partial
 
 import pytest
 import torch
+from mixer_kit import deltanet_pair, mamba2_pair, step
 
 from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.layers import gated_deltanet, mamba2
-from tests.model.layers.state_kit import deltanet_pair, mamba2_pair, step
 
 pytest.importorskip("transformers.models.qwen3_5")
 TOL = 1e-4
