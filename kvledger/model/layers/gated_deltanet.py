@@ -1,6 +1,6 @@
-"""Gated DeltaNet, the linear-attention mixer of Qwen3.5 (and Qwen3-Next): Yang, Kautz &
+"""Gated DeltaNet, the linear-attention mixer of Qwen3.5 and Qwen3-Next: Yang, Kautz &
 Hatamizadeh, "Gated Delta Networks", arXiv:2412.06464, as transformers' ``Qwen3_5GatedDeltaNet``
-computes it.
+(and ``Qwen3NextGatedDeltaNet``, the same but for its fused projections) computes it.
 
 Per token: one projection gives q, k, v (``key_dim``, ``key_dim``, ``value_dim``), the output
 gate z (``value_dim``) and per value head b and a; q, k, v pass a causal depthwise conv1d
@@ -80,6 +80,22 @@ IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 """The projections under ``linear_attn.`` fused by rows into one in this order."""
 
 
+def split_qwen3_next(w: dict, p: str, shape: DeltaNetShape) -> None:
+    """Qwen3-Next's ``{p}in_proj_qkvz`` and ``{p}in_proj_ba`` (rows grouped per key head: its
+    q, k, then the v and z of its value heads; its value heads' b, then a) rewritten in place
+    as Qwen3.5's ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b`` and ``in_proj_a``."""
+    s, rep = shape, shape.num_v_heads // shape.num_k_heads
+    qkvz = w.pop(p + "in_proj_qkvz.weight")
+    q, k, v, z = qkvz.view(s.num_k_heads, -1, qkvz.shape[-1]).split(
+        [s.head_k_dim, s.head_k_dim, rep * s.head_v_dim, rep * s.head_v_dim], 1)
+    ba = w.pop(p + "in_proj_ba.weight")
+    b, a = ba.view(s.num_k_heads, 2 * rep, -1).split([rep, rep], 1)
+    rows = [t.reshape(-1, qkvz.shape[-1]) for t in (q, k, v)]
+    w[p + "in_proj_qkv.weight"] = torch.cat(rows)
+    for name, t in (("in_proj_z", z), ("in_proj_b", b), ("in_proj_a", a)):
+        w[p + name + ".weight"] = t.reshape(-1, qkvz.shape[-1]).contiguous()
+
+
 def l2_normed(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x / sqrt(sum(x^2) + eps) over the last dimension (FLA's and transformers' form)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
@@ -110,10 +126,13 @@ class GatedDeltaNet:
     @classmethod
     def from_weights(cls, shape: DeltaNetShape, w: dict, prefix: str, linear,
                      kernels=None) -> GatedDeltaNet:
-        """The layer from a checkpoint's tensors under ``{prefix}linear_attn.`` (popped);
-        ``linear``: ``(stems, shape class) -> Linear`` of the row-concatenated projections
-        (classes ``state_in`` / ``state_out``)."""
+        """The layer from a checkpoint's tensors under ``{prefix}linear_attn.`` (popped), in
+        Qwen3.5's names or Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba``
+        (:func:`split_qwen3_next`); ``linear``: ``(stems, shape class) -> Linear`` of the
+        row-concatenated projections (classes ``state_in`` / ``state_out``)."""
         p = prefix + "linear_attn."
+        if p + "in_proj_qkvz.weight" in w:
+            split_qwen3_next(w, p, shape)
         return cls(shape, linear([p + n for n in IN_PROJ], "state_in"),
                    w.pop(p + "conv1d.weight"), w.pop(p + "A_log"), w.pop(p + "dt_bias"),
                    w.pop(p + "norm.weight"), linear([p + "out_proj"], "state_out"), kernels)

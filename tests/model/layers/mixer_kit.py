@@ -1,5 +1,5 @@
 """What the state-mixer tests share: our mixers and transformers' with the same random weights
-(:func:`deltanet_pair`, :func:`mamba2_pair`), transformers' outputs over successive inputs with
+(:func:`deltanet_pair`, :func:`qwen3_next_pair`, :func:`mamba2_pair`), transformers' outputs over successive inputs with
 its own cache (:func:`theirs`), and a flat step batch of several sequences through one of ours
 with their state slots (:func:`step`)."""
 
@@ -92,6 +92,25 @@ def deltanet_pair(seed: int = 0, kernels=None) -> Pair:
         linear_value_head_dim=s.head_v_dim, linear_conv_kernel_dim=s.conv_kernel,
         num_hidden_layers=1, layer_types=["linear_attention"])
     theirs = Qwen3_5GatedDeltaNet(cfg, 0).eval()
+    w = _randomize(theirs, seed, "model.layers.0.linear_attn.")
+    ours = GatedDeltaNet.from_weights(s, w, "model.layers.0.", _linear_of(w), kernels)
+    assert not w
+    return Pair(cfg, theirs, ours, s)
+
+
+def qwen3_next_pair(seed: int = 0, kernels=None) -> Pair:
+    """transformers' ``Qwen3NextGatedDeltaNet`` (its fused ``in_proj_qkvz`` / ``in_proj_ba``)
+    and our :class:`GatedDeltaNet` at :data:`DELTANET`."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    s = DELTANET
+    cfg = Qwen3NextConfig(
+        hidden_size=s.hidden_size, linear_num_key_heads=s.num_k_heads,
+        linear_num_value_heads=s.num_v_heads, linear_key_head_dim=s.head_k_dim,
+        linear_value_head_dim=s.head_v_dim, linear_conv_kernel_dim=s.conv_kernel,
+        num_hidden_layers=1, layer_types=["linear_attention"])
+    theirs = Qwen3NextGatedDeltaNet(cfg, 0).eval()
     w = _randomize(theirs, seed, "model.layers.0.linear_attn.")
     ours = GatedDeltaNet.from_weights(s, w, "model.layers.0.", _linear_of(w), kernels)
     assert not w

@@ -1,5 +1,6 @@
 """The state mixers against transformers with the same random weights, fp32 (within 1e-4):
-gated DeltaNet (kvledger.model.layers.gated_deltanet, transformers' ``Qwen3_5GatedDeltaNet``)
+gated DeltaNet (kvledger.model.layers.gated_deltanet, transformers' ``Qwen3_5GatedDeltaNet``;
+``Qwen3NextGatedDeltaNet``'s fused projections through the prefill-and-decode test)
 and Mamba-2 (kvledger.model.layers.mamba2, ``GraniteMoeHybridMambaLayer``). Prefills of several
 lengths (one token, under, at and over the chunk, several chunks), 16 decode steps carrying the
 state (against transformers' own cache and recurrent path), a prefill split in two equal to
@@ -14,7 +15,7 @@ from functools import partial
 
 import pytest
 import torch
-from mixer_kit import deltanet_pair, mamba2_pair, step
+from mixer_kit import deltanet_pair, mamba2_pair, qwen3_next_pair, step
 
 from kvledger.device.cpu.kernels import KERNELS
 from kvledger.model.layers import gated_deltanet, mamba2
@@ -30,10 +31,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool((a - b).abs().max() <= TOL)
 
 
-@pytest.mark.parametrize("mixer", PAIRS)
+@pytest.mark.parametrize("mixer", [*PAIRS, "qwen3_next"])
 @pytest.mark.parametrize("length", [1, 5, 16, 64, 100, 130])
 def test_prefill_then_decode(mixer, length):
-    pair = PAIRS[mixer]()
+    pair = PAIRS[mixer]() if mixer in PAIRS else qwen3_next_pair()
     assert (pair.ours.native is not None) == mixer.endswith("+native")
     x = torch.randn(length + 16, pair.shape.hidden_size)
     want = pair.theirs_over([x[:length], *x[length:].split(1)])
