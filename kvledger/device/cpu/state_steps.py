@@ -68,8 +68,8 @@ class StateStepKernel:
         n, channels = x.shape
         out = torch.empty(n, channels)
         self._conv(x.data_ptr(), x.stride(0), DTYPE_CODES[x.dtype], window.data_ptr(),
-                   DTYPE_CODES[window.dtype], rows.data_ptr(), n, channels, weight.shape[1], weight.data_ptr(),
-                   None if bias is None else bias.data_ptr(), out.data_ptr())
+                   DTYPE_CODES[window.dtype], rows.data_ptr(), n, channels, weight.shape[1],
+                   weight.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr())
         return out
 
     def delta(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
@@ -105,7 +105,8 @@ class StateStepKernel:
         n = mixed.shape[0]
         out = torch.empty(n, heads, hd)
         self._ssd(mixed.data_ptr(), dt.data_ptr(), dt.stride(0), DTYPE_CODES[dt.dtype],
-                  recurrent.data_ptr(), DTYPE_CODES[recurrent.dtype], rows.data_ptr(), n, heads, hd, ds, n_groups,
+                  recurrent.data_ptr(), DTYPE_CODES[recurrent.dtype], rows.data_ptr(), n, heads,
+                  hd, ds, n_groups,
                   A.data_ptr(), D.data_ptr(), dt_bias.data_ptr(), *dt_limits, out.data_ptr())
         return out
 

@@ -1,8 +1,8 @@
 """The flat token batch of a step as the state mixers (:mod:`.gated_deltanet`, :mod:`.mamba2`)
 read it: which sequences decode one token and which prefill several (:class:`StepSplit`), the
 causal depthwise convolution over each sequence's tokens after its conv window
-(:func:`causal_conv`; one token: :func:`conv_update`), and the prefill tokens laid out as padded chunks per sequence for a
-chunked scan (:class:`ChunkLayout`).
+(:func:`causal_conv`; one token: :func:`conv_update`), and the prefill tokens laid out as
+padded chunks per sequence for a chunked scan (:class:`ChunkLayout`).
 
 A step's sequences are spans of the batch (:class:`kvledger.model.layers.state.StateMeta`),
 each with its row of the :class:`kvledger.model.layers.state.LayerState` (same order; a fresh

@@ -1,7 +1,7 @@
 """What the state-mixer tests share: our mixers and transformers' with the same random weights
-(:func:`deltanet_pair`, :func:`qwen3_next_pair`, :func:`mamba2_pair`), transformers' outputs over successive inputs with
-its own cache (:func:`theirs`), and a flat step batch of several sequences through one of ours
-with their state slots (:func:`step`)."""
+(:func:`deltanet_pair`, :func:`qwen3_next_pair`, :func:`mamba2_pair`), transformers' outputs
+over successive inputs with its own cache (:meth:`Pair.theirs_over`), and a flat step batch of
+several sequences through one of ours with their state rows (:func:`step`)."""
 
 from __future__ import annotations
 
