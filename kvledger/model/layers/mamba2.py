@@ -24,7 +24,8 @@ is a GPU kernel's tile; on a CPU the [C, C] decays per head outweigh the states 
 chunks above 64 tokens (Granite-4.0-H-Micro's shapes, 512 tokens: 64 is 1.4-2x faster than
 256), so the default here is 64 (``Mamba2Shape.chunk_size``). A decode token takes the
 recurrent update, through the device's native step where it has one (``Kernels.state_mixers``),
-else in PyTorch. Arithmetic is fp32 whatever the compute dtype; the state is kept in the slot's dtype.
+else in PyTorch. Arithmetic is fp32 whatever the compute dtype; the state is kept in the slot's
+dtype.
 
 The state of a sequence: ``conv`` [conv_dim, K - 1] and ``recurrent`` [heads, head_dim,
 d_state].
