@@ -33,9 +33,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvledger.model.layers.linears import held_bytes
 from kvledger.model.layers.state import LayerState, StateMeta
 from kvledger.model.layers.state_batch import (
     ChunkLayout,
+    Snapshots,
     StepSplit,
     causal_conv,
     conv_update,
@@ -111,6 +113,9 @@ class GatedDeltaNet:
         kernels: the device's (``state_mixers()``: the native decode steps, or None).
     """
 
+    CHECKPOINTS = True
+    """Fills ``LayerState.snapshots`` at the offsets of ``StateMeta.checkpoints``."""
+
     def __init__(self, shape: DeltaNetShape, in_proj, conv_weight: torch.Tensor,
                  A_log: torch.Tensor, dt_bias: torch.Tensor, norm_weight: torch.Tensor,
                  out_proj, kernels=None) -> None:
@@ -129,13 +134,33 @@ class GatedDeltaNet:
         """The layer from a checkpoint's tensors under ``{prefix}linear_attn.`` (popped), in
         Qwen3.5's names or Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba``
         (:func:`split_qwen3_next`); ``linear``: ``(stems, shape class) -> Linear`` of the
-        row-concatenated projections (classes ``state_in`` / ``state_out``)."""
+        row-concatenated projections (classes ``qkv`` / ``o``, :meth:`linears`)."""
         p = prefix + "linear_attn."
         if p + "in_proj_qkvz.weight" in w:
             split_qwen3_next(w, p, shape)
-        return cls(shape, linear([p + n for n in IN_PROJ], "state_in"),
+        return cls(shape, linear([p + n for n in IN_PROJ], "qkv"),
                    w.pop(p + "conv1d.weight"), w.pop(p + "A_log"), w.pop(p + "dt_bias"),
-                   w.pop(p + "norm.weight"), linear([p + "out_proj"], "state_out"), kernels)
+                   w.pop(p + "norm.weight"), linear([p + "out_proj"], "o"), kernels)
+
+    def linears(self, shape_class: str) -> list:
+        """Its Linears of ``qkv`` (in_proj) or ``o`` (out_proj): the classes of the attention
+        whose place it takes, as the decoder picks formats by."""
+        return {"qkv": [self.in_proj], "o": [self.out_proj]}.get(shape_class, [])
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (its state aside)."""
+        return self.in_proj.nbytes + self.out_proj.nbytes + sum(
+            t.nbytes for t in self._small())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held."""
+        return held_bytes(self.in_proj) + held_bytes(self.out_proj) + sum(
+            t.nbytes for t in self._small())
+
+    def _small(self) -> list[torch.Tensor]:
+        return [self.conv_weight, self.neg_A, self.dt_bias, self.norm_weight]
 
     def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
         """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
@@ -143,17 +168,19 @@ class GatedDeltaNet:
         split = StepSplit(meta)
         proj = self.in_proj(x)
         qkv, z, b, a = proj.split([s.conv_dim, s.value_dim, s.num_v_heads, s.num_v_heads], -1)
-        parts = []
+        parts, snapshots = [], Snapshots()
         if split.decode:
             seqs = split.decode
             parts.append((seqs, self._decode(*(split.take(t, seqs) for t in (qkv, a, b, z)),
                                              state, seqs)))
+            snapshots.after_decode(state, split, seqs)
         if split.prefill:
             seqs = split.prefill
-            mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, seqs)
+            mixed = causal_conv(qkv, self.conv_weight, None, state.conv, split, seqs, snapshots)
             core = self._prefill(mixed, split.take(a, seqs), split.take(b, seqs), state,
-                                 ChunkLayout(split, seqs, CHUNK))
+                                 ChunkLayout(split, seqs, CHUNK), snapshots)
             parts.append((seqs, self._gated_norm(core, split.take(z, seqs))))
+        snapshots.flush(state)
         return self.out_proj(split.assemble(parts, x.shape[0]))
 
     __call__ = forward
@@ -192,8 +219,10 @@ class GatedDeltaNet:
         state.recurrent[idx] = S.to(state.recurrent.dtype)
         return self._gated_norm(torch.einsum("nhk,nhkv->nhv", q, S), z)
 
-    def _prefill(self, mixed, a, b, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
-        """The chunked form over the prefill sequences -> o [their tokens, Hv, dv]."""
+    def _prefill(self, mixed, a, b, state: LayerState, layout: ChunkLayout,
+                 snapshots: Snapshots) -> torch.Tensor:
+        """The chunked form over the prefill sequences -> o [their tokens, Hv, dv]; the state
+        after each chunk that ends at a checkpoint goes to ``snapshots``."""
         s, n, size = self.shape, layout.num_chunks, layout.chunk
         g, beta = (layout.pad(t).transpose(1, 2) for t in self._gates(a, b))  # [n, H, C]
         # padded positions: q = k = v = 0 (the L2 norm of 0 is 0) and g = 0
@@ -218,11 +247,13 @@ class GatedDeltaNet:
         idx = torch.as_tensor(layout.ranked, dtype=torch.long)
         S = state.recurrent[idx].float()
         out = torch.empty(n, s.num_v_heads, size, s.head_v_dim)
-        for chunks, m in layout.steps():
+        for chunks, m, marks in layout.steps():
             before = S[:m]
             v_new = u[chunks] - w[chunks] @ before
             out[chunks] = q_read[chunks] @ before + attn[chunks] @ v_new
             S[:m] = before * chunk_decay[chunks] + k_write[chunks] @ v_new
+            for r, i, o in marks:
+                snapshots.recurrent[i, o] = S[r].to(state.recurrent.dtype, copy=True)
         state.recurrent[idx] = S.to(state.recurrent.dtype)
         return layout.unpad(out.transpose(1, 2))
 

@@ -38,9 +38,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvledger.model.layers.linears import held_bytes
 from kvledger.model.layers.state import LayerState, StateMeta
 from kvledger.model.layers.state_batch import (
     ChunkLayout,
+    Snapshots,
     StepSplit,
     causal_conv,
     conv_update,
@@ -92,6 +94,9 @@ class Mamba2:
         kernels: the device's (``state_mixers()``: the native decode steps, or None).
     """
 
+    CHECKPOINTS = True
+    """Fills ``LayerState.snapshots`` at the offsets of ``StateMeta.checkpoints``."""
+
     def __init__(self, shape: Mamba2Shape, in_proj, conv_weight: torch.Tensor,
                  conv_bias: torch.Tensor | None, A_log: torch.Tensor, D: torch.Tensor,
                  dt_bias: torch.Tensor, norm_weight: torch.Tensor, out_proj,
@@ -109,12 +114,33 @@ class Mamba2:
     def from_weights(cls, shape: Mamba2Shape, w: dict, prefix: str, linear,
                      kernels=None) -> Mamba2:
         """The layer from a checkpoint's tensors under ``{prefix}mamba.`` (popped); ``linear``:
-        ``(stems, shape class) -> Linear`` (classes ``state_in`` / ``state_out``)."""
+        ``(stems, shape class) -> Linear`` (classes ``qkv`` / ``o``, :meth:`linears`)."""
         p = prefix + "mamba."
-        return cls(shape, linear([p + "in_proj"], "state_in"), w.pop(p + "conv1d.weight"),
+        return cls(shape, linear([p + "in_proj"], "qkv"), w.pop(p + "conv1d.weight"),
                    w.pop(p + "conv1d.bias", None), w.pop(p + "A_log"), w.pop(p + "D"),
-                   w.pop(p + "dt_bias"), w.pop(p + "norm.weight"),
-                   linear([p + "out_proj"], "state_out"), kernels)
+                   w.pop(p + "dt_bias"), w.pop(p + "norm.weight"), linear([p + "out_proj"], "o"),
+                   kernels)
+
+    def linears(self, shape_class: str) -> list:
+        """Its Linears of ``qkv`` (in_proj) or ``o`` (out_proj): the classes of the attention
+        whose place it takes, as the decoder picks formats by."""
+        return {"qkv": [self.in_proj], "o": [self.out_proj]}.get(shape_class, [])
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (its state aside)."""
+        return self.in_proj.nbytes + self.out_proj.nbytes + sum(
+            t.nbytes for t in self._small())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held."""
+        return held_bytes(self.in_proj) + held_bytes(self.out_proj) + sum(
+            t.nbytes for t in self._small())
+
+    def _small(self) -> list[torch.Tensor]:
+        extra = [] if self.conv_bias is None else [self.conv_bias]
+        return [self.conv_weight, self.A, self.D, self.dt_bias, self.norm_weight, *extra]
 
     def forward(self, x: torch.Tensor, state: LayerState, meta: StateMeta) -> torch.Tensor:
         """[T, hidden] -> [T, hidden] for the step's flat batch; reads and updates ``state``."""
@@ -122,16 +148,19 @@ class Mamba2:
         split = StepSplit(meta)
         proj = self.in_proj(x)
         z, xbc, dt = proj.split([s.intermediate, s.conv_dim, s.num_heads], -1)
-        parts = []
+        parts, snapshots = [], Snapshots()
         if split.decode:
             seqs = split.decode
             parts.append((seqs, self._decode(split.take(xbc, seqs), split.take(dt, seqs), state,
                                              seqs)))
+            snapshots.after_decode(state, split, seqs)
         if split.prefill:
             seqs = split.prefill
-            mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split, seqs)
+            mixed = causal_conv(xbc, self.conv_weight, self.conv_bias, state.conv, split, seqs,
+                                snapshots)
             parts.append((seqs, self._prefill(mixed, split.take(dt, seqs), state,
-                                              ChunkLayout(split, seqs, s.chunk_size))))
+                                              ChunkLayout(split, seqs, s.chunk_size), snapshots)))
+        snapshots.flush(state)
         return self.out_proj(self._gated_norm(split.assemble(parts, x.shape[0]), z))
 
     __call__ = forward
@@ -163,8 +192,10 @@ class Mamba2:
         state.recurrent[idx] = S.to(state.recurrent.dtype)
         return torch.einsum("nhpk,nhk->nhp", S, C) + self.D[:, None] * x
 
-    def _prefill(self, mixed, dt, state: LayerState, layout: ChunkLayout) -> torch.Tensor:
-        """The SSD chunked scan over the prefill sequences -> y [their tokens, heads, P].
+    def _prefill(self, mixed, dt, state: LayerState, layout: ChunkLayout,
+                 snapshots: Snapshots) -> torch.Tensor:
+        """The SSD chunked scan over the prefill sequences -> y [their tokens, heads, P]; the
+        state after each chunk that ends at a checkpoint goes to ``snapshots``.
 
         Per chunk and group, the products over its r heads run as one matrix of r x P columns
         ([l, (r p)] and [n, (r p)] blocks; the state as [n, (r p)]); only the [l, s] decays
@@ -187,11 +218,16 @@ class Mamba2:
         start = torch.empty_like(states)
         chunk_decay = last.float().exp().transpose(-1, -2)[..., None].expand(c, g, 1, r, p)
         chunk_decay = chunk_decay.reshape(c, g, 1, r * p)
-        for chunks, m in layout.steps():
+        def as_state(t: torch.Tensor) -> torch.Tensor:  # [.., g, n, (r p)] -> [.., H, P, n]
+            t = t.unflatten(-1, (r, p)).movedim(-3, -1)
+            return t.flatten(-4, -3).to(state.recurrent.dtype, copy=True)
+
+        for chunks, m, marks in layout.steps():
             start[chunks] = S[:m]
             S[:m] = S[:m] * chunk_decay[chunks] + states[chunks]
-        state.recurrent[idx] = S.view(-1, g, s.d_state, r, p).permute(0, 1, 3, 4, 2).reshape(
-            state.recurrent[idx].shape).to(state.recurrent.dtype)
+            for rank, i, o in marks:
+                snapshots.recurrent[i, o] = as_state(S[rank])
+        state.recurrent[idx] = as_state(S)
         y = (C @ start).view(c, g, size, r, p).mul_(cum32.exp().transpose(-1, -2)[..., None])
         per_slice = max(1, CHUNK_WORK // (s.num_heads * size ** 2))
         upper = torch.ones(size, size, dtype=torch.bool).triu(1)

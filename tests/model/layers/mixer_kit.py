@@ -42,11 +42,11 @@ class Pair:
             return torch.cat([self.theirs(x[None], cache=cache)[0] for x in chunks])
 
 
-def step(mixer, xs: list[torch.Tensor], state: LayerState, fresh: list[bool]
-         ) -> list[torch.Tensor]:
+def step(mixer, xs: list[torch.Tensor], state: LayerState, fresh: list[bool],
+         checkpoints: tuple[tuple[int, ...], ...] = ()) -> list[torch.Tensor]:
     """One step of ``mixer`` over the sequences' new tokens xs[i] [L_i, hidden] laid end to end,
-    sequence i in row i of ``state`` (zeroed first where ``fresh``, as the engine does): each
-    sequence's output rows."""
+    sequence i in row i of ``state`` (zeroed first where ``fresh``, as the engine does), the
+    state wanted after ``checkpoints[i]`` tokens of each: each sequence's output rows."""
     lengths = [x.shape[0] for x in xs]
     starts = torch.tensor([0, *lengths[:-1]]).cumsum(0).tolist()
     for i, new in enumerate(fresh):
@@ -54,7 +54,7 @@ def step(mixer, xs: list[torch.Tensor], state: LayerState, fresh: list[bool]
             state.conv[i] = 0
             state.recurrent[i] = 0
     out = mixer.forward(torch.cat(xs), state, StateMeta(tuple(starts), tuple(lengths),
-                                                        tuple(fresh)))
+                                                        tuple(fresh), checkpoints))
     return list(out.split(lengths))
 
 

@@ -7,7 +7,8 @@ state (against transformers' own cache and recurrent path), a prefill split in t
 one, several sequences of different lengths in one flat batch with decodes and prefills mixed;
 ablations (the state not carried; DeltaNet without its L2 norm, Mamba-2 without its D skip)
 fail the comparison. Each runs with the device's native decode steps too (``+native``,
-kvledger.device.cpu.state_steps)."""
+kvledger.device.cpu.state_steps). Checkpoints: the snapshot after o tokens of a span equals the
+state of the same o tokens prefilled alone, and cutting the chunks there changes no output."""
 
 from __future__ import annotations
 
@@ -102,3 +103,35 @@ def test_ablations_fail(mixer, monkeypatch):
     else:
         monkeypatch.setattr(pair.ours, "D", torch.zeros_like(pair.ours.D))
     assert not _close(run(False), want)
+
+
+@pytest.mark.parametrize("mixer", PAIRS)
+def test_checkpoints_are_the_states_of_the_prefixes(mixer):
+    """A step of three sequences (a 150-token prefill wanting the state after 16, 64, 100 and
+    all 150 tokens, a decode wanting it after its token, a 40-token prefill after 3) against
+    each prefix run alone from the same starting state."""
+    pair = PAIRS[mixer](5)
+    hidden = pair.shape.hidden_size
+    before = [torch.randn(n, hidden) for n in (0, 20, 30)]
+    new = [torch.randn(n, hidden) for n in (150, 1, 40)]
+    wanted = ((16, 64, 100, 150), (1,), (3,))
+
+    def started() -> tuple:
+        state = pair.state(3)
+        step(pair.ours, [b if len(b) else torch.randn(2, hidden) for b in before], state,
+             [True] * 3)
+        state.conv[0], state.recurrent[0] = 0, 0  # sequence 0 starts fresh in the step
+        return state
+
+    state = started()
+    outs = step(pair.ours, new, state, [True, False, False], wanted)
+    plain = started()
+    assert all(_close(a, b) for a, b in zip(outs, step(pair.ours, new, plain, [True, False,
+                                                                                 False])))
+    got = {(i, o): (conv, rec) for i, o, conv, rec in state.snapshots}
+    assert sorted(got) == [(i, o) for i, offsets in enumerate(wanted) for o in offsets]
+    for (i, o), (conv, rec) in got.items():
+        alone = started()
+        step(pair.ours, [new[j][:o] if j == i else new[j][:1] for j in range(3)], alone,
+             [True, False, False])
+        assert _close(conv, alone.conv[i]) and _close(rec, alone.recurrent[i])
