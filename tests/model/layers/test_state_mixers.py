@@ -135,3 +135,13 @@ def test_checkpoints_are_the_states_of_the_prefixes(mixer):
         step(pair.ours, [new[j][:o] if j == i else new[j][:1] for j in range(3)], alone,
              [True, False, False])
         assert _close(conv, alone.conv[i]) and _close(rec, alone.recurrent[i])
+
+
+@pytest.mark.parametrize("mixer", ["deltanet", "mamba2"])
+def test_held_bytes_are_transformers_parameters(mixer):
+    """fp32: the bytes our layer holds are those of transformers' parameters; its projections
+    are the ``qkv`` / ``o`` classes' Linears."""
+    pair = PAIRS[mixer]()
+    assert pair.ours.held_bytes == sum(p.numel() * 4 for p in pair.theirs.parameters())
+    assert pair.ours.linears("qkv") == [pair.ours.in_proj]
+    assert pair.ours.linears("o") == [pair.ours.out_proj] and pair.ours.linears("down") == []
