@@ -64,6 +64,11 @@ class Kernels(Protocol):
         ids in one call, from the codec's numbers), or None: the codecs' PyTorch code
         encodes."""
 
+    def state_mixers(self) -> object | None:
+        """The decode steps of the state mixers (the conv update and the recurrent update of
+        gated DeltaNet and Mamba-2, :mod:`kvledger.model.layers.gated_deltanet` /
+        :mod:`~kvledger.model.layers.mamba2`), or None: the mixers then step in PyTorch."""
+
     def fused_ops(self, max_rows: dict | None = None) -> TorchOps:
         """The fused element-wise ops, each taking at most ``max_rows`` (op -> dtype -> rows)
         and leaving more to the PyTorch ones; the PyTorch ones where none are built."""

@@ -4,7 +4,7 @@ built on first use by :mod:`.native`, with a handle per kernel (None where it ca
 
 from __future__ import annotations
 
-from kvledger.device.cpu import fused, kquant, kv_encode, native, w8a8
+from kvledger.device.cpu import fused, kquant, kv_encode, native, state_steps, w8a8
 
 
 class CpuKernels:
@@ -37,6 +37,10 @@ class CpuKernels:
     def kv_encoder(self) -> kv_encode.NativeIntEncoder | None:
         """:func:`kvledger.device.cpu.kv_encode.encoder`."""
         return kv_encode.encoder()
+
+    def state_mixers(self) -> state_steps.StateStepKernel | None:
+        """:func:`kvledger.device.cpu.state_steps.kernel`."""
+        return state_steps.kernel()
 
     def fused_ops(self, max_rows=None):
         """:func:`kvledger.device.cpu.fused.fused_ops`."""

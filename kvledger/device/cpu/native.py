@@ -5,8 +5,9 @@ activations (``int8_gemv.cpp`` and the headers it includes, :mod:`kvledger.devic
 the bf16 dequantization of their weights for a prefill's GEMM (``dequant_bf16.cpp``, also
 :mod:`kvledger.device.cpu.w8a8`), the products with weights in GGUF's own K-quant and 32-weight
 blocks and their dequantization (``kquant_gemv.cpp`` and its ``kquant_*.h``,
-:mod:`kvledger.device.cpu.kquant`) and the int8 / int4 KV block encoder (``int_encode.cpp``,
-:mod:`kvledger.device.cpu.kv_encode`).
+:mod:`kvledger.device.cpu.kquant`), the int8 / int4 KV block encoder (``int_encode.cpp``,
+:mod:`kvledger.device.cpu.kv_encode`) and the decode steps of the state mixers
+(``state_steps.cpp``, :mod:`kvledger.device.cpu.state_steps`).
 
 The sources make one plain shared library (no Python or torch headers), built on first use with
 the system C++ compiler (``$CXX``, else ``c++`` / ``g++``) as ``-O3 -march=native -fopenmp``
@@ -44,7 +45,7 @@ SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain
            "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
            "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp",
            "kquant_gemv.cpp", "kquant_blocks.h", "kquant_activations.h", "kquant_scalar.h",
-           "kquant_avx2.h", "kquant_avx512.h")
+           "kquant_avx2.h", "kquant_avx512.h", "state_steps.cpp")
 """Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files
 are compiled, the ``.h`` files they include are written beside them (one folder, so the names
 are unique), and all of them are hashed, in this order, into the build and probe keys."""

@@ -183,6 +183,10 @@ class CudaKernels:
         """The Triton int KV encoder (None without triton)."""
         return None if self.library() is None else TritonIntEncoder()
 
+    def state_mixers(self) -> None:
+        """None: no Triton state-mixer steps yet (the mixers step in PyTorch)."""
+        return
+
     def fused_ops(self, max_rows: dict | None = None) -> TorchOps:
         """The PyTorch ops: no fused Triton ops yet."""
         return TorchOps()
