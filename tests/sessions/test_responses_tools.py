@@ -108,7 +108,11 @@ def test_text_format_is_enforced_and_echoed(serve):
 
 @pytest.mark.parametrize("body, words", [
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
-     "function_call items in 'input' are not served"),
+     "function_call 'c' in 'input' has no function_call_output"),
+    ({"input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+     "ends with an assistant message"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+     "no function call with call_id 'c' in 'input'"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "'nope'"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs 'name' and 'schema'"),
     ({"tools": [{**TOOL, "parameters": {"type": "array", "uniqueItems": True}}]},
