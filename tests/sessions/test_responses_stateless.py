@@ -21,7 +21,7 @@ USER = {"role": "user", "content": "Weather in Paris?"}
 CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": ARGS,
         "id": "fc_1", "status": "completed"}
 RESULT = {"type": "function_call_output", "call_id": "call_1", "output": "21 C"}
-TOOL_TURN = "<|user|><tool_response>\n21 C\n</tool_response><|end|>\n<|assistant|>"
+TOOL_TURN = "<|tool|>21 C<|end|>\n<|assistant|>"  # the fake template writes a tool turn
 
 
 @pytest.fixture

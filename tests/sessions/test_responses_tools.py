@@ -90,7 +90,7 @@ def test_function_call_output_continues_the_stored_conversation(serve):
                         input=[{"type": "function_call_output", "call_id": call.call_id,
                                 "output": "21 C"}], extra_body={"memory": "full"})
     stored = client.app.state.sessions.store.get_response("", first.id)
-    turn = "<|user|><tool_response>\n21 C\n</tool_response><|end|>\n<|assistant|>"
+    turn = "<|tool|>21 C<|end|>\n<|assistant|>"  # the fake template writes a tool turn
     assert engine.seen[1][0] == stored.token_ids + _ids("<|end|>\n" + turn)
     retrieved = oc.responses.retrieve(first.id)
     assert retrieved.output[0].type == "function_call" and retrieved.output[0].arguments == ARGS
