@@ -47,6 +47,7 @@ ask = HumanMessage("What is the weather in Paris?")
 first = llm.bind_tools([get_weather], tool_choice="get_weather").invoke([ask])
 call = first.tool_calls[0]
 result = ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])
-final = llm.bind_tools([get_weather]).invoke([ask, first, result])
+# tool_choice "none" for the answer: the 135M model would otherwise call again
+final = llm.bind_tools([get_weather], tool_choice="none").invoke([ask, first, result])
 assert final.text.strip() and not final.text.lstrip().startswith("<tool_"), final.text
 print("tool round trip:", repr(final.text[:80]))

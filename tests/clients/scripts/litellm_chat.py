@@ -7,7 +7,7 @@ import os
 import sys
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch of its price list
-import litellm  # noqa: E402
+import litellm
 
 base_url, model = sys.argv[1], sys.argv[2]
 ask = [{"role": "user", "content": "What is the capital of France?"}]
