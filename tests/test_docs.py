@@ -67,7 +67,32 @@ def test_root_options_are_documented():
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md")),
+            *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+def anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (outside code blocks): lower case,
+    punctuation but ``-`` and ``_`` dropped, spaces as ``-``, repeats numbered."""
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.MULTILINE | re.DOTALL)
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_local_anchors_resolve():
+    broken = []
+    for doc in documents():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", doc.read_text()):
+            path = doc.parent / target if target else doc
+            if "://" in target or path.suffix != ".md" or not path.exists():
+                continue
+            if anchor not in anchors(path):
+                broken.append(f"{doc.relative_to(ROOT)} -> {target}#{anchor}")
+    assert broken == []
 
 
 def test_every_environment_variable_the_code_reads_is_documented():

@@ -88,6 +88,9 @@ def serve(
         help="Drop a streaming client that reads nothing for this long.")] = 30.0,
     served_model_name: Annotated[str | None, typer.Option(
         help="Model id clients send and see (default: the model file's stem).")] = None,
+    chat_template: Annotated[str | None, typer.Option(
+        help="A Jinja chat template file used instead of the model's own (GGUF metadata or "
+             "tokenizer_config.json).")] = None,
     drain_timeout_s: Annotated[float, typer.Option(
         help="On SIGTERM, seconds in-flight requests get to finish before exit.")] = 30.0,
     trace: Annotated[str | None, typer.Option(
@@ -116,6 +119,7 @@ def serve(
     from kvledger.sessions.store import SessionStore
 
     vllm = _vllm_options(profile_dir, metrics_compat)
+    template = _read_chat_template(chat_template)
 
     api_keys = read_api_keys(api_key or [], api_keys_file, admin_api_key)
     sessions = session_options(state_db, memory, segment_turns, state_max_age, state_max_gib,
@@ -140,6 +144,8 @@ def serve(
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(engine_config)
+    if template is not None:
+        engine.tokenizer.chat_template = template
     if trace is not None:
         engine = _traced(engine, engine_config, trace, trace_private)
     app = create_app(engine, api_key=list(api_keys.keys),
@@ -198,6 +204,27 @@ def _vllm_options(profile_dir: str | None, metrics_compat: str | None):
         if not os.access(profile_dir, os.W_OK):
             raise InvalidParameterError(f"--profile-dir: cannot write in {profile_dir}")
     return VllmCompat(profile_dir, metrics_compat)
+
+
+def _read_chat_template(path: str | None) -> str | None:
+    """The text of ``--chat-template`` (before the model loads).
+
+    Raises:
+        InvalidParameterError: the file cannot be read or is empty (exit 2).
+    """
+    from pathlib import Path
+
+    from kvledger.errors import InvalidParameterError
+
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"--chat-template: cannot read {path}: {exc}") from None
+    if not text.strip():
+        raise InvalidParameterError(f"--chat-template: {path} is empty")
+    return text
 
 
 def _check_options(host: str, port: int, max_queue: int | None,

@@ -9,6 +9,9 @@ grown by appending pieces, each rendered once:
   instruction) — ``render([system])``;
 - a **user turn**: the text the template adds for one more user message plus the generation
   prompt — ``render(probe + [user], add_generation_prompt=True)`` minus ``render(probe)``;
+- a **turn of messages** (a stateless Responses turn: earlier replies, tool calls and their
+  results, then a user message or a result): ``render(probe + messages,
+  add_generation_prompt=True)`` minus ``render(probe)``;
 - the **closing tail** of the previous reply: what the template writes after an assistant
   message's content (ChatML: ``<|im_end|>\\n``), less the end-of-turn token when the model
   already generated it.
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from kvledger.errors import InvalidParameterError
 
 _SYS, _USER, _REPLY = "\x00sys\x00", "\x00user\x00", "\x00reply\x00"
+_PROBE = [{"role": "system", "content": _SYS}, {"role": "user", "content": _USER},
+          {"role": "assistant", "content": _REPLY}]
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class _Template:
     user_after: str  # ... after it, generation prompt included
     tail: str  # what follows an assistant reply's content
     default_prefix: str  # what the template puts before the first user turn with no system turn
+    probe_reply: str  # the probe conversation rendered up to its reply's closing tail
 
 
 class TurnCodec:
@@ -80,7 +86,7 @@ class TurnCodec:
             raise InvalidParameterError("this model's chat template renders user turns "
                                         "differently by position; cannot extend token-exactly")
         alone_user = r_alone.rindex(before + _USER)
-        return _Template(before, after, tail, r_alone[:alone_user])
+        return _Template(before, after, tail, r_alone[:alone_user], r_reply)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS added (special-token strings become their ids)."""
@@ -95,6 +101,22 @@ class TurnCodec:
     def user_turn_ids(self, text: str) -> list[int]:
         """One user message and the generation prompt (the tokens the model answers)."""
         return self.encode(self._t.user_before + text + self._t.user_after)
+
+    def messages_ids(self, messages: list[dict]) -> list[int]:
+        """Chat messages (any roles, ``tool_calls``, ``tool``) and the generation prompt, as
+        the template renders them after a reply.
+
+        Raises:
+            InvalidParameterError: the template renders the earlier turns differently when
+                these follow them.
+        """
+        before = self._t.probe_reply
+        rendered = self._render(_PROBE + messages, generation=True)
+        if not rendered.startswith(before):
+            raise InvalidParameterError(
+                "this model's chat template renders a conversation differently when these "
+                "messages follow it; server-side sessions cannot extend it token-exactly")
+        return self.encode(rendered[len(before):])
 
     def tail_ids(self, reply_ids: list[int]) -> list[int]:
         """What closes a reply whose generated ids are ``reply_ids`` before the next turn."""

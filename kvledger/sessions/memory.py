@@ -168,11 +168,13 @@ class MemoryPlanner:
         self.options = options
         self._run = run or _inline
 
-    def _encode_turn(self, ids: list[int], state: ConversationState,
-                     user_text: str) -> tuple[list[int], list[int]]:
-        """(closing tail of the previous reply, the new user turn's ids)."""
-        return (self.codec.tail_ids(ids) if state.turns else [],
+    def _encode_turn(self, ids: list[int], state: ConversationState, user_text: str,
+                     messages: list[dict] | None) -> tuple[list[int], list[int]]:
+        """(closing tail of the previous reply, the new turn's ids: one user text, or
+        ``messages``)."""
+        turn = (self.codec.messages_ids(messages) if messages is not None else
                 self.codec.user_turn_ids(user_text))
+        return self.codec.tail_ids(ids) if state.turns else [], turn
 
     async def _prefix(self, state: ConversationState) -> list[int]:
         return await self._run(_prefix, self.codec, state, self.options.block_size)
@@ -201,15 +203,18 @@ class MemoryPlanner:
             state
 
     async def plan(self, ids: list[int], state: ConversationState, user_text: str,
-                   budget: int, truncation: str, condense: Condense) -> TurnPlan:
-        """The next prompt for ``user_text`` after a conversation with ``ids`` and ``state``.
+                   budget: int, truncation: str, condense: Condense,
+                   messages: list[dict] | None = None) -> TurnPlan:
+        """The next prompt for ``user_text`` after a conversation with ``ids`` and ``state``
+        (``messages``: the turn's chat messages, when it is more than one user text, which
+        then stands for them in the memory's transcripts).
 
         Raises:
             TurnTooLargeError: it does not fit ``budget`` and ``truncation`` is
                 ``"disabled"``, or the turn alone cannot fit (HTTP 400, with the numbers).
         """
         state = ConversationState.from_json(state.to_json())  # never mutate the stored one
-        tail, user_ids = await self._run(self._encode_turn, ids, state, user_text)
+        tail, user_ids = await self._run(self._encode_turn, ids, state, user_text, messages)
         if state.prefix_len + len(user_ids) > budget:
             raise _too_large(state.prefix_len + len(user_ids), budget, "the new turn alone")
         need = len(ids) + len(tail) + len(user_ids)

@@ -70,6 +70,7 @@ class TurnInput:
     memory: str | None
     store: bool
     tools: str | None = None  # tool declarations for the system message (None: keep the old)
+    messages: list[dict] | None = None  # the turn's chat messages when not one user text
 
 
 @dataclass
@@ -111,6 +112,17 @@ def _make_codec(engine) -> TurnCodec:
         raise InvalidParameterError(
             f"the served model has no usable chat template, which /v1/responses needs: "
             f"{type(exc).__name__}: {exc}") from None
+
+
+def _with_passages(messages: list[dict] | None, passages: str) -> list[dict] | None:
+    """The turn's messages with the retrieved ``passages`` before its last user message's
+    content (unchanged without passages or a user message)."""
+    users = [i for i, m in enumerate(messages or []) if m["role"] == "user"]
+    if not passages or not users:
+        return messages
+    last = messages[users[-1]]
+    return [*messages[:users[-1]], {**last, "content": passages + last["content"]},
+            *messages[users[-1] + 1:]]
 
 
 class SessionService:
@@ -214,7 +226,8 @@ class SessionService:
                 self.metrics.count_event(kind)
             return await self._generate_note(messages, max_tokens, salt, tenant)
 
-        plan = await planner.plan(ids, state, text, budget, req.truncation, condense)
+        messages = _with_passages(req.messages, text[:len(text) - len(req.text)])
+        plan = await planner.plan(ids, state, text, budget, req.truncation, condense, messages)
         plan.state.turns[-1].chunk_ids = [r["chunk_id"] for r in retrieved]
         params = req.params
         params.max_tokens = max_out

@@ -64,3 +64,34 @@ def test_a_plan_only_family_is_refused_by_name(model_id, model_type):
     assert result.exit_code == 2
     line, = result.output.strip().splitlines()
     assert f"model_type '{model_type}'" in line and "it runs llama" in line
+
+
+def test_chat_template_file_replaces_the_models(monkeypatch, tmp_path):
+    seen = {}
+    tokenizer = SimpleNamespace(chat_template="the model's")
+
+    def fake_engine(config):
+        return SimpleNamespace(model_name="m", max_model_len=64, tokenizer=tokenizer,
+                               cache_config={"block_size": "16", "cache_dtype": "bf16"})
+
+    monkeypatch.setattr(engine_module, "LLMEngine", fake_engine)
+    monkeypatch.setattr(DrainingServer, "run", lambda server: seen.setdefault("ran", True))
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    result = CliRunner().invoke(app, ["serve", "--port", str(port), "--chat-template",
+                                      str(template)])
+    assert result.exit_code == 0, result.output
+    assert seen["ran"] and tokenizer.chat_template == template.read_text()
+
+
+@pytest.mark.parametrize("content", [None, "  \n"])
+def test_an_unreadable_or_empty_chat_template_is_a_one_line_error(tmp_path, content):
+    template = tmp_path / "t.jinja"
+    if content is not None:
+        template.write_text(content)
+    result = CliRunner().invoke(app, ["serve", "--chat-template", str(template)])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: --chat-template: "), result.output

@@ -88,7 +88,8 @@ def test_tools_are_declared_in_the_system_message_and_history_rendered(serve):
     assert json.loads(declared) == WEATHER
     assert messages[2] == {"role": "assistant",
                            "content": HERMES.call_text("get_weather", ARGS[0])}
-    assert messages[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
+    # the fake tokenizer renders no template: a user turn naming the function
+    assert messages[3] == {"role": "user", "content": "get_weather returned: 21 C"}
     assert "get_weather" in params.structured_outputs.grammar
 
 

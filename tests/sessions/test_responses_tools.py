@@ -90,7 +90,7 @@ def test_function_call_output_continues_the_stored_conversation(serve):
                         input=[{"type": "function_call_output", "call_id": call.call_id,
                                 "output": "21 C"}], extra_body={"memory": "full"})
     stored = client.app.state.sessions.store.get_response("", first.id)
-    turn = "<|user|><tool_response>\n21 C\n</tool_response><|end|>\n<|assistant|>"
+    turn = "<|tool|>21 C<|end|>\n<|assistant|>"  # the fake template writes a tool turn
     assert engine.seen[1][0] == stored.token_ids + _ids("<|end|>\n" + turn)
     retrieved = oc.responses.retrieve(first.id)
     assert retrieved.output[0].type == "function_call" and retrieved.output[0].arguments == ARGS
@@ -108,7 +108,11 @@ def test_text_format_is_enforced_and_echoed(serve):
 
 @pytest.mark.parametrize("body, words", [
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},
-     "function_call items in 'input' are not served"),
+     "function_call 'c' in 'input' has no function_call_output"),
+    ({"input": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+     "ends with an assistant message"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
+     "no function call with call_id 'c' in 'input'"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "'nope'"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs 'name' and 'schema'"),
     ({"tools": [{**TOOL, "parameters": {"type": "array", "uniqueItems": True}}]},

@@ -80,7 +80,6 @@ RESPONSES_UNSUPPORTED: dict[str, Neutral] = {
     "text": _text_neutral,
     "max_tool_calls": _anything,  # caps built-in tools' calls; none is served
     "reasoning": lambda v: _empty(v) or v == {"effort": None},
-    "include": _empty,  # e.g. output logprobs
     "top_logprobs": _is(None, 0),
     "background": _is(None, False),
     "background_options": _empty,

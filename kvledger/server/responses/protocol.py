@@ -1,12 +1,10 @@
 """Bodies and objects of the OpenAI Responses API (``/v1/responses``).
 
-Request: ``input`` is a string or a list of messages (``{"role", "content"}``, optionally
-``"type": "message"``) whose content is a string or a list of ``input_text`` and
-``input_file`` parts (``file_data`` base64 of a UTF-8 text file). The user and system
-messages of one request form one turn (system/developer text joins the instructions of a new
-conversation); assistant messages in ``input`` are refused: history lives on the server
-through ``previous_response_id``. kvledger's extension field ``memory`` picks the memory
-policy of the turn (``full``, ``summary``, ``segment``).
+Request: ``input`` is a string or a list of items (messages, function calls, their outputs,
+reasoning; :mod:`.input_items`), sent alone (stateless: the Agents SDK resends the whole
+conversation) or after a stored conversation named by ``previous_response_id``; ``store: false``
+keeps nothing; ``include`` values are honoured or refused by name. kvledger's extension field
+``memory`` picks the memory policy of the turn (``full``, ``summary``, ``segment``).
 
 Deviations, each to keep a conversation's ids growing by appends only: ``instructions`` on a
 continuation replace the system turn (the kept turns follow it with their exact ids), but an
@@ -33,13 +31,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field
 
 from kvledger.engine.output.request_output import RequestOutput
-from kvledger.errors import InvalidParameterError
 from kvledger.server.openai.api_fields import RESPONSES_UNSUPPORTED, Neutral
+from kvledger.server.openai.errors import UnsupportedParameterError
 from kvledger.server.openai.formatters import cached_details
 from kvledger.server.openai.protocol import PositiveInt, _SamplingBody
-from kvledger.server.openai.protocol_types import Text, _Part
+from kvledger.server.openai.protocol_types import Text
+from kvledger.server.responses.input_items import InputItem, TurnItems, turn_items
 from kvledger.server.responses.items import StreamedItems, output_items
-from kvledger.server.tools.formats import tool_response_text
 from kvledger.server.tools.structured_protocol import (
     FlatFunctionTool,
     FlatNamedToolChoice,
@@ -47,50 +45,10 @@ from kvledger.server.tools.structured_protocol import (
     ToolChoiceMode,
 )
 
-
-class InputText(_Part):
-    """A text part (``input_text``; ``text`` accepted too)."""
-
-    type: Literal["input_text", "text"]
-    text: Text
-
-
-class InputFile(_Part):
-    """A document part; only inline ``file_data`` (base64 UTF-8 text) is served."""
-
-    type: Literal["input_file"]
-    file_data: str | None = None
-    filename: Text = "document.txt"
-    file_id: str | None = None
-    file_url: str | None = None
-
-
-Part = Annotated[InputText | InputFile, Field(discriminator="type")]
-
-
-class InputMessage(_Part):
-    """One input message."""
-
-    type: Literal["message"] = "message"
-    role: Literal["user", "system", "developer", "assistant"]
-    content: Text | list[Part]
-
-
-class FunctionCallOutput(_Part):
-    """The result of a function call the previous response made."""
-
-    type: Literal["function_call_output"]
-    call_id: Text
-    output: Text
-
-
-class FunctionCallInput(_Part):
-    """A call echoed back in ``input`` (refused: the conversation holds it already)."""
-
-    type: Literal["function_call"]
-
-
-InputItem = InputMessage | FunctionCallOutput | FunctionCallInput
+INCLUDE_HONOURED = frozenset((  # values whose items a response here never has: nothing to add
+    "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+    "web_search_call.action.sources", "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url", "message.input_image.image_url"))
 
 
 class ResponsesRequest(_SamplingBody):
@@ -103,6 +61,7 @@ class ResponsesRequest(_SamplingBody):
     instructions: Text | None = None
     previous_response_id: Text | None = None
     store: bool = True
+    include: list[Text] | None = None
     max_output_tokens: PositiveInt | None = None
     truncation: Literal["disabled", "auto"] | None = None
     memory: Literal["full", "summary", "segment"] | None = None
@@ -112,50 +71,23 @@ class ResponsesRequest(_SamplingBody):
     tool_choice: ToolChoiceMode | FlatNamedToolChoice | None = None
     parallel_tool_calls: bool = True
 
-    def call_output_ids(self) -> list[str]:
-        """The ``call_id`` of every ``function_call_output`` item of ``input``."""
-        items = self.input if isinstance(self.input, list) else []
-        return [item.call_id for item in items if isinstance(item, FunctionCallOutput)]
-
-    def split_input(self) -> tuple[str, list[tuple[str, str]], str | None]:
-        """(user text, documents as ``(filename, file_data)``, extra system text).
+    def check_include(self) -> None:
+        """``include`` values are honoured (:data:`INCLUDE_HONOURED`: the items they extend
+        never occur here) or refused by name.
 
         Raises:
-            InvalidParameterError: assistant messages or function calls, file parts without
-                ``file_data``, or no user text.
+            UnsupportedParameterError: naming the first value not served (HTTP 400).
         """
-        if isinstance(self.input, str):
-            return self.input, [], None
-        user, system, documents = [], [], []
-        for message in self.input:
-            if isinstance(message, FunctionCallOutput):
-                user.append(tool_response_text(message.output))
-                continue
-            if isinstance(message, FunctionCallInput):
-                raise InvalidParameterError(
-                    "function_call items in 'input' are not served: continue the conversation "
-                    "with previous_response_id and send the function_call_output items")
-            if message.role == "assistant":
-                raise InvalidParameterError(
-                    "assistant messages in 'input' are not served: continue a conversation "
-                    "with previous_response_id")
-            parts = ([InputText(type="input_text", text=message.content)]
-                     if isinstance(message.content, str) else message.content)
-            for part in parts:
-                if isinstance(part, InputFile):
-                    if part.file_data is None:
-                        raise InvalidParameterError(
-                            f"input_file {part.filename!r}: only inline file_data is served "
-                            "(no file_id or file_url)")
-                    documents.append((part.filename, part.file_data))
-                elif message.role == "user":
-                    user.append(part.text)
-                else:
-                    system.append(part.text)
-        if not user and not documents:
-            raise InvalidParameterError("'input' has no user message")
-        text = "\n\n".join(user) or "Please read the attached document."
-        return text, documents, "\n\n".join(system) or None
+        for value in self.include or []:
+            if value not in INCLUDE_HONOURED:
+                raise UnsupportedParameterError(
+                    "include", f"'include' value {value!r} is not served (output logprobs are "
+                               "on /v1/chat/completions); served: "
+                               + ", ".join(sorted(INCLUDE_HONOURED)))
+
+    def turn(self, previous_calls: set[str] | None) -> TurnItems:
+        """The turn of ``input`` (:func:`.input_items.turn_items`)."""
+        return turn_items(self.input, previous_calls)
 
 
 def usage(out: RequestOutput) -> dict:

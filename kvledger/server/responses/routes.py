@@ -38,7 +38,7 @@ from kvledger.server.openai.streaming import (
 from kvledger.server.responses.protocol import ResponseBuilder, ResponsesRequest
 from kvledger.server.responses.session_metrics import SessionMetrics
 from kvledger.server.tools.formats import HERMES, hermes_system_text
-from kvledger.server.tools.plan import output_constraint, plan_tools
+from kvledger.server.tools.plan import output_constraint, plan_tools, template_messages
 from kvledger.sessions.errors import StateStoreUnavailableError
 from kvledger.sessions.retrieval import decode_document
 from kvledger.sessions.service import SessionOptions, SessionService, TurnInput
@@ -76,22 +76,25 @@ async def create_response(body: ResponsesRequest, request: Request):
     _warn_unknown(body, request)
     model = server.check_model(body.model)
     _check_request(server, body)
-    text, files, system = body.split_input()
-    _check_call_outputs(service, caller(request).tenant, body)
-    documents = [(name, decode_document(data, name, service.options.max_document_bytes))
-                 for name, data in files]
-    instructions = "\n\n".join(filter(None, (body.instructions, system))) or None
-    params = body._sampling(None, None)
+    body.check_include()
     who = caller(request)
+    items = body.turn(_previous_calls(service, who.tenant, body.previous_response_id))
+    documents = [(name, decode_document(data, name, service.options.max_document_bytes))
+                 for name, data in items.documents]
+    instructions = "\n\n".join(filter(None, (body.instructions, items.system))) or None
+    messages = (template_messages(items.messages, None, server.tokenizer, model)[0]
+                if items.messages else None)
+    params = body._sampling(None, None)
     streaming = body.stream  # count the slot before the first await, so the cap holds
     if streaming:
         server.streams += 1
     try:
         tools = await _structured_output(server, body, model, params, who.tenant)
-        turn_input = TurnInput(text, documents, instructions, body.previous_response_id,
+        turn_input = TurnInput(items.text, documents, instructions, body.previous_response_id,
                                params, body.max_output_tokens, body.truncation or "disabled",
                                body.memory, body.store,
-                               hermes_system_text(tools.declarations()) if tools else None)
+                               hermes_system_text(tools.declarations()) if tools else None,
+                               messages)
         turn = await service.start(who.tenant, who.cache_salt(body.cache_salt), turn_input)
     except BaseException:
         if streaming:
@@ -132,28 +135,18 @@ async def create_response(body: ResponsesRequest, request: Request):
     return obj
 
 
-def _check_call_outputs(service: SessionService, tenant: str, body: ResponsesRequest) -> None:
-    """Each ``function_call_output`` answers a ``function_call`` of the previous response
-    (OpenAI's rule too).
+def _previous_calls(service: SessionService, tenant: str, previous_response_id: str | None
+                    ) -> set[str] | None:
+    """The ``call_id`` of each function call of the previous response (None without one): a
+    ``function_call_output`` answers one of them or a ``function_call`` of the same input.
 
     Raises:
-        InvalidParameterError: no ``previous_response_id``, or a ``call_id`` it did not make.
         ResponseNotFoundError: no such previous response (HTTP 404).
     """
-    call_ids = body.call_output_ids()
-    if not call_ids:
-        return
-    if body.previous_response_id is None:
-        raise InvalidParameterError(
-            "function_call_output items answer the calls of a stored response: send its id as "
-            "previous_response_id")
-    output = service.get(tenant, body.previous_response_id).body.get("output", [])
-    made = {item.get("call_id") for item in output if item.get("type") == "function_call"}
-    for call_id in call_ids:
-        if call_id not in made:
-            raise InvalidParameterError(
-                f"function_call_output: no function call with call_id {call_id!r} in response "
-                f"{body.previous_response_id!r}")
+    if previous_response_id is None:
+        return None
+    output = service.get(tenant, previous_response_id).body.get("output", [])
+    return {item.get("call_id") for item in output if item.get("type") == "function_call"}
 
 
 async def _structured_output(server, body: ResponsesRequest, model: str, params,

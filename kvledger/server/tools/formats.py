@@ -86,9 +86,14 @@ def hermes_system_text(tools: list[dict]) -> str:
                                                 for t in tools))
 
 
-def tool_response_text(content: str) -> str:
-    """A tool result as a Hermes user turn's content."""
-    return f"<tool_response>\n{content}\n</tool_response>"
+def tool_result_message(content: str, name: str | None, tool_role: bool) -> dict:
+    """A tool result for a template that does not render tools: a ``tool`` turn where the
+    template writes one (``tool_role``; ChatML templates such as SmolLM2's write any role),
+    else a user turn naming the function. Not Hermes' ``<tool_response>`` user turn: the bundled
+    model began its answers with that wrapper (measured, docs/clients.md#tool-results)."""
+    if tool_role:
+        return {"role": "tool", "content": content}
+    return {"role": "user", "content": f"{name or 'The tool'} returned: {content}"}
 
 
 def template_format(template: str | None, model: str) -> tuple[ToolFormat, bool]:

@@ -7,7 +7,8 @@
 - The **prompt**: a chat template that references ``tools`` gets them (and the conversation's
   earlier calls and results as ``tool_calls`` / ``tool`` messages); any other template gets the
   Hermes declaration in the system message, earlier calls as the assistant's ``<tool_call>``
-  text and results as ``<tool_response>`` user turns.
+  text and results as ``tool`` turns where the template renders that role, else as user turns
+  naming the function (:func:`~kvledger.server.tools.formats.tool_result_message`).
 - The **parser** of the reply (:class:`~kvledger.server.tools.parser.ToolCallParser`).
 
 Refused with a 400 naming the problem: a ``tool_choice`` other than none/auto without tools, a
@@ -29,7 +30,7 @@ from kvledger.server.tools.formats import (
     hidden_trigger_id,
     template_format,
     tool_grammar,
-    tool_response_text,
+    tool_result_message,
 )
 from kvledger.server.tools.parser import ToolCallParser
 from kvledger.server.tools.structured_protocol import FunctionDefinition
@@ -154,7 +155,9 @@ def template_messages(messages: list, plan: ToolPlan | None, tokenizer, model: s
                    template_format(getattr(tokenizer, "chat_template", None), model))
     if native:
         return [_native(m) for m in messages], plan.declarations() if plan else None
-    out = [_hermes(m, fmt) for m in messages]
+    names = {c.id: c.function.name for m in messages for c in m.tool_calls or []}
+    tool_role = renders_tool_role(tokenizer)
+    out = [_hermes(m, fmt, names, tool_role) for m in messages]
     if plan is not None:
         declared = hermes_system_text(plan.declarations())
         if out and out[0]["role"] in ("system", "developer"):
@@ -175,10 +178,25 @@ def _native(message) -> dict:
     return out
 
 
-def _hermes(message, fmt: ToolFormat) -> dict:
+_ROLE_PROBE = "\x00result\x00"
+
+
+def renders_tool_role(tokenizer) -> bool:
+    """Whether the tokenizer's chat template writes a ``tool`` turn (renders it, content and
+    role name included) rather than raising or dropping it."""
+    messages = [{"role": "user", "content": "u"}, {"role": "tool", "content": _ROLE_PROBE}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that raises on the role, or none at all
+        return False
+    return isinstance(text, str) and _ROLE_PROBE in text and "tool" in text.replace(
+        _ROLE_PROBE, "")
+
+
+def _hermes(message, fmt: ToolFormat, names: dict[str, str], tool_role: bool) -> dict:
     out = message.as_template_dict()
     if message.role == "tool":
-        return {"role": "user", "content": tool_response_text(out["content"])}
+        return tool_result_message(out["content"], names.get(message.tool_call_id), tool_role)
     if message.tool_calls:
         calls = "\n".join(fmt.call_text(c.function.name, c.function.arguments)
                           for c in message.tool_calls)

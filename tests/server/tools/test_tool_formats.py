@@ -101,3 +101,31 @@ def test_whitespace_in_arguments_is_bounded(grammars, bundled_tokenizer):
                     HERMES.call_text("get_weather", '{"city":' + pad + '"Paris"}'))
     assert not _accepts(grammars, bundled_tokenizer, g,
                         HERMES.call_text("get_weather", '{"city":' + pad + ' "Paris"}'))
+
+
+class _Template:
+    """A tokenizer whose template raises on roles other than user and assistant."""
+
+    def apply_chat_template(self, messages, tokenize=False):
+        if any(m["role"] not in ("user", "assistant") for m in messages):
+            raise ValueError("roles must alternate user/assistant")
+        return "".join(f"[{m['role']}] {m['content']}\n" for m in messages)
+
+
+class _ChatML:
+    def apply_chat_template(self, messages, tokenize=False):
+        return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def test_tool_results_are_tool_turns_where_the_template_writes_them_else_named_user_turns():
+    from kvledger.server.openai.protocol import ChatMessage
+    from kvledger.server.tools.plan import template_messages
+
+    history = [ChatMessage(role="user", content="Weather?"),
+               ChatMessage(role="assistant", content=None, tool_calls=[{
+                   "id": "c1", "function": {"name": "get_weather", "arguments": "{}"}}]),
+               ChatMessage(role="tool", content="21 C", tool_call_id="c1")]
+    chatml, _ = template_messages(history, None, _ChatML(), "m")
+    assert chatml[2] == {"role": "tool", "content": "21 C"}
+    strict, _ = template_messages(history, None, _Template(), "m")
+    assert strict[2] == {"role": "user", "content": "get_weather returned: 21 C"}

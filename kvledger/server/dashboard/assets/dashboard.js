@@ -27,10 +27,19 @@
 
   function width(node) { return Math.max(200, node.clientWidth); }
 
+  const MIN_SPAN_S = 60;  // a time axis spans at least this, ending at the latest sample
+
+  // uPlot pads a zero-width time range by years: one sample read "Apr 2027 ... Aug 2029"
+  function timeRange(u, lo, hi) {
+    if (lo == null || hi == null) return [lo, hi];
+    return hi - lo < MIN_SPAN_S ? [hi - MIN_SPAN_S, hi] : [lo, hi];
+  }
+
   function lineChart(node, series, yValues, yRange) {
     const opts = {
       width: width(node), height: 200, legend: { live: false }, cursor: { drag: { x: false } },
-      scales: { x: { time: true }, y: { range: yRange || ((u, lo, hi) => [0, Math.max(1, hi * 1.15)]) } },
+      scales: { x: { time: true, range: timeRange },
+                y: { range: yRange || ((u, lo, hi) => [0, Math.max(1, hi * 1.15)]) } },
       axes: [AXIS, Object.assign({}, AXIS, { values: yValues, size: 70 })],
       series: [{}].concat(series),
     };
