@@ -39,8 +39,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvledger.model.weights.loader import load_tokenizer
 
 
-def workload(args) -> list[list[int]]:
-    """One prompt per user, tenants interleaved at random (seeded)."""
+def workload(args) -> list[list[int]] | list[str]:
+    """One prompt per user, tenants interleaved at random (seeded): token ids, or their text
+    (``--prompts text``: what routers that read text, sglang-router's among them, take)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from common import real_text_ids
 
@@ -52,7 +53,7 @@ def workload(args) -> list[list[int]]:
                + real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
                for u in range(args.users)]
     random.Random(0).shuffle(prompts)
-    return prompts
+    return prompts if args.prompts == "ids" else [tok.decode(p) for p in prompts]
 
 
 def counters(url: str) -> dict[str, float]:
@@ -99,7 +100,7 @@ class LagWatch:
         self._sock.close(linger=0)
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int] | str,
                max_tokens: int) -> float:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "temperature": 0.0, "ignore_eos": True}
@@ -113,7 +114,7 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
     return ttft if ttft is not None else float("nan")
 
 
-async def drive(url: str, model: str, prompts: list[list[int]], max_tokens: int,
+async def drive(url: str, model: str, prompts: list, max_tokens: int,
                 concurrency: int) -> tuple[list[float], float]:
     """(TTFT of each request, seconds for all) with ``concurrency`` requests in flight."""
     queue = list(prompts)
@@ -178,7 +179,7 @@ def run_router(name, cmd, port, replicas, model, prompts, args, logdir, watch) -
             "plan_prices": predicted["prices"]}
 
 
-def lag_at(replica, model: str, prompts: list[list[int]], n: int, watch: LagWatch) -> dict:
+def lag_at(replica, model: str, prompts: list, n: int, watch: LagWatch) -> dict:
     """The event lag with ``n`` requests at once on one replica (short prompts)."""
     httpx.post(replica.url + "/reset_prefix_cache").raise_for_status()
     watch.take()
@@ -200,6 +201,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--num-blocks", type=int, default=90)
     ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--prompts", default="text", choices=("text", "ids"),
+                    help="send prompts as text or as token ids")
     ap.add_argument("--encoding", default="map", choices=("array", "map"),
                     help="the replicas' KV event layout (--kv-events-config encoding)")
     ap.add_argument("--routers", default="", help="comma-separated names to run (default all)")
