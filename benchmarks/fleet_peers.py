@@ -78,10 +78,11 @@ def wait_ready(p: Process, path: str, timeout_s: float = 600) -> None:
 
 def start_replica(i: int, logdir: Path, num_blocks: int, max_num_seqs: int,
                   encoding: str = "map") -> Process:
-    """``kvledger serve`` on one thread with KV events on a PUB port and a replay port."""
+    """``kvledger serve`` on one thread with KV events on a PUB port and a replay port, on the
+    empty topic: vllm-router's static event sources take only that (vLLM's default)."""
     port, events, replay = free_port(), free_port(), free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{events}",
-              "replay_endpoint": f"tcp://*:{replay}", "topic": f"kv@replica-{i}@{MODEL}", "encoding": encoding}
+              "replay_endpoint": f"tcp://*:{replay}", "topic": "", "encoding": encoding}
     cmd = [sys.executable, "-m", "kvledger", "serve", "--model", MODEL, "--host", "127.0.0.1",
            "--port", str(port), "--threads", "1", "--num-blocks", str(num_blocks),
            "--max-num-seqs", str(max_num_seqs), "--kv-events-config", json.dumps(config)]

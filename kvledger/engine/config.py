@@ -109,7 +109,7 @@ class EngineConfig:
             enum values and anyOf / oneOf branches, all together); more: HTTP 400.
         kv_events_config: KV cache events for KV-aware routers, as vLLM's JSON object
             (enable_kv_cache_events, publisher, endpoint, replay_endpoint, topic, buffer_steps,
-            hwm, max_queue_size; ours: encoding array or map); None = none. See docs/fleet.md.
+            hwm, max_queue_size; ours: encoding map or array); None = none. See docs/fleet.md.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.

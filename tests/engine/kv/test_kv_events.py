@@ -113,7 +113,7 @@ def tiny(tiny_llama):
     return folder, spec, weights
 
 
-def build(tiny, port, replay_port, encoding="array", **options) -> LLMEngine:
+def build(tiny, port, replay_port, encoding="map", **options) -> LLMEngine:
     folder, spec, weights = tiny
     events = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}",
               "replay_endpoint": f"tcp://*:{replay_port}", "topic": "kv@pod-a@tiny",
@@ -186,7 +186,7 @@ def test_the_live_socket_carries_the_replayed_batches(tiny):
     live.connect(f"tcp://127.0.0.1:{port}")
     live.setsockopt(zmq.SUBSCRIBE, b"kv@pod-a@tiny")
     engine = build(tiny, port, replay)
-    sub = Subscriber(replay, True)
+    sub = Subscriber(replay, False)
     sequences = run_all(engine, [[7] * 50, [7] * 40 + [9] * 20])
     engine.kv_events.flush()
     replayed = dict(sub.fetch())

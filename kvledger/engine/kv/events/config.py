@@ -6,9 +6,10 @@ published), ``publisher`` (``"zmq"``, or ``"null"``; default ``"zmq"`` when enab
 ``ipc://`` / ``inproc://``, else connected), ``replay_endpoint`` (ROUTER socket answering replay
 requests; None: no replay), ``buffer_steps`` (batches kept for replay), ``hwm`` (PUB high-water
 mark), ``max_queue_size`` (events waiting for the publisher thread), ``topic``. One key of ours:
-``encoding``, ``"array"`` (default: each event a tagged positional array, what vLLM sent until
-its PR #42892 and what every router decodes) or ``"map"`` (each event a tagged map keyed by
-field name, vLLM after that PR). An unknown key or a wrong type is refused by name.
+``encoding``, ``"map"`` (default: each event a tagged map keyed by field name, as vLLM sends
+since its PR #42892, and the only layout vllm-router 0.1.17 reads) or ``"array"`` (each event a
+tagged positional array, what vLLM sent before, for consumers that predate the change). An
+unknown key or a wrong type is refused by name.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
-    encoding: str = "array"
+    encoding: str = "map"
 
     @property
     def publishes(self) -> bool:
