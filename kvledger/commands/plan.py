@@ -103,12 +103,29 @@ def plan(
     kv_disk_dir: Annotated[str | None, Opt(
         help="Take the disk read speed (and seconds per file) that `kvledger probe "
              "--kv-disk-dir` saved for this directory")] = None,
+    replicas: Annotated[int | None, Opt(
+        help="Plan a fleet of this many replicas behind a router on a shared-prefix mix: "
+             "round robin against prefix-aware routing (docs/fleet.md)")] = None,
+    target_rps: Annotated[float | None, Opt(
+        help="Fleet plan: requests per second over the fleet (TTFT at this load)")] = None,
+    ttft_p90: Annotated[float | None, Opt(
+        help="Fleet plan: TTFT p90 to meet, seconds (how many replicas it takes)")] = None,
+    prefixes: Annotated[int, Opt(help="Fleet plan: shared prefixes (system prompts)")] = 8,
+    prefix_tokens: Annotated[int, Opt(help="Fleet plan: tokens of each shared prefix")] = 1000,
+    unique_tokens: Annotated[int, Opt(help="Fleet plan: each request's own prompt tokens")] = 100,
+    output_tokens: Annotated[int, Opt(help="Fleet plan: output tokens per request")] = 32,
+    fleet_requests: Annotated[int, Opt(
+        help="Fleet plan: requests in the run, for the cold misses (0: steady state)")] = 0,
+    replica_blocks: Annotated[int | None, Opt(
+        help="Fleet plan: KV blocks of a replica's pool (default: what the device holds)")] = None,
+    max_num_seqs: Annotated[int, Opt(help=field_help()["max_num_seqs"])] = 64,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
     ] = None,
 ) -> None:
-    """KV, weights, concurrency, TTFT and TPOT of MODEL at each context on a device."""
+    """KV, weights, concurrency, TTFT and TPOT of MODEL at each context on a device; with
+    --replicas or --target-rps, a fleet of replicas behind a router."""
     from kvledger.ledger.hardware import get_device
     from kvledger.ledger.planner import PlanOptions
     from kvledger.ledger.planner import plan as make_plan
@@ -150,8 +167,18 @@ def plan(
         disk_file_s=disk_file_s,
     )
     result = make_plan(spec, dev, options)
-    for message in result.warnings:
+    fleet = replicas is not None or target_rps is not None
+    for message in result.warnings if not fleet else ():  # about the contexts, not a fleet
         _warn(message)
+    if fleet:
+        from kvledger.commands.plan_fleet import run as plan_fleet
+        from kvledger.ledger.fleet import SharedPrefixMix
+
+        mix = SharedPrefixMix(prefixes, prefix_tokens, unique_tokens, output_tokens,
+                              fleet_requests)
+        plan_fleet(result, spec, mix, replicas or 1, replica_blocks, max_num_seqs, target_rps,
+                   ttft_p90, json_out)
+        return
     if plot is not None:
         from kvledger.ledger.plan_plot import write_plot
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.engine.kv.events.config import KVEventsConfig, parse_kv_events_config
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
@@ -106,6 +107,9 @@ class EngineConfig:
             together); more: HTTP 400.
         max_grammar_alternatives: most alternatives of a constraint (choices, or a schema's
             enum values and anyOf / oneOf branches, all together); more: HTTP 400.
+        kv_events_config: KV cache events for KV-aware routers, as vLLM's JSON object
+            (enable_kv_cache_events, publisher, endpoint, replay_endpoint, topic, buffer_steps,
+            hwm, max_queue_size; ours: encoding map or array); None = none. See docs/fleet.md.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -152,6 +156,7 @@ class EngineConfig:
     max_grammar_bytes: int = 512 << 10
     max_schema_properties: int = 1000
     max_grammar_alternatives: int = 10_000
+    kv_events_config: str | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -192,6 +197,15 @@ class EngineConfig:
         if self.kv_disk_gib is not None and self.kv_disk_dir is None:
             raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
+        self.kv_events  # noqa: B018 - validates kv_events_config
+
+    @property
+    def kv_events(self) -> KVEventsConfig | None:
+        """The parsed ``kv_events_config`` when it publishes events, else None."""
+        if self.kv_events_config is None:
+            return None
+        config = parse_kv_events_config(self.kv_events_config)
+        return config if config.publishes else None
 
     @property
     def retention(self) -> RetentionSpec:

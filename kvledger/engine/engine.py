@@ -20,6 +20,7 @@ import torch
 from kvledger.device import resolve
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.calibration import outlier_index
+from kvledger.engine.kv.events.publisher import KVEventPublisher
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.pool_size import pool_blocks
 from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
@@ -156,20 +157,25 @@ class LLMEngine:
         # through the runner to every rank's store
         store_ops = self.store if self.parallel is None or self.store is None else self.runner
         self._check_retention(config.retention)
+        self.kv_events = None
+        if config.kv_events is not None:
+            self.kv_events = KVEventPublisher(config.kv_events, config.block_size,
+                                              self.kv_layout.groups)
         link_tiers = None
         if tiers_wanted(config):
             link_tiers = tier_linker(
                 config, self._tier_dir, weights_id=weights_id,
                 spec=spec, weight_formats=self.model.weight_formats,
                 fmt_json=self.kv_layout.fmt.to_json(), outliers=self.store_outliers,
-                bytes_per_block=self.bytes_per_block, store=self.store)
+                bytes_per_block=self.bytes_per_block, store=self.store,
+                events=self.kv_events and self.kv_events.hook)
         self.scheduler = Scheduler(config, num_blocks, config.block_size, self.bytes_per_block,
                                    self.max_model_len, store_ops, self.kv_layout.groups,
                                    self.kv_layout.sealed_blocks,
                                    len if self.store is None else self.store.shareable,
                                    self.kv_layout.intact_blocks,
                                    store_ops.release if self.store is not None else None,
-                                   link_tiers)
+                                   link_tiers, self.kv_events and self.kv_events.hook("pool"))
         self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
@@ -295,6 +301,8 @@ class LLMEngine:
             self.tiers.chain.close()
         if getattr(self, "_tier_dir", None) is not None:
             self._tier_dir.close()
+        if getattr(self, "kv_events", None) is not None:
+            self.kv_events.close()
         if self.parallel is not None:
             self.parallel.close()
 

@@ -68,9 +68,8 @@ configuration (:mod:`kvledger.replay.local_fits`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kvledger.engine.runner import length_groups
-from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
 from kvledger.ledger.hardware import Device
@@ -81,6 +80,9 @@ from kvledger.ledger.params import count_params, params_read_per_step, spec_weig
 from kvledger.ledger.planner import PlanOptions
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from kvledger.engine.sched.output import SchedulerOutput
 
 BF16 = KVFormatSpec("bf16")
 
@@ -145,6 +147,8 @@ class StepFeatures:
             sampled: int) -> StepFeatures:
         """Features of chunks ``(context, new tokens)`` of requests under full retention
         (``plain``) and under evicting policies (``kept``)."""
+        from kvledger.engine.runner import length_groups  # here: pricing steps needs no torch
+
         chunks = [*plain, *kept]
         decodes = sorted(h for h, n in plain if n == 1 and h > 0)
         return cls(tokens=sum(n for _, n in chunks),

@@ -58,6 +58,8 @@ NON_DEFAULT = {
     "max_grammar_bytes": (4096, ["--max-grammar-bytes", "4096"]),
     "max_schema_properties": (10, ["--max-schema-properties", "10"]),
     "max_grammar_alternatives": (20, ["--max-grammar-alternatives", "20"]),
+    "kv_events_config": ('{"enable_kv_cache_events": false}',
+                         ["--kv-events-config", '{"enable_kv_cache_events": false}']),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 

@@ -45,3 +45,12 @@ def test_plan_command_runs_without_torch():
 @pytest.mark.slow
 def test_gguf_spec_reads_without_torch():
     _torch_free("from kvledger.model.families import load_spec\nload_spec('default')\n")
+
+
+def test_the_fleet_plan_runs_without_torch():
+    _torch_free(
+        "from typer.testing import CliRunner\n"
+        "from kvledger.cli import app\n"
+        "r = CliRunner().invoke(app, ['plan', '--replicas', '2', '--device', 'local', '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+    )

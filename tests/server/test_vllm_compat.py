@@ -107,7 +107,10 @@ def test_detokenize_and_version(make_client):
 
 def test_metrics_under_vllm_names_only_when_asked(make_client):
     plain = make_client()
-    assert "vllm:" not in plain.get("/metrics").text
+    names = {name for name, _ in _samples(plain.get("/metrics").text) if name.startswith("vllm:")}
+    assert names == {"vllm:num_requests_waiting", "vllm:num_requests_running",  # what routers
+                     "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",  # read, always
+                     "vllm:cache_config_info"}
     client = make_client(vllm=VllmCompat(metrics="vllm"))
     r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == TEXT[:4]

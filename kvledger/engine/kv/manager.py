@@ -23,6 +23,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
+from kvledger.engine.kv.events.recorder import CacheEvents
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
@@ -61,6 +62,7 @@ class KVCacheManager:
             nothing.
         link_tiers: builds the KV tiers' link (``engine/kv/tiers/link.py``) over this
             manager's pool and prefix cache, which then write through to it; None = no tiers.
+        events: the pool's KV events hook (``BlockPool``); None = none.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -69,7 +71,8 @@ class KVCacheManager:
                  shareable: Callable[[list[int]], int] = len,
                  intact_blocks: int = 0, max_cached_intact: int = 0,
                  on_release: Callable[[int], None] | None = None,
-                 link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None):
+                 link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
+                 events: CacheEvents | None = None):
         self.block_size = block_size
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.shareable = shareable
@@ -78,7 +81,7 @@ class KVCacheManager:
         self.store = store
         self.groups = groups
         self.sliding = [i for i, g in enumerate(groups) if g.window is not None]
-        self.pool = BlockPool(num_blocks, on_release)
+        self.pool = BlockPool(num_blocks, on_release, events)
         self.prefix = PrefixCache(self.pool, block_size, enable_prefix_caching, groups,
                                   self._write_through if link_tiers is not None else None)
         self.tiers = link_tiers(self.pool, self.prefix) if link_tiers is not None else None

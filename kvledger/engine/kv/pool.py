@@ -31,6 +31,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvledger.engine.kv.events.recorder import CacheEvents
 
 
 @dataclass(slots=True)
@@ -60,12 +64,16 @@ class BlockPool:
             refcount drops to 0 and it is not in the prefix cache, or a free block's hash is
             evicted (the KV store drops a quantized format's residual buffer there, so a
             cached block keeps its buffer); None = nothing.
+        events: told each block hash that enters the prefix cache (``stored(hash, key)``) and
+            leaves it (``removed(hash)``): the KV events (``engine/kv/events/``); None =
+            nothing.
 
     Misuse (freeing a free block, allocating more than is free) raises ``AssertionError``:
     those are bugs in the caller, not user errors.
     """
 
-    def __init__(self, num_blocks: int, on_release: Callable[[int], None] | None = None) -> None:
+    def __init__(self, num_blocks: int, on_release: Callable[[int], None] | None = None,
+                 events: CacheEvents | None = None) -> None:
         assert num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks}"
         self.num_blocks = num_blocks
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -73,6 +81,7 @@ class BlockPool:
         self._by_hash: dict[bytes, int] = {}
         self._num_evictable = 0
         self.on_release = on_release
+        self.events = events
 
     @property
     def num_free(self) -> int:
@@ -159,6 +168,8 @@ class BlockPool:
         block.block_hash = block_hash
         block.hash_key = hash_key
         self._by_hash[block_hash] = block_id
+        if self.events is not None:
+            self.events.stored(block_hash, hash_key)
         return True
 
     def lookup(self, block_hash: bytes) -> Block | None:
@@ -188,6 +199,8 @@ class BlockPool:
     def _evict(self, block: Block) -> None:
         """Drop a free block's hash (and, through ``on_release``, what it kept)."""
         del self._by_hash[block.block_hash]
+        if self.events is not None:
+            self.events.removed(block.block_hash)
         block.block_hash = None
         block.hash_key = None
         self._num_evictable -= 1

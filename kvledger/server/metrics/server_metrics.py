@@ -16,8 +16,9 @@ counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-adm
 preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``; the KV
 tiers' series (``kv_tier_*{tier}``) in :mod:`.tier_metrics`.
 
-Every metric carries the label ``model_name``, as vLLM's do; with ``--metrics-compat vllm`` the
-ones with a vLLM counterpart are also exposed under vLLM's names (:mod:`.vllm_metrics`). Each server owns its own registry,
+Every metric carries the label ``model_name``, as vLLM's do; the ones routers and endpoint pickers
+read are also exposed under vLLM's names, and with ``--metrics-compat vllm`` every one with a vLLM
+counterpart (:mod:`.vllm_metrics`). Each server owns its own registry,
 so several apps can live in one process (tests); ``*_created``
 series are disabled process-wide, as vLLM does. prometheus-client is thread-safe: the engine
 thread records, the HTTP thread renders.
@@ -35,7 +36,7 @@ from prometheus_client import (
 )
 
 from kvledger.server.metrics.tier_metrics import TierMetrics
-from kvledger.server.metrics.vllm_metrics import vllm_registry
+from kvledger.server.metrics.vllm_metrics import ROUTER_NAMES, VLLM_NAMES, vllm_registry
 
 PREFIX = "kvledger:"
 
@@ -77,8 +78,9 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, vllm_names: bool = False) -> None:
         self.registry = CollectorRegistry()
-        # --metrics-compat vllm: the metrics with a vLLM counterpart under vLLM's names too
-        self._vllm = vllm_registry(self.registry, PREFIX) if vllm_names else None
+        # under vLLM's names too: what routers read, or with --metrics-compat vllm every one
+        self._vllm = vllm_registry(self.registry, PREFIX,
+                                   VLLM_NAMES if vllm_names else ROUTER_NAMES)
         self._model = model_name
         self._last_cumulative: dict[str, float] = {}
         self.gauges = {name: self._make(Gauge, name, doc) for name, doc in (
@@ -156,6 +158,5 @@ class ServerMetrics:
         self.request_success.labels(model_name=self._model, finished_reason=finish_reason).inc()
 
     def render(self) -> bytes:
-        """Prometheus text exposition of every metric (and of their vLLM names, if on)."""
-        text = generate_latest(self.registry)
-        return text if self._vllm is None else text + generate_latest(self._vllm)
+        """Prometheus text exposition of every metric and of their vLLM names."""
+        return generate_latest(self.registry) + generate_latest(self._vllm)

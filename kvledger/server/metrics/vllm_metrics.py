@@ -1,5 +1,5 @@
-"""``--metrics-compat vllm``: the server's metrics that have a vLLM counterpart, also under
-vLLM's names and labels.
+"""The server's metrics that have a vLLM counterpart, also under vLLM's names and labels:
+always the ones routers read (:data:`ROUTER_NAMES`), every one with ``--metrics-compat vllm``.
 
 vLLM's dashboards, aiperf's server-metrics view and the Gateway API Inference Extension's
 endpoint picker read ``vllm:`` names with the labels ``model_name`` and ``engine``. Each
@@ -38,20 +38,25 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {  # our name (after ``kvledger:``) -> 
     "request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
     "cache_config_info": ("vllm:cache_config_info",),
 }
+ROUTER_NAMES = {name: VLLM_NAMES[name] for name in (
+    "num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "cache_config_info")}
+"""What the Gateway API Inference Extension's endpoint picker and the KV-aware routers read:
+exposed with or without ``--metrics-compat``."""
 LABEL_NAMES = {"num_blocks": "num_gpu_blocks"}  # cache_config_info: our label -> vLLM's
 
 
 class VllmNames:
     """A Prometheus collector yielding, at each scrape, the ``source`` registry's metrics of
-    :data:`VLLM_NAMES` renamed, with ``engine`` added and labels renamed by
+    ``names`` (default :data:`VLLM_NAMES`) renamed, with ``engine`` added and labels renamed by
     :data:`LABEL_NAMES`."""
 
-    def __init__(self, source: CollectorRegistry, prefix: str) -> None:
-        self.source, self.prefix = source, prefix
+    def __init__(self, source: CollectorRegistry, prefix: str,
+                 names: dict[str, tuple[str, ...]] = VLLM_NAMES) -> None:
+        self.source, self.prefix, self.names = source, prefix, names
 
     def collect(self) -> Iterator[Metric]:
         for family in self.source.collect():
-            for name in VLLM_NAMES.get(family.name.removeprefix(self.prefix), ()):
+            for name in self.names.get(family.name.removeprefix(self.prefix), ()):
                 renamed = Metric(name, family.documentation, family.type, family.unit)
                 for s in family.samples:
                     labels = {LABEL_NAMES.get(k, k): v for k, v in s.labels.items()}
@@ -61,8 +66,9 @@ class VllmNames:
                 yield renamed
 
 
-def vllm_registry(source: CollectorRegistry, prefix: str) -> CollectorRegistry:
+def vllm_registry(source: CollectorRegistry, prefix: str,
+                  names: dict[str, tuple[str, ...]] = VLLM_NAMES) -> CollectorRegistry:
     """A registry holding only the :class:`VllmNames` view of ``source``."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(VllmNames(source, prefix))
+    registry.register(VllmNames(source, prefix, names))
     return registry

@@ -97,8 +97,8 @@ async def health(request: Request):
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """Prometheus text exposition (metric names under ``kvledger:``; also ``vllm:`` ones with
-    ``--metrics-compat vllm``)."""
+    """Prometheus text exposition (metric names under ``kvledger:``; the ones routers read also
+    under ``vllm:``, every one with ``--metrics-compat vllm``)."""
     return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 

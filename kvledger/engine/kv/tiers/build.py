@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from kvledger.engine.kv.events.recorder import CacheEvents
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
@@ -78,9 +79,11 @@ def refuse_unsupported(config, spec: ModelSpec) -> None:
 
 def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: ModelSpec,
                 weight_formats: dict, fmt_json: str, outliers, bytes_per_block: int, store,
-                policy: LoadPolicy | None = None) -> Callable[[BlockPool, PrefixCache], TierLink]:
+                policy: LoadPolicy | None = None, events: Callable[[str], CacheEvents] | None = None
+                ) -> Callable[[BlockPool, PrefixCache], TierLink]:
     """The tiers of ``config`` (RAM, then disk in ``tier_dir``), and what joins them to the
-    engine's pool and prefix cache (``KVCacheManager``'s ``link_tiers``)."""
+    engine's pool and prefix cache (``KVCacheManager``'s ``link_tiers``); ``events`` gives a
+    tier's KV events hook by its name (None: none)."""
     size = payload_bytes(store)
     assert size == bytes_per_block, f"payload {size} != ledger bytes per block {bytes_per_block}"
     fp = fingerprint(weights=weights_id, dtype=config.dtype, weight_formats=weight_formats,
@@ -89,10 +92,11 @@ def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: Mode
                      tp_rank=0)
     tiers = []
     if config.kv_ram_gib is not None:
-        tiers.append(RAMTier(int(config.kv_ram_gib * GIB)))
+        tiers.append(RAMTier(int(config.kv_ram_gib * GIB), events and events("ram")))
     if tier_dir is not None:
         gib = config.kv_disk_gib if config.kv_disk_gib is not None else DEFAULT_DISK_GIB
-        tiers.append(DiskTier(Path(tier_dir.path), fp, int(gib * GIB), size))
+        tiers.append(DiskTier(Path(tier_dir.path), fp, int(gib * GIB), size,
+                              events and events("disk")))
     chain = TierChain(tiers)
     atexit.register(chain.close)
     if policy is None and tier_dir is not None:

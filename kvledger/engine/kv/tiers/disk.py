@@ -29,6 +29,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
+from kvledger.engine.kv.events.recorder import CacheEvents
 from kvledger.engine.kv.tiers import block_file
 from kvledger.engine.kv.tiers.block_file import BlockFileError
 from kvledger.engine.kv.tiers.tier import TierStats
@@ -59,6 +60,8 @@ class DiskTier:
         fingerprint: the engine's fingerprint (hex).
         capacity_bytes: most bytes of block files kept (headers included).
         payload_bytes: bytes of one block's payload (the ledger's bytes per block).
+        events: told each block the tier comes to hold (``stored``: written, or found at
+            start-up) or stops holding (``removed``); None = nothing.
 
     Raises:
         InvalidParameterError: ``root/<fingerprint[:16]>`` is not a folder (a symbolic link).
@@ -67,8 +70,9 @@ class DiskTier:
     name = "disk"
 
     def __init__(self, root: Path, fingerprint: str, capacity_bytes: int,
-                 payload_bytes: int) -> None:
+                 payload_bytes: int, events: CacheEvents | None = None) -> None:
         self.fingerprint, self.payload_bytes = fingerprint, payload_bytes
+        self.events = events
         self.dir = Path(root) / fingerprint[:16]
         self._fd = _open_fingerprint_folder(Path(root), self.dir.name)
         self.stats = TierStats(capacity_bytes=capacity_bytes)
@@ -120,6 +124,9 @@ class DiskTier:
             self._index[header.block_hash] = (header.key, header.file_bytes)
             self.stats.bytes_held += header.file_bytes
         self.stats.blocks = len(self._index)
+        if self.events is not None:
+            for block_hash, (key, _) in self._index.items():
+                self.events.stored(block_hash, key)
         seconds = time.perf_counter() - start
         log.info("KV disk tier %s: %d blocks, %.1f MiB, index read in %.3f s", self.dir,
                  len(self._index), self.stats.bytes_held / (1 << 20), seconds)
@@ -248,6 +255,8 @@ class DiskTier:
             if entry is not None:
                 self.stats.bytes_held -= entry[1]
                 self.stats.blocks = len(self._index)
+        if entry is not None and self.events is not None:
+            self.events.removed(block_hash)
 
     def put(self, block_hash: bytes, key: tuple, payload: bytes) -> None:
         s = self.stats
@@ -267,6 +276,8 @@ class DiskTier:
                 victims.append(old)
         for old in victims:
             self._remove(self._name(old))
+            if self.events is not None:
+                self.events.removed(old)
         try:
             self._write(block_hash, data)
         except OSError as err:
@@ -277,6 +288,8 @@ class DiskTier:
             s.bytes_held += len(data)
             s.blocks = len(self._index)
         s.bytes_written += len(payload)
+        if self.events is not None:
+            self.events.stored(block_hash, key)
 
     def _write(self, block_hash: bytes, data: bytes) -> None:
         """A new temporary file (``O_EXCL``: a name planted there fails), fsync, touch,

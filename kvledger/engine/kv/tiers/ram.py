@@ -10,15 +10,18 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from kvledger.engine.kv.events.recorder import CacheEvents
 from kvledger.engine.kv.tiers.tier import TierStats
 
 
 class RAMTier:
-    """Blocks in an LRU map of at most ``capacity_bytes`` payload bytes."""
+    """Blocks in an LRU map of at most ``capacity_bytes`` payload bytes; ``events`` is told
+    each block put (``stored``) and evicted (``removed``), None = nothing."""
 
     name = "ram"
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, events: CacheEvents | None = None) -> None:
+        self.events = events
         self.stats = TierStats(capacity_bytes=capacity_bytes)
         self._blocks: OrderedDict[bytes, tuple[tuple, bytes]] = OrderedDict()
         self._lock = threading.Lock()
@@ -48,13 +51,19 @@ class RAMTier:
             if block_hash in self._blocks:
                 self._blocks.move_to_end(block_hash)
                 return
+            victims = []
             while s.bytes_held + len(payload) > s.capacity_bytes:
-                _, (_, old) = self._blocks.popitem(last=False)
+                old_hash, (_, old) = self._blocks.popitem(last=False)
                 s.bytes_held -= len(old)
+                victims.append(old_hash)
             self._blocks[block_hash] = (key, bytes(payload))
             s.bytes_held += len(payload)
             s.blocks = len(self._blocks)
         s.bytes_written += len(payload)
+        if self.events is not None:
+            for old_hash in victims:
+                self.events.removed(old_hash)
+            self.events.stored(block_hash, key)
 
     def close(self) -> None:
         with self._lock:
