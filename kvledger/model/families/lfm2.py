@@ -48,7 +48,7 @@ def _prepare(cfg: dict) -> dict:
     out = dict(cfg)
     for old, new in (("block_ff_dim", "intermediate_size"), ("tie_embedding",
                                                             "tie_word_embeddings")):
-        if old in out and new not in out:
+        if old in out:  # the older spelling wins, as ``Lfm2Config`` pops it over the newer
             out[new] = out[old]
     if "norm_eps" in out:
         out["rms_norm_eps"] = out["norm_eps"]

@@ -90,7 +90,8 @@ FAMILY = Family(
     what="gated DeltaNet linear attention beside gated full attention",
     config_prepare=_prepare,
     config_defaults={t: _DEFAULTS for t in ("qwen3_5", "qwen3_5_text")}
-    | {t: _DEFAULTS | {"moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    | {t: _DEFAULTS | {"intermediate_size": 0, "moe_intermediate_size": 512,
+                       "shared_expert_intermediate_size": 512,
                        "num_experts_per_tok": 8, "num_experts": 256}
        for t in ("qwen3_5_moe", "qwen3_5_moe_text")},
     config_fields=_config_fields,
