@@ -22,6 +22,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.pool_size import pool_blocks
+from kvledger.engine.kv.state_store import StateStore, state_config, state_pool_bytes
 from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
@@ -58,7 +59,7 @@ from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
-from kvledger.ledger.kv_groups import describe_groups
+from kvledger.ledger.kv_groups import describe_groups, state_group
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import MLA, SLIDING, ModelSpec
 
@@ -118,6 +119,7 @@ class LLMEngine:
         weights_id = weights_id_of(config, weights) if tiers_wanted(config) else None
         if spec is None:
             spec, weights, tokenizer, self.tokenizer_note = load_model(config, dtype)
+        config = state_config(config, spec)
         refuse_unsupported(config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
@@ -140,8 +142,12 @@ class LLMEngine:
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token
+        group = state_group(spec)
+        self.states = None if group is None else StateStore(group, config.max_num_seqs, dtype)
         num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
-                                 self.kv_layout.reserved_bytes, self.kv_layout.groups)
+                                 self.kv_layout.reserved_bytes
+                                 + state_pool_bytes(spec, config.max_num_seqs, dtype),
+                                 self.kv_layout.groups)
         self.store = None
         self.store_outliers = (outlier_index(config, spec, self.kv_layout)
                                if config.use_kv_cache else None)
@@ -149,7 +155,7 @@ class LLMEngine:
             self.store = self.kv_layout.build_store(num_blocks, self.store_outliers,
                                                     kernels=self.device.kernels)
         if self.parallel is None:
-            self.runner = ModelRunner(self.model, self.store, config.block_size)
+            self.runner = ModelRunner(self.model, self.store, config.block_size, self.states)
         else:
             self.runner = self.parallel.runner(self.model, self.store, config, num_blocks)
         # compaction copies and block releases go to the store, or under tensor parallelism
@@ -169,7 +175,7 @@ class LLMEngine:
                                    len if self.store is None else self.store.shareable,
                                    self.kv_layout.intact_blocks,
                                    store_ops.release if self.store is not None else None,
-                                   link_tiers)
+                                   link_tiers, self.states)
         self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
@@ -264,6 +270,11 @@ class LLMEngine:
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and self.spec.state_layers:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} does not run on a model with state layers "
+                f"({self.spec.model_type}: {len(self.spec.state_layers)} of "
+                f"{self.spec.num_layers}); use kv_policy full")
         if spec.evicts and MLA in self.spec.layers.types:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "

@@ -61,6 +61,8 @@ class KVCacheManager:
             nothing.
         link_tiers: builds the KV tiers' link (``engine/kv/tiers/link.py``) over this
             manager's pool and prefix cache, which then write through to it; None = no tiers.
+        state_slots: the state layers' slots (``engine/kv/state_store.py``): a request takes
+            one at admission and gives it back with its blocks; None = no state layers.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -69,8 +71,10 @@ class KVCacheManager:
                  shareable: Callable[[list[int]], int] = len,
                  intact_blocks: int = 0, max_cached_intact: int = 0,
                  on_release: Callable[[int], None] | None = None,
-                 link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None):
+                 link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
+                 state_slots=None):
         self.block_size = block_size
+        self.state_slots = state_slots
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.shareable = shareable
         self.intact_blocks, self.max_cached_intact = intact_blocks, max_cached_intact
@@ -180,6 +184,8 @@ class KVCacheManager:
             req.num_hashed_blocks = len(hit[0])
             req.num_dropped_blocks = self._first_live(hit_tokens)
             req.retention.reset(hit_tokens)
+            if self.state_slots is not None:
+                req.state_slot = self.state_slots.allocate()
         required = self._required_blocks(req.num_kv_slots + num_new_tokens)
         for table in req.block_tables:
             table += self.pool.allocate(max(0, required - len(table)))
@@ -243,6 +249,9 @@ class KVCacheManager:
         if self.intact_blocks:
             self._cache_intact([b for t in req.block_tables for b in t[: self.intact_blocks]])
         req.block_tables = [[] for _ in self.groups]
+        if req.state_slot is not None:
+            self.state_slots.free(req.state_slot)
+            req.state_slot = None
         req.num_hashed_blocks = 0
         req.num_dropped_blocks = 0
         req.retention.reset()

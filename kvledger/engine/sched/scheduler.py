@@ -87,8 +87,8 @@ class Scheduler:
         bytes_per_block: KV bytes of one block over all layers (the ledger's figure; for
             messages and stats).
         max_model_len: the model's context limit in tokens.
-        store, groups, sealed_blocks, shareable, intact_blocks, on_release, link_tiers: the KV
-            manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
+        store, groups, sealed_blocks, shareable, intact_blocks, on_release, link_tiers,
+            state_slots: the KV manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
             blocks cached).
     """
 
@@ -106,13 +106,15 @@ class Scheduler:
         intact_blocks: int = 0,
         on_release: Callable[[int], None] | None = None,
         link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
+        state_slots=None,
     ) -> None:
         self.config = config
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block
         self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
                                  groups, sealed_blocks, shareable, intact_blocks,
-                                 config.max_num_seqs * intact_blocks, on_release, link_tiers)
+                                 config.max_num_seqs * intact_blocks, on_release, link_tiers,
+                                 state_slots)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

@@ -24,6 +24,8 @@ layer's ``conv.in_proj``, ``conv.conv`` [hidden, 1, taps] and ``conv.out_proj`` 
 
 from __future__ import annotations
 
+from functools import cache
+
 from kvledger.errors import ConfigError
 from kvledger.spec import CONV, FULL, Config, Family, ModelSpec, any_value, is_
 
@@ -134,10 +136,30 @@ def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
     return shapes
 
 
+@cache
+def _model() -> type:
+    import torch
+
+    from kvledger.model.layers.decoder import Decoder
+    from kvledger.model.layers.short_conv import ShortConv
+
+    class Lfm2Decoder(Decoder):
+        """The decoder with LFM2's short convolution on its ``conv`` layers."""
+
+        def state_mixer(self, w: dict[str, torch.Tensor], prefix: str, linear, i: int):
+            p = prefix + "conv."
+            taps = w.pop(p + "conv.weight")
+            bias = w.pop(p + "conv.bias", None)
+            return ShortConv(linear([p + "in_proj"], "qkv"), linear([p + "out_proj"], "o"),
+                             taps.reshape(taps.shape[0], -1).to(self.dtype),
+                             None if bias is None else bias.to(self.dtype))
+
+    return Lfm2Decoder
+
+
 FAMILY = Family(
     name="lfm2",
     model_types=("lfm2",),
-    what="gated short convolutions beside GQA attention",
     runs={"layer_types": lambda kinds: set(kinds) <= {FULL, CONV}, "qk_norm": is_(True),
           "state_conv_dim": any_value, "state_conv_kernel": any_value,
           "state_conv_bias": any_value},
@@ -149,4 +171,5 @@ FAMILY = Family(
     gguf_fields=_gguf_fields,
     weight_names=_weight_names,
     tensor_shapes=_tensor_shapes,
+    model=_model,
 )

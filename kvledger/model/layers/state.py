@@ -14,8 +14,10 @@ A state mixer is called as ``mixer.forward(x, state, meta)``:
   before the step, with the rows of fresh sequences zeroed, and scatters them back after it:
   the mixer reads them and updates them **in place** to the state after its last token.
 
-Both tensors are stored in float32 whatever the compute dtype (as llama.cpp keeps its
-recurrent caches); ``x`` and the output are in the compute dtype. The mixer returns [T, hidden].
+Both tensors are stored in the engine's compute dtype (what the ledger prices,
+``ledger.kv.fixed_state_bytes``; vLLM's default too), as is ``x``: a mixer that computes its
+recurrence in float32 casts on the way in and writes back with ``copy_``. The mixer returns
+[T, hidden]. The engine's side: ``kvledger.engine.kv.state_store``.
 """
 
 from __future__ import annotations
