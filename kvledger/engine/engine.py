@@ -421,6 +421,9 @@ class LLMEngine:
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
         s["kv_bytes_predicted"] = held * self.bytes_per_token // max(1, len(self.kv_layout.groups))
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
+        if self.states is not None:  # the state layers' slots, beside the blocks
+            s["state_pool_bytes"] = self.states.nbytes
+            s["state_slots_free"] = self.states.num_free
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
         if self.tiers is not None:

@@ -22,6 +22,7 @@ from oracle_kit import (
 )
 
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.engine import LLMEngine
 from kvledger.engine.kv.state_store import StateStore, StepState, state_config
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.model_load import build_model
@@ -146,3 +147,35 @@ def test_tiers_and_evicting_retention_refused(tiny, tmp_path):
     with pytest.raises(InvalidParameterError, match="state layers"):
         engine.add_request("r", [5, 6, 7], SamplingParams(kv_policy=RetentionSpec(
             "sinks", window=32, sinks=4)))
+
+
+def test_the_bill_shows_state_beside_kv(tiny):
+    """``kvledger generate``'s figures: one slot of the state tensors equals the ledger's
+    state bytes per sequence (4 conv layers x 64 channels x 2 steps x 4 bytes)."""
+    from kvledger.commands.generate_report import request_figures
+
+    folder, _, spec, weights = tiny("lfm2")
+    engine = fp32_engine(folder, spec, weights)
+    engine.add_request("r", seeded_prompt(9), SamplingParams(max_tokens=3))
+    out = None
+    while engine.has_unfinished_requests():
+        out = [o for o in engine.step() if o.finished] or out
+    f = request_figures(engine, out[0])
+    assert f["state_bytes_held"] == f["state_bytes_ledger"] == 4 * 64 * 2 * 4
+    assert engine.stats()["state_pool_bytes"] == engine.states.nbytes
+
+
+def test_bf16_state_in_bf16(tiny):
+    """The engine in bf16 over the model's bf16 weights (the device's weight formats): the
+    state in bf16, priced at 2 bytes an element."""
+    from kvledger.model.weights.loader import load_weights
+
+    folder = tiny("lfm2")[0]
+    spec, weights = load_weights(folder, torch.bfloat16)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
+                       spec=spec, weights=weights)
+    assert engine.states.conv[0].dtype == torch.bfloat16
+    assert engine.states.nbytes == 2 * fixed_state_bytes(spec, 2)
+    got = run_together(engine, [seeded_prompt(20), seeded_prompt(7)],
+                       SamplingParams(max_tokens=4, temperature=0.0))
+    assert [len(t) for t in got] == [4, 4]
