@@ -179,3 +179,55 @@ def test_bf16_state_in_bf16(tiny):
     got = run_together(engine, [seeded_prompt(20), seeded_prompt(7)],
                        SamplingParams(max_tokens=4, temperature=0.0))
     assert [len(t) for t in got] == [4, 4]
+
+
+def _write_gguf(hf, path) -> None:
+    """``hf`` as llama.cpp's converter writes an LFM2 (``conversion/lfm2.py``): gguf-py's
+    tensor names, the conv taps squeezed to [hidden, taps], KV heads per layer (0 on a conv
+    layer), ``shortconv.l_cache``, the adjusted ``feed_forward_length``."""
+    import gguf
+    import numpy as np
+
+    cfg = hf.config
+    w = gguf.GGUFWriter(str(path), "lfm2")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LFM2, cfg.num_hidden_layers)
+    meta = {"block_count": cfg.num_hidden_layers, "context_length": 512,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": 96,
+            "attention.head_count": cfg.num_attention_heads,
+            "attention.head_count_kv": [cfg.num_key_value_heads if t != "conv" else 0
+                                        for t in cfg.layer_types],
+            "rope.freq_base": 1e6, "attention.layer_norm_rms_epsilon": cfg.norm_eps,
+            "vocab_size": cfg.vocab_size, "shortconv.l_cache": cfg.conv_L_cache}
+    for key, value in meta.items():
+        full = f"lfm2.{key}"
+        if isinstance(value, list):
+            w.add_array(full, value)
+        elif isinstance(value, float):
+            w.add_float32(full, value)
+        else:
+            w.add_uint32(full, value)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    for hf_name, tensor in hf.state_dict().items():
+        stem, _, kind = hf_name.rpartition(".")
+        data = tensor.float().numpy().astype(np.float32)
+        if "conv.conv" in hf_name and data.ndim == 3:
+            data = data.squeeze(1)
+        w.add_tensor(f"{names.get_name(stem)}.{kind}", data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_as_llama_cpp_writes_it_gives_the_same_tokens(tiny, tmp_path):
+    from kvledger.model.weights.loader import load_weights
+
+    _, hf, _, _ = tiny("lfm2")
+    path = tmp_path / "lfm2.gguf"
+    _write_gguf(hf, path)
+    spec, weights = load_weights(path, torch.float32)
+    assert spec.layers.types == (CONV, FULL, CONV, CONV, FULL, CONV) and spec.state.conv_bias
+    prompts = [seeded_prompt(n) for n in (9, 21)]
+    engine = fp32_engine(path, spec, weights, max_num_batched_tokens=16)
+    assert run_together(engine, prompts, GREEDY) == [hf_greedy(hf, p, 8) for p in prompts]

@@ -13,13 +13,15 @@ Config: the layer kinds from ``layer_types`` (``conv`` / ``full_attention``) or
 ``block_multiple_of``; ``tie_embedding`` (older spelling); RoPE base 1e6 by default.
 
 GGUF (llama.cpp's converter, ``lfm2``): ``attention.head_count_kv`` per layer, 0 on a conv
-layer; ``shortconv.l_cache``; ``feed_forward_length`` already adjusted.
+layer; ``shortconv.l_cache``; ``feed_forward_length`` already adjusted; the conv layer's
+``shortconv.in_proj`` / ``shortconv.conv`` (its taps squeezed to [hidden, taps]) /
+``shortconv.out_proj``, the final norm ``token_embd_norm``.
 
 Checkpoint names -> the common ones: ``operator_norm`` / ``ffn_norm`` -> ``input_layernorm`` /
 ``post_attention_layernorm``, ``self_attn.out_proj`` -> ``o_proj``, ``q_layernorm`` /
 ``k_layernorm`` -> ``q_norm`` / ``k_norm``, ``feed_forward.w1 / w3 / w2`` -> ``mlp.gate_proj /
 up_proj / down_proj``, ``model.embedding_norm`` (the final norm) -> ``model.norm``; the conv
-layer's ``conv.in_proj``, ``conv.conv`` [hidden, 1, taps] and ``conv.out_proj`` stay.
+layer's ``conv.in_proj``, ``conv.conv`` (brought to [hidden, taps]) and ``conv.out_proj`` stay.
 """
 
 from __future__ import annotations
@@ -110,10 +112,13 @@ _RENAMES = (("operator_norm.", "input_layernorm."), ("ffn_norm.", "post_attentio
 
 
 def _weight_names(state: dict, spec: ModelSpec) -> None:
-    """LFM2's checkpoint names -> the common ones (module docstring)."""
+    """LFM2's checkpoint names -> the common ones (module docstring); the convolution's taps
+    [hidden, 1, taps] as a GGUF holds them, [hidden, taps]."""
     if "model.embedding_norm.weight" in state:
         state["model.norm.weight"] = state.pop("model.embedding_norm.weight")
     for name in list(state):
+        if name.endswith(".conv.conv.weight") and state[name].ndim == 3:
+            state[name] = state[name].squeeze(1)
         for old, new in _RENAMES:
             if f".{old}" in name:
                 state[name.replace(f".{old}", f".{new}")] = state.pop(name)
@@ -128,7 +133,7 @@ def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
             continue
         p = f"model.layers.{i}."
         shapes = {k: v for k, v in shapes.items() if not k.startswith(p + "self_attn.")}
-        shapes |= {p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, 1, kernel),
+        shapes |= {p + "conv.in_proj.weight": (3 * h, h), p + "conv.conv.weight": (h, kernel),
                    p + "conv.out_proj.weight": (h, h)}
         if spec.state.conv_bias:
             shapes |= {p + "conv.in_proj.bias": (3 * h,), p + "conv.conv.bias": (h,),
@@ -169,6 +174,8 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"lfm2": "lfm2"},
     gguf_fields=_gguf_fields,
+    gguf_tensors={"shortconv.in_proj": "conv.in_proj", "shortconv.conv": "conv.conv",
+                  "shortconv.out_proj": "conv.out_proj"},
     weight_names=_weight_names,
     tensor_shapes=_tensor_shapes,
     model=_model,
