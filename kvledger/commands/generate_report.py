@@ -7,7 +7,7 @@ last sampled token is never fed back), and the same rounded up to whole blocks; 
 evicting ``--kv-policy`` it is the policy's bound (``RetentionSpec.max_kv_tokens`` /
 ``max_kv_blocks``), which the held figure never passes. A model with state layers holds one
 state slot per sequence beside its blocks: held is one slot of the state tensors
-(``states.nbytes / num_slots``), the ledger's is ``kv.fixed_state_bytes`` in the compute dtype.
+(``StateStore.row_bytes``), the ledger's is ``kv.fixed_state_bytes`` in the compute dtype.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _state_figures(engine) -> dict:
     if states is None:
         return {}
     element = states.conv[0].dtype.itemsize
-    return {"state_bytes_held": states.nbytes // states.num_slots,
+    return {"state_bytes_held": states.row_bytes,
             "state_bytes_ledger": fixed_state_bytes(engine.spec, element)}
 
 

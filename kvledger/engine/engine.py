@@ -22,7 +22,7 @@ from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.pool_size import pool_blocks
-from kvledger.engine.kv.state_store import StateStore, state_config, state_pool_bytes
+from kvledger.engine.kv.state_store import releasing, state_config, state_layout
 from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
@@ -59,7 +59,7 @@ from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
-from kvledger.ledger.kv_groups import describe_groups, state_group
+from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import MLA, SLIDING, ModelSpec
 
@@ -119,7 +119,7 @@ class LLMEngine:
         weights_id = weights_id_of(config, weights) if tiers_wanted(config) else None
         if spec is None:
             spec, weights, tokenizer, self.tokenizer_note = load_model(config, dtype)
-        config = state_config(config, spec)
+        state_config(config, spec)
         refuse_unsupported(config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
@@ -142,12 +142,14 @@ class LLMEngine:
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token
-        group = state_group(spec)
-        self.states = None if group is None else StateStore(group, config.max_num_seqs, dtype)
-        num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
-                                 self.kv_layout.reserved_bytes
-                                 + state_pool_bytes(spec, config.max_num_seqs, dtype),
-                                 self.kv_layout.groups)
+        state, config = state_layout(config, spec, dtype, self.model, self.bytes_per_block)
+        self.config = config  # prefix caching off on a state model without checkpoints
+        num_blocks = pool_blocks(
+            config, state.sizing_bytes_per_block(self.bytes_per_block) if state
+            else self.bytes_per_block, self.max_model_len,
+            self.kv_layout.reserved_bytes + (state.reserved_bytes if state else 0),
+            self.kv_layout.groups)
+        self.states = state.build(num_blocks) if state else None
         self.store = None
         self.store_outliers = (outlier_index(config, spec, self.kv_layout)
                                if config.use_kv_cache else None)
@@ -174,8 +176,7 @@ class LLMEngine:
                                    self.kv_layout.sealed_blocks,
                                    len if self.store is None else self.store.shareable,
                                    self.kv_layout.intact_blocks,
-                                   store_ops.release if self.store is not None else None,
-                                   link_tiers, self.states)
+                                   self._release_hook(store_ops), link_tiers, self.states)
         self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
@@ -268,6 +269,14 @@ class LLMEngine:
         (layer, KV head) rows of this model when it selects per head)."""
         return retention_for(spec, self.config.block_size, self.spec.num_layers,
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
+
+    def _release_hook(self, store_ops):
+        """The pool's hook for a block that keeps nothing: the store's (None without one),
+        and the block's state checkpoint on a state model that takes them."""
+        release = store_ops.release if self.store is not None else None
+        if self.states is not None and self.states.num_checkpoints:
+            return releasing(release, self.states)
+        return release
 
     def _check_retention(self, spec: RetentionSpec) -> None:
         if spec.evicts and self.spec.state_layers:

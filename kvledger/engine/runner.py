@@ -154,11 +154,36 @@ class ModelRunner:
 
     def _step_state(self, chunks: Seq, last_of: dict) -> StepState:
         """The step's state slots: per chunk, in the order of its tokens in the batch, its
-        request's slot, its span and whether it starts from no token."""
+        request's slot, its span, whether it starts from no token, and the checkpoints it
+        takes (:meth:`_checkpoints`)."""
         spans = sorted((last_of[id(c)] - c.num_new_tokens + 1, c) for c in chunks)
+        rows: dict[tuple[int, int], int] = {}
+        wanted = [self._checkpoints(i, c, rows) for i, (_, c) in enumerate(spans)]
         meta = StateMeta(tuple(s for s, _ in spans), tuple(c.num_new_tokens for _, c in spans),
-                         tuple(c.request.num_computed_tokens == 0 for _, c in spans))
-        return self.states.step([c.request.state_slot for _, c in spans], meta)
+                         tuple(c.request.num_computed_tokens == 0 for _, c in spans),
+                         tuple(wanted) if rows else ())
+        return self.states.step([c.request.state_slot for _, c in spans], meta, rows)
+
+    def _checkpoints(self, seq: int, c, rows: dict) -> tuple[int, ...]:
+        """Offsets into chunk ``c`` (sequence ``seq`` of the step) at the end of a block where
+        its state is kept (``engine/kv/state_store.py``): every ``interval`` blocks, and the
+        prompt's last full block; each gets a checkpoint row in ``rows``."""
+        interval = self.states.interval
+        if not interval:
+            return ()
+        req, bs = c.request, self.block_size
+        start, end = req.num_computed_tokens, req.num_computed_tokens + c.num_new_tokens
+        ends = set(range((start // (interval * bs) + 1) * interval * bs, end + 1, interval * bs))
+        last_full = req.num_prompt_tokens // bs * bs
+        if start < last_full <= end:
+            ends.add(last_full)
+        offsets = []
+        for p in sorted(ends):
+            row = self.states.reserve_checkpoint(req.block_table[p // bs - 1])
+            if row is not None:
+                rows[(seq, p - start)] = row
+                offsets.append(p - start)
+        return tuple(offsets)
 
     def _group_meta(self, g: int, decode_groups: list[list], prefills: list,
                     first: AttentionMetadata) -> AttentionMetadata:

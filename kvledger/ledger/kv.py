@@ -263,3 +263,10 @@ def fixed_state_bytes(
     if not layers:
         return 0
     return math.ceil(layers * spec.state.elements * state_bytes_per_element / tp)
+
+
+def checkpoint_interval_blocks(state_bytes: int, page_bytes: int) -> int:
+    """Blocks between two state checkpoints of a sequence (prefix caching on a model with
+    state layers): the fewest whose KV bytes reach the state's, so checkpoints never hold
+    more than the KV they let a hit skip (at least 1: one per block for a small state)."""
+    return max(1, -(-state_bytes // max(page_bytes, 1)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_kit import SHAPE, hf_greedy, save_tiny
+from family_kit import SHAPE, hf_greedy, hf_logits, save_tiny
 from oracle_kit import (
     SCATTERED,
     TOL,
@@ -113,7 +113,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
 def test_engine_greedy_equals_transformers(tiny, options):
     folder, spec, weights, prompts, expected = _case(tiny)
     engine = fp32_engine(folder, spec, weights, block_size=4, **options)
-    assert engine.states is not None and not engine.config.enable_prefix_caching
+    assert engine.states is not None and engine.config.enable_prefix_caching
     got = run_together(engine, prompts, GREEDY)
     assert got == expected
     if "num_blocks" in options:
@@ -122,12 +122,19 @@ def test_engine_greedy_equals_transformers(tiny, options):
 
 
 def test_pool_bytes_equal_the_ledger(tiny):
+    """10 blocks, 3 slots and, with prefix caching, a checkpoint per interval of blocks: the
+    state (2 KiB) over a block of 16 tokens (8 KiB) is one block, 10 checkpoints."""
     folder, _, spec, weights = tiny("lfm2")
-    engine = fp32_engine(folder, spec, weights, block_size=16, num_blocks=10, max_num_seqs=3)
+    engine = fp32_engine(folder, spec, weights, block_size=16, num_blocks=10, max_num_seqs=3,
+                         enable_prefix_caching=False)
     held = engine.store.nbytes + engine.states.nbytes
     assert held == 10 * engine.bytes_per_block + 3 * fixed_state_bytes(spec, 4)
+    engine = fp32_engine(folder, spec, weights, block_size=16, num_blocks=10, max_num_seqs=3)
+    assert engine.states.interval == 1 and engine.states.num_checkpoints == 10
+    held = engine.store.nbytes + engine.states.nbytes
+    assert held == 10 * engine.bytes_per_block + (3 + 10) * fixed_state_bytes(spec, 4)
     assert engine.bytes_per_block == 16 * 2 * 2 * 2 * 16 * 4  # 2 attention layers, fp32
-    assert engine.states.nbytes == 3 * 4 * (64 * 2) * 4  # 4 conv layers, window of 2
+    assert engine.states.nbytes == 13 * 4 * (64 * 2) * 4  # 4 conv layers, window of 2
 
 
 def test_state_models_refuse_by_name(tiny):
@@ -136,7 +143,7 @@ def test_state_models_refuse_by_name(tiny):
         state_config(EngineConfig(tensor_parallel_size=2), spec)
     with pytest.raises(InvalidParameterError, match="no-kv-cache"):
         state_config(EngineConfig(use_kv_cache=False), spec)
-    assert not state_config(EngineConfig(), spec).enable_prefix_caching
+    state_config(EngineConfig(), spec)  # nothing refused
 
 
 def test_tiers_and_evicting_retention_refused(tiny, tmp_path):
@@ -175,7 +182,9 @@ def test_bf16_state_in_bf16(tiny):
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
                        spec=spec, weights=weights)
     assert engine.states.conv[0].dtype == torch.bfloat16
-    assert engine.states.nbytes == 2 * fixed_state_bytes(spec, 2)
+    assert engine.states.row_bytes == fixed_state_bytes(spec, 2)
+    slots, checkpoints = engine.states.num_slots, engine.states.num_checkpoints
+    assert engine.states.nbytes == (slots + checkpoints) * fixed_state_bytes(spec, 2)
     got = run_together(engine, [seeded_prompt(20), seeded_prompt(7)],
                        SamplingParams(max_tokens=4, temperature=0.0))
     assert [len(t) for t in got] == [4, 4]
@@ -231,3 +240,71 @@ def test_gguf_as_llama_cpp_writes_it_gives_the_same_tokens(tiny, tmp_path):
     prompts = [seeded_prompt(n) for n in (9, 21)]
     engine = fp32_engine(path, spec, weights, max_num_batched_tokens=16)
     assert run_together(engine, prompts, GREEDY) == [hf_greedy(hf, p, 8) for p in prompts]
+
+
+def _two_turns(engine, hf, first: list[int], second: list[int]) -> tuple[list, list]:
+    """The greedy tokens of ``first`` then ``second`` (one after the other, so the second can
+    hit the first's blocks), and transformers' for both."""
+    got = [run_together(engine, [p], GREEDY, first=i)[0] for i, p in enumerate((first, second))]
+    return got, [hf_greedy(hf, p, 8) for p in (first, second)]
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_prefix_hits_from_checkpoints_keep_the_tokens(tiny, block_size):
+    """A second turn that extends the first hits its blocks up to the last checkpoint (every
+    ``interval`` blocks and the first prompt's last full block) and restores the state there:
+    greedy tokens equal transformers', and the hit is counted."""
+    folder, hf, spec, weights = tiny("lfm2")
+    engine = fp32_engine(folder, spec, weights, block_size=block_size,
+                         max_num_batched_tokens=16)
+    first = seeded_prompt(37)
+    second = first + seeded_prompt(11)
+    got, expected = _two_turns(engine, hf, first, second)
+    assert got == expected
+    assert engine.stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_a_short_prompt_hits_at_its_last_full_block(tiny):
+    """A prompt shorter than one checkpoint interval (8 blocks of 4 here) still leaves a
+    checkpoint at its last full block: the next turn hits 20 of its tokens, not 0."""
+    folder, _, spec, weights = tiny("lfm2")
+    engine = fp32_engine(folder, spec, weights, block_size=4)
+    assert engine.states.interval == 1
+    engine.states.interval = 8  # a larger state's interval (the ledger's rule, bigger models)
+    first = seeded_prompt(22)
+    engine.add_request("a", first, GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.add_request("b", first + seeded_prompt(5), GREEDY)
+    engine.step()
+    assert engine.scheduler.requests["b"].num_cached_tokens == 20
+
+
+def _hit_logprob_diff(engine, hf) -> float:
+    """Most |logprob - transformers'| of the 4 tokens a second turn generates after a prefix
+    hit on the first turn's blocks (the hit asserted)."""
+    first = seeded_prompt(37)
+    run_together(engine, [first], GREEDY)
+    second = first + seeded_prompt(11)
+    engine.add_request("b", second, SamplingParams(max_tokens=4, temperature=0.0, logprobs=1))
+    out = None
+    while engine.has_unfinished_requests():
+        out = [o for o in engine.step() if o.finished] or out
+    assert out[0].metrics.num_cached_tokens > 0
+    ids, diffs = list(second), []
+    for entry in out[0].logprobs:
+        ref = torch.log_softmax(hf_logits(hf, ids), -1)[entry.token_id]
+        diffs.append(abs(entry.logprob - float(ref)))
+        ids.append(entry.token_id)
+    return max(diffs)
+
+
+def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
+    """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts from a
+    zero state instead of the checkpoint's copy leaves them."""
+    folder, hf, spec, weights = tiny("lfm2")
+    options = {"block_size": 4, "max_num_batched_tokens": 16}
+    assert _hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
+    allocate = StateStore.allocate
+    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
+    assert _hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL

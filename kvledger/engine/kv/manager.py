@@ -111,7 +111,9 @@ class KVCacheManager:
                     self.sealed_blocks(req.num_tokens))
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
         keep = self.shareable(hits[0])
-        if keep < len(hits[0]):  # a key group not whole: cached, but not shared
+        if self.state_slots is not None:  # a state model starts from a checkpoint's copy
+            keep = min(keep, self.state_slots.restorable(hits[0]))
+        if keep < len(hits[0]):  # a key group not whole, or no checkpoint: not shared
             missed += len(hits[0]) - keep
             hits = [h[:keep] for h in hits]
         req.missed_hit_tokens = missed * self.block_size
@@ -185,7 +187,7 @@ class KVCacheManager:
             req.num_dropped_blocks = self._first_live(hit_tokens)
             req.retention.reset(hit_tokens)
             if self.state_slots is not None:
-                req.state_slot = self.state_slots.allocate()
+                req.state_slot = self.state_slots.allocate(hit[0][-1] if hit_tokens else None)
         required = self._required_blocks(req.num_kv_slots + num_new_tokens)
         for table in req.block_tables:
             table += self.pool.allocate(max(0, required - len(table)))

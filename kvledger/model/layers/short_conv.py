@@ -20,12 +20,17 @@ from kvledger.model.linear import Linear
 
 
 class ShortConv:
-    """One layer's gated short convolution (module docstring).
+    """One layer's gated short convolution (module docstring). It takes the checkpoints the
+    engine asks for: the window after ``o`` tokens of a chunk is the columns ``o .. o + k - 2``
+    of the carried window followed by the chunk.
 
     Args:
         in_proj: the Linear to 3 x hidden (B, C, x); out_proj: hidden -> hidden.
         weight: the convolution's taps [hidden, kernel]; bias: [hidden] or None.
     """
+
+    CHECKPOINTS = True
+    """Fills ``LayerState.snapshots`` (``model/layers/state.py``)."""
 
     def __init__(self, in_proj: Linear, out_proj: Linear, weight: torch.Tensor,
                  bias: torch.Tensor | None) -> None:
@@ -36,12 +41,13 @@ class ShortConv:
         """[T, hidden] of normed hidden states x [T, hidden]; ``state.conv`` updated in place."""
         b, c, v = self.in_proj(x).chunk(3, dim=-1)
         bx = b * v
-        if meta.decode_only:
+        if meta.decode_only and not meta.checkpoints:
             out = self._decode(bx, state.conv)
         else:
             out = torch.empty_like(bx)
             for i, (start, n) in enumerate(meta.spans()):
-                out[start:start + n] = self._chunk(bx[start:start + n], state.conv, i)
+                wanted = meta.checkpoints[i] if meta.checkpoints else ()
+                out[start:start + n] = self._chunk(bx[start:start + n], state, i, wanted)
         return self.out_proj(c * out)
 
     def _decode(self, bx: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
@@ -51,10 +57,16 @@ class ShortConv:
         out = (full * self.weight).sum(-1)
         return (out if self.bias is None else out + self.bias).to(bx.dtype)
 
-    def _chunk(self, bx: torch.Tensor, window: torch.Tensor, i: int) -> torch.Tensor:
-        """A chunk ``bx`` [n, hidden] of sequence ``i``, after its window ``window[i]``."""
+    def _chunk(self, bx: torch.Tensor, state: LayerState, i: int,
+               wanted: tuple[int, ...]) -> torch.Tensor:
+        """A chunk ``bx`` [n, hidden] of sequence ``i`` after its window ``state.conv[i]``;
+        snapshots of the window after each offset of ``wanted``."""
+        window = state.conv
         full = torch.cat([window[i], bx.to(window.dtype).T], dim=-1)  # [hidden, k - 1 + n]
-        window[i].copy_(full[:, full.shape[1] - window.shape[2]:])
+        width = window.shape[2]
+        for o in wanted:
+            state.snapshots.append((i, o, full[:, o:o + width].clone(), None))
+        window[i].copy_(full[:, full.shape[1] - width:])
         out = F.conv1d(full[None], self.weight[:, None, :], self.bias, groups=full.shape[0])
         return out[0].T.to(bx.dtype)
 

@@ -18,11 +18,17 @@ Both tensors are stored in the engine's compute dtype (what the ledger prices,
 ``ledger.kv.fixed_state_bytes``; vLLM's default too), as is ``x``: a mixer that computes its
 recurrence in float32 casts on the way in and writes back with ``copy_``. The mixer returns
 [T, hidden]. The engine's side: ``kvledger.engine.kv.state_store``.
+
+Checkpoints (prefix caching on a state model): ``meta.checkpoints`` lists per sequence the
+token counts into its span (1 .. length) after which the engine wants the state; a mixer that
+declares ``CHECKPOINTS = True`` appends for each ``(sequence, offset, conv, recurrent)`` to
+``state.snapshots`` (copies: the conv window and recurrent state after that many tokens of
+the span). The engine turns prefix caching on only when every state layer's mixer does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +40,9 @@ class StateMeta:
     starts: tuple[int, ...]
     lengths: tuple[int, ...]
     fresh: tuple[bool, ...]
+    checkpoints: tuple[tuple[int, ...], ...] = ()
+    """Per sequence, the offsets into its span after which a snapshot is wanted (module
+    docstring); empty: none this step."""
 
     @property
     def num_seqs(self) -> int:
@@ -61,3 +70,6 @@ class LayerState:
 
     conv: torch.Tensor
     recurrent: torch.Tensor | None = None
+    snapshots: list = field(default_factory=list)
+    """``(sequence, offset, conv [conv_dim, kernel - 1], recurrent or None)`` per checkpoint
+    of ``StateMeta.checkpoints`` (module docstring), filled by a mixer that takes them."""
