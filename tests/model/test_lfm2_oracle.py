@@ -268,9 +268,8 @@ def test_a_short_prompt_hits_at_its_last_full_block(tiny):
     """A prompt shorter than one checkpoint interval (8 blocks of 4 here) still leaves a
     checkpoint at its last full block: the next turn hits 20 of its tokens, not 0."""
     folder, _, spec, weights = tiny("lfm2")
-    engine = fp32_engine(folder, spec, weights, block_size=4)
-    assert engine.states.interval == 1
-    engine.states.interval = 8  # a larger state's interval (the ledger's rule, bigger models)
+    engine = fp32_engine(folder, spec, weights, block_size=4, state_checkpoint_blocks=8)
+    assert engine.states.interval == 8
     first = seeded_prompt(22)
     engine.add_request("a", first, GREEDY)
     while engine.has_unfinished_requests():

@@ -116,7 +116,8 @@ def state_layout(config, spec: ModelSpec, dtype: torch.dtype, model, bytes_per_b
                  spec.model_type)
         config = dataclasses.replace(config, enable_prefix_caching=False)
     row = fixed_state_bytes(spec, dtype.itemsize)
-    interval = checkpoint_interval_blocks(row, bytes_per_block) if checkpoints else 0
+    interval = (config.state_checkpoint_blocks or checkpoint_interval_blocks(row, bytes_per_block)
+                if checkpoints else 0)
     return StateLayout(group, config.max_num_seqs, interval, row, dtype), config
 
 
