@@ -50,6 +50,15 @@ def test_lfm2_1_2b_state_by_hand(real_spec):
     assert group.slot_elements() * 2 == fixed_state_bytes(spec)
 
 
+def test_granite_4_h_micro_state_by_hand(real_spec):
+    """36 Mamba-2 layers: 64 heads x 64 x 128 SSM state and 3 steps of the conv over
+    64 x 64 + 2 x 128 channels, in bf16."""
+    spec = real_spec("ibm-granite__granite-4.0-h-micro")
+    assert spec.layers.types.count(MAMBA) == 36 and not spec.is_moe
+    assert spec.intermediate_size == 8192
+    assert fixed_state_bytes(spec) == 36 * (64 * 64 * 128 + 3 * (4096 + 2 * 128)) * 2
+
+
 def test_granite_hybrid_state_by_hand(tmp_path):
     """Granite-4.0-H-Tiny's Mamba-2 shape (hidden 1536, 48 heads of 64, d_state 128, one
     group, 4 taps): per Mamba layer 48 x 64 x 128 SSM + 3 x (3072 + 2 x 128) conv values."""
