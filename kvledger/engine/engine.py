@@ -176,7 +176,9 @@ class LLMEngine:
                                    self.kv_layout.sealed_blocks,
                                    len if self.store is None else self.store.shareable,
                                    self.kv_layout.intact_blocks,
-                                   self._release_hook(store_ops), link_tiers, self.states)
+                                   releasing(store_ops.release if self.store is not None
+                                             else None, self.states),
+                                   link_tiers, self.states)
         self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
@@ -269,14 +271,6 @@ class LLMEngine:
         (layer, KV head) rows of this model when it selects per head)."""
         return retention_for(spec, self.config.block_size, self.spec.num_layers,
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
-
-    def _release_hook(self, store_ops):
-        """The pool's hook for a block that keeps nothing: the store's (None without one),
-        and the block's state checkpoint on a state model that takes them."""
-        release = store_ops.release if self.store is not None else None
-        if self.states is not None and self.states.num_checkpoints:
-            return releasing(release, self.states)
-        return release
 
     def _check_retention(self, spec: RetentionSpec) -> None:
         if spec.evicts and self.spec.state_layers:

@@ -65,9 +65,12 @@ def state_config(config, spec: ModelSpec):
                                     "carried from chunk to chunk in its slot")
 
 
-def releasing(release, states: StateStore):
-    """The pool's release hook ``release`` (None: none) that also drops the block's state
-    checkpoint."""
+def releasing(release, states: StateStore | None):
+    """The pool's release hook ``release`` (None: none), which also drops the block's state
+    checkpoint on a state model that takes them (else ``release`` itself)."""
+    if states is None or not states.num_checkpoints:
+        return release
+
     def hook(block_id: int) -> None:
         if release is not None:
             release(block_id)
