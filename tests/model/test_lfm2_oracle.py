@@ -307,3 +307,14 @@ def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
     allocate = StateStore.allocate
     monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
     assert _hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+
+
+def test_quantized_kv_on_the_attention_layers(tiny):
+    """int8 KV on LFM2's attention layers beside the state slots: it runs, the pool holds
+    quantized blocks, and every slot comes back."""
+    folder, _, spec, weights = tiny("lfm2")
+    engine = fp32_engine(folder, spec, weights, kv_cache_dtype="int8", block_size=16)
+    assert engine.store.quantized and engine.states is not None
+    got = run_together(engine, [seeded_prompt(40), seeded_prompt(9)], GREEDY)
+    assert [len(t) for t in got] == [8, 8]
+    assert engine.states.num_free == engine.states.num_slots
