@@ -5,7 +5,9 @@ block really occupies (``store.nbytes / num_blocks``). The ledger figure is
 ``kv_bytes_per_token × tokens`` for the tokens whose K/V were cached (prompt + output − 1: the
 last sampled token is never fed back), and the same rounded up to whole blocks; under an
 evicting ``--kv-policy`` it is the policy's bound (``RetentionSpec.max_kv_tokens`` /
-``max_kv_blocks``), which the held figure never passes.
+``max_kv_blocks``), which the held figure never passes. A model with state layers holds one
+state slot per sequence beside its blocks: held is one slot of the state tensors
+(``StateStore.row_bytes``), the ledger's is ``kv.fixed_state_bytes`` in the compute dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvledger.ledger.admission import kv_tokens_of
+from kvledger.ledger.kv import fixed_state_bytes
 
 
 def request_figures(engine, out) -> dict:
@@ -45,7 +48,18 @@ def request_figures(engine, out) -> dict:
         "kv_bytes_ledger": kv_tokens * engine.bytes_per_token,
         "kv_bytes_ledger_blocks": ledger_blocks * engine.bytes_per_block,
         "kv_policy": retention.describe(),
+        **_state_figures(engine),
     }
+
+
+def _state_figures(engine) -> dict:
+    """A state model's slot bytes, held (tensors) and the ledger's; nothing without states."""
+    states = engine.states
+    if states is None:
+        return {}
+    element = states.conv[0].dtype.itemsize
+    return {"state_bytes_held": states.row_bytes,
+            "state_bytes_ledger": fixed_state_bytes(engine.spec, element)}
 
 
 def print_json(engine, results, load_s: float) -> None:
@@ -93,6 +107,10 @@ def print_summary(engine, results, load_s: float) -> None:
         table.add_row("KV ledger", f"{f['kv_bytes_ledger']:,} B = {f['kv_tokens']} tokens "
                       f"× {engine.bytes_per_token:,} B ({f['kv_bytes_ledger_blocks']:,} B in "
                       "whole blocks)")
+        if "state_bytes_held" in f:
+            table.add_row("state held (tensors)", f"{f['state_bytes_held']:,} B in one slot")
+            table.add_row("state ledger", f"{f['state_bytes_ledger']:,} B per sequence, "
+                          "at every length")
         console.print(table)
 
 

@@ -66,6 +66,10 @@ def render(p: Plan, console: Console | None = None) -> None:
         )
     kinds.add_row("total", "", "", fmt_bytes(p.kv_bytes_per_token), "")
     console.print(kinds)
+    if p.state_bytes_per_sequence:
+        console.print(f"state per sequence {fmt_bytes(p.state_bytes_per_sequence)} (fixed, "
+                      f"every length) beside KV per token {fmt_bytes(p.kv_bytes_per_token)}: "
+                      f"a request holds both")
     _contexts(p, console)
     _latency(p, console)
     _tier_crossover(p, console)

@@ -31,6 +31,9 @@ class EngineConfig:
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step, prefill chunks included.
         enable_prefix_caching: reuse full KV blocks across requests by the hash of their tokens.
+        state_checkpoint_blocks: on a model with state layers, blocks between two checkpoints of
+            a sequence's state (what its prefix hits start from); None = the ledger's
+            (``checkpoint_interval_blocks``: the fewest blocks whose KV bytes reach the state's).
         long_prompt_tokens: prompts of at least this many tokens are long and share the pool
             under long_kv_share (seed §3.4 isolation); None = no isolation.
         long_kv_share: most share of the pool's blocks the long requests may hold together, in
@@ -123,6 +126,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    state_checkpoint_blocks: int | None = None
     long_prompt_tokens: int | None = None
     long_kv_share: float = 1.0
     max_kv_tokens_per_request: int | None = None
@@ -161,6 +165,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                     "max_num_batched_tokens": self.max_num_batched_tokens,
+                    "state_checkpoint_blocks": self.state_checkpoint_blocks,
                     "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
                     "long_prompt_tokens": self.long_prompt_tokens,
                     "max_kv_tokens_per_request": self.max_kv_tokens_per_request,

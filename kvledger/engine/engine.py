@@ -23,6 +23,7 @@ from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.events.publisher import KVEventPublisher
 from kvledger.engine.kv.layout import resolve_layout
 from kvledger.engine.kv.pool_size import pool_blocks
+from kvledger.engine.kv.state_store import releasing, state_config, state_layout
 from kvledger.engine.kv.tiers.build import refuse_unsupported, tier_linker, weights_id_of
 from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
 from kvledger.engine.kv.tiers.tier_dir import open_tier_dir
@@ -119,6 +120,7 @@ class LLMEngine:
         weights_id = weights_id_of(config, weights) if tiers_wanted(config) else None
         if spec is None:
             spec, weights, tokenizer, self.tokenizer_note = load_model(config, dtype)
+        state_config(config, spec)
         refuse_unsupported(config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
@@ -141,8 +143,14 @@ class LLMEngine:
         self.kv_format = self.kv_layout.kv_format
         self.bytes_per_block = self.kv_layout.bytes_per_block
         self.bytes_per_token = self.kv_layout.bytes_per_token
-        num_blocks = pool_blocks(config, self.bytes_per_block, self.max_model_len,
-                                 self.kv_layout.reserved_bytes, self.kv_layout.groups)
+        state, config = state_layout(config, spec, dtype, self.model, self.bytes_per_block)
+        self.config = config  # prefix caching off on a state model without checkpoints
+        num_blocks = pool_blocks(
+            config, state.sizing_bytes_per_block(self.bytes_per_block) if state
+            else self.bytes_per_block, self.max_model_len,
+            self.kv_layout.reserved_bytes + (state.reserved_bytes if state else 0),
+            self.kv_layout.groups)
+        self.states = state.build(num_blocks) if state else None
         self.store = None
         self.store_outliers = (outlier_index(config, spec, self.kv_layout)
                                if config.use_kv_cache else None)
@@ -150,7 +158,7 @@ class LLMEngine:
             self.store = self.kv_layout.build_store(num_blocks, self.store_outliers,
                                                     kernels=self.device.kernels)
         if self.parallel is None:
-            self.runner = ModelRunner(self.model, self.store, config.block_size)
+            self.runner = ModelRunner(self.model, self.store, config.block_size, self.states)
         else:
             self.runner = self.parallel.runner(self.model, self.store, config, num_blocks)
         # compaction copies and block releases go to the store, or under tensor parallelism
@@ -174,8 +182,10 @@ class LLMEngine:
                                    self.kv_layout.sealed_blocks,
                                    len if self.store is None else self.store.shareable,
                                    self.kv_layout.intact_blocks,
-                                   store_ops.release if self.store is not None else None,
-                                   link_tiers, self.kv_events and self.kv_events.hook("pool"))
+                                   releasing(store_ops.release if self.store is not None
+                                             else None, self.states),
+                                   link_tiers, self.kv_events and self.kv_events.hook("pool"),
+                                   self.states)
         self.tiers = self.scheduler.kv.tiers
         log.info("KV cache: %s, %d blocks of %d tokens, %d bytes each (+%d bytes of residual "
                  "blocks), %s", self.kv_layout.describe(), num_blocks, config.block_size,
@@ -270,6 +280,11 @@ class LLMEngine:
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 
     def _check_retention(self, spec: RetentionSpec) -> None:
+        if spec.evicts and self.spec.state_layers:
+            raise InvalidParameterError(
+                f"kv_policy {spec.policy!r} does not run on a model with state layers "
+                f"({self.spec.model_type}: {len(self.spec.state_layers)} of "
+                f"{self.spec.num_layers}); use kv_policy full")
         if spec.evicts and MLA in self.spec.layers.types:
             raise InvalidParameterError(
                 f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "
@@ -418,6 +433,9 @@ class LLMEngine:
         s["kv_bytes_allocated"] = in_use * self.bytes_per_block
         s["kv_bytes_predicted"] = held * self.bytes_per_token // max(1, len(self.kv_layout.groups))
         s["kv_pool_bytes"] = self.store.nbytes if self.store is not None else 0
+        if self.states is not None:  # the state layers' slots, beside the blocks
+            s["state_pool_bytes"] = self.states.nbytes
+            s["state_slots_free"] = self.states.num_free
         if self.parallel is not None:  # every rank's store, rank 0 first
             s["kv_pool_bytes_per_rank"] = list(self.parallel.kv_pool_bytes)
         if self.tiers is not None:

@@ -71,6 +71,8 @@ class Request:
             tokens ``[i*block_size, (i+1)*block_size)``; ``NULL_BLOCK`` where a sliding group
             gave the block back (before its window). ``block_table`` is the first group's.
         num_dropped_blocks: leading entries of the sliding groups' tables given back.
+        state_slot: its slot of the state layers' state (``engine/kv/state_store.py``) while
+            it holds blocks, on a model with state layers; else None.
         missed_hit_tokens: prompt tokens the full layer groups held in the prefix cache beyond
             the hit taken, for lack of a sliding group's blocks (set at each lookup).
         block_hashes: chained hashes of its full blocks, computed lazily by the prefix cache;
@@ -109,6 +111,7 @@ class Request:
     num_computed_tokens: int = 0
     block_tables: list[list[int]] = field(default_factory=lambda: [[]])
     num_dropped_blocks: int = 0
+    state_slot: int | None = None
     missed_hit_tokens: int = 0
     block_hashes: list[bytes] = field(default_factory=list)
     num_hashed_blocks: int = 0

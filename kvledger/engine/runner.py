@@ -20,6 +20,10 @@ Layer groups (``ledger/kv_groups.py``): when the store's layers read more than o
 the same queries, the slots of that group's table; a sliding group's ``NULL_BLOCK`` entries
 read block 0, masked by the window).
 
+State layers (``engine/kv/state_store.py``): with ``states`` the metadata carries the step's
+``StepState``: each chunk's request's state slot and, in the order of the flat batch, where its
+tokens sit and whether it starts from no token (``model/layers/state.StateMeta``).
+
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
 """
@@ -31,10 +35,12 @@ from collections.abc import Sequence as Seq
 import torch
 
 from kvledger.engine.attention import AttentionMetadata, DecodeGroup, PrefillSegment
+from kvledger.engine.kv.state_store import StateStore, StepState
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.retention.interface import HeldContext
 from kvledger.engine.sample.prompt_logprobs import SliceReducer, logit_rows, logits_in_slices
 from kvledger.model.layers.decoder import Decoder
+from kvledger.model.layers.state import StateMeta
 
 MAX_PADDING = 1.25
 """Longest context over the shortest (+1) that one decode group pads to."""
@@ -43,8 +49,10 @@ MAX_PADDING = 1.25
 class ModelRunner:
     """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode)."""
 
-    def __init__(self, model: Decoder, store: KVStore | None, block_size: int) -> None:
+    def __init__(self, model: Decoder, store: KVStore | None, block_size: int,
+                 states: StateStore | None = None) -> None:
         self.model, self.store, self.block_size = model, store, block_size
+        self.states = states
         self._offsets = torch.arange(block_size)
 
     def execute(self, chunks: Seq, reduce: SliceReducer | None = None) -> torch.Tensor:
@@ -133,6 +141,8 @@ class ModelRunner:
             last_of[id(c)] = len(ids) - 1
         meta.slot_mapping = torch.cat(slot_chunks)
         meta.seal = self._seal(chunks, 0)
+        if self.states is not None:
+            meta.state = self._step_state(chunks, last_of)
         layer_groups = getattr(self.store, "group_of_layer", None)
         if layer_groups is not None:
             meta.group_of_layer = layer_groups
@@ -141,6 +151,39 @@ class ModelRunner:
             for g, group_meta in enumerate(meta.groups[1:], 1):
                 group_meta.seal = self._seal(chunks, g)
         return _as_tensor(ids), _as_tensor(pos), meta, _wanted_rows(chunks, last_of)
+
+    def _step_state(self, chunks: Seq, last_of: dict) -> StepState:
+        """The step's state slots: per chunk, in the order of its tokens in the batch, its
+        request's slot, its span, whether it starts from no token, and the checkpoints it
+        takes (:meth:`_checkpoints`)."""
+        spans = sorted((last_of[id(c)] - c.num_new_tokens + 1, c) for c in chunks)
+        rows: dict[tuple[int, int], int] = {}
+        wanted = [self._checkpoints(i, c, rows) for i, (_, c) in enumerate(spans)]
+        meta = StateMeta(tuple(s for s, _ in spans), tuple(c.num_new_tokens for _, c in spans),
+                         tuple(c.request.num_computed_tokens == 0 for _, c in spans),
+                         tuple(wanted) if rows else ())
+        return self.states.step([c.request.state_slot for _, c in spans], meta, rows)
+
+    def _checkpoints(self, seq: int, c, rows: dict) -> tuple[int, ...]:
+        """Offsets into chunk ``c`` (sequence ``seq`` of the step) at the end of a block where
+        its state is kept (``engine/kv/state_store.py``): every ``interval`` blocks, and the
+        prompt's last full block; each gets a checkpoint row in ``rows``."""
+        interval = self.states.interval
+        if not interval:
+            return ()
+        req, bs = c.request, self.block_size
+        start, end = req.num_computed_tokens, req.num_computed_tokens + c.num_new_tokens
+        ends = set(range((start // (interval * bs) + 1) * interval * bs, end + 1, interval * bs))
+        last_full = req.num_prompt_tokens // bs * bs
+        if start < last_full <= end:
+            ends.add(last_full)
+        offsets = []
+        for p in sorted(ends):
+            row = self.states.reserve_checkpoint(req.block_table[p // bs - 1])
+            if row is not None:
+                rows[(seq, p - start)] = row
+                offsets.append(p - start)
+        return tuple(offsets)
 
     def _group_meta(self, g: int, decode_groups: list[list], prefills: list,
                     first: AttentionMetadata) -> AttentionMetadata:

@@ -6,7 +6,8 @@ What one token stores in one layer (seed §2.1-§2.2, §5.2):
   ``mla``      one latent of ``kv_lora_rank + qk_rope_head_dim`` elements, shared by K and V
                (DeepSeek-V2, arXiv:2405.04434 §2.1.2: the compressed ``c_KV`` plus the decoupled
                RoPE key ``k_R``; counting it as K+V or as GQA heads is the classic mistake)
-  ``linear_attention``  nothing per token; a fixed per-sequence state (Qwen3-Next Gated DeltaNet)
+  ``linear_attention`` / ``conv`` / ``mamba``  nothing per token; a fixed per-sequence state
+               (gated DeltaNet, LFM2's short convolution, Mamba-2: :func:`fixed_state_bytes`)
 
 A sliding layer keeps at most ``sliding_window`` tokens; in the window-aware mode (a hybrid
 allocator) it is capped there, in whole blocks the blocks its next queries can still see
@@ -42,7 +43,7 @@ from kvledger.ledger.kv_format import (
     resolve_group_size,
 )
 from kvledger.ledger.kv_groups import group_blocks, is_hybrid, kv_groups
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec import FULL, MLA, SLIDING, STATE_KINDS, ModelSpec
 
 
 def head_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, block_size: int) -> int:
@@ -111,14 +112,14 @@ def layer_block_bytes(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: i
     """Bytes one block of ``block_size`` tokens holds in one layer of ``layer_kind``.
 
     Full/sliding: ``kv_heads_per_rank x head_block_bytes``; MLA: ``block_size`` latents of
-    :func:`vector_bytes`; linear attention: 0.
+    :func:`vector_bytes`; a state layer: 0.
     """
     if layer_kind in (FULL, SLIDING):
         return kv_heads_per_rank(spec, tp) * head_block_bytes(spec, fmt, block_size)
     if layer_kind == MLA:
         latent = spec.latent.kv_lora_rank + spec.latent.qk_rope_head_dim
         return block_size * vector_bytes(latent, fmt)
-    if layer_kind == LINEAR:
+    if layer_kind in STATE_KINDS:
         return 0
     raise ValueError(f"unknown layer kind {layer_kind!r}")
 
@@ -142,7 +143,7 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
 
 def layer_bytes_per_token(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: int,
                           layer_kind: str) -> int:
-    """Bytes one token stores in one layer of ``layer_kind`` (0 for linear attention): the
+    """Bytes one token stores in one layer of ``layer_kind`` (0 for a state layer): the
     layer's :func:`layer_block_bytes` / ``block_size``, rounded up (exact for the
     full-precision formats: ``2 x kv_heads_per_rank x head_dim x element bytes``)."""
     return -(-layer_block_bytes(spec, fmt, tp, block_size, layer_kind) // block_size)
@@ -250,13 +251,22 @@ def kv_bytes_per_page(spec: ModelSpec, fmt: KVFormatSpec, tp: int, block_size: i
 def fixed_state_bytes(
     spec: ModelSpec, state_bytes_per_element: int = FP16_BYTES, tp: int = 1
 ) -> int:
-    """Bytes of the fixed per-sequence state of all linear-attention layers (0 if none), per
-    tensor-parallel rank (the state is split by heads across ranks).
+    """Bytes of the fixed per-sequence state of all state layers (``STATE_KINDS``: gated
+    DeltaNet, short convolution, Mamba-2; 0 if none), per tensor-parallel rank (the state is
+    split by heads across ranks): per layer, the convolution's window of ``conv_kernel - 1``
+    inputs over ``conv_dim`` channels plus the recurrent state (``spec.state``).
 
-    The state (recurrent matrix + convolution tail) does not grow with the context and is kept
-    in the activation dtype (bf16 by default) whatever the KV format.
+    The state does not grow with the context and is kept in the activation dtype (bf16 by
+    default, the engine's compute dtype: ``kv_groups.state_group``) whatever the KV format.
     """
-    layers = sum(1 for kind in spec.layers.types if kind == LINEAR)
+    layers = len(spec.state_layers)
     if not layers:
         return 0
-    return math.ceil(layers * spec.linear.state_elements * state_bytes_per_element / tp)
+    return math.ceil(layers * spec.state.elements * state_bytes_per_element / tp)
+
+
+def checkpoint_interval_blocks(state_bytes: int, page_bytes: int) -> int:
+    """Blocks between two state checkpoints of a sequence (prefix caching on a model with
+    state layers): the fewest whose KV bytes reach the state's, so checkpoints never hold
+    more than the KV they let a hit skip (at least 1: one per block for a small state)."""
+    return max(1, -(-state_bytes // max(page_bytes, 1)))

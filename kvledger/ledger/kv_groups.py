@@ -18,7 +18,14 @@ At length ``t`` (tokens computed) a sequence holds, per group (:func:`group_bloc
   of them (:func:`first_live_block`) go back to the pool.
 
 :func:`sequence_blocks` is what one sequence holds, in pages: ``kvledger plan``
-(``kv.kv_bytes_per_sequence``) and the engine's KV manager both count with it. Pure integers.
+(``kv.kv_bytes_per_sequence``) and the engine's KV manager both count with it.
+
+The *state* group (:class:`StateGroup`, :func:`state_group`) is the other kind: the layers
+that keep a fixed state per sequence (``spec.STATE_KINDS``: gated DeltaNet, LFM2's short
+convolution, Mamba-2) hold no block, but one *slot* per running sequence, the same size at
+every length: per layer a convolution window ``[conv_dim, conv_kernel - 1]`` and a recurrent
+state ``recurrent_shape``, in the compute dtype. A sequence holds ``sequence_blocks`` pages and
+one slot; ``kv.fixed_state_bytes`` prices the slot. Pure integers.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ class KVGroup:
 def kv_groups(spec: ModelSpec) -> tuple[KVGroup, ...]:
     """The groups of ``spec``'s per-token layers, full groups first, each of ``width`` layers
     consecutive within its kind (one group of every layer when the model has one kind).
-    Linear-attention layers are in no group (a fixed state; the engine does not run them)."""
+    State layers are in no block group (their fixed state is the :class:`StateGroup`)."""
     kinds = {kind: [i for i, k in enumerate(spec.layers.types) if k == kind]
              for kind in (FULL, SLIDING, MLA)}
     kinds = {kind: layers for kind, layers in kinds.items() if layers}
@@ -55,6 +62,35 @@ def kv_groups(spec: ModelSpec) -> tuple[KVGroup, ...]:
     return tuple(KVGroup(kind, spec.layers.sliding_window if kind == SLIDING else None,
                          tuple(layers[i:i + width]))
                  for kind, layers in kinds.items() for i in range(0, len(layers), width))
+
+
+@dataclass(frozen=True)
+class StateGroup:
+    """The state layers: one slot per sequence (module docstring).
+
+    Attributes:
+        layers: the model's state-layer indices, ascending.
+        conv_shape: one layer's convolution window of one sequence, ``(conv_dim, kernel - 1)``.
+        recurrent_shape: one layer's recurrent state of one sequence (``()``: none).
+    """
+
+    layers: tuple[int, ...]
+    conv_shape: tuple[int, int]
+    recurrent_shape: tuple[int, ...]
+
+    def slot_elements(self) -> int:
+        """Elements of one sequence's slot over every state layer."""
+        recurrent = math.prod(self.recurrent_shape) if self.recurrent_shape else 0
+        return len(self.layers) * (math.prod(self.conv_shape) + recurrent)
+
+
+def state_group(spec: ModelSpec) -> StateGroup | None:
+    """The state group of ``spec``, None when it has no state layer."""
+    layers = spec.state_layers
+    if not layers:
+        return None
+    state = spec.state
+    return StateGroup(layers, (state.conv_dim, state.conv_kernel - 1), state.recurrent_shape)
 
 
 def is_hybrid(groups: tuple[KVGroup, ...]) -> bool:

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 
 from kvledger.errors import InvalidParameterError
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec import CONV, FULL, LINEAR, MAMBA, MLA, SLIDING, ModelSpec
 
 WEIGHT_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 _BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4}
@@ -95,6 +95,8 @@ def attention_params(spec: ModelSpec, layer_kind: str) -> int:
             + lin.value_head_dim
             + vdim * h
         )
+    if layer_kind in (CONV, MAMBA):
+        return _state_mixer_params(spec, layer_kind)
     if layer_kind not in (FULL, SLIDING):
         raise ValueError(f"unknown layer kind {layer_kind!r}")
     q_out = heads * hd * (2 if spec.attention.output_gate else 1)
@@ -105,6 +107,20 @@ def attention_params(spec: ModelSpec, layer_kind: str) -> int:
     if att.qk_norm:
         total += (heads + spec.num_kv_heads) * hd if att.qk_norm_full_width else 2 * hd
     return total + (heads if att.sinks else 0)
+
+
+def _state_mixer_params(spec: ModelSpec, layer_kind: str) -> int:
+    """LFM2's gated short convolution (in_proj to B, C, x; a depthwise convolution; out_proj)
+    or a Mamba-2 mixer (in_proj to z, x, B, C, dt; the convolution; dt bias, A, D; the gated
+    RMSNorm; out_proj)."""
+    h, state = spec.hidden_size, spec.state
+    conv = state.conv_dim * state.conv_kernel + (state.conv_dim if state.conv_bias else 0)
+    if layer_kind == CONV:
+        return _linear(h, 3 * h, state.conv_bias) + conv + _linear(h, h, state.conv_bias)
+    m = spec.mamba
+    inner = m.num_heads * m.head_dim
+    in_proj = _linear(h, inner + state.conv_dim + m.num_heads, m.proj_bias)
+    return in_proj + conv + 3 * m.num_heads + inner + _linear(inner, h, m.proj_bias)
 
 
 def _moe_params(spec: ModelSpec, experts: int) -> int:

@@ -169,6 +169,7 @@ class Plan:
     weights_dtype: str
     weights_bytes: int
     kv_bytes_per_token: int
+    state_bytes_per_sequence: int
     layer_kinds: tuple[LayerKindRow, ...]
     block_bytes: int
     pool_bytes: int
@@ -261,6 +262,7 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
         weights_dtype=dtype,
         weights_bytes=weights,
         kv_bytes_per_token=fmt.per_token(o.kv_format),
+        state_bytes_per_sequence=fmt.fixed,
         layer_kinds=_layer_kind_rows(spec, o),
         block_bytes=block_bytes,
         pool_bytes=max(pool, 0),

@@ -17,10 +17,11 @@ from functools import cache
 from pathlib import Path
 
 from kvledger.errors import ModelNotFoundError
-from kvledger.spec import FULL, LINEAR, MLA, SLIDING, ModelSpec
+from kvledger.spec import CONV, FULL, LINEAR, MAMBA, MLA, SLIDING, ModelSpec
 
 ID_SEPARATOR = "__"  # stands for the "/" of an HF id in a file name
-LAYER_KIND_SHORT = {FULL: "full", SLIDING: "sliding", MLA: "mla", LINEAR: "linear"}
+LAYER_KIND_SHORT = {FULL: "full", SLIDING: "sliding", MLA: "mla", LINEAR: "linear",
+                    CONV: "conv", MAMBA: "mamba"}
 
 
 @dataclass(frozen=True)

@@ -26,19 +26,24 @@ from kvledger.spec.gguf_reader import (
     spec_from_gguf_reader,
 )
 from kvledger.spec.groups import (
+    CONV,
     FULL,
     LINEAR,
+    MAMBA,
     MLA,
     SLIDING,
+    STATE_KINDS,
     Attention,
     Experts,
     GgufFacts,
     Latent,
     LayerKinds,
     LinearAttention,
+    Mamba,
     Mlp,
     Norm,
     Rope,
+    State,
 )
 from kvledger.spec.hf_config import ConfigWarning, spec_from_hf_config
 from kvledger.spec.load import read_spec
@@ -60,10 +65,13 @@ from kvledger.spec.runnable import (
 )
 
 __all__ = [
+    "CONV",
     "FULL",
     "LINEAR",
+    "MAMBA",
     "MLA",
     "SLIDING",
+    "STATE_KINDS",
     "Attention",
     "Config",
     "ConfigWarning",
@@ -75,10 +83,12 @@ __all__ = [
     "Latent",
     "LayerKinds",
     "LinearAttention",
+    "Mamba",
     "Mlp",
     "ModelSpec",
     "Norm",
     "Rope",
+    "State",
     "any_value",
     "check_gguf_magic",
     "check_runnable",

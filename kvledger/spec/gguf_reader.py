@@ -9,7 +9,9 @@ torch, so the planner can use it without an ML stack.
 
 Invariants of the generic reader (a family adds what its converter leaves to llama.cpp's
 loader, ``Family.gguf_fields``):
-  * ``head_dim`` is ``{arch}.attention.key_length`` when present, else hidden / heads.
+  * ``head_dim`` is ``{arch}.attention.key_length`` when present, else hidden / heads; a
+    per-layer ``attention.head_count_kv`` (a hybrid's, 0 on its state layers) reads as its
+    largest count, the family placing the layers.
   * ``tie_word_embeddings`` is true exactly when the file has no ``output.weight`` tensor
     (llama.cpp converters drop the head when it shares the embedding matrix).
   * ``gguf_tensor_elements`` / ``gguf_tensor_bytes`` sum every tensor in the file, so the
@@ -242,7 +244,8 @@ def spec_from_gguf_reader(reader, path: Path, families: FamilyTable) -> ModelSpe
 
     hidden = int(req("embedding_length"))
     heads = int(req("attention.head_count"))
-    kv_heads = int(header.value("attention.head_count_kv") or heads)
+    kv_heads = header.value("attention.head_count_kv")  # per layer in hybrid files (0: none)
+    kv_heads = int((max(kv_heads) if isinstance(kv_heads, list) else kv_heads) or heads)
     head_dim = header.value("attention.key_length") or hidden // heads
     tokens = field_value(reader, "tokenizer.ggml.tokens")
     vocab = header.value("vocab_size") or (len(tokens) if tokens else None)

@@ -2,11 +2,13 @@
 
 :class:`~kvledger.spec.model_spec.ModelSpec` keeps the core counts itself and holds one group
 per concept: ``attention``, ``rope``, ``layers`` (kinds and window), ``mlp`` and ``norm``
-always; ``experts``, ``latent``, ``linear`` and ``gguf`` only when the model has them (None
-for a dense model, a model without MLA, one without linear-attention layers, a config.json):
-an optional group is None exactly when every one of its fields keeps its default. The readers
-set ``latent`` for ``mla`` layers and ``linear`` for ``linear_attention`` layers; code that
-reads them under those layer kinds relies on it.
+always; ``experts``, ``latent``, ``linear``, ``state``, ``mamba`` and ``gguf`` only when the
+model has them (None for a dense model, a model without MLA, without gated DeltaNet, without
+state layers, without Mamba-2 layers, a config.json): an optional group is None exactly when
+every one of its fields keeps its default. The readers set ``latent`` for ``mla`` layers,
+``linear`` for ``linear_attention`` layers, ``mamba`` for ``mamba`` layers and ``state`` for
+every state kind; code that reads them under those layer kinds relies on it (``ModelSpec``
+checks the ``state`` group).
 
 Every field of a group also has a flat name, the Hugging Face spelling the readers build a
 spec from and the JSON of a spec uses (:data:`FLAT_NAMES`). Every field has a default, so an
@@ -17,17 +19,29 @@ Layer kinds (``LayerKinds.types``), one entry per decoder layer:
   ``sliding_attention`` K and V for the last ``sliding_window`` tokens only
   ``mla``               one compressed latent of ``kv_lora_rank + qk_rope_head_dim`` per token
                         (DeepSeek-V2, arXiv:2405.04434 §2.1)
-  ``linear_attention``  a fixed per-sequence state, independent of length (Qwen3-Next)
+  ``linear_attention``  gated DeltaNet: a fixed per-sequence state, independent of length
+                        (Qwen3-Next, Qwen3.5)
+  ``conv``              a gated short convolution: its last ``kernel - 1`` inputs (LFM2)
+  ``mamba``             a Mamba-2 (SSD) mixer: its convolution window and SSM state (Granite-4.0-H)
+
+The last three are the *state* kinds (:data:`STATE_KINDS`): each layer keeps one fixed state per
+sequence, described by the ``state`` group (:class:`State`: the causal convolution's window
+and the recurrent state's shape), nothing per token.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 MLA = "mla"
 LINEAR = "linear_attention"
+CONV = "conv"
+MAMBA = "mamba"
+STATE_KINDS = (LINEAR, CONV, MAMBA)
+"""The layer kinds that keep a fixed per-sequence state instead of per-token K and V."""
 
 
 @dataclass(frozen=True)
@@ -127,16 +141,56 @@ class Latent:
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """Linear-attention layers (Gated DeltaNet, Qwen3-Next): a fixed per-sequence state, in
-    elements per layer = value_heads x key_head_dim x value_head_dim (recurrent matrix)
-    + (conv_kernel - 1) x (2 x key_heads x key_head_dim + value_heads x value_head_dim)."""
+    """Gated DeltaNet layers (Qwen3-Next, Qwen3.5): their heads; their state is the ``state``
+    group's (recurrent value_heads x key_head_dim x value_head_dim, a convolution over
+    2 x key_heads x key_head_dim + value_heads x value_head_dim channels)."""
 
-    state_elements: int = 0
     num_key_heads: int = 0
     num_value_heads: int = 0
     key_head_dim: int = 0
     value_head_dim: int = 0
     conv_kernel_dim: int = 0
+
+
+@dataclass(frozen=True)
+class State:
+    """The fixed state one state layer (:data:`STATE_KINDS`) keeps per sequence: the causal
+    depthwise convolution's last ``conv_kernel - 1`` inputs over ``conv_dim`` channels, and the
+    recurrent state of shape ``recurrent_shape`` (empty: none, LFM2's short convolution)."""
+
+    conv_dim: int = 0
+    conv_kernel: int = 0
+    recurrent_shape: tuple[int, ...] = ()
+    conv_bias: bool = False
+
+    @property
+    def conv_elements(self) -> int:
+        """Elements of the convolution window: ``conv_dim x (conv_kernel - 1)``."""
+        return self.conv_dim * max(self.conv_kernel - 1, 0)
+
+    @property
+    def recurrent_elements(self) -> int:
+        """Elements of the recurrent state (0 when it has none)."""
+        return math.prod(self.recurrent_shape) if self.recurrent_shape else 0
+
+    @property
+    def elements(self) -> int:
+        """Elements of one layer's state of one sequence."""
+        return self.conv_elements + self.recurrent_elements
+
+
+@dataclass(frozen=True)
+class Mamba:
+    """Mamba-2 (SSD) mixers (Dao & Gu, arXiv:2405.21060; Granite-4.0-H): ``num_heads`` heads
+    of ``head_dim`` over an inner size ``num_heads x head_dim``, B and C of ``state_size`` in
+    ``n_groups`` groups, the scan in chunks of ``chunk_size``."""
+
+    num_heads: int = 0
+    head_dim: int = 0
+    state_size: int = 0
+    n_groups: int = 0
+    chunk_size: int = 0
+    proj_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,9 +203,10 @@ class GgufFacts:
 
 GROUPS: dict[str, type] = {
     "attention": Attention, "rope": Rope, "layers": LayerKinds, "mlp": Mlp, "norm": Norm,
-    "experts": Experts, "latent": Latent, "linear": LinearAttention, "gguf": GgufFacts}
+    "experts": Experts, "latent": Latent, "linear": LinearAttention, "state": State,
+    "mamba": Mamba, "gguf": GgufFacts}
 """ModelSpec attribute -> its group's type."""
-OPTIONAL = frozenset({"experts", "latent", "linear", "gguf"})
+OPTIONAL = frozenset({"experts", "latent", "linear", "state", "mamba", "gguf"})
 """The groups that are None when every field has its default (a model without them)."""
 
 FLAT_NAMES: dict[str, tuple[str, str]] = {
@@ -195,12 +250,21 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "qk_rope_head_dim": ("latent", "qk_rope_head_dim"),
     "qk_nope_head_dim": ("latent", "qk_nope_head_dim"),
     "v_head_dim": ("latent", "v_head_dim"),
-    "linear_state_elements": ("linear", "state_elements"),
     "linear_num_key_heads": ("linear", "num_key_heads"),
     "linear_num_value_heads": ("linear", "num_value_heads"),
     "linear_key_head_dim": ("linear", "key_head_dim"),
     "linear_value_head_dim": ("linear", "value_head_dim"),
     "linear_conv_kernel_dim": ("linear", "conv_kernel_dim"),
+    "state_conv_dim": ("state", "conv_dim"),
+    "state_conv_kernel": ("state", "conv_kernel"),
+    "state_recurrent_shape": ("state", "recurrent_shape"),
+    "state_conv_bias": ("state", "conv_bias"),
+    "mamba_num_heads": ("mamba", "num_heads"),
+    "mamba_head_dim": ("mamba", "head_dim"),
+    "mamba_state_size": ("mamba", "state_size"),
+    "mamba_n_groups": ("mamba", "n_groups"),
+    "mamba_chunk_size": ("mamba", "chunk_size"),
+    "mamba_proj_bias": ("mamba", "proj_bias"),
     "gguf_tensor_elements": ("gguf", "tensor_elements"),
     "gguf_tensor_bytes": ("gguf", "tensor_bytes"),
 }

@@ -27,7 +27,7 @@ from kvledger.errors import ConfigError
 from kvledger.paths import model_id
 from kvledger.spec.config import Config, merged, read_config
 from kvledger.spec.family import Family, FamilyTable
-from kvledger.spec.groups import FULL, LINEAR, SLIDING
+from kvledger.spec.groups import CONV, FULL, LINEAR, MAMBA, SLIDING
 from kvledger.spec.model_spec import ModelSpec
 
 
@@ -36,7 +36,7 @@ class ConfigWarning(UserWarning):
 
 
 _TORCH_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_LAYER_KINDS = (FULL, SLIDING, LINEAR)
+_LAYER_KINDS = (FULL, SLIDING, LINEAR, CONV, MAMBA)
 
 
 def spec_from_hf_config(path: str | Path, families: FamilyTable) -> ModelSpec:

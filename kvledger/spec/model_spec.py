@@ -2,7 +2,7 @@
 
 One frozen dataclass holds the core counts of the decoder and one group per concept
 (:mod:`.groups`: ``attention``, ``rope``, ``layers``, ``mlp``, ``norm``, and ``experts``,
-``latent``, ``linear``, ``gguf`` when the model has them). The readers beside this module
+``latent``, ``linear``, ``state``, ``mamba``, ``gguf`` when the model has them). The readers beside this module
 build it from a source format with :meth:`ModelSpec.from_fields`, which takes the flat,
 Hugging Face names (``num_experts``, ``rope_theta``, ...); :meth:`ModelSpec.as_fields` gives
 them back (the JSON of a spec, the names a refusal shows). This module imports no reader.
@@ -21,15 +21,18 @@ from kvledger.spec.groups import (
     MLA,
     OPTIONAL,
     SLIDING,
+    STATE_KINDS,
     Attention,
     Experts,
     GgufFacts,
     Latent,
     LayerKinds,
     LinearAttention,
+    Mamba,
     Mlp,
     Norm,
     Rope,
+    State,
 )
 
 
@@ -65,6 +68,8 @@ class ModelSpec:
     experts: Experts | None = None  # None: a dense model
     latent: Latent | None = None  # None: no multi-head latent attention
     linear: LinearAttention | None = None  # None: no linear-attention layers
+    state: State | None = None  # None: no state layers (``groups.STATE_KINDS``)
+    mamba: Mamba | None = None  # None: no Mamba-2 layers
     gguf: GgufFacts | None = None  # None: read from a config.json
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False)
@@ -90,6 +95,18 @@ class ModelSpec:
             raise ConfigError(f"{len(kinds)} layer types for {self.num_layers} layers{where}")
         if SLIDING in kinds and not self.layers.sliding_window:
             raise ConfigError(f"sliding layers need a sliding_window >= 1{where}")
+        if any(kind in STATE_KINDS for kind in kinds):
+            state = self.state or State()
+            if state.conv_dim < 1:
+                raise ConfigError(f"state layers need a state_conv_dim >= 1{where}")
+            if state.conv_kernel < 2:
+                raise ConfigError(f"state layers need a state_conv_kernel >= 2 (a convolution "
+                                  f"window), got {state.conv_kernel}{where}")
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """Indices of the layers that keep a fixed state per sequence (``STATE_KINDS``)."""
+        return tuple(i for i, kind in enumerate(self.layers.types) if kind in STATE_KINDS)
 
     @classmethod
     def from_fields(cls, **flat) -> ModelSpec:

@@ -105,12 +105,21 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "qk_rope_head_dim": is_(0),
     "qk_nope_head_dim": is_(0),
     "v_head_dim": is_(0),
-    "linear_state_elements": is_(0),
     "linear_num_key_heads": is_(0),
     "linear_num_value_heads": is_(0),
     "linear_key_head_dim": is_(0),
     "linear_value_head_dim": is_(0),
     "linear_conv_kernel_dim": is_(0),
+    "state_conv_dim": is_(0),
+    "state_conv_kernel": is_(0),
+    "state_recurrent_shape": is_(()),
+    "state_conv_bias": is_(False),
+    "mamba_num_heads": is_(0),
+    "mamba_head_dim": is_(0),
+    "mamba_state_size": is_(0),
+    "mamba_n_groups": is_(0),
+    "mamba_chunk_size": is_(0),
+    "mamba_proj_bias": is_(False),
 }
 """Field -> the values the plain Llama decoder runs (SwiGLU, RMSNorm, full attention)."""
 

@@ -25,6 +25,7 @@ NON_DEFAULT = {
     "max_num_seqs": (5, ["--max-num-seqs", "5"]),
     "max_num_batched_tokens": (333, ["--max-num-batched-tokens", "333"]),
     "enable_prefix_caching": (False, ["--no-prefix-caching"]),
+    "state_checkpoint_blocks": (3, ["--state-checkpoint-blocks", "3"]),
     "long_prompt_tokens": (900, ["--long-prompt-tokens", "900"]),
     "long_kv_share": (0.25, ["--long-kv-share", "0.25"]),
     "max_kv_tokens_per_request": (4096, ["--max-kv-tokens-per-request", "4096"]),

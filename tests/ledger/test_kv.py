@@ -39,6 +39,10 @@ HAND_KV_PER_TOKEN = {
     "microsoft__Phi-4-mini-instruct": 32 * 2 * 8 * 128 * 2,  # 3072 / 24 = 128, 8 KV heads
     "allenai__Olmo-3-7B-Think": 32 * 2 * 32 * 128 * 2,  # MHA, 4096 / 32 = 128 (windows: none)
     "Qwen__Qwen3-Next-80B-A3B-Thinking": (48 // 4) * 2 * 2 * 256 * 2,  # 12 full-attention layers
+    "Qwen__Qwen3.5-0.8B": 6 * 2 * 2 * 256 * 2,  # 6 full layers of 24, 2 KV heads of 256
+    "Qwen__Qwen3.5-35B-A3B": 10 * 2 * 2 * 256 * 2,  # 10 full layers of 40
+    "LiquidAI__LFM2-1.2B": 6 * 2 * 8 * 64 * 2,  # 6 attention layers of 16, 2048 / 32 = 64
+    "ibm-granite__granite-4.0-h-micro": 4 * 2 * 8 * 64 * 2,  # 4 attention layers of 40
     "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # MLA latent + rope key, no factor 2
     "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,
     "google__gemma-2-9b": 42 * 2 * 8 * 256 * 2,

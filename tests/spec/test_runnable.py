@@ -45,7 +45,10 @@ BASE = {"llama": LLAMA, "qwen3": LLAMA.with_fields(model_type="qwen3", qk_norm=T
                                      qk_norm_full_width=True, sliding_window=8,
                                      layer_types=("sliding_attention", "full_attention"),
                                      rope_local_base_freq=10000.0,
-                                     rope_scaling={"rope_type": "yarn", "factor": 4.0})}
+                                     rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "lfm2": LLAMA.with_fields(model_type="lfm2", qk_norm=True,
+                                    layer_types=("conv", "full_attention"), state_conv_dim=32,
+                                    state_conv_kernel=3, state_conv_bias=True)}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,

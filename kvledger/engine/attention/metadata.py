@@ -14,6 +14,7 @@ keep it, so all layers share one copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -121,6 +122,9 @@ class AttentionMetadata:
     """Per layer, its layer group (``ledger/kv_groups.py``); None: one group."""
     groups: list[AttentionMetadata] = field(default_factory=list)
     """Per layer group, its metadata (this object first): same queries, its own slots."""
+    state: Any = None
+    """The step's state slots of a model with state layers (``engine/kv/state_store.py``'s
+    ``StepState``, read by ``model/layers/state_block.py``); None: a model without."""
 
     def of_layer(self, layer: int) -> AttentionMetadata:
         """The metadata layer ``layer`` attends with (its group's)."""

@@ -63,6 +63,8 @@ class KVCacheManager:
         link_tiers: builds the KV tiers' link (``engine/kv/tiers/link.py``) over this
             manager's pool and prefix cache, which then write through to it; None = no tiers.
         events: the pool's KV events hook (``BlockPool``); None = none.
+        state_slots: the state layers' slots (``engine/kv/state_store.py``): a request takes
+            one at admission and gives it back with its blocks; None = no state layers.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
@@ -72,8 +74,10 @@ class KVCacheManager:
                  intact_blocks: int = 0, max_cached_intact: int = 0,
                  on_release: Callable[[int], None] | None = None,
                  link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
-                 events: CacheEvents | None = None):
+                 events: CacheEvents | None = None,
+                 state_slots=None):
         self.block_size = block_size
+        self.state_slots = state_slots
         self.sealed_blocks = sealed_blocks or (lambda n: n // block_size)
         self.shareable = shareable
         self.intact_blocks, self.max_cached_intact = intact_blocks, max_cached_intact
@@ -110,7 +114,9 @@ class KVCacheManager:
                     self.sealed_blocks(req.num_tokens))
         hits, missed = self.prefix.find_longest_cache_hit(req, limit)
         keep = self.shareable(hits[0])
-        if keep < len(hits[0]):  # a key group not whole: cached, but not shared
+        if self.state_slots is not None:  # a state model starts from a checkpoint's copy
+            keep = min(keep, self.state_slots.restorable(hits[0]))
+        if keep < len(hits[0]):  # a key group not whole, or no checkpoint: not shared
             missed += len(hits[0]) - keep
             hits = [h[:keep] for h in hits]
         req.missed_hit_tokens = missed * self.block_size
@@ -183,6 +189,8 @@ class KVCacheManager:
             req.num_hashed_blocks = len(hit[0])
             req.num_dropped_blocks = self._first_live(hit_tokens)
             req.retention.reset(hit_tokens)
+            if self.state_slots is not None:
+                req.state_slot = self.state_slots.allocate(hit[0][-1] if hit_tokens else None)
         required = self._required_blocks(req.num_kv_slots + num_new_tokens)
         for table in req.block_tables:
             table += self.pool.allocate(max(0, required - len(table)))
@@ -246,6 +254,9 @@ class KVCacheManager:
         if self.intact_blocks:
             self._cache_intact([b for t in req.block_tables for b in t[: self.intact_blocks]])
         req.block_tables = [[] for _ in self.groups]
+        if req.state_slot is not None:
+            self.state_slots.free(req.state_slot)
+            req.state_slot = None
         req.num_hashed_blocks = 0
         req.num_dropped_blocks = 0
         req.retention.reset()

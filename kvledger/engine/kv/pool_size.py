@@ -11,9 +11,11 @@ import torch
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.kv.layout import resolve_layout
+from kvledger.engine.kv.state_store import state_pool_bytes
 from kvledger.errors import KVBudgetError
 from kvledger.ledger.admission import blocks_for_kv_tokens
 from kvledger.ledger.costs import blocks_for
+from kvledger.ledger.kv import checkpoint_interval_blocks
 from kvledger.ledger.kv_groups import KVGroup, peak_blocks
 from kvledger.spec import ModelSpec
 
@@ -47,10 +49,23 @@ def pool_blocks(config: EngineConfig, bytes_per_block: int, max_model_len: int,
     return blocks
 
 
+def _checkpoints(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype, blocks: int,
+                 layout) -> int:
+    """Most state checkpoints a state model's pool of ``blocks`` holds with prefix caching on
+    (``engine/kv/state_store.py``; an upper bound: its mixers may take none)."""
+    row = state_pool_bytes(spec, 1, dtype)
+    if not row or not config.enable_prefix_caching:
+        return 0
+    return blocks // (config.state_checkpoint_blocks
+                      or checkpoint_interval_blocks(row, layout.bytes_per_block))
+
+
 def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> None:
     """Refuse a model whose weights (the ledger's bytes in the compute dtype) and KV pool
-    (its blocks times the ledger's bytes per block, plus a quantized format's residual blocks)
-    exceed the memory available now (``MemAvailable``).
+    (its blocks times the ledger's bytes per block, plus a quantized format's residual blocks
+    and the state slots and checkpoints of a model with state layers) exceed the memory
+    available now
+    (``MemAvailable``).
 
     Raises:
         KVBudgetError: they do not fit (the message gives the three figures).
@@ -60,9 +75,12 @@ def check_memory(config: EngineConfig, spec: ModelSpec, dtype: torch.dtype) -> N
 
     layout = resolve_layout(config, spec, dtype)
     blocks = pool_blocks(config, layout.bytes_per_block, spec.max_position_embeddings,
-                         layout.reserved_bytes, layout.groups)
+                         layout.reserved_bytes + state_pool_bytes(spec, config.max_num_seqs,
+                                                                  dtype), layout.groups)
     weights = spec_weight_bytes(spec, config.dtype) // config.tensor_parallel_size
-    kv = blocks * layout.bytes_per_block + layout.reserved_bytes
+    kv = (blocks * layout.bytes_per_block + layout.reserved_bytes
+          + state_pool_bytes(spec, config.max_num_seqs + _checkpoints(config, spec, dtype,
+                                                                      blocks, layout), dtype))
     available = available_memory_bytes()
     if weights + kv > available:
         gib = 1 << 30

@@ -39,9 +39,13 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def group_layout(num_layers: int, places: tuple[tuple[int, int], ...] | None
                  ) -> tuple[tuple[int, ...] | None, list[int]]:
-    """(group of each layer, or None for one group; the tensor index of each layer)."""
-    if places is None or len({g for g, _ in places}) == 1:
+    """(group of each layer, or None for one group; the tensor index of each layer). A layer
+    in no group (a state layer, ``kv_groups.layer_places``) shares the first tensor, which it
+    never reads or writes."""
+    if places is None:
         return None, list(range(num_layers))
+    if len({g for g, _ in places}) == 1:
+        return None, [i for _, i in places]
     return tuple(g for g, _ in places), [i for _, i in places]
 
 

@@ -89,7 +89,7 @@ class Scheduler:
             messages and stats).
         max_model_len: the model's context limit in tokens.
         store, groups, sealed_blocks, shareable, intact_blocks, on_release, link_tiers,
-            events: the KV manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
+            events, state_slots: the KV manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
             blocks cached).
     """
 
@@ -108,6 +108,7 @@ class Scheduler:
         on_release: Callable[[int], None] | None = None,
         link_tiers: Callable[[BlockPool, PrefixCache], TierLink] | None = None,
         events: CacheEvents | None = None,
+        state_slots=None,
     ) -> None:
         self.config = config
         self.block_size = block_size
@@ -115,7 +116,7 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching, store,
                                  groups, sealed_blocks, shareable, intact_blocks,
                                  config.max_num_seqs * intact_blocks, on_release, link_tiers,
-                                 events)
+                                 events, state_slots)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}

@@ -26,12 +26,15 @@ from kvledger.model.families import (
     gpt2,
     gpt_neox,
     gpt_oss,
+    granitehybrid,
+    lfm2,
     llama,
     moe,
     olmo3,
     phi3,
     qwen2_moe,
     qwen3,
+    qwen3_5,
     qwen3_next,
 )
 from kvledger.spec import Family, FamilyTable, ModelSpec, read_spec
@@ -52,6 +55,9 @@ FAMILIES = FamilyTable([
     deepseek_v3.FAMILY,
     qwen2_moe.FAMILY,
     qwen3_next.FAMILY,
+    qwen3_5.FAMILY,
+    lfm2.FAMILY,
+    granitehybrid.FAMILY,
     gpt2.FAMILY,
     gpt_neox.FAMILY,
 ])

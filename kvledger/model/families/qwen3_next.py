@@ -7,23 +7,43 @@ The engine refuses it."""
 
 from __future__ import annotations
 
+from kvledger.errors import ConfigError
 from kvledger.model.families.moe import qwen_moe_fields
 from kvledger.spec import LINEAR, Config, Family, every_nth_full
 
 
-def _linear_attention_fields(c: Config) -> dict:
-    kh, vh = c.int("linear_num_key_heads"), c.int("linear_num_value_heads")
-    kd, vd = c.int("linear_key_head_dim"), c.int("linear_value_head_dim")
-    kernel = c.int("linear_conv_kernel_dim")
-    conv_dim = 2 * kh * kd + vh * vd
-    return {
-        "linear_num_key_heads": kh,
-        "linear_num_value_heads": vh,
-        "linear_key_head_dim": kd,
-        "linear_value_head_dim": vd,
+def gated_deltanet_fields(kh: int, vh: int, kd: int, vd: int, kernel: int, where) -> dict:
+    """The ``linear`` and ``state`` fields of gated DeltaNet layers of ``kh`` key and ``vh``
+    value heads of ``kd`` / ``vd`` channels, a convolution of ``kernel`` taps over q, k and v;
+    ``where`` names the source in errors.
+
+    Raises:
+        ConfigError: value heads not a multiple of the key heads, a size below 1, or a kernel
+            below 2, naming the field.
+    """
+    sizes = {"linear_num_key_heads": kh, "linear_num_value_heads": vh,
+             "linear_key_head_dim": kd, "linear_value_head_dim": vd}
+    for name, value in sizes.items():
+        if value < 1:
+            raise ConfigError(f"{where}: {name!r} must be >= 1, got {value}")
+    if vh % kh:
+        raise ConfigError(f"{where}: 'linear_num_value_heads' ({vh}) must be a multiple of "
+                          f"'linear_num_key_heads' ({kh})")
+    if kernel < 2:
+        raise ConfigError(f"{where}: 'linear_conv_kernel_dim' must be >= 2, got {kernel}")
+    return sizes | {
         "linear_conv_kernel_dim": kernel,
-        "linear_state_elements": vh * kd * vd + (kernel - 1) * conv_dim,
+        "state_conv_dim": 2 * kh * kd + vh * vd,
+        "state_conv_kernel": kernel,
+        "state_recurrent_shape": (vh, kd, vd),
     }
+
+
+def _linear_attention_fields(c: Config) -> dict:
+    return gated_deltanet_fields(
+        c.int("linear_num_key_heads"), c.int("linear_num_value_heads"),
+        c.int("linear_key_head_dim"), c.int("linear_value_head_dim"),
+        c.int("linear_conv_kernel_dim"), c.path)
 
 
 def _config_fields(c: Config, n: int) -> dict:

@@ -8,7 +8,9 @@ Each layer holds ``attn``, ``mlp`` and its norms:
 
 - ``attn``: self-attention (:class:`.attention.SelfAttention`: q / k norms, biases, partial
   and scaled RoPE, sinks), or on an ``mla`` layer multi-head latent attention
-  (:class:`.latent_attention.LatentAttention`, DeepSeek-V2); the sliding layers' own RoPE base
+  (:class:`.latent_attention.LatentAttention`, DeepSeek-V2), or on a state layer the family's
+  state mixer (:meth:`Decoder.state_mixer`, in a :class:`.state_block.StateBlock`: LFM2's
+  short convolution); the sliding layers' own RoPE base
   when the spec has one (Gemma 3, OLMo 3); windows, score scale and soft-capping are the
   backend's per-layer parameters, which each block completes (sinks, MLA's YaRN factor);
 - ``mlp``: a gated MLP (:class:`.mlp.GatedMLP`: SwiGLU, or GeGLU for ``gelu_pytorch_tanh``),
@@ -50,8 +52,9 @@ from kvledger.model.layers.linears import (
 )
 from kvledger.model.layers.mlp import GatedMLP
 from kvledger.model.layers.rotary import InterleavedRope, RotaryEmbedding
+from kvledger.model.layers.state_block import StateBlock
 from kvledger.model.linear import Linear
-from kvledger.spec import MLA, SLIDING, ModelSpec
+from kvledger.spec import MLA, SLIDING, STATE_KINDS, ModelSpec
 
 SHAPE_CLASSES = ("qkv", "o", "gate_up", "down")
 """A layer's shape classes of Linears (beside the model's ``lm_head``)."""
@@ -159,7 +162,9 @@ class Decoder:
             return fused_linear(w, stems, self.formats.get(shape_class, "dense"), release,
                                 self.dtype, self.kernels)
 
-        if spec.layers.types[i] == MLA:
+        if spec.layers.types[i] in STATE_KINDS:
+            attn = StateBlock(self.state_mixer(w, prefix, linear, i))
+        elif spec.layers.types[i] == MLA:
             attn = LatentAttention(spec, w, prefix, linear, self.ropes[i], self.dtype)
         else:
             attn = SelfAttention(spec, w, prefix, linear, self.norm_weight, self.ropes[i],
@@ -168,6 +173,12 @@ class Decoder:
         for key, name in self.norm_names().items():
             layer[key] = self.norm_weight(w.pop(f"{prefix}{name}.weight"))
         return layer
+
+    def state_mixer(self, w: dict[str, torch.Tensor], prefix: str, linear, i: int):
+        """Layer ``i``'s state mixer (:mod:`.state`'s interface), for a state layer kind: the
+        family's (a subclass computes it; the plain decoder has none)."""
+        raise NotImplementedError(f"{type(self).__name__} has no mixer for a "
+                                  f"{self.spec.layers.types[i]} layer")
 
     def _mlp(self, w: dict[str, torch.Tensor], linear, i: int) -> GatedMLP | Experts:
         """Layer ``i``'s MLP: gate / up / down, or on an MoE layer its router and experts (each

@@ -55,6 +55,7 @@ _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    "token_embd_norm.weight": "model.embedding_norm.weight",  # LFM2's final norm
 }
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
@@ -75,7 +76,7 @@ _BLOCK_NAMES = {
 }
 SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 """Tensors the spec reader takes (LongRoPE's factors), not weights."""
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")  # LFM2's shortconv.conv
 
 
 def hf_name(gguf_name: str, family: Family) -> str:

@@ -57,8 +57,8 @@ from kvledger.model.weights.names import tensor_shapes, to_common_names
 from kvledger.paths import cache_dir, resolve_model_path
 from kvledger.spec import ModelSpec
 
-CACHE_VERSION = "kvledger-weights-v5"  # v3: o_bias / mlp_bias; v4: the families' fields;
-# v5: experts (mlp_only_layers, norm_topk_prob)
+CACHE_VERSION = "kvledger-weights-v6"  # v3: o_bias / mlp_bias; v4: the families' fields;
+# v5: experts (mlp_only_layers, norm_topk_prob); v6: state layers (state_*, mamba_*)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 _MIB = 1 << 20
 
@@ -245,6 +245,7 @@ def _spec_from_json(text: str, path: Path) -> ModelSpec:
     fields["layer_types"] = tuple(fields["layer_types"])
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
     fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
+    fields["state_recurrent_shape"] = tuple(fields["state_recurrent_shape"])
     fields["source"] = str(path)
     return ModelSpec.from_fields(**fields)
 

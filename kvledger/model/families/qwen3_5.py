@@ -1,0 +1,101 @@
+"""Qwen3.5 (``qwen3_5`` with a ``text_config``, the text-only ``qwen3_5_text``) and Qwen3.5-MoE
+(``qwen3_5_moe``): read for `kvledger plan`; the engine refuses them until their forward runs.
+
+Three gated DeltaNet layers (Yang et al., arXiv:2412.06464: a causal convolution over q, k and
+v, L2-normed q / k, the delta rule with its decay and write gates) beside each full-attention
+layer (``layer_types``, else a full layer every ``full_attention_interval``, 4), which gates
+its output from q_proj, norms q and k per head and turns ``partial_rotary_factor`` (0.25) of
+each head. Per sequence each DeltaNet layer keeps a recurrent matrix of value_heads x
+key_head_dim x value_head_dim and the convolution's last ``kernel - 1`` inputs
+(:func:`~kvledger.model.families.qwen3_next.gated_deltanet_fields`). The MoE model routes
+experts with a gated shared expert on every layer (``qwen_moe_fields``). A multimodal wrapper's
+vision tower is ignored (one log line).
+
+GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``): ``ssm.conv_kernel``, ``ssm.state_size``
+(key_head_dim), ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value heads),
+``ssm.inner_size`` (value heads x value_head_dim), ``full_attention_interval``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvledger.errors import ConfigError
+from kvledger.model.families.moe import qwen_moe_fields
+from kvledger.model.families.qwen3_next import gated_deltanet_fields
+from kvledger.spec import FULL, LINEAR, Config, Family, every_nth_full
+
+log = logging.getLogger(__name__)
+
+_DEFAULTS = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+             "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+             "linear_num_value_heads": 32, "partial_rotary_factor": 0.25, "head_dim": 256,
+             "full_attention_interval": 4, "rms_norm_eps": 1e-6}
+"""transformers 5.25's ``Qwen3_5TextConfig`` defaults of the keys a config may omit."""
+
+
+def _prepare(cfg: dict) -> dict:
+    if cfg.get("vision_config"):
+        log.info("%s: the vision tower is ignored (text decoder only)", cfg.get("model_type"))
+    return cfg
+
+
+def _config_fields(c: Config, n: int) -> dict:
+    fields = gated_deltanet_fields(
+        c.int("linear_num_key_heads"), c.int("linear_num_value_heads"),
+        c.int("linear_key_head_dim"), c.int("linear_value_head_dim"),
+        c.int("linear_conv_kernel_dim"), c.path)
+    fields |= {"qk_norm": True, "attn_output_gate": True}
+    if c.model_type.startswith("qwen3_5_moe"):
+        fields |= qwen_moe_fields(c, n) | {"shared_expert_gate": True}
+    return fields
+
+
+def _layer_types(c: Config, n: int) -> tuple[str, ...]:
+    return every_nth_full(int(c.req("full_attention_interval")), n, other=LINEAR)
+
+
+def _gguf_fields(header, fields: dict) -> dict:
+    def req(key: str) -> int:
+        value = header.value(key)
+        if value is None:
+            raise ConfigError(f"GGUF file {header.path} lacks the required key "
+                              f"'{header.arch}.{key}'")
+        return int(value)
+
+    kh, vh, kd = req("ssm.group_count"), req("ssm.time_step_rank"), req("ssm.state_size")
+    inner = req("ssm.inner_size")
+    if inner % vh:
+        raise ConfigError(f"GGUF file {header.path}: '{header.arch}.ssm.inner_size' ({inner}) "
+                          f"is not a multiple of the value heads ({vh})")
+    n = fields["num_layers"]
+    recurrent = header.value("attention.recurrent_layers")
+    if isinstance(recurrent, list) and len(recurrent) == n:
+        kinds = tuple(LINEAR if r else FULL for r in recurrent)
+    else:
+        kinds = every_nth_full(req("full_attention_interval"), n, other=LINEAR)
+    out = gated_deltanet_fields(kh, vh, kd, inner // vh, req("ssm.conv_kernel"), header.path)
+    out |= {"layer_types": kinds, "qk_norm": True, "attn_output_gate": True}
+    if fields.get("num_experts"):
+        out |= {"mlp_only_layers": (), "shared_expert_gate": True}
+        shared = header.value("expert_shared_feed_forward_length")
+        if shared:
+            out |= {"num_shared_experts": 1, "shared_expert_intermediate_size": int(shared)}
+    return out
+
+
+FAMILY = Family(
+    name="qwen3_5",
+    model_types=("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+    what="gated DeltaNet linear attention beside gated full attention",
+    config_prepare=_prepare,
+    config_defaults={t: _DEFAULTS for t in ("qwen3_5", "qwen3_5_text")}
+    | {t: _DEFAULTS | {"intermediate_size": 0, "moe_intermediate_size": 512,
+                       "shared_expert_intermediate_size": 512,
+                       "num_experts_per_tok": 8, "num_experts": 256}
+       for t in ("qwen3_5_moe", "qwen3_5_moe_text")},
+    config_fields=_config_fields,
+    layer_types=_layer_types,
+    gguf_archs={"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"},
+    gguf_fields=_gguf_fields,
+)
