@@ -89,8 +89,8 @@ class Scheduler:
             messages and stats).
         max_model_len: the model's context limit in tokens.
         store, groups, sealed_blocks, shareable, intact_blocks, on_release, link_tiers,
-            events, state_slots: the KV manager's (``KVCacheManager``; it may keep ``max_num_seqs`` sequences' intact
-            blocks cached).
+            events, state_slots: the KV manager's (``KVCacheManager``; it may keep
+            ``max_num_seqs`` sequences' intact blocks cached).
     """
 
     def __init__(
