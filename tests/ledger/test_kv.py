@@ -42,6 +42,11 @@ HAND_KV_PER_TOKEN = {
     "Qwen__Qwen3.5-0.8B": 6 * 2 * 2 * 256 * 2,  # 6 full layers of 24, 2 KV heads of 256
     "Qwen__Qwen3.5-35B-A3B": 10 * 2 * 2 * 256 * 2,  # 10 full layers of 40
     "LiquidAI__LFM2-1.2B": 6 * 2 * 8 * 64 * 2,  # 6 attention layers of 16, 2048 / 32 = 64
+    "Qwen__Qwen3.5-2B": 6 * 2 * 2 * 256 * 2,  # 6 full layers of 24, 2 KV heads of 256
+    "Qwen__Qwen3.5-4B": 8 * 2 * 4 * 256 * 2,  # 8 full layers of 32, 4 KV heads of 256
+    "Qwen__Qwen3.5-9B": 8 * 2 * 4 * 256 * 2,  # 8 full layers of 32, 4 KV heads of 256
+    "LiquidAI__LFM2-350M": 6 * 2 * 8 * 64 * 2,  # 6 attention layers of 16, 1024 / 16 = 64
+    "LiquidAI__LFM2-2.6B": 8 * 2 * 8 * 64 * 2,  # 8 attention layers of 30, 2048 / 32 = 64
     "ibm-granite__granite-4.0-h-micro": 4 * 2 * 8 * 64 * 2,  # 4 attention layers of 40
     "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # MLA latent + rope key, no factor 2
     "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,

@@ -39,6 +39,35 @@ def test_qwen3_5_35b_a3b_state_by_hand(real_spec):
     assert fixed_state_bytes(spec) == 30 * (32 * 128 * 128 + 3 * (2 * 16 * 128 + 32 * 128)) * 2
 
 
+@pytest.mark.parametrize("name, linear, full, kv_heads, value_heads", [
+    ("Qwen__Qwen3.5-2B", 18, 6, 2, 16),
+    ("Qwen__Qwen3.5-4B", 24, 8, 4, 32),
+    ("Qwen__Qwen3.5-9B", 24, 8, 4, 32),
+])
+def test_qwen3_5_dense_sizes_state_by_hand(real_spec, name, linear, full, kv_heads, value_heads):
+    """Each DeltaNet layer: value heads x 128 x 128 recurrent and a 3-step conv tail over
+    2 x 16 x 128 (q, k) + value heads x 128 (v) channels; full layers hold KV heads x 256."""
+    spec = real_spec(name)
+    assert spec.layers.types.count(LINEAR) == linear and spec.layers.types.count(FULL) == full
+    per_layer = value_heads * 128 * 128 + 3 * (2 * 16 * 128 + value_heads * 128)
+    assert fixed_state_bytes(spec) == linear * per_layer * 2
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 1000) == 1000 * full * 2 * kv_heads * 256 * 2
+
+
+@pytest.mark.parametrize("name, conv, full, hidden, mlp", [
+    ("LiquidAI__LFM2-350M", 10, 6, 1024, 4608),
+    ("LiquidAI__LFM2-2.6B", 22, 8, 2048, 10752),
+])
+def test_lfm2_sizes_state_by_hand(real_spec, name, conv, full, hidden, mlp):
+    """Short-conv layers keep the last 2 of B * x over ``hidden`` channels; the 350M's MLP is
+    6656 brought to 4608 (2/3, rounded up to 256), the 2.6B's 10752 as is (no auto-adjust)."""
+    spec = real_spec(name)
+    assert spec.layers.types.count(CONV) == conv and spec.layers.types.count(FULL) == full
+    assert spec.intermediate_size == mlp
+    assert fixed_state_bytes(spec) == conv * hidden * 2 * 2
+    assert kv_bytes_per_sequence(spec, BF16, 1, 16, 1000) == 1000 * full * 2 * 8 * 64 * 2
+
+
 def test_lfm2_1_2b_state_by_hand(real_spec):
     """10 short-conv layers keep the last 2 of B * x over 2048 channels; the MLP is
     ``block_ff_dim`` 12288 brought to 8192 (2/3, rounded up to 256)."""
