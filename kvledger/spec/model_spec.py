@@ -31,6 +31,7 @@ from kvledger.spec.groups import (
     Norm,
     Rope,
 )
+from kvledger.spec.ranges import check_spec_fields
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         where = f" in {self.source}" if self.source else ""
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-                     "head_dim", "vocab_size", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}{where}")
-        if self.intermediate_size < 0:
-            raise ConfigError(f"intermediate_size must be >= 0, got {self.intermediate_size}"
-                              f"{where}")
+        check_spec_fields(self.as_fields(), where)
         kinds = self.layers.types
         if MLA not in kinds and self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(
@@ -90,6 +85,18 @@ class ModelSpec:
             raise ConfigError(f"{len(kinds)} layer types for {self.num_layers} layers{where}")
         if SLIDING in kinds and not self.layers.sliding_window:
             raise ConfigError(f"sliding layers need a sliding_window >= 1{where}")
+        self._check_rotary_pairs(kinds, where)
+
+    def _check_rotary_pairs(self, kinds: tuple[str, ...], where: str) -> None:
+        """RoPE turns pairs of dimensions: an odd count of them has no forward."""
+        if self.position_embeddings == 0 and (FULL in kinds or SLIDING in kinds) \
+                and self.rotary_dim % 2:
+            raise ConfigError(
+                f"head_dim x partial_rotary_factor = {self.rotary_dim} rotary dimensions: "
+                f"RoPE needs an even count (head_dim {self.head_dim}){where}")
+        if MLA in kinds and self.latent is not None and self.latent.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim must be even for RoPE, got "
+                              f"{self.latent.qk_rope_head_dim}{where}")
 
     @classmethod
     def from_fields(cls, **flat) -> ModelSpec:

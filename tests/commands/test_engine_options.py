@@ -113,7 +113,7 @@ def test_help_lists_every_flag(command):
 
 def test_bad_values_are_one_line_errors(seen):
     result = CliRunner().invoke(app, ["generate", "hi", "--long-kv-share", "1.5"])
-    assert result.exit_code == 2 and "long_kv_share must be in (0, 1]" in result.output
+    assert result.exit_code == 2 and "--long-kv-share must be a number in (0, 1]" in result.output
     assert seen == []
 
 
