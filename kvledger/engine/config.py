@@ -21,6 +21,7 @@ ENGINE_RANGES: dict[str, Range] = {
     "num_blocks": _TOKENS,
     "max_num_seqs": Range(1, 1 << 20),
     "max_num_batched_tokens": _TOKENS,
+    "new_prefill_tokens": Range(0, 1 << 31, hi_open=True, optional=True),
     "long_prompt_tokens": _TOKENS,
     "long_kv_share": Range(0, 1, integer=False, lo_open=True),
     "max_kv_tokens_per_request": _TOKENS,
@@ -62,6 +63,10 @@ class EngineConfig:
             holds max_num_seqs full-context sequences, capped at 1 GiB.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step, prefill chunks included.
+        new_prefill_tokens: tokens of each step's budget that the running prefills leave to
+            waiting requests while any wait, so a short prompt arriving behind a long one is
+            admitted at the next step instead of after its last chunk; 0 = none, None = a
+            quarter of max_num_batched_tokens. Less than max_num_batched_tokens.
         enable_prefix_caching: reuse full KV blocks across requests by the hash of their tokens.
         long_prompt_tokens: prompts of at least this many tokens are long and share the pool
             under long_kv_share (seed §3.4 isolation); None = no isolation.
@@ -151,6 +156,7 @@ class EngineConfig:
     num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    new_prefill_tokens: int | None = None
     enable_prefix_caching: bool = True
     long_prompt_tokens: int | None = None
     long_kv_share: float = 1.0
@@ -188,6 +194,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_all(ENGINE_RANGES, {name: getattr(self, name) for name in ENGINE_RANGES})
+        if self.new_prefill_tokens is not None and \
+                self.new_prefill_tokens >= self.max_num_batched_tokens:
+            raise InvalidParameterError(
+                f"new_prefill_tokens ({self.new_prefill_tokens}) must be less than "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidParameterError(f"kv_cache_dtype must be one of "
                                         f"{', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
@@ -203,6 +214,14 @@ class EngineConfig:
         if self.kv_disk_gib is not None and self.kv_disk_dir is None:
             raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
+
+    @property
+    def prefill_reserve(self) -> int:
+        """``new_prefill_tokens`` resolved: the budget running prefills leave to waiting
+        requests."""
+        if self.new_prefill_tokens is None:
+            return self.max_num_batched_tokens // 4
+        return self.new_prefill_tokens
 
     @property
     def retention(self) -> RetentionSpec:

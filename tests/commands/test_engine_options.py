@@ -24,6 +24,7 @@ NON_DEFAULT = {
     "num_blocks": (77, ["--num-blocks", "77"]),
     "max_num_seqs": (5, ["--max-num-seqs", "5"]),
     "max_num_batched_tokens": (333, ["--max-num-batched-tokens", "333"]),
+    "new_prefill_tokens": (100, ["--new-prefill-tokens", "100"]),
     "enable_prefix_caching": (False, ["--no-prefix-caching"]),
     "long_prompt_tokens": (900, ["--long-prompt-tokens", "900"]),
     "long_kv_share": (0.25, ["--long-kv-share", "0.25"]),
