@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from kvledger.commands.option_ranges import OPTION_RANGES
+from kvledger.ledger.retention import MAX_TOKENS
 from kvledger.ranges import Range
 from kvledger.server.dashboard.routes import PlanRequest
 from kvledger.server.openai.protocol import (
@@ -36,14 +37,14 @@ ALSO = {
     "prompt[]": "an id past the vocabulary: 400",
     "prompt[][]": "an id past the vocabulary: 400",
     "tokens[]": "an id past the vocabulary: 400",
-    "logit_bias.*": "keys: token ids (digits) inside the vocabulary, else 400",
+    "logit_bias.*": "keys: token ids (ASCII digits) inside the vocabulary, else 400",
     "top_logprobs": "needs logprobs true",
     "kv_policy.budget": "h2o: at least sinks + window + 1; snapkv: above its observation window",
 }
 """Field -> the rule checked beside its range, when the request is added."""
-KV_POLICY = {"kv_policy.window": Range(1, optional=True),
-             "kv_policy.sinks": Range(0, optional=True),
-             "kv_policy.budget": Range(1, optional=True)}
+KV_POLICY = {"kv_policy.window": Range(1, MAX_TOKENS, optional=True),
+             "kv_policy.sinks": Range(0, MAX_TOKENS, optional=True),
+             "kv_policy.budget": Range(1, MAX_TOKENS, optional=True)}
 """The numbers of ``kv_policy`` (an object the retention spec checks: ``ledger/retention.py``),
 on every route that samples."""
 SAMPLING_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
