@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
 import time
 
@@ -46,7 +45,8 @@ _OTHERS = bytes(c for c in range(256) if c not in b'[]{}"')
 
 
 _INT_DIGITS = sys.get_int_max_str_digits()  # 0: no limit
-_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (_INT_DIGITS + 1)) if _INT_DIGITS else None
+_DIGIT_MARKS = bytes(1 if chr(c).isdigit() and c < 128 else 0 for c in range(256))
+_LONG_RUN = b"\x01" * (_INT_DIGITS + 1) if _INT_DIGITS else None  # a run of that many digits
 
 
 class _BodyTimeout(Exception):
@@ -158,8 +158,8 @@ def too_long_integer(body: bytes) -> str | None:
     """The top-level field of the JSON ``body`` holding an integer literal of more digits than
     Python converts ("" when it is the body itself), None when there is none (or the body is
     no JSON: the app says so)."""
-    if _LONG_DIGITS is None or not _LONG_DIGITS.search(body):
-        return None
+    if _LONG_RUN is None or _LONG_RUN not in body.translate(_DIGIT_MARKS):  # C loops: 10 MB
+        return None  # in ~20 ms (a regex took 0.7 s)
 
     def parse_int(text: str):
         return _TooLong if len(text.lstrip("-")) > _INT_DIGITS else int(text)
