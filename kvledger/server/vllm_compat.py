@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 
 from kvledger import __version__
 from kvledger.errors import InvalidParameterError, KVLedgerError
 from kvledger.server.auth.tenancy import caller
+from kvledger.server.detokenize_body import parse_detokenize_body
 from kvledger.server.openai.protocol import DetokenizeRequest
 from kvledger.server.tokenizer_thread import decode
 
@@ -154,7 +153,8 @@ async def detokenize(request: Request) -> JSONResponse:
     """The text of token ids (ids outside the vocabulary: 400). The body is parsed and checked,
     the ids decoded and the answer serialised in the tokenizer thread (1.5 M ids)."""
     state = request.app.state.server
-    body = await state.loop.tokenizer_thread.run(_detokenize_body, await request.body())
+    body = await state.loop.tokenizer_thread.run(parse_detokenize_body,
+                                               await request.body())
     state.check_model(body.model)
     if state.tokenizer is None:
         raise InvalidParameterError("this model has no tokenizer")
@@ -165,18 +165,6 @@ async def detokenize(request: Request) -> JSONResponse:
 def _detokenized(tokenizer, ids: list[int]) -> JSONResponse:
     """The answer, decoded and serialised in the tokenizer thread (megabytes of text)."""
     return JSONResponse({"prompt": decode(tokenizer, ids)})
-
-
-def _detokenize_body(raw: bytes) -> DetokenizeRequest:
-    """``raw`` as a DetokenizeRequest, or the RequestValidationError FastAPI would raise."""
-    if not raw:
-        raise RequestValidationError([{"type": "missing", "loc": ("body",),
-                                       "msg": "Field required", "input": None}])
-    try:
-        return DetokenizeRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
-                                      for e in exc.errors(include_url=False)]) from None
 
 
 @router.get("/tokenizer_info")
