@@ -131,6 +131,8 @@ def test_hypothesis_values_never_get_a_500(client, key, value):
     resp = post(client, route, body(route, path, literal))
     assert resp.status_code in (200, 400), (literal, resp.text)
     allowed = FIELDS[key]
+    if isinstance(value, str) and path in UNIONS:
+        return  # a list of texts is a prompt too: its own rules, tested elsewhere
     if not allowed.contains(value) and not (isinstance(value, float) and math.isfinite(value)
                                             and value == int(value) and allowed.integer):
         assert resp.status_code == 400, (literal, resp.text)
