@@ -13,13 +13,18 @@ reports the slowest answer:
 - ``first structured``: the server's first ``json_object`` request;
 - ``detokenize``: ``/detokenize`` of 1.5 M ids.
 
-Usage: python benchmarks/health_stalls.py [--out stalls.json] [-- SERVE_OPTIONS...]
+``--cases echo,detokenize`` runs only those (names: ``structured``, ``echo``, ``echo64``,
+``tools``, ``detokenize``). Compare the short request's TTFT with ``-- --new-prefill-tokens 0``
+(the scheduling before issue 61's fix: it waited for the long prompt's last chunk).
+
+Usage: python benchmarks/health_stalls.py [--out stalls.json] [--cases ...] [-- SERVE_OPTIONS...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -102,6 +107,7 @@ def echo_case(url: str, pid: int, ids: list[int]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cases", default="structured,echo,echo64,tools,detokenize")
     args, serve_args = parser.parse_known_args()
     serve_args = [a for a in serve_args if a != "--"]
     port = free_port()
@@ -124,19 +130,22 @@ def main() -> None:
                 "type": "object", "properties": {"x": {"type": "integer"}}}}}
             for i in range(5000)]
         chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-        results = {
-            "first structured": case(url, proc.pid, lambda c: {"status": c.post(
+        cases = {
+            "first structured": ("structured", lambda: case(url, proc.pid, lambda c: {
+                "status": c.post(url + "/v1/chat/completions", json={
+                    **chat, "response_format": {"type": "json_object"}}).status_code})),
+            "echo": ("echo", lambda: echo_case(url, proc.pid, ids)),
+            "echo x 64": ("echo64", lambda: case(url, proc.pid, lambda c: {"status": c.post(
+                url + "/v1/completions", json=echo_body(ids, 64)).status_code})),
+            "5,000 tools": ("tools", lambda: case(url, proc.pid, lambda c: {"status": c.post(
                 url + "/v1/chat/completions",
-                json={**chat, "response_format": {"type": "json_object"}}).status_code}),
-            "echo": echo_case(url, proc.pid, ids),
-            "echo x 64": case(url, proc.pid, lambda c: {"status": c.post(
-                url + "/v1/completions", json=echo_body(ids, 64)).status_code}),
-            "5,000 tools": case(url, proc.pid, lambda c: {"status": c.post(
-                url + "/v1/chat/completions",
-                json={**chat, "tools": tools, "tool_choice": "none"}).status_code}),
-            "detokenize": case(url, proc.pid, lambda c: {"status": c.post(
-                url + "/detokenize", json={"tokens": ids * 375}).status_code}),
+                json={**chat, "tools": tools, "tool_choice": "none"}).status_code})),
+            "detokenize": ("detokenize", lambda: case(url, proc.pid, lambda c: {
+                "status": c.post(url + "/detokenize", json={"tokens": ids * 375}).status_code})),
         }
+        wanted = args.cases.split(",")
+        results = {name: run() for name, (key, run) in cases.items() if key in wanted}
+        results["load_average"] = os.getloadavg()
     finally:
         proc.terminate()
         proc.wait(30)

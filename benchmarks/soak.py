@@ -11,7 +11,15 @@ its own client. Afterwards:
 - at idle every KV block is free (``kv_blocks_free == kv_blocks_total``, cached ones included)
   and ``kv_bytes_allocated == 0``;
 - the server's RSS (``/proc/PID/status`` VmRSS) is sampled every 5 s; growth over the second
-  half of the run is reported (target < 5 %).
+  half of the run is reported (target < 5 %), and the peak against a budget of the RSS when the
+  server was ready (interpreter, libraries and weights; the pool is mapped lazily) + the KV
+  pool's bytes (``kvledger:kv_pool_bytes``) + 512 MiB (issue 61 item 11's target);
+- the machine's load average at the start and the end (the machine may be shared).
+
+``--mix`` adds requests of other kinds beside the streamed chats, each a share of the requests:
+non-streamed completions with ``logprobs`` 5, chats with a ``json_object`` constraint,
+non-streamed chats with ``prompt_logprobs`` 2, and ``/tokenize`` calls (the caches of
+grammars, detokenizers and logprob buffers the issue names as suspects).
 
 A client that waits longer than ``--read-timeout-s`` for a byte gives up: that counts as an
 abort by its own client (the server sees the disconnect and frees the request).
@@ -20,7 +28,7 @@ The KV pool is mapped lazily (a page costs RAM on its first write), so RSS also 
 prefix cache first spreads over the pool, up to the pool's bytes: that is not a leak. To see a
 leak, give the server a pool small enough to be cycled through early (``-- --num-blocks 512``).
 
-Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24]
+Usage: python benchmarks/soak.py [--clients 200] [--minutes 5] [--max-tokens 24] [--mix]
 [--read-timeout-s 300] [--out soak.json] [-- SERVE_OPTIONS...]
 """
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import socket
@@ -77,10 +86,61 @@ def make_body(rng: random.Random, max_tokens: int) -> dict:
             "temperature": 0.7, "seed": rng.randrange(1 << 30)}
 
 
+MIX = (("completions logprobs", 0.15), ("json_object", 0.1), ("prompt_logprobs", 0.1),
+       ("tokenize", 0.05))
+"""``--mix``: the share of requests of each other kind (the rest: streamed chats)."""
+
+
+def other_request(rng: random.Random, max_tokens: int, kind: str) -> tuple[str, dict]:
+    """(route, body) of a non-streamed request of ``kind`` (:data:`MIX`)."""
+    chat = make_body(rng, max_tokens) | {"stream": False}
+    if kind == "completions logprobs":
+        prompt = chat["messages"][-1]["content"]
+        return "/v1/completions", {"prompt": prompt, "max_tokens": chat["max_tokens"],
+                                   "logprobs": 5, "temperature": 0.7}
+    if kind == "json_object":
+        return "/v1/chat/completions", chat | {"response_format": {"type": "json_object"}}
+    if kind == "prompt_logprobs":
+        return "/v1/chat/completions", chat | {"prompt_logprobs": 2}
+    return "/tokenize", {"messages": chat["messages"]}
+
+
+def pick_kind(rng: random.Random, mix: bool) -> str | None:
+    """A :data:`MIX` kind, or None for a streamed chat."""
+    roll = rng.random()
+    for kind, share in MIX if mix else ():
+        if roll < share:
+            return kind
+        roll -= share
+    return None
+
+
+async def other(http: httpx.AsyncClient, url: str, rng: random.Random, max_tokens: int,
+                kind: str, outcomes: dict) -> None:
+    route, body = other_request(rng, max_tokens, kind)
+    r = await http.post(url + route, json=body)
+    if r.status_code == 200:
+        outcomes["full"] += 1
+    else:
+        outcomes["clear_error" if "error" in r.json() else "unclear"] += 1
+        outcomes[f"http_{r.status_code}"] = outcomes.get(f"http_{r.status_code}", 0) + 1
+
+
 async def client(url: str, rng: random.Random, deadline: float, max_tokens: int,
-                 outcomes: dict, latencies: list, timeout_s: float) -> None:
+                 outcomes: dict, latencies: list, timeout_s: float, mix: bool) -> None:
     async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=timeout_s)) as http:
         while time.monotonic() < deadline:
+            kind = pick_kind(rng, mix)
+            if kind is not None:
+                outcomes["sent"] += 1
+                try:
+                    await other(http, url, rng, max_tokens, kind, outcomes)
+                except httpx.TimeoutException:
+                    outcomes["own_timeout"] += 1
+                except httpx.HTTPError as exc:
+                    outcomes["transport_error"] += 1
+                    outcomes.setdefault("transport_errors", []).append(type(exc).__name__)
+                continue
             body = make_body(rng, max_tokens)
             leave_after = rng.randint(1, 4) if rng.random() < 0.2 else None
             outcomes["sent"] += 1
@@ -118,7 +178,7 @@ async def client(url: str, rng: random.Random, deadline: float, max_tokens: int,
 
 
 async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int,
-               seed: int, read_timeout_s: float) -> dict:
+               seed: int, read_timeout_s: float, mix: bool) -> dict:
     outcomes = {"sent": 0, "full": 0, "clear_error": 0, "own_abort": 0, "own_timeout": 0,
                 "unclear": 0, "transport_error": 0}
     latencies: list[float] = []
@@ -133,7 +193,7 @@ async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int
 
     rngs = [random.Random(seed * 1000 + i) for i in range(clients)]
     await asyncio.gather(sample_rss(), *(client(url, rngs[i], deadline, max_tokens, outcomes,
-                                                latencies, read_timeout_s)
+                                                latencies, read_timeout_s, mix)
                                          for i in range(clients)))
     return {"outcomes": outcomes, "latencies": latencies, "rss": rss,
             "wall_s": time.monotonic() - start}
@@ -147,6 +207,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--read-timeout-s", type=float, default=300.0,
                     help="a client waiting longer than this for a byte gives up (own abort)")
+    ap.add_argument("--mix", action="store_true", help="other request kinds beside the chats")
     ap.add_argument("--out", default="soak.json")
     ap.add_argument("serve_options", nargs="*", help="after --: options of kvledger serve")
     args = ap.parse_args()
@@ -164,8 +225,10 @@ def main() -> None:
                 pass
             time.sleep(0.5)
         rss_start = rss_mib(proc.pid)
+        pool_mib = metrics(url).get("kv_pool_bytes", 0.0) / (1 << 20)
+        load_start = os.getloadavg()
         run = asyncio.run(load(url, args.clients, args.minutes * 60, args.max_tokens, proc.pid,
-                               args.seed, args.read_timeout_s))
+                               args.seed, args.read_timeout_s, args.mix))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             idle = metrics(url)
@@ -191,6 +254,11 @@ def main() -> None:
             "rss_mib": {"start": rss_start, "second_half_first": half[0] if half else None,
                         "end": rss_mib(proc.pid)},
             "rss_growth_second_half": (rss_mib(proc.pid) / half[0] - 1) if half else None,
+            "rss_peak_mib": max(r for _, r in run["rss"]),
+            "rss_budget_mib": rss_start + pool_mib + 512, "kv_pool_mib": pool_mib,
+            "rss_samples": [(round(t), round(r)) for t, r in run["rss"]],
+            "load_average": {"start": load_start, "end": os.getloadavg()},
+            "mix": args.mix,
             "log_tracebacks": Path("soak-server.log").read_text().count("Traceback"),
         }
         print(json.dumps(result, indent=2))

@@ -27,6 +27,7 @@ from kvledger.commands import (
     serve,
 )
 from kvledger.commands import eval as eval_cmd
+from kvledger.commands.option_ranges import check_options
 from kvledger.errors import KVLedgerError
 
 app = typer.Typer(
@@ -38,11 +39,13 @@ app = typer.Typer(
 
 
 def user_errors(fn: Callable) -> Callable:
-    """Wrap a command so a KVLedgerError becomes ``error: <message>`` and exit code 2."""
+    """Wrap a command so a KVLedgerError becomes ``error: <message>`` and exit code 2; its
+    numeric options are checked by range first (:mod:`kvledger.commands.option_ranges`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_options(kwargs)
             return fn(*args, **kwargs)
         except KVLedgerError as exc:
             print(f"error: {exc}", file=sys.stderr)

@@ -153,7 +153,8 @@ def test_the_engine_model_and_device_never_reach_the_server_or_the_cli():
 
 
 ORDER = (
-    ("kvledger", "kvledger.errors", "kvledger.paths", "kvledger.data", "kvledger.spec"),
+    ("kvledger", "kvledger.errors", "kvledger.ranges", "kvledger.paths", "kvledger.data",
+     "kvledger.spec"),
     ("kvledger.ledger",),
     ("kvledger.device",),
     ("kvledger.model",),

@@ -64,6 +64,10 @@ def _parameter_name(name: str) -> str:
     return flag(name).removeprefix("--").replace("-", "_")
 
 
+ENGINE_PARAMETERS = {f.name: _parameter_name(f.name) for f in dataclasses.fields(EngineConfig)}
+"""``EngineConfig`` field -> the parameter name of its option (``num_threads`` -> ``threads``)."""
+
+
 def _is_negated(field: dataclasses.Field) -> bool:
     return field.default is True
 

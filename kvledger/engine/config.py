@@ -10,8 +10,43 @@ from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
 from kvledger.model.weights import LOAD_FORMATS
+from kvledger.ranges import Range, check_all
 
 KV_CACHE_DTYPES = ("auto", "fp32", "bf16", "fp16", "fp8", "int8", "int4", "int3", "int2")
+_TOKENS = Range(1, 1 << 31, hi_open=True, optional=True)  # a count of tokens (or blocks)
+_SECONDS = Range(0, 1 << 20, integer=False, lo_open=True)  # up to 12 days
+_GIB = Range(0, 1 << 20, integer=False, lo_open=True, optional=True)
+ENGINE_RANGES: dict[str, Range] = {
+    "block_size": Range(1, 1 << 16),
+    "kv_cache_gib": _GIB,
+    "num_blocks": _TOKENS,
+    "max_num_seqs": Range(1, 1 << 20),
+    "max_num_batched_tokens": _TOKENS,
+    "new_prefill_tokens": Range(0, 1 << 31, hi_open=True, optional=True),
+    "state_checkpoint_blocks": _TOKENS,
+    "long_prompt_tokens": _TOKENS,
+    "long_kv_share": Range(0, 1, integer=False, lo_open=True),
+    "max_kv_tokens_per_request": _TOKENS,
+    "num_threads": Range(1, 1 << 12, optional=True),
+    "kv_window": _TOKENS,
+    "kv_sinks": Range(0, 1 << 31, hi_open=True, optional=True),
+    "kv_budget": _TOKENS,
+    "kv_group_size": Range(1, 1 << 16, optional=True),
+    "kv_outlier_channels": Range(0, 1 << 16),
+    "kv_key_group_tokens": _TOKENS,
+    "kv_residual_tokens": _TOKENS,
+    "kv_intact_tokens": Range(0, 1 << 31, hi_open=True),
+    "tensor_parallel_size": Range(1, 1 << 10),
+    "tp_timeout_s": _SECONDS,
+    "kv_disk_gib": _GIB,
+    "kv_ram_gib": _GIB,
+    "grammar_cache_mib": Range(1, 1 << 30, optional=True),
+    "max_grammar_bytes": _TOKENS,
+    "max_schema_properties": _TOKENS,
+    "max_grammar_alternatives": _TOKENS,
+}
+"""The numeric fields' allowed ranges (``docs/validation.md``; the CLI checks its options by
+the same table before a command runs: ``commands/option_ranges.py``)."""
 
 
 @dataclass
@@ -30,6 +65,10 @@ class EngineConfig:
             holds max_num_seqs full-context sequences, capped at 1 GiB.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: token budget of one step, prefill chunks included.
+        new_prefill_tokens: tokens of each step's budget that the running prefills leave to
+            waiting requests while any wait, so a short prompt arriving behind a long one is
+            admitted at the next step instead of after its last chunk; 0 = none, None = a
+            quarter of max_num_batched_tokens. Less than max_num_batched_tokens.
         enable_prefix_caching: reuse full KV blocks across requests by the hash of their tokens.
         state_checkpoint_blocks: on a model with state layers, blocks between two checkpoints of
             a sequence's state (what its prefix hits start from); None = the ledger's
@@ -125,6 +164,7 @@ class EngineConfig:
     num_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    new_prefill_tokens: int | None = None
     enable_prefix_caching: bool = True
     state_checkpoint_blocks: int | None = None
     long_prompt_tokens: int | None = None
@@ -163,24 +203,12 @@ class EngineConfig:
     kv_events_config: str | None = None
 
     def __post_init__(self) -> None:
-        positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
-                    "max_num_batched_tokens": self.max_num_batched_tokens,
-                    "state_checkpoint_blocks": self.state_checkpoint_blocks,
-                    "num_blocks": self.num_blocks, "kv_cache_gib": self.kv_cache_gib,
-                    "long_prompt_tokens": self.long_prompt_tokens,
-                    "max_kv_tokens_per_request": self.max_kv_tokens_per_request,
-                    "num_threads": self.num_threads, "kv_group_size": self.kv_group_size,
-                    "kv_key_group_tokens": self.kv_key_group_tokens,
-                    "kv_residual_tokens": self.kv_residual_tokens,
-                    "tensor_parallel_size": self.tensor_parallel_size,
-                    "tp_timeout_s": self.tp_timeout_s, "kv_disk_gib": self.kv_disk_gib,
-                    "kv_ram_gib": self.kv_ram_gib, "grammar_cache_mib": self.grammar_cache_mib,
-                    "max_grammar_bytes": self.max_grammar_bytes,
-                    "max_schema_properties": self.max_schema_properties,
-                    "max_grammar_alternatives": self.max_grammar_alternatives}
-        for name, value in positive.items():
-            if value is not None and value <= 0:
-                raise InvalidParameterError(f"{name} must be > 0, got {value}")
+        check_all(ENGINE_RANGES, {name: getattr(self, name) for name in ENGINE_RANGES})
+        if self.new_prefill_tokens is not None and \
+                self.new_prefill_tokens >= self.max_num_batched_tokens:
+            raise InvalidParameterError(
+                f"new_prefill_tokens ({self.new_prefill_tokens}) must be less than "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens})")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidParameterError(f"kv_cache_dtype must be one of "
                                         f"{', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
@@ -190,12 +218,6 @@ class EngineConfig:
         if self.kv_rotation not in ROTATIONS:
             raise InvalidParameterError(f"kv_rotation must be one of {', '.join(ROTATIONS)}, "
                                         f"got {self.kv_rotation!r}")
-        if self.kv_outlier_channels < 0:
-            raise InvalidParameterError(
-                f"kv_outlier_channels must be >= 0, got {self.kv_outlier_channels}")
-        if not 0 < self.long_kv_share <= 1:
-            raise InvalidParameterError(
-                f"long_kv_share must be in (0, 1], got {self.long_kv_share}")
         if self.load_format not in LOAD_FORMATS:
             raise InvalidParameterError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, "
                                         f"got {self.load_format!r}")
@@ -211,6 +233,14 @@ class EngineConfig:
             return None
         config = parse_kv_events_config(self.kv_events_config)
         return config if config.publishes else None
+
+    @property
+    def prefill_reserve(self) -> int:
+        """``new_prefill_tokens`` resolved: the budget running prefills leave to waiting
+        requests."""
+        if self.new_prefill_tokens is None:
+            return self.max_num_batched_tokens // 4
+        return self.new_prefill_tokens
 
     @property
     def retention(self) -> RetentionSpec:

@@ -88,6 +88,7 @@ def load_model(config: EngineConfig, dtype: torch.dtype):
     from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     if config.load_format != "dummy":
+        model_class(model_spec(config))  # refused by name before any weight is looked for
         spec, weights = load_weights(config.model, dtype)
         return spec, weights, load_tokenizer(config.model), None
     from kvledger.model.weights.loader import load_tokenizer_or_bundled

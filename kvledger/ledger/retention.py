@@ -71,11 +71,16 @@ EVICTION_CHUNK = 64
 """Most tokens of an evicting sequence computed in one step (eviction runs between steps)."""
 
 
+MAX_TOKENS = (1 << 31) - 1
+"""The largest token count a retention option takes (any context fits; no 2^70 windows)."""
+
+
 def _check_int(name: str, value, low: int) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                              or value < low):
+                              or not low <= value <= MAX_TOKENS):
         relation = "> 0" if low == 1 else f">= {low}"
-        raise InvalidParameterError(f"kv_{name} must be an integer {relation}, got {value!r}")
+        raise InvalidParameterError(f"kv_{name} must be an integer {relation} and < 2^31, got "
+                                    f"{value!r}")
 
 
 @dataclass(frozen=True)

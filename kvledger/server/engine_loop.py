@@ -42,6 +42,7 @@ from typing import Any
 from kvledger.engine.output.request_output import RequestOutput
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import KVBudgetError, KVLedgerError
+from kvledger.server.heap_trim import PeriodicTrim
 from kvledger.server.metrics.observer import RequestObserver, RequestTrack
 from kvledger.server.tokenizer_thread import TokenizerThread
 
@@ -93,6 +94,7 @@ class EngineLoop:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
+        self._heap = PeriodicTrim()
         self._stopping = False
         self._closed = False  # set under _lock when the thread stops taking commands
         self._lock = threading.Lock()
@@ -229,6 +231,7 @@ class EngineLoop:
         worked = self._drain_inbox()
         if self._engine.has_unfinished_requests():
             self._deliver(self._engine.step())
+            self._heap.maybe_trim()  # freed heap back to the OS every 30 s (heap_trim.py)
             worked = True
         self._observer.on_stats(self._engine.stats(), time.perf_counter())
         if not worked:

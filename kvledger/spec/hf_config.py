@@ -94,7 +94,8 @@ def _common_fields(c: Config, path: Path, known: bool) -> dict:
         "vocab_size": c.int("vocab_size"),
         "max_position_embeddings": c.int("max_position_embeddings"),
         "tie_word_embeddings": bool(c.get("tie_word_embeddings", not known)),
-        "rms_norm_eps": float(c.get("rms_norm_eps", c.get("layer_norm_eps", 1e-5))),
+        "rms_norm_eps": _number(c, "rms_norm_eps", c.get("rms_norm_eps",
+                                                          c.get("layer_norm_eps", 1e-5))),
         **_rope_fields(c),
         # Gemma's MLP reads hidden_activation first (transformers' Gemma2MLP)
         "hidden_act": str(c.get("hidden_activation") or c.get("hidden_act")
@@ -138,12 +139,21 @@ def _rope_fields(c: Config) -> dict:
                            c.get("original_max_position_embeddings"))
     local_theta = local.get("rope_theta", c.get("rope_local_base_freq"))
     return {
-        "rope_theta": float(theta),
+        "rope_theta": _number(c, "rope_theta", theta),
         "rope_scaling": None if scaling["rope_type"] == "default" else scaling,
-        "rope_local_base_freq": None if local_theta is None else float(local_theta),
-        "partial_rotary_factor": float(full.get("partial_rotary_factor",
-                                                c.get("partial_rotary_factor", 1.0))),
+        "rope_local_base_freq": None if local_theta is None
+        else _number(c, "rope_local_base_freq", local_theta),
+        "partial_rotary_factor": _number(c, "partial_rotary_factor", full.get(
+            "partial_rotary_factor", c.get("partial_rotary_factor", 1.0))),
     }
+
+
+def _number(c: Config, key: str, value) -> float:
+    """``value`` of ``key`` as a float; a ConfigError naming the key when it is no number (its
+    range is checked with the spec's, ``spec/ranges.py``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{c.path}: {key!r} must be a number, got {value!r}")
+    return float(value)
 
 
 def _layer_types(c: Config, n: int, family: Family | None) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from kvledger.spec.groups import (
     Rope,
     State,
 )
+from kvledger.spec.ranges import check_spec_fields
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         where = f" in {self.source}" if self.source else ""
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-                     "head_dim", "vocab_size", "max_position_embeddings"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}{where}")
-        if self.intermediate_size < 0:
-            raise ConfigError(f"intermediate_size must be >= 0, got {self.intermediate_size}"
-                              f"{where}")
+        check_spec_fields(self.as_fields(), where)
         kinds = self.layers.types
         if MLA not in kinds and self.num_attention_heads % self.num_kv_heads:
             raise ConfigError(
@@ -102,6 +97,18 @@ class ModelSpec:
             if state.conv_kernel < 2:
                 raise ConfigError(f"state layers need a state_conv_kernel >= 2 (a convolution "
                                   f"window), got {state.conv_kernel}{where}")
+        self._check_rotary_pairs(kinds, where)
+
+    def _check_rotary_pairs(self, kinds: tuple[str, ...], where: str) -> None:
+        """RoPE turns pairs of dimensions: an odd count of them has no forward."""
+        if self.position_embeddings == 0 and (FULL in kinds or SLIDING in kinds) \
+                and self.rotary_dim % 2:
+            raise ConfigError(
+                f"head_dim x partial_rotary_factor = {self.rotary_dim} rotary dimensions: "
+                f"RoPE needs an even count (head_dim {self.head_dim}){where}")
+        if MLA in kinds and self.latent is not None and self.latent.qk_rope_head_dim % 2:
+            raise ConfigError(f"qk_rope_head_dim must be even for RoPE, got "
+                              f"{self.latent.qk_rope_head_dim}{where}")
 
     @property
     def state_layers(self) -> tuple[int, ...]:

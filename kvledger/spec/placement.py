@@ -21,8 +21,9 @@ def every_nth_full(period: int, n: int, other: str = SLIDING) -> tuple[str, ...]
 
 def uniform_window(c: Config, n: int) -> tuple[str, ...] | None:
     """Every layer slides when the config sets a ``sliding_window`` (Mistral, Mixtral, Phi-3),
-    else no rule."""
-    return (SLIDING,) * n if c.get("sliding_window") else None
+    else no rule (null or false: none; 0 or -1 set one, refused by its range)."""
+    window = c.get("sliding_window")
+    return None if window is None or window is False else (SLIDING,) * n
 
 
 def use_sliding_window(c: Config, n: int, first: int | None = None) -> tuple[str, ...] | None:

@@ -24,6 +24,7 @@ NON_DEFAULT = {
     "num_blocks": (77, ["--num-blocks", "77"]),
     "max_num_seqs": (5, ["--max-num-seqs", "5"]),
     "max_num_batched_tokens": (333, ["--max-num-batched-tokens", "333"]),
+    "new_prefill_tokens": (100, ["--new-prefill-tokens", "100"]),
     "enable_prefix_caching": (False, ["--no-prefix-caching"]),
     "state_checkpoint_blocks": (3, ["--state-checkpoint-blocks", "3"]),
     "long_prompt_tokens": (900, ["--long-prompt-tokens", "900"]),
@@ -116,7 +117,7 @@ def test_help_lists_every_flag(command):
 
 def test_bad_values_are_one_line_errors(seen):
     result = CliRunner().invoke(app, ["generate", "hi", "--long-kv-share", "1.5"])
-    assert result.exit_code == 2 and "long_kv_share must be in (0, 1]" in result.output
+    assert result.exit_code == 2 and "--long-kv-share must be a number in (0, 1]" in result.output
     assert seen == []
 
 

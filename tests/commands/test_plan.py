@@ -123,9 +123,9 @@ def test_bad_config_files_are_one_line_errors(tmp_path):
     bad.write_text(Path(LLAMA).read_text()[:300])
     _one_line_error(run("plan", str(bad)), "not valid JSON")
     _one_line_error(run("plan", str(tmp_path / "missing.json")), "model path not found")
-    for key, value, pattern in [("num_hidden_layers", -3, "num_layers must be >= 1"),
-                                ("head_dim", -128, "head_dim must be >= 1"),
-                                ("num_key_value_heads", 0, "num_kv_heads must be >= 1"),
+    for key, value, pattern in [("num_hidden_layers", -3, "num_layers must be an integer in"),
+                                ("head_dim", -128, "head_dim must be an integer in"),
+                                ("num_key_value_heads", 0, "num_kv_heads must be an integer in"),
                                 ("num_key_value_heads", 7, "not a multiple of the KV heads")]:
         bad.write_text(json.dumps({**json.loads(Path(LLAMA).read_text()), key: value}))
         _one_line_error(run("plan", str(bad)), pattern)
@@ -214,7 +214,7 @@ def test_intact_tokens_are_priced_twice_beside_the_window():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--kv-intact-tokens", "-16"], "--kv-intact-tokens must be >= 0"),
+    (["--kv-intact-tokens", "-16"], "--kv-intact-tokens must be an integer in [0, 2^31)"),
     (["--kv-key-group-tokens", "24"], "must be a positive multiple of --block-size 16"),
     (["--kv-residual-tokens", "32", "--kv-key-group-tokens", "64"], "at least the key group"),
     (["--kv-group-size", "48"], "divide head_dim 128"),
@@ -258,7 +258,7 @@ def test_the_probed_disk_speed_feeds_the_crossover(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--disk-read-gbps", "0"], "--disk-read-gbps must be positive"),
+    (["--disk-read-gbps", "0"], "--disk-read-gbps must be a number in (0, 2^30]"),
     (["--disk-read-gbps", "1", "--kv-disk-dir", "/tmp"], "not both"),
     (["--kv-disk-dir", "/nowhere/probed"], "run `kvledger probe --kv-disk-dir"),
 ])

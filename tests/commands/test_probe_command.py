@@ -33,7 +33,7 @@ def test_probe_prints_cpu_choices_and_times_and_caches_them(tmp_path, monkeypatc
 def test_probe_rejects_bad_threads():
     r = CliRunner().invoke(app, ["probe", "--threads", "0"])
     assert r.exit_code == 2
-    assert "--threads must be positive" in r.output
+    assert "--threads must be an integer in [1, 4096]" in r.output
 
 
 def test_probe_of_a_kquant_gguf_picks_among_the_kquant_formats(tmp_path, monkeypatch):

@@ -74,7 +74,7 @@ def test_bad_sizes_are_one_line_errors():
     result = CliRunner().invoke(app, ["generate", "hi", "-tp", "2"])
     assert result.exit_code == 2
     assert "does not divide the model's heads (9 query, 3 KV heads)" in result.output
-    with pytest.raises(InvalidParameterError, match="tensor_parallel_size must be > 0"):
+    with pytest.raises(InvalidParameterError, match=r"tensor_parallel_size must be an integer in \[1, 1024\], got 0"):
         EngineConfig(tensor_parallel_size=0)
 
 

@@ -18,6 +18,7 @@ from kvledger.ledger.retention import RetentionSpec, spec_from_options
     ({"policy": "window", "window": 0}, "kv_window must be an integer > 0"),
     ({"policy": "window", "window": -3}, "kv_window must be an integer > 0"),
     ({"policy": "sinks", "window": 8, "sinks": -1}, "kv_sinks must be an integer >= 0"),
+    ({"policy": "window", "window": 1 << 70}, "kv_window must be an integer > 0 and < 2^31"),
     ({"policy": "window"}, "needs kv_window"),
     ({"policy": "h2o"}, "needs kv_budget"),
     ({"policy": "h2o", "budget": 12, "window": 8}, "must be >= kv_sinks + kv_window + 1 = 13"),

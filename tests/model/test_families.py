@@ -4,6 +4,7 @@ name, and a spec with a field value its family does not compute is refused namin
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,18 @@ def test_every_family_module_is_in_the_registry_once():
     assert all(issubclass(cls, Decoder) for cls in runs.values())
     plan_only = {f.name for f in FAMILIES.families if not f.runs_in_engine}
     assert {"deepseek_v3", "qwen2_moe", "qwen3_next", "gpt2", "gpt_neox"} <= plan_only
+
+
+def test_the_plain_decoder_factory_survives_its_modules_import_first():
+    """Old code (485cae7): the factory was named like the module ``layers/decoder.py``, so
+    importing that module first (the tensor-parallel runner does) put the module where the
+    families looked for the factory: "'module' object is not callable" at engine start."""
+    import subprocess
+    import sys
+
+    code = ("import kvledger.model.layers.decoder\n"
+            "from kvledger.model.families import FAMILIES\n"
+            "print(FAMILIES.of_type('llama').model().__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "Decoder"

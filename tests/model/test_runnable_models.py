@@ -91,3 +91,17 @@ def test_a_gguf_with_biases_the_engine_lacks_is_refused(tmp_path, gguf_kit, tens
     path = gguf_kit.write(tmp_path / "b.gguf", tensors)
     with pytest.raises(UnsupportedModelError, match=field):
         load_weights(path, torch.float32)
+
+
+def test_a_local_folder_of_a_plan_only_family_is_refused_by_name_before_its_weights(tmp_path):
+    """Issue 61 item 13: a local qwen3_next folder got "lacks 'num_experts'", then (485cae7)
+    "no *.safetensors weights in ...", where its catalogue id is refused by name."""
+    import shutil
+
+    from kvledger.data import config_path
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.model_load import load_model
+
+    shutil.copy(config_path("Qwen__Qwen3-Next-80B-A3B-Thinking"), tmp_path / "config.json")
+    with pytest.raises(UnsupportedModelError, match="model_type 'qwen3_next' .* cannot run"):
+        load_model(EngineConfig(model=str(tmp_path)), torch.float32)

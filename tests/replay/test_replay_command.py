@@ -97,11 +97,11 @@ def test_speed_scales_arrivals_only(trace_file, tmp_path):
     (["--device", "H900"], "unknown device 'H900'"),
     (["--device", "L4", "--slo", "ttft:fast"], "--slo ttft must be milliseconds"),
     (["--device", "L4", "--sweep", "colour=1,2"], "--sweep takes KEY=V1,V2"),
-    (["--device", "L4", "--speed", "0"], "--speed must be > 0"),
+    (["--device", "L4", "--speed", "0"], "--speed must be a number in (0, 2^30]"),
     (["--device", "L4", "--kv-policy", "window", "--kv-window", "64", "--kv-cache-dtype",
       "int8"], "runs on full-precision KV"),
     (["--device", "L4", "--compare", "nothing.json"], "--compare: nothing.json not found"),
-    (["--device", "L4", "--tp", "2", "--link-gbs", "0"], "--link-gbs must be positive"),
+    (["--device", "L4", "--tp", "2", "--link-gbs", "0"], "--link-gbs must be a number in (0, 2^30]"),
 ])
 def test_bad_options_exit_2_with_one_line(trace_file, extra, message):
     code, text = _run(trace_file, "--model", MODEL, *extra)

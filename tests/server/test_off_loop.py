@@ -117,3 +117,60 @@ def test_a_large_response_gives_the_heap_back_after_it(make_client, monkeypatch)
                                              "prompt_logprobs": 5})
     assert r.status_code == 200 and len(r.content) >= 2000
     assert trimmed == [0]
+
+
+def test_a_detokenize_answer_is_decoded_and_serialised_off_the_event_loop(make_client,
+                                                                         monkeypatch):
+    """Old code: the decoded text (10 MB for 1.5 M ids) was serialised on the loop."""
+    from kvledger.server import vllm_compat
+
+    threads: list[bool] = []
+    made = vllm_compat._detokenized
+    monkeypatch.setattr(vllm_compat, "_detokenized",
+                        lambda tok, ids: threads.append(_on_event_loop()) or made(tok, ids))
+    r = make_client().post("/detokenize", json={"tokens": [ord(c) for c in "Hi!"]})
+    assert r.status_code == 200 and r.json() == {"prompt": "Hi!"}
+    assert threads == [False]
+
+
+def test_decode_releases_the_gil_through_decode_batch_and_gives_the_same_text(
+        bundled_tokenizer, monkeypatch):
+    """The fast tokenizer's ``decode`` holds the GIL for its whole run (old code: the event
+    loop stood still while 1.5 M ids were decoded); ``decode_batch`` releases it."""
+    from kvledger.server.tokenizer_thread import decode
+
+    text = "Grüße, 世界! <|im_start|>assistant\n  spaced  \ttabs 🙂"
+    ids = bundled_tokenizer.encode(text) + [0, 1, 2]  # special tokens too
+    backend = bundled_tokenizer.backend_tokenizer
+    calls: list[int] = []
+    batch = type(backend).decode_batch
+    monkeypatch.setattr(type(backend), "decode_batch",
+                        lambda self, seqs, **kw: calls.append(len(seqs)) or batch(self, seqs, **kw),
+                        raising=False)
+    assert decode(bundled_tokenizer, ids) == bundled_tokenizer.decode(ids)
+    assert calls == [1]
+
+
+def test_the_heap_is_trimmed_periodically_between_steps(make_client, monkeypatch):
+    """Issue 61 item 11: free heap piled up over minutes of steps (RSS +30 MiB a minute, given
+    back by malloc_trim); old code trimmed only after large responses."""
+    from kvledger.server import heap_trim
+
+    clock = [0.0]
+    trims: list[int] = []
+    monkeypatch.setattr(heap_trim, "_malloc_trim", lambda: trims.append)
+    periodic = heap_trim.PeriodicTrim(30.0, now=lambda: clock[0])
+    assert not periodic.maybe_trim() and trims == []
+    clock[0] = 29.9
+    assert not periodic.maybe_trim()
+    clock[0] = 30.0
+    assert periodic.maybe_trim() and trims == [0]
+    assert not periodic.maybe_trim()  # the next one 30 s later
+    clock[0] = 60.0
+    assert periodic.maybe_trim() and trims == [0, 0]
+
+    monkeypatch.setattr(heap_trim, "TRIM_EVERY_S", 0.0)  # the server's loop: every step
+    client = make_client()
+    assert client.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 3}).status_code \
+        == 200
+    assert len(trims) >= 3 + 2  # one per step of that request

@@ -78,6 +78,8 @@ def test_neutral_values_of_unimplemented_fields_are_accepted(make_client, field,
     ("presence_penalty", 5), ("frequency_penalty", -2.5), ("repetition_penalty", 0),
     ("min_p", 1.5), ("logit_bias", {"28": 101}), ("logit_bias", {"x": 1}),
     ("logit_bias", {"-3": 1}),
+    ("logit_bias", {"\u00b2": 1}),  # old code: "²".isdigit(), int("²") fails: a 500
+    ("logit_bias", {"\u0663": 1}),  # an Arabic-Indic 3: token ids are ASCII digits
 ])
 def test_out_of_range_values_are_400(make_client, field, value):
     resp = make_client().post("/v1/completions", json={"prompt": "x", field: value})

@@ -164,8 +164,8 @@ def test_bad_layer_types(tmp_path):
 
 
 @pytest.mark.parametrize(("key", "value", "why"), [
-    ("num_attention_heads", 0, "num_attention_heads must be >= 1, got 0"),
-    ("intermediate_size", -128, "intermediate_size must be >= 0, got -128"),
+    ("num_attention_heads", 0, r"num_attention_heads must be an integer in \[1, 2\^31\), got 0"),
+    ("intermediate_size", -128, r"intermediate_size must be an integer in \[0, 2\^31\), got -128"),
     ("rope_scaling", "yes please", "'rope_scaling' must be an object, got 'yes please'"),
     ("rope_parameters", [1], "'rope_parameters' must be an object, got \\[1\\]")])
 def test_an_impossible_field_is_a_config_error_naming_it(tmp_path, key, value, why):

@@ -5,7 +5,11 @@ Each ``schedule()`` builds one step of at most ``max_num_batched_tokens`` tokens
 
 1. Running requests, oldest first: decodes (1 token each) before continuing chunked prefills
    (``min(remaining, budget left)`` tokens, shrunk to the free blocks), so streams keep flowing
-   while a long prompt is prefilled.
+   while a long prompt is prefilled. While requests wait, the continuing prefills leave
+   ``new_prefill_tokens`` of the budget (default a quarter) to them, as vLLM's chunked prefill
+   shares its budget between partial and new prefills: a short prompt arriving behind a long
+   one is admitted at the next step and samples its first token there (when blocks and
+   ``max_num_seqs`` allow), instead of after the long prompt's last chunk.
 2. If nothing was preempted this step, waiting requests FCFS: prefix-cache lookup, then the first
    chunk ``min(remaining, budget left)``. A request whose first block missing from the cache is
    the very block a running request is computing now (same hash: e.g. a burst of requests with
@@ -183,9 +187,12 @@ class Scheduler:
         out = SchedulerOutput()
         decodes = [r for r in self.running if r.num_uncomputed_tokens == 1]
         prefills = [r for r in self.running if r.num_uncomputed_tokens > 1]
+        full = self.config.max_num_batched_tokens
+        prefill_cap = full - self.config.prefill_reserve if self.waiting else full
         for req in decodes + prefills:
-            budget = self.config.max_num_batched_tokens - out.num_batched_tokens
-            if budget == 0:
+            budget = (full if req.num_uncomputed_tokens == 1 else prefill_cap) \
+                - out.num_batched_tokens
+            if budget <= 0:  # decodes come first: no prefill after this one finds any either
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue

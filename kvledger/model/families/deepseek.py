@@ -23,7 +23,7 @@ top-k is greedy. The converter splits ``kv_b_proj`` per head into ``attn_k_b`` [
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import (
     MLA,
     Config,
@@ -142,5 +142,5 @@ FAMILY = Family(
                   "ffn_up_shexp": "mlp.shared_experts.up_proj",
                   "ffn_down_shexp": "mlp.shared_experts.down_proj"},
     weight_names=_weight_names,
-    model=decoder,
+    model=plain_decoder,
 )

@@ -25,7 +25,7 @@ off: the two differ slightly); ``attn_sinks`` are the sinks.
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -110,5 +110,5 @@ FAMILY = Family(
     gguf_tensors={"post_attention_norm": "post_attention_layernorm",
                   "attn_sinks": "self_attn.sinks"},
     weight_names=_weight_names,
-    model=decoder,
+    model=plain_decoder,
 )

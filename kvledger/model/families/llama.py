@@ -11,7 +11,7 @@ matrices are held as the file's blocks.
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -47,5 +47,5 @@ FAMILY = Family(
     gguf_fields=_gguf_fields,
     gguf_rope_permuted=frozenset({"llama", "mistral"}),
     gguf_kquant_blocks=True,
-    model=decoder,
+    model=plain_decoder,
 )

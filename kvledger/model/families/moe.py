@@ -20,7 +20,7 @@ Mixtral checkpoints name their experts ``block_sparse_moe.experts.{e}.w1/w3/w2``
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import (
     Config,
     Family,
@@ -99,5 +99,5 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"qwen3moe": "qwen3_moe"},
     weight_names=_weight_names,
-    model=decoder,
+    model=plain_decoder,
 )

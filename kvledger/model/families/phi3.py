@@ -11,7 +11,7 @@ max model length (``kvledger.model.layers.rotary``); a GGUF stores them as the
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import (
     Family,
     ModelSpec,
@@ -47,5 +47,5 @@ FAMILY = Family(
     gguf_archs={"phi3": "phi3"},
     gguf_tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
     weight_names=_weight_names,
-    model=decoder,
+    model=plain_decoder,
 )

@@ -5,7 +5,7 @@ on, as transformers places it."""
 
 from __future__ import annotations
 
-from kvledger.model.layers import decoder
+from kvledger.model.layers import plain_decoder
 from kvledger.spec import Config, Family, any_value, full_and_sliding, use_sliding_window
 
 
@@ -20,5 +20,5 @@ FAMILY = Family(
     config_fields=_config_fields,
     layer_types=use_sliding_window,
     gguf_archs={"qwen3": "qwen3"},
-    model=decoder,
+    model=plain_decoder,
 )

@@ -8,7 +8,7 @@ decoder that composes them per layer as the spec says (:mod:`.decoder`). The nor
 activations are the device's fused ops (``kvledger.device.ops``)."""
 
 
-def decoder() -> type:
+def plain_decoder() -> type:
     """The plain :class:`.decoder.Decoder`, imported when called: the ``model`` factory of a
     family whose spec's options cover it (a family module imports no torch at module level)."""
     from kvledger.model.layers.decoder import Decoder

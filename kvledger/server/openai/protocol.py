@@ -195,7 +195,7 @@ class _SamplingBody(_Body):
             return None
         bias = {}
         for key, value in self.logit_bias.items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # "²" is a digit int() refuses
                 raise UnsupportedParameterError(
                     "logit_bias", f"'logit_bias' keys must be token ids (digits), got {key!r}")
             bias[int(key)] = value

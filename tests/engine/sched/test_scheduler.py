@@ -381,3 +381,51 @@ def test_an_older_prefill_preempts_a_newer_decode_never_itself():
     assert [(c.request.request_id, c.num_new_tokens) for c in out.chunks] == [("a", 4)]
     assert a.status is RequestStatus.RUNNING and len(a.block_table) == 3
     assert b.block_table == [] and sched.waiting[0] is b
+
+
+def _steps_until_first_token(h: Harness, name: str) -> int:
+    steps = 0
+    while not h.reqs[name].output_token_ids:
+        h.step()
+        steps += 1
+    return steps
+
+
+def test_a_short_prompt_behind_a_long_prefill_gets_its_first_token_at_the_next_step():
+    """Old code (485cae7): the running prefill took the whole budget each step, so the short
+    request waited for its 16 remaining chunks (the 12.4 s of issue 61's run)."""
+    h = Harness(400, 4, max_num_batched_tokens=64)  # reserve: a quarter, 16 tokens
+    h.add("long", list(range(1000, 2024)), 2)  # 1,024 tokens: 16 chunks of 64 alone
+    assert ids(h.step()) == [("long", 64)]
+    h.add("short", [1, 2, 3, 4, 5], 3)
+    out = h.step()
+    assert ids(out) == [("long", 48), ("short", 5)]  # the long one keeps 3/4 of the budget
+    assert h.reqs["short"].output_token_ids  # sampled in that same step
+    assert ids(h.step()) == [("short", 1), ("long", 63)]  # nothing waits: the whole budget
+    h.run()
+    h.assert_idle()
+
+
+def test_new_prefill_tokens_0_keeps_first_come_first_served_chunks():
+    h = Harness(400, 4, max_num_batched_tokens=64, new_prefill_tokens=0)
+    h.add("long", list(range(1000, 2024)), 2)
+    h.step()
+    h.add("short", [1, 2, 3, 4, 5], 3)
+    assert _steps_until_first_token(h, "short") == 16  # after the 15 chunks left, then its own
+    h.run()
+    h.assert_idle()
+
+
+def test_each_waiting_short_prompt_starts_within_a_bounded_number_of_steps():
+    """Several long prompts prefilling and more arriving: a short prompt samples its first token
+    at most one step per request queued before it, plus one (each takes the reserve for its
+    first chunk in turn). Old code: after every long prompt's last chunk (~94 steps)."""
+    h = Harness(4000, 4, max_num_batched_tokens=64)
+    for i in range(3):
+        h.add(f"long{i}", list(range(5000 * (i + 1), 5000 * (i + 1) + 1500)), 2)
+    h.step()
+    h.add("long3", list(range(30000, 31500)), 2)
+    h.add("short", [1, 2, 3, 4, 5], 3)
+    assert _steps_until_first_token(h, "short") <= 3 + 1  # long1, long2, long3 queued before it
+    h.run()
+    h.assert_idle()

@@ -147,14 +147,20 @@ class StructuredOutputsParams:
         """The llguidance grammar of this constraint (not yet checked against a tokenizer).
 
         Raises:
-            InvalidParameterError: a GBNF grammar that does not parse.
+            InvalidParameterError: a GBNF grammar that does not parse; a schema with an integer
+                past 64 bits (llguidance's serialiser refuses it with a ValueError).
         """
         from llguidance import LLMatcher
         from llguidance.gbnf_to_lark import any_to_lark
 
         if self.json is not None or self.json_object:
             schema = self.json if self.json is not None else {"type": "object"}
-            return LLMatcher.grammar_from_json_schema(schema, overrides=WHITESPACE_OPTIONS)
+            try:
+                return LLMatcher.grammar_from_json_schema(schema, overrides=WHITESPACE_OPTIONS)
+            except ValueError as exc:
+                raise InvalidParameterError(
+                    f"the json schema cannot be compiled: {str(exc)[:80]} (integers in a "
+                    "schema must fit 64 bits)") from None
         if self.regex is not None:
             return LLMatcher.grammar_from_regex(self.regex)
         if self.choice is not None:  # one lexeme: a parser rule of over 2,000 alternatives

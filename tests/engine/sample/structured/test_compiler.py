@@ -48,6 +48,16 @@ def test_an_unsupported_schema_feature_is_refused_naming_it(grammars, schema, na
         grammars.matcher(StructuredOutputsParams(json=schema))
 
 
+@pytest.mark.parametrize("schema", [{"type": "string", "maxLength": 10**20},
+                                    {"type": "array", "maxItems": 1 << 70},
+                                    {"type": "integer", "minimum": 10**400}])
+def test_a_schema_integer_past_64_bits_is_refused(grammars, schema):
+    """Old code (485cae7): llguidance's ValueError "Value is not JSON serializable" escaped as
+    no user error (the server's 500)."""
+    with pytest.raises(InvalidParameterError, match="must fit 64 bits"):
+        grammars.matcher(StructuredOutputsParams(json=schema))
+
+
 def test_a_grammar_that_does_not_parse_is_refused(grammars):
     with pytest.raises(InvalidParameterError, match="grammar"):
         grammars.matcher(StructuredOutputsParams(grammar='root ::= ("a"'))
