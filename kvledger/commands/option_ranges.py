@@ -35,6 +35,10 @@ COMMAND_RANGES: dict[str, Range] = {
     "gpu_util": _SHARE, "kv_outlier_frac": Range(0, 1, integer=False),
     "shared_prefix": _SIZE, "turn_tokens": _COUNT, "mfu": _SHARE,
     "disk_read_gbps": _POSITIVE,
+    # plan: the fleet
+    "replicas": Range(1, 1 << 20, optional=True), "target_rps": _POSITIVE, "ttft_p90": _SECONDS,
+    "prefixes": _COUNT, "prefix_tokens": _COUNT, "unique_tokens": _COUNT,
+    "output_tokens": _COUNT, "fleet_requests": _SIZE, "replica_blocks": _COUNT,
     # probe
     "buffer_mib": Range(1, 1 << 20), "matmul_n": Range(1, 1 << 16), "repeats": Range(1, 1 << 20),
     # generate, chat
