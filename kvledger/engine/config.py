@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvledger.engine.spec.config import SpeculativeConfig
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
@@ -106,6 +107,10 @@ class EngineConfig:
             together); more: HTTP 400.
         max_grammar_alternatives: most alternatives of a constraint (choices, or a schema's
             enum values and anyOf / oneOf branches, all together); more: HTTP 400.
+        speculative_config: speculative decoding as vLLM spells it, a JSON object (a dict in
+            Python): method (ngram, suffix, auto or off), num_speculative_tokens,
+            prompt_lookup_min, prompt_lookup_max, suffix_decoding_max_cached_requests, gate;
+            None = off. See docs/speculative.md.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -152,6 +157,7 @@ class EngineConfig:
     max_grammar_bytes: int = 512 << 10
     max_schema_properties: int = 1000
     max_grammar_alternatives: int = 10_000
+    speculative_config: str | dict | None = None
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
@@ -192,6 +198,12 @@ class EngineConfig:
         if self.kv_disk_gib is not None and self.kv_disk_dir is None:
             raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
+        self.speculative  # noqa: B018 - validates speculative_config
+
+    @property
+    def speculative(self) -> SpeculativeConfig:
+        """The checked ``speculative_config`` (``engine/spec/config.py``)."""
+        return SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def retention(self) -> RetentionSpec:
