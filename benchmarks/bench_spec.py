@@ -67,23 +67,31 @@ MODES = {"off": None, "ngram": {"method": "ngram"}, "suffix": {"method": "suffix
 
 
 def batch1(threads: int, new: int, repeat: int) -> dict:
-    """{(prompt kind, mode): (output tok/s, accepted / proposed)}."""
+    """{(prompt kind, mode): (output tok/s, accepted, proposed)}; the modes' engines take
+    turns run by run, so a shared machine's load falls on all of them alike."""
     results = {}
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
-    for mode, config in MODES.items():
-        llm = LLM(num_threads=threads, speculative_config=config)
-        for kind, text in PROMPTS.items():
-            chat = [{"role": "user", "content": text}]
-            llm.generate([chat], params)  # warm-up (and, for suffix, one output indexed)
-            rates, before = [], llm.engine.stats()
-            for _ in range(repeat):
+    llms = {mode: LLM(num_threads=threads, speculative_config=config)
+            for mode, config in MODES.items()}
+    for kind, text in PROMPTS.items():
+        chat = [{"role": "user", "content": text}]
+        rates = {mode: [] for mode in MODES}
+        before = {mode: llm.engine.stats() for mode, llm in llms.items()}
+        for i in range(repeat + 1):  # the first run warms up (and indexes one suffix output)
+            for mode, llm in llms.items():
                 out = llm.generate([chat], params)[0]
                 m = out.metrics
-                rates.append((len(out.token_ids) - 1) / (m.last_token_time - m.first_token_time))
+                if i:
+                    rates[mode].append((len(out.token_ids) - 1)
+                                       / (m.last_token_time - m.first_token_time))
+        for mode, llm in llms.items():
             after = llm.engine.stats()
-            proposed = after.get("spec_proposed_tokens", 0) - before.get("spec_proposed_tokens", 0)
-            accepted = after.get("spec_accepted_tokens", 0) - before.get("spec_accepted_tokens", 0)
-            results[kind, mode] = (statistics.median(rates), accepted, proposed)
+            counts = [after.get(k, 0) - before[mode].get(k, 0)
+                      for k in ("spec_accepted_tokens", "spec_proposed_tokens")]
+            results[kind, mode] = (statistics.median(rates[mode]), *counts)
+            print(f"batch 1 · {kind:16s} · {mode:6s}: {results[kind, mode][0]:6.1f} tok/s, "
+                  f"accepted {counts[0]}/{counts[1]}", flush=True)
+    for llm in llms.values():
         llm.close()
     return results
 

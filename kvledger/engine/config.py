@@ -198,7 +198,14 @@ class EngineConfig:
         if self.kv_disk_gib is not None and self.kv_disk_dir is None:
             raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
-        self.speculative  # noqa: B018 - validates speculative_config
+        if self.speculative.enabled and self.tensor_parallel_size > 1:
+            raise InvalidParameterError(
+                "speculative_config does not run with tensor parallelism yet "
+                "(--tensor-parallel-size > 1): drop one of them")
+        if self.speculative.enabled and not self.use_kv_cache:
+            raise InvalidParameterError(
+                "speculative_config verifies proposals against the KV cache, which was turned "
+                "off (--no-kv-cache): drop one of them")
 
     @property
     def speculative(self) -> SpeculativeConfig:

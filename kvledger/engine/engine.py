@@ -184,23 +184,11 @@ class LLMEngine:
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
     def _speculator(self, config: EngineConfig) -> Speculator | None:
-        """The speculative decoder of ``config.speculative`` (None when it is off).
-
-        Raises:
-            InvalidParameterError: speculation with tensor parallelism or without the KV
-                cache, which it does not run.
-        """
+        """The speculative decoder of ``config.speculative`` (None when it is off; the config
+        refused it with tensor parallelism or without the KV cache)."""
         spec = config.speculative
         if not spec.enabled:
             return None
-        if self.parallel is not None:
-            raise InvalidParameterError(
-                "speculative_config does not run with tensor parallelism yet "
-                "(--tensor-parallel-size > 1): drop one of them")
-        if self.store is None:
-            raise InvalidParameterError(
-                "speculative_config verifies proposals against the KV cache, which was turned "
-                "off (--no-kv-cache): drop one of them")
         return Speculator(spec, self.scheduler, self.sampler, self.store, self._append)
 
     @property

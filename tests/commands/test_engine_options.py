@@ -58,7 +58,7 @@ NON_DEFAULT = {
     "max_grammar_bytes": (4096, ["--max-grammar-bytes", "4096"]),
     "max_schema_properties": (10, ["--max-schema-properties", "10"]),
     "max_grammar_alternatives": (20, ["--max-grammar-alternatives", "20"]),
-    "speculative_config": ('{"method": "ngram"}', ["--speculative-config", '{"method": "ngram"}']),
+    "speculative_config": ('{"method": "off"}', ["--speculative-config", '{"method": "off"}']),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 

@@ -69,6 +69,17 @@ def test_config_refuses_by_name(value, named):
     assert named in str(err.value)
 
 
+@pytest.mark.parametrize("options, named", [
+    ({"tensor_parallel_size": 2}, "tensor parallelism"), ({"use_kv_cache": False}, "--no-kv-cache")])
+def test_what_speculation_does_not_run_with_is_refused_before_loading(options, named):
+    from kvledger.engine.config import EngineConfig
+
+    with pytest.raises(InvalidParameterError, match="speculative_config") as err:
+        EngineConfig(speculative_config={"method": "ngram"}, **options)
+    assert named in str(err.value)
+    EngineConfig(speculative_config={"method": "off"}, **options)  # off runs with anything
+
+
 def test_config_defaults_follow_vllm():
     assert SpeculativeConfig.parse('{"num_speculative_tokens": 3}').method == "ngram"
     assert SpeculativeConfig.parse(None).enabled is False
