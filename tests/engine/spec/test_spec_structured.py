@@ -78,3 +78,28 @@ def test_constrained_greedy_equals_plain_with_cut_proposals(build):
     s = engine.stats()
     assert s["spec_accepted_tokens"] > 0
     assert s["spec_proposed_tokens"] < sum(offered)  # grammar cuts happened
+
+
+def test_stop_strings_cut_inside_a_verify(build):
+    """A stop string met at an accepted proposal ends the output there, as in plain decoding
+    (the random model's text under a greedy loop repeats, so proposals are accepted)."""
+    def run(engine):
+        params = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
+        engine.add_request("free", "Say something.", params)
+        texts = {}
+        while engine.has_unfinished_requests():
+            texts.update({o.request_id: o for o in engine.step() if o.finished})
+        free = texts["free"].text
+        stop = free[len(free) * 2 // 3: len(free) * 2 // 3 + 3]  # met late, inside a loop
+        engine.add_request("stopped", "Say something.", SamplingParams(
+            max_tokens=80, temperature=0.0, ignore_eos=True, stop=[stop]))
+        while engine.has_unfinished_requests():
+            texts.update({o.request_id: o for o in engine.step() if o.finished})
+        return texts["stopped"]
+
+    plain = run(build())
+    engine = build(speculative_config={"method": "ngram", "gate": False})
+    spec = run(engine)
+    assert (spec.text, spec.finish_reason) == (plain.text, plain.finish_reason)
+    assert plain.finish_reason == "stop"
+    assert engine.stats()["spec_accepted_tokens"] > 0
