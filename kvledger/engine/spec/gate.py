@@ -74,8 +74,8 @@ class Gate:
         if var > 0:
             slope = sum((t - mean_t) * (s - mean_s) for t, s in self._steps) / var
             fixed = mean_s - slope * mean_t
-            if slope >= 0 and fixed > 0:
-                return StepPrice(fixed, slope)
+            if slope > 0:  # a negative intercept (noise, super-linear steps): no fixed part
+                return StepPrice(max(fixed, 0.0), slope)
         scale = mean_s / PRIOR_PRICE(round(mean_t))
         return StepPrice(PRIOR_PRICE.fixed_s * scale, PRIOR_PRICE.per_token_s * scale)
 
