@@ -162,18 +162,27 @@ def http_round(port: int, concurrency: int, new: int, rounds: int) -> float:
 
 
 def http(threads: int, new: int, port: int) -> dict:
-    """{(concurrency, mode): output tok/s} for modes off and auto."""
-    results = {}
-    for mode in ("off", "auto"):
-        proc = _serve(MODES[mode], threads, port)
-        try:
-            http_round(port, 1, 16, 1)  # warm-up
-            for concurrency in (1, 4, 16):
-                results[concurrency, mode] = http_round(port, concurrency, new,
-                                                        rounds=3 if concurrency == 1 else 1)
-        finally:
+    """{(concurrency, mode): output tok/s} for modes off and auto: both servers up at once,
+    rounds alternated off, auto, auto, off (a shared machine's load falls on both alike)."""
+    ports = {"off": port, "auto": port + 2}
+    procs = []
+    try:
+        for mode, p in ports.items():
+            procs.append(_serve(MODES[mode], threads, p))
+            http_round(p, 1, 16, 1)  # warm-up
+        results = {}
+        for concurrency in (1, 4, 16):
+            rates = {"off": [], "auto": []}
+            for mode in ("off", "auto", "auto", "off"):
+                rates[mode].append(http_round(ports[mode], concurrency, new, rounds=1))
+            for mode, r in rates.items():
+                results[concurrency, mode] = statistics.mean(r)
+            print(f"HTTP concurrency {concurrency:2d}: off {results[concurrency, 'off']:6.1f} "
+                  f"tok/s, auto {results[concurrency, 'auto']:6.1f} tok/s", flush=True)
+        return results
+    finally:
+        for proc in procs:
             stop(proc)
-    return results
 
 
 def main() -> None:
