@@ -143,13 +143,14 @@ def http_round(port: int, concurrency: int, new: int, rounds: int) -> float:
     """Output tok/s of ``concurrency`` closed-loop clients, each sending ``rounds`` requests
     (the prompts in turn)."""
     kinds = list(PROMPTS)
+    model = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"]
 
     def client(c: int) -> int:
         n = 0
         with httpx.Client(timeout=1200) as http:
             for r in range(rounds):
                 text = PROMPTS[kinds[(c + r) % len(kinds)]]
-                body = {"model": "default", "max_tokens": new, "temperature": 0.0,
+                body = {"model": model, "max_tokens": new, "temperature": 0.0,
                         "ignore_eos": True, "messages": [{"role": "user", "content": text}]}
                 n += http.post(f"http://127.0.0.1:{port}/v1/chat/completions",
                                json=body).json()["usage"]["completion_tokens"]
