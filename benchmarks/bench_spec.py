@@ -13,6 +13,7 @@ concurrency 1 / 4 / 16 sending the three prompts in turn (streamed, EOS ignored)
 = tokens / wall time of the round.
 
 Usage: python benchmarks/bench_spec.py [--threads 2] [--new 128] [--repeat 3] [--http]
+       [--skip-batch1] [--kinds "code rewrite,quoting summary,open chat"]
 """
 
 from __future__ import annotations
@@ -66,15 +67,15 @@ MODES = {"off": None, "ngram": {"method": "ngram"}, "suffix": {"method": "suffix
          "auto": {"method": "auto"}}
 
 
-def batch1(threads: int, new: int, repeat: int) -> dict:
+def batch1(threads: int, new: int, repeat: int, kinds: list[str]) -> dict:
     """{(prompt kind, mode): (output tok/s, accepted, proposed)}; the modes' engines take
     turns run by run, so a shared machine's load falls on all of them alike."""
     results = {}
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     llms = {mode: LLM(num_threads=threads, speculative_config=config)
             for mode, config in MODES.items()}
-    for kind, text in PROMPTS.items():
-        chat = [{"role": "user", "content": text}]
+    for kind in kinds:
+        chat = [{"role": "user", "content": PROMPTS[kind]}]
         rates = {mode: [] for mode in MODES}
         before = {mode: llm.engine.stats() for mode, llm in llms.items()}
         for i in range(repeat + 1):  # the first run warms up (and indexes one suffix output)
@@ -194,12 +195,15 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18456)
     ap.add_argument("--http", action="store_true", help="also the HTTP concurrency runs")
     ap.add_argument("--skip-batch1", action="store_true")
+    ap.add_argument("--kinds", default=",".join(PROMPTS),
+                    help="prompt kinds of the batch-1 runs, comma-separated")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     print(machine_line(args.threads), "· load", os.getloadavg())
     if not args.skip_batch1:
-        ours = batch1(args.threads, args.new, args.repeat)
-        for kind in PROMPTS:
+        kinds = args.kinds.split(",")
+        ours = batch1(args.threads, args.new, args.repeat, kinds)
+        for kind in kinds:
             off = ours[kind, "off"][0]
             for mode in MODES:
                 rate, acc, prop = ours[kind, mode]
