@@ -104,12 +104,12 @@ def llamacpp_spec_types() -> list[str]:
         return []
     text = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
                           check=False).stdout
-    line = next((ln for ln in text.splitlines() if "--spec-type" in ln), "")
-    block = text[text.find(line): text.find(line) + 600] if line else ""
-    return sorted(set(re.findall(r"ngram-[a-z0-9-]+", block)))
+    line = next((ln for ln in text.splitlines() if ln.startswith("--spec-type")), "")
+    listed = line.split()[1].split(",") if len(line.split()) > 1 else []
+    return [t for t in listed if re.fullmatch(r"ngram-[a-z0-9-]+", t)]
 
 
-def llamacpp_batch1(threads: int, new: int, repeat: int, port: int) -> dict:
+def llamacpp_batch1(threads: int, new: int, repeat: int, port: int, kinds: list[str]) -> dict:
     """{(prompt kind, spec type or 'off'): output tok/s} through llama-server."""
     from kvledger.paths import bundled_model_path
 
@@ -118,8 +118,9 @@ def llamacpp_batch1(threads: int, new: int, repeat: int, port: int) -> dict:
         extra = () if spec == "off" else ("--spec-type", spec)
         with Server(bundled_model_path(), port, threads, parallel=1, context=4096,
                     extra=extra) as server:
-            for kind, text in PROMPTS.items():
-                body = {"messages": [{"role": "user", "content": text}], "max_tokens": new,
+            for kind in kinds:
+                body = {"messages": [{"role": "user", "content": PROMPTS[kind]}],
+                        "max_tokens": new,
                         "temperature": 0.0, "ignore_eos": True}
                 rates = []
                 for i in range(repeat + 1):
@@ -127,6 +128,8 @@ def llamacpp_batch1(threads: int, new: int, repeat: int, port: int) -> dict:
                     if i:
                         rates.append(r.json()["timings"]["predicted_per_second"])
                 results[kind, spec] = statistics.median(rates)
+                print(f"llama.cpp · {kind:16s} · {spec:18s}: {results[kind, spec]:6.1f} tok/s",
+                      flush=True)
     return results
 
 
@@ -195,13 +198,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=18456)
     ap.add_argument("--http", action="store_true", help="also the HTTP concurrency runs")
     ap.add_argument("--skip-batch1", action="store_true")
+    ap.add_argument("--peer-only", action="store_true", help="batch 1: llama.cpp only")
     ap.add_argument("--kinds", default=",".join(PROMPTS),
                     help="prompt kinds of the batch-1 runs, comma-separated")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     print(machine_line(args.threads), "· load", os.getloadavg())
-    if not args.skip_batch1:
-        kinds = args.kinds.split(",")
+    kinds = args.kinds.split(",")
+    if not (args.skip_batch1 or args.peer_only):
         ours = batch1(args.threads, args.new, args.repeat, kinds)
         for kind in kinds:
             off = ours[kind, "off"][0]
@@ -210,10 +214,11 @@ def main() -> None:
                 share = f", accepted {acc}/{prop}" if prop else ""
                 print(f"batch 1 · {kind:16s} · {mode:6s}: {rate:6.1f} tok/s "
                       f"({rate / off:.2f}x{share})")
+    if not args.skip_batch1 or args.peer_only:
         if binary("llama-server") is None:
             print(skip_reason("llama-server"))
         else:
-            peer = llamacpp_batch1(args.threads, args.new, args.repeat, args.port + 1)
+            peer = llamacpp_batch1(args.threads, args.new, args.repeat, args.port + 1, kinds)
             for (kind, spec), rate in peer.items():
                 off = peer[kind, "off"]
                 print(f"llama.cpp · {kind:16s} · {spec:18s}: {rate:6.1f} tok/s "
