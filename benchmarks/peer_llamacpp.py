@@ -104,17 +104,20 @@ class Server:
     """``llama-server`` on ``port`` with ``parallel`` slots (continuous batching), as a context
     manager that waits for ``/health`` and stops the process on exit.
 
-    Each slot gets ``context / parallel`` tokens of context (llama.cpp's rule).
+    Each slot gets ``context / parallel`` tokens of context (llama.cpp's rule). ``extra``:
+    more command-line words (``--spec-type ngram-simple``).
     """
 
     def __init__(self, model: Path, port: int, threads: int, parallel: int = 16,
-                 context: int = 32768, log: Path | None = None) -> None:
+                 context: int = 32768, log: Path | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         exe = binary("llama-server")
         if exe is None:
             raise RuntimeError(skip_reason("llama-server"))
         self.url = f"http://127.0.0.1:{port}"
         self.cmd = [str(exe), "-m", str(model), "-t", str(threads), "-c", str(context),
-                    "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port)]
+                    "-np", str(parallel), "--host", "127.0.0.1", "--port", str(port),
+                    *extra]
         self.log = log
         self.proc: subprocess.Popen | None = None
 

@@ -32,6 +32,8 @@ FLAGS = {
 }
 # more names of a field's flag
 ALIASES = {"num_threads": ["--num-threads"], "tensor_parallel_size": ["-tp", "--tp"]}
+# fields whose option type is not the field's: speculative_config is JSON on the command line
+OPTION_TYPES = {"speculative_config": str | None}
 CONFIG_PARAMETER = "engine_config"
 
 
@@ -99,7 +101,7 @@ def engine_options(exclude: tuple[str, ...] = ()) -> Callable[[Callable], Callab
         helps = field_help()
         fields = [f for f in dataclasses.fields(EngineConfig) if f.name not in exclude]
         added = [
-            _option(f, hints[f.name], helps[f.name])
+            _option(f, OPTION_TYPES.get(f.name, hints[f.name]), helps[f.name])
             for f in fields if _parameter_name(f.name) not in own
         ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvledger.engine.kv.events.config import KVEventsConfig, parse_kv_events_config
+from kvledger.engine.spec.config import SpeculativeConfig
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv_format import KEY_QUANT_MODES, ROTATIONS, KVFormatSpec
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
@@ -152,6 +153,10 @@ class EngineConfig:
         kv_events_config: KV cache events for KV-aware routers, as vLLM's JSON object
             (enable_kv_cache_events, publisher, endpoint, replay_endpoint, topic, buffer_steps,
             hwm, max_queue_size; ours: encoding map or array); None = none. See docs/fleet.md.
+        speculative_config: speculative decoding as vLLM spells it, a JSON object (a dict in
+            Python): method (ngram, suffix, auto or off), num_speculative_tokens,
+            prompt_lookup_min, prompt_lookup_max, suffix_decoding_max_cached_requests, gate;
+            None = off. See docs/speculative.md.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.
@@ -201,6 +206,7 @@ class EngineConfig:
     max_schema_properties: int = 1000
     max_grammar_alternatives: int = 10_000
     kv_events_config: str | None = None
+    speculative_config: str | dict | None = None
 
     def __post_init__(self) -> None:
         check_all(ENGINE_RANGES, {name: getattr(self, name) for name in ENGINE_RANGES})
@@ -225,6 +231,14 @@ class EngineConfig:
             raise InvalidParameterError("kv_disk_gib needs kv_disk_dir (--kv-disk-dir DIR)")
         self.retention  # noqa: B018 - validates the kv_* options
         self.kv_events  # noqa: B018 - validates kv_events_config
+        if self.speculative.enabled and self.tensor_parallel_size > 1:
+            raise InvalidParameterError(
+                "speculative_config does not run with tensor parallelism yet "
+                "(--tensor-parallel-size > 1): drop one of them")
+        if self.speculative.enabled and not self.use_kv_cache:
+            raise InvalidParameterError(
+                "speculative_config verifies proposals against the KV cache, which was turned "
+                "off (--no-kv-cache): drop one of them")
 
     @property
     def kv_events(self) -> KVEventsConfig | None:
@@ -241,6 +255,11 @@ class EngineConfig:
         if self.new_prefill_tokens is None:
             return self.max_num_batched_tokens // 4
         return self.new_prefill_tokens
+
+    @property
+    def speculative(self) -> SpeculativeConfig:
+        """The checked ``speculative_config`` (``engine/spec/config.py``)."""
+        return SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def retention(self) -> RetentionSpec:

@@ -58,6 +58,7 @@ from kvledger.engine.sample.structured.masks import (
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
+from kvledger.engine.spec.speculator import Speculator
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
@@ -195,7 +196,16 @@ class LLMEngine:
                                          grammar_limits(config), grammar_cache_bytes(config))
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
+        self.speculator = self._speculator(config)
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
+
+    def _speculator(self, config: EngineConfig) -> Speculator | None:
+        """The speculative decoder of ``config.speculative`` (None when it is off; the config
+        refused it with tensor parallelism or without the KV cache)."""
+        spec = config.speculative
+        if not spec.enabled:
+            return None
+        return Speculator(spec, self.scheduler, self.sampler, self.store, self._append)
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -345,8 +355,14 @@ class LLMEngine:
         for chunk in plan.chunks:
             m = chunk.request.metrics
             m.first_scheduled_time = m.first_scheduled_time or now
-        sampling = [c.request for c in plan.chunks if c.samples]
+        if self.speculator is not None:
+            self.speculator.draft(plan)
         logits = self.runner.execute(plan.chunks, PromptLogprobs(plan.chunks))
+        if self.speculator is not None:
+            outputs.extend(self.speculator.emit(plan, logits))
+            self.speculator.gate.observe_step(plan.num_batched_tokens, time.perf_counter() - now)
+            return outputs
+        sampling = [c.request for c in plan.chunks if c.samples]
         tokens, logprobs = self.sampler.sample(logits, sampling)
         self.scheduler.advance(plan)
         now = time.perf_counter()
@@ -442,4 +458,6 @@ class LLMEngine:
             s.update(self.tiers.stats())
         if self.grammars is not None:
             s["grammar_cache_bytes"] = self.grammars.cache.nbytes
+        if self.speculator is not None:
+            s.update(self.speculator.stats())
         return s

@@ -96,6 +96,8 @@ class Request:
         generator: its seeded sampling generator (None when ``params.seed`` is None).
         grammar: its llguidance matcher, advanced by every sampled token, when
             ``params.structured_outputs`` constrains the output (``engine/sample/structured/``).
+        spec_hits, spec_misses: its proposed tokens accepted, and its verifies that rejected
+            one (speculative decoding: the gate's acceptance estimate, ``engine/spec/gate.py``).
         output: the caller-facing progress, updated in place by the engine each step; its
             ``metrics`` are this request's timings and KV figures.
     """
@@ -126,6 +128,8 @@ class Request:
     is_long: bool = False
     retention: Retention = field(default_factory=FullRetention)
     grammar: Any = None
+    spec_hits: int = 0
+    spec_misses: int = 0
     generator: torch.Generator | None = field(init=False)
     output: RequestOutput = field(init=False)
 

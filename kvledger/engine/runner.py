@@ -129,7 +129,7 @@ class ModelRunner:
                 seg.slots = ctx
                 seg.mask = _prefix_causal_mask(start, n)
             meta.prefills.append(seg)
-            ids.extend(c.request.token_ids_range(start, start + n))
+            ids.extend(_chunk_token_ids(c))
             pos.extend(range(start, start + n))
             slot_chunks.append(ctx[start:])
             last_of[id(c)] = len(ids) - 1
@@ -296,6 +296,13 @@ def _wanted_rows(chunks: Seq, last_of: dict) -> torch.Tensor:
         last = last_of[id(c)]
         rows.extend(range(last - logit_rows(c) + 1, last + 1))
     return torch.tensor(rows, dtype=torch.int64)
+
+
+def _chunk_token_ids(c) -> list[int]:
+    """The tokens a chunk computes: its request's from its start, then its proposed tokens
+    (``ScheduledChunk.draft``, a speculative verify)."""
+    start, draft = c.request.num_computed_tokens, getattr(c, "draft", ())
+    return c.request.token_ids_range(start, start + c.num_new_tokens - len(draft)) + list(draft)
 
 
 def _as_tensor(values: list[int]) -> torch.Tensor:

@@ -62,6 +62,7 @@ NON_DEFAULT = {
     "max_grammar_alternatives": (20, ["--max-grammar-alternatives", "20"]),
     "kv_events_config": ('{"enable_kv_cache_events": false}',
                          ["--kv-events-config", '{"enable_kv_cache_events": false}']),
+    "speculative_config": ('{"method": "off"}', ["--speculative-config", '{"method": "off"}']),
 }
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 
@@ -118,6 +119,21 @@ def test_help_lists_every_flag(command):
 def test_bad_values_are_one_line_errors(seen):
     result = CliRunner().invoke(app, ["generate", "hi", "--long-kv-share", "1.5"])
     assert result.exit_code == 2 and "--long-kv-share must be a number in (0, 1]" in result.output
+    assert seen == []
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("value, named", [
+    ('{"method": "ngram", "num_speculative_tokenz": 3}', "unknown key 'num_speculative_tokenz'"),
+    ('{"method": "mtp"}', "method 'mtp' is not supported"),
+    ('{"method": "draft_model", "model": "x"}', "method 'draft_model' is not supported"),
+    ("{method: ngram}", "not valid JSON"),
+    ('{"method": "ngram", "prompt_lookup_min": 0}', "prompt_lookup_min must be an integer"),
+])
+def test_bad_speculative_configs_are_one_line_errors(seen, command, value, named):
+    result = CliRunner().invoke(app, [*COMMANDS[command], "--speculative-config", value])
+    assert result.exit_code == 2, result.output
+    assert "error: speculative_config" in result.output and named in result.output
     assert seen == []
 
 

@@ -143,6 +143,8 @@ def test_state_models_refuse_by_name(tiny):
         state_config(EngineConfig(tensor_parallel_size=2), spec)
     with pytest.raises(InvalidParameterError, match="no-kv-cache"):
         state_config(EngineConfig(use_kv_cache=False), spec)
+    with pytest.raises(InvalidParameterError, match="speculative_config.*state layers"):
+        state_config(EngineConfig(speculative_config={"method": "ngram"}), spec)
     state_config(EngineConfig(), spec)  # nothing refused
 
 

@@ -247,6 +247,15 @@ class KVCacheManager:
                 table[req.num_dropped_blocks:first] = [NULL_BLOCK] * len(dropped)
             req.num_dropped_blocks = first
 
+    def trim(self, req: Request) -> None:
+        """Give back the blocks past ``req``'s KV slots, tail first: what a speculative verify
+        allocated for proposed tokens that were rejected (never hashed: they were not
+        computed tokens)."""
+        keep = self._required_blocks(req.num_kv_slots)
+        for table in req.block_tables:
+            self.pool.free(b for b in reversed(table[keep:]) if b != NULL_BLOCK)
+            del table[keep:]
+
     def free(self, req: Request) -> None:
         """Drop ``req``'s references tail-first and empty its block tables."""
         for table in req.block_tables:

@@ -53,7 +53,8 @@ def state_config(config, spec: ModelSpec):
     without.
 
     Raises:
-        InvalidParameterError: tensor parallelism or ``--no-kv-cache`` on a state model.
+        InvalidParameterError: tensor parallelism, ``--no-kv-cache`` or speculative decoding
+            on a state model.
     """
     if not spec.state_layers:
         return
@@ -63,6 +64,10 @@ def state_config(config, spec: ModelSpec):
     if not config.use_kv_cache:
         raise InvalidParameterError(f"--no-kv-cache does not run on {what}: their state is "
                                     "carried from chunk to chunk in its slot")
+    if config.speculative.enabled:
+        raise InvalidParameterError(f"speculative_config does not run on {what} yet: a rejected "
+                                    "proposal would have advanced the state, which is not rolled "
+                                    "back")
 
 
 def releasing(release, states: StateStore | None):

@@ -22,7 +22,9 @@ class TokenLogprob:
 
 @dataclass
 class RequestMetrics:
-    """Timings (seconds, perf_counter clock) and KV figures of one request."""
+    """Timings (seconds, perf_counter clock) and KV figures of one request;
+    ``spec_proposed_tokens`` / ``spec_accepted_tokens``: tokens its speculative verifies
+    checked and accepted (``engine/spec/``)."""
 
     arrival_time: float = 0.0
     first_scheduled_time: float | None = None
@@ -35,6 +37,8 @@ class RequestMetrics:
     tier_load_s: float = 0.0
     tier_load_predicted_s: float = 0.0
     peak_kv_bytes: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def ttft_s(self) -> float | None:

@@ -43,12 +43,21 @@ def wants_prompt_logits(request, start: int) -> bool:
 
 def logit_rows(chunk) -> int:
     """Rows of ``chunk`` (``request``, ``num_new_tokens``) whose logits the step returns, its
-    last rows: all of them while its request wants prompt logits, else 1 when it reaches the
-    request's last token (it samples), else 0."""
+    last rows: all of them while its request wants prompt logits, else its
+    :func:`sample_rows`."""
     req, start = chunk.request, chunk.request.num_computed_tokens
     if wants_prompt_logits(req, start):
         return chunk.num_new_tokens
-    return int(start + chunk.num_new_tokens == req.num_tokens)
+    return sample_rows(chunk)
+
+
+def sample_rows(chunk) -> int:
+    """Rows of ``chunk`` a token is sampled from, its last ones: 1 when it reaches its
+    request's last token, plus one per proposed token it verifies (``draft``, speculative
+    decoding); else 0."""
+    req, draft = chunk.request, getattr(chunk, "draft", ())
+    end = req.num_computed_tokens + chunk.num_new_tokens - len(draft)
+    return (1 + len(draft)) * int(end == req.num_tokens)
 
 
 def logits_in_slices(compute_logits: Callable[[torch.Tensor], torch.Tensor],
@@ -78,8 +87,8 @@ class PromptLogprobs:
             end, prompt = start + chunk.num_new_tokens, wants_prompt_logits(req, start)
             self._rows.extend((req, p) if prompt else None
                               for p in range(end - logit_rows(chunk), end))
-            if end == req.num_tokens:
-                self._sampling.append(len(self._rows) - 1)
+            rows = len(self._rows)
+            self._sampling.extend(range(rows - sample_rows(chunk), rows))
 
     def __call__(self, first: int, logits: torch.Tensor) -> torch.Tensor:
         rows = range(first, first + len(logits))

@@ -36,21 +36,31 @@ class Sampler:
                ) -> tuple[list[int], list[TokenLogprob | None]]:
         """Token ids and (when asked) logprobs for logits [N, vocab] fp32, row i for
         ``requests[i]``."""
+        processed = self.processed(logits, requests)
+        tokens = [self._pick(row, req) for row, req in zip(processed, requests)]
+        logprobs = [token_logprob(row, tok, req.params.logprobs)
+                    if req.params.logprobs is not None else None
+                    for row, tok, req in zip(logits, tokens, requests)]
+        return tokens, logprobs
+
+    def processed(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Logits [N, vocab] after the penalties and the grammar masks, row i for
+        ``requests[i]`` (what a token is picked from)."""
         processed = apply_penalties(logits, [r.params for r in requests],
                                     [r.prompt_token_ids for r in requests],
                                     [r.output_token_ids for r in requests])
         if self.grammars is not None:
             processed = apply_grammar_masks(processed, requests, self.grammars)
-        tokens = [self._pick(row, req) for row, req in zip(processed, requests)]
-        logprobs = [_logprobs(row, tok, req.params.logprobs)
-                    if req.params.logprobs is not None else None
-                    for row, tok, req in zip(logits, tokens, requests)]
-        return tokens, logprobs
+        return processed
 
-    def _pick(self, logits: torch.Tensor, req: Request) -> int:
+    @staticmethod
+    def distribution(logits: torch.Tensor, req: Request) -> torch.Tensor | None:
+        """The (unnormalised) distribution a sampled token is drawn from, for one row of
+        processed logits: temperature, top-k, min-p, top-p; None when the pick is the argmax
+        (greedy, or a distribution that under- or overflowed: its limit is greedy)."""
         p = req.params
         if p.greedy:
-            return int(torch.argmax(logits))
+            return None
         scaled = logits / p.temperature
         if p.top_k > 0:
             kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
@@ -59,7 +69,13 @@ class Sampler:
         if p.top_p < 1.0:
             probs = _nucleus(probs, p.top_p)
         total = float(probs.sum())
-        if not total > 0 or total == float("inf"):  # underflow/overflow: the limit is greedy
+        if not total > 0 or total == float("inf"):
+            return None
+        return probs
+
+    def _pick(self, logits: torch.Tensor, req: Request) -> int:
+        probs = self.distribution(logits, req)
+        if probs is None:
             return int(torch.argmax(logits))
         return int(torch.multinomial(probs, 1, generator=req.generator))
 
@@ -72,7 +88,7 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
 
 
-def _logprobs(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+def token_logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
     logp = torch.log_softmax(logits, dim=-1)
     top = torch.topk(logp, k) if k > 0 else None
     alternatives = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))

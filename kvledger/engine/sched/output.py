@@ -21,12 +21,16 @@ class ScheduledChunk:
     position ``pos`` goes to slot ``block_table[pos // block_size] * block_size + pos %
     block_size``. ``samples`` (fixed at schedule time) is True when the chunk reaches the
     request's last token, so the step yields logits to sample its next token from.
+    ``draft``: tokens proposed after the request's last one (speculative decoding,
+    ``engine/spec/``), computed at the chunk's last ``len(draft)`` positions (counted in
+    ``num_new_tokens``) and verified by their logits; empty for a plain chunk.
     """
 
     request: Request
     num_new_tokens: int
     start: int = field(init=False)
     samples: bool = field(init=False)
+    draft: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.start = self.request.num_computed_tokens

@@ -225,6 +225,19 @@ class Scheduler:
             if victim is req:
                 return 0
 
+    def extend_chunk(self, out: SchedulerOutput, chunk: ScheduledChunk, k: int) -> int:
+        """Give the scheduled one-token decode ``chunk`` up to ``k`` more slots (a speculative
+        verify, ``engine/spec/``) within the step's token budget and the free blocks, never
+        preempting; returns how many it got."""
+        req = chunk.request
+        k = min(k, self.config.max_num_batched_tokens - out.num_batched_tokens)
+        n = self._tokens_that_fit(req, chunk.num_new_tokens + k) if k > 0 else 0
+        if n <= chunk.num_new_tokens:
+            return 0
+        ok = self.kv.allocate_slots(req, n)
+        assert ok, "scheduler bug: tokens fit but allocation failed"
+        return n - chunk.num_new_tokens
+
     def _budget(self, req: Request) -> RequestBudget:
         """The budget ``req`` was admitted under (its long flag is fixed at ``add``)."""
         return self.long_budget if req.is_long else self.budget

@@ -7,7 +7,7 @@ into Prometheus samples (TTFT at the first token, ITL between two output steps, 
 latency, TPOT and the request's peak KV bytes at finish) and into log lines, vLLM-style:
 
 - one ``request finished`` line per request (id, prompt/output tokens, TTFT, TPOT, peak KV
-  bytes, finish reason);
+  bytes, speculative tokens proposed and accepted, finish reason);
 - one ``kv_alert`` warning the first time a request's KV passes ``kv_alert_bytes`` (seed §5.3:
   monitor per-request KV, alert on the abnormal one);
 - a periodic ``engine`` line (running, waiting, KV usage, prefix-cache hit rate, throughput).
@@ -114,10 +114,12 @@ class RequestObserver:
         self.metrics.histograms["request_kv_bytes"].observe(peak)
         log.info(
             "request finished id=%s prompt_tokens=%d output_tokens=%d ttft_s=%s tpot_s=%s "
-            "peak_kv_bytes=%d finish_reason=%s%s", request_id,
+            "peak_kv_bytes=%d spec_proposed=%d spec_accepted=%d finish_reason=%s%s", request_id,
             len(out.prompt_token_ids) if out else 0, len(out.token_ids) if out else 0,
             _fmt_s(out.metrics.ttft_s if out else None), _fmt_s(out.tpot_s if out else None),
-            peak, reason, f" error={out.error!r}" if out and out.error else "",
+            peak, out.metrics.spec_proposed_tokens if out else 0,
+            out.metrics.spec_accepted_tokens if out else 0,
+            reason, f" error={out.error!r}" if out and out.error else "",
         )
 
     def on_stats(self, stats: dict, now: float, force_log: bool = False) -> None:

@@ -11,7 +11,8 @@ histograms ``time_to_first_token_seconds``, ``inter_token_latency_seconds``,
 ledger's figure for the tokens held), ``kv_blocks_total`` / ``kv_blocks_free`` /
 ``kv_blocks_evictable`` (free counts the evictable ones: at idle free == total, nothing
 leaked), ``grammar_cache_bytes`` (the estimated bytes of the compiled structured-output
-constraints cached, within ``--grammar-cache-mib``),
+constraints cached, within ``--grammar-cache-mib``), speculative decoding's counters
+(``spec_*_tokens``, :mod:`.spec_metrics`),
 counters ``prefix_cache_requeries`` / ``prefix_cache_rehits`` (lookups of re-admissions after a
 preemption, kept out of the prompt hit rate), ``kv_quota_rejections`` and ``kv_alerts``; the KV
 tiers' series (``kv_tier_*{tier}``) in :mod:`.tier_metrics`.
@@ -35,6 +36,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from kvledger.server.metrics.spec_metrics import SpecMetrics
 from kvledger.server.metrics.tier_metrics import TierMetrics
 from kvledger.server.metrics.vllm_metrics import ROUTER_NAMES, VLLM_NAMES, vllm_registry
 
@@ -110,6 +112,7 @@ class ServerMetrics:
             Gauge, "kv_pool_bytes", "Bytes of each tensor-parallel rank's KV pool tensors.",
             ["rank"])
         self.tiers = TierMetrics(self._make)
+        self.spec = SpecMetrics(self._make)
         self.request_success = self._make(
             Counter, "request_success", "Finished requests by finish reason.", ["finished_reason"]
         )
@@ -144,6 +147,7 @@ class ServerMetrics:
         for rank, nbytes in enumerate(per_rank):
             self.pool_bytes.labels(model_name=self._model, rank=str(rank)).set(nbytes)
         self.tiers.update(self._model, stats)
+        self.spec.update(self._model, stats)
         for name, key in STAT_COUNTERS.items():
             value = stats.get(key)
             if value is None:

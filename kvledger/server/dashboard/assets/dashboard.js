@@ -131,6 +131,12 @@
     const queried = s.prefix_cache_queried_tokens || 0, hits = s.prefix_cache_hit_tokens || 0;
     $("hit-rate").textContent = queried ? KV.pct(hits / queried) : "-";
     $("hit-sub").textContent = `${hits} of ${queried} prompt tokens`;
+    $("spec-card").hidden = s.spec_proposed_tokens === undefined;
+    if (s.spec_proposed_tokens !== undefined) {
+      const proposed = s.spec_proposed_tokens, accepted = s.spec_accepted_tokens;
+      $("spec-rate").textContent = proposed ? KV.pct(accepted / proposed) : "-";
+      $("spec-sub").textContent = `${accepted} of ${proposed} proposed tokens`;
+    }
     $("preemptions").textContent = s.num_preemptions || 0;
     $("ledger").textContent = KV.bytes(s.kv_bytes_allocated || 0);
     $("ledger-sub").textContent = "allocated · ledger " + KV.bytes(s.kv_bytes_predicted || 0);

@@ -1,0 +1,182 @@
+"""Speculative decoding in the paged engine: proposals verified in the step's one forward.
+
+Each step, after the scheduler planned it (:meth:`Speculator.draft`): every one-token decode
+chunk of a request under full retention asks the proposer for up to ``num_speculative_tokens``
+tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
+holding one (a sealed block is final: the proposal stops before the key group's end, which the
+next plain decode seals) or where its grammar refuses one (cut at the first such token). The
+gate (``gate.py``) decides how many each verifies; the scheduler grants the slots within the
+step's token budget and the free blocks, never preempting (``Scheduler.extend_chunk``). The
+chunk then computes its last token and the proposed ones, a prefill segment after its cached
+tokens, beside plain decodes and prefill chunks, with logits at every position.
+
+After the forward (:meth:`Speculator.emit`), position by position: the token emitted there is
+the target's (``verify.py``: greedy argmax or rejection sampling), appended as the engine
+appends any token (logprobs, grammar, stop strings, EOS, length); the walk stops at the first
+rejected proposal (the emitted token replaces it), at the last position (a bonus token) or
+when the request finishes. Rolled back exactly: the chunk's computed tokens become the last
+token plus the accepted ones before the scheduler advances, so only accepted tokens are ever
+hashed into the prefix cache (and written to a KV tier); the blocks past them go back to the
+pool (``KVCacheManager.trim``), and rejected slots inside kept blocks are overwritten by the
+next step's writes (a quantized store seals none of them, see above).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from kvledger.engine.request import Request
+from kvledger.engine.sample.sampler import Sampler, token_logprob
+from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
+from kvledger.engine.sched.scheduler import Scheduler
+from kvledger.engine.spec.config import SpeculativeConfig
+from kvledger.engine.spec.gate import Gate
+from kvledger.engine.spec.proposer import Proposer
+from kvledger.engine.spec.verify import verify_token
+
+
+class Speculator:
+    """Proposes, verifies and accounts speculative tokens for one engine.
+
+    Args:
+        config: the checked ``speculative_config`` (method other than ``off``).
+        scheduler, sampler: the engine's.
+        store: the KV store (its ``quantized`` / ``sealed_blocks`` bound the proposals).
+        append: the engine's ``_append(req, token, logprob, now)`` -> its RequestOutput.
+    """
+
+    def __init__(self, config: SpeculativeConfig, scheduler: Scheduler, sampler: Sampler,
+                 store, append: Callable) -> None:
+        self.config, self.scheduler, self.sampler, self.store = config, scheduler, sampler, store
+        self.append = append
+        self.proposer = Proposer(config)
+        self.gate = Gate(config.gate)
+        self.proposed: Counter[str] = Counter()  # method -> tokens verified
+        self.accepted: Counter[str] = Counter()  # method -> tokens accepted
+        self._method: dict[int, str] = {}  # id(chunk) -> method, for this step only
+        self._declined: dict[int, int] = {}  # id(chunk) -> first token the gate turned down
+
+    # ------------------------------------------------------------------ before the forward
+
+    def draft(self, plan: SchedulerOutput) -> None:
+        """Give this step's decode chunks their proposed tokens (see the module docstring)."""
+        self._method.clear()
+        self._declined.clear()
+        found = []
+        for c in plan.chunks:
+            room = self._room(c)
+            if room <= 0:
+                continue
+            req = c.request
+            tokens, method = self.proposer.propose(req.all_token_ids, room)
+            if req.grammar is not None and tokens:
+                tokens = tokens[: req.grammar.validate_tokens(tokens)]
+            if tokens:
+                found.append((c, tokens, method))
+        if not found:
+            return
+        ks = self.gate.choose([self.gate.acceptance(c.request, m) for c, _, m in found],
+                              [len(t) for _, t, _ in found], plan.num_batched_tokens,
+                              sum(1 for c in plan.chunks if c.samples))
+        for (c, tokens, method), k in zip(found, ks):
+            self._method[id(c)] = method
+            granted = self.scheduler.extend_chunk(plan, c, k) if k else 0
+            c.draft = tokens[:granted]
+            c.num_new_tokens += granted
+            if not granted:
+                self._declined[id(c)] = tokens[0]
+
+    def _room(self, c: ScheduledChunk) -> int:
+        """Most tokens ``c`` may verify: 0 unless it is a one-token decode of a request under
+        full retention; within its ``max_tokens`` (its KV never passes what admission
+        allowed) and short of sealing a quantized block."""
+        req = c.request
+        if not (c.samples and c.num_new_tokens == 1 and req.num_computed_tokens > 0):
+            return 0
+        if req.retention.spec.evicts:
+            return 0
+        room = min(self.config.num_speculative_tokens,
+                   req.max_tokens_effective - 1 - len(req.output_token_ids))
+        if self.store is not None and self.store.quantized and room > 0:
+            start = req.num_computed_tokens
+            sealed = self.store.sealed_blocks(start + 1)
+            while room > 0 and self.store.sealed_blocks(start + 1 + room) != sealed:
+                room -= 1
+        return room
+
+    # ------------------------------------------------------------------ after the forward
+
+    def emit(self, plan: SchedulerOutput, logits: torch.Tensor) -> list:
+        """Sample every sampling chunk's tokens, verify the proposals, advance the scheduler
+        and roll back what was rejected; one output per request that progressed."""
+        plain, drafted, row = [], [], 0
+        for c in plan.chunks:
+            if not c.samples:
+                continue
+            n = 1 + len(c.draft)
+            (drafted if c.draft else plain).append((c, logits[row: row + n]))
+            row += n
+        outputs = [self._verify(c, rows) for c, rows in drafted]
+        sampled = ([], [])
+        if plain:
+            sampled = self.sampler.sample(torch.cat([r for _, r in plain]),
+                                          [c.request for c, _ in plain])
+        self.scheduler.advance(plan)
+        for c, _ in drafted:
+            if not c.request.is_finished:
+                self.scheduler.kv.trim(c.request)
+        now = time.perf_counter()
+        for (c, _), token, lp in zip(plain, *sampled):
+            if id(c) in self._declined:
+                first = self._declined[id(c)]
+                self.gate.record(c.request, self._method[id(c)], int(token == first),
+                                 token != first)
+            outputs.append(self.append(c.request, token, lp, now))
+        for out, (c, _) in zip(outputs, drafted + plain):
+            if out.finished:
+                self.proposer.finished(c.request.prompt_token_ids, c.request.output_token_ids)
+        return outputs
+
+    def _verify(self, c: ScheduledChunk, rows: torch.Tensor):
+        """Emit ``c``'s tokens position by position (see the module docstring) and set its
+        computed tokens to the last one plus the accepted proposals."""
+        req, draft = c.request, c.draft
+        out = req.output
+        text_before, emitted, accepted, rejected = len(out.text), [], 0, False
+        for j in range(len(draft) + 1):
+            proposal = draft[j] if j < len(draft) else None
+            token = verify_token(self.sampler, rows[j: j + 1], req, proposal)
+            self.append(req, token, self._logprob(rows[j], token, req), time.perf_counter())
+            emitted.append(token)
+            if proposal is not None:
+                accepted += token == proposal
+                rejected = token != proposal
+            if req.is_finished or token != proposal:
+                break
+        c.num_new_tokens -= len(draft) - accepted  # the last token + the accepted ones
+        method = self._method[id(c)]
+        self.proposed[method] += len(draft)
+        self.accepted[method] += accepted
+        req.metrics.spec_proposed_tokens += len(draft)
+        req.metrics.spec_accepted_tokens += accepted
+        self.gate.record(req, method, accepted, rejected)
+        out.new_token_ids, out.new_text = emitted, out.text[text_before:]
+        return out
+
+    @staticmethod
+    def _logprob(row: torch.Tensor, token: int, req: Request):
+        k = req.params.logprobs
+        return None if k is None else token_logprob(row, token, k)
+
+    def stats(self) -> dict:
+        """Cumulative counters: tokens verified and accepted, in all and per method."""
+        s = {"spec_proposed_tokens": sum(self.proposed.values()),
+             "spec_accepted_tokens": sum(self.accepted.values())}
+        for method in sorted(self.proposed):
+            s[f"spec_proposed_tokens_{method}"] = self.proposed[method]
+            s[f"spec_accepted_tokens_{method}"] = self.accepted[method]
+        return s
