@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_kit import SHAPE, hf_greedy, save_tiny
+from family_kit import SHAPE, hf_greedy, redraw, save_tiny
 from oracle_kit import (
     SCATTERED,
     TOL,
     dense_reference,
     fp32_engine,
+    hit_logprob_diff,
     logit_diffs,
     run_together,
     seeded_prompt,
@@ -45,14 +46,18 @@ TEXT = {**SHAPE, "head_dim": 16, "num_hidden_layers": 6, "full_attention_interva
 
 
 def _make(name: str, folder):
-    from transformers import Qwen3_5Config, Qwen3_5TextConfig
+    """``qwen3_5_text``: the text model; ``qwen3_5``: the multimodal model (a tiny vision
+    tower, the decoder under ``model.language_model``)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
 
     if name == "qwen3_5_text":
         return save_tiny(Qwen3_5TextConfig(**TEXT), folder)
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
               "out_hidden_size": 64, "patch_size": 4, "temporal_patch_size": 2}
-    return save_tiny(Qwen3_5Config(text_config=TEXT, vision_config=vision,
-                                   tie_word_embeddings=False), folder)
+    config = Qwen3_5Config(text_config=TEXT, vision_config=vision, tie_word_embeddings=False)
+    model = redraw(Qwen3_5ForConditionalGeneration(config).float().eval(), 0)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
 
 
 tiny = tiny_models(_make)
@@ -96,8 +101,10 @@ def test_logits_match_transformers(tiny, prompt_len):
 def test_the_multimodal_folder_reads_as_its_text_model(tiny):
     """``qwen3_5`` with a ``text_config`` and a vision tower: the tower's tensors are dropped,
     ``model.language_model.*`` read as the decoder, the logits transformers'."""
-    spec = tiny("qwen3_5")[2]
-    assert spec.model_type == "qwen3_5"
+    import json
+
+    folder = tiny("qwen3_5")[0]
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen3_5"
     diffs, _ = _diffs(tiny, 23, steps=4, name="qwen3_5")
     assert max(diffs) < TOL, diffs
 
@@ -151,6 +158,17 @@ def test_prefix_hit_from_a_checkpoint_keeps_the_tokens(tiny):
     got = [run_together(engine, [p], GREEDY, first=i)[0] for i, p in enumerate((first, second))]
     assert got == [hf_greedy(hf, p, 8) for p in (first, second)]
     assert engine.stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
+    """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts the
+    DeltaNet and conv states from zeros instead of the checkpoint's copy leaves them."""
+    folder, hf, spec, weights = tiny("qwen3_5_text")
+    options = {"block_size": 4, "max_num_batched_tokens": 16}
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
+    allocate = StateStore.allocate
+    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
 
 
 def test_moe_is_refused_by_name(tmp_path):
