@@ -171,6 +171,25 @@ def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
     assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
 
 
+def test_bf16_runs_with_the_device_formats(tiny):
+    """The engine in bf16 over the model's bf16 weights (the device's weight formats for the
+    gated q / k / v / gate projection and the DeltaNet's in_proj): it runs, the state in bf16,
+    and every slot comes back."""
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.model.weights.loader import load_weights
+
+    folder = tiny("qwen3_5_text")[0]
+    spec, weights = load_weights(folder, torch.bfloat16)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
+                       spec=spec, weights=weights)
+    assert engine.states.recurrent[0].dtype == torch.bfloat16
+    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
+                       SamplingParams(max_tokens=4, temperature=0.0))
+    assert [len(t) for t in got] == [4, 4]
+    assert engine.states.num_free == engine.states.num_slots
+
+
 def test_moe_is_refused_by_name(tmp_path):
     """Qwen3.5-MoE's routed experts and gated shared expert are not computed: refused, naming
     the fields, before any weight is read."""
@@ -181,3 +200,14 @@ def test_moe_is_refused_by_name(tmp_path):
                          shared_expert_intermediate_size=32).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match="shared_expert_gate=True"):
         check_runnable(spec_from_hf_config(tmp_path))
+
+
+def test_a_gguf_is_refused_by_name(tiny):
+    """A ``qwen35`` GGUF (llama.cpp's value-head order) is refused when its weights are
+    renamed, naming the architecture, not computed wrong."""
+    from kvledger.model.families import family_of
+
+    spec = tiny("qwen3_5_text")[2]
+    gguf = spec.with_fields(extra={"gguf_architecture": "qwen35"})
+    with pytest.raises(UnsupportedModelError, match="'qwen35' GGUF"):
+        family_of(spec).weight_names({}, gguf)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from functools import cache
 
-from kvledger.errors import ConfigError
+from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.model.families.moe import qwen_moe_fields
 from kvledger.model.families.qwen3_next import gated_deltanet_fields
 from kvledger.spec import FULL, LINEAR, Config, Family, ModelSpec, any_value, every_nth_full, is_
@@ -95,7 +95,19 @@ def _gguf_fields(header, fields: dict) -> dict:
 
 def _weight_names(state: dict, spec: ModelSpec) -> None:
     """A ``qwen3_5`` folder's text model, ``model.language_model.*`` -> ``model.*``; its vision
-    tower ``model.visual.*`` dropped."""
+    tower ``model.visual.*`` dropped.
+
+    Raises:
+        UnsupportedModelError: for a GGUF's weights: llama.cpp's converter reorders the value
+            heads (grouped -> tiled), stores ``-exp(A_log)`` and ``1 + w`` norms, which the
+            engine does not read back yet (`kvledger plan` sizes the file).
+    """
+    arch = spec.extra.get("gguf_architecture")
+    if arch:
+        raise UnsupportedModelError(
+            f"{spec.source}: the engine cannot run a '{arch}' GGUF's weights yet (llama.cpp's "
+            "converter reorders the gated DeltaNet's value heads); run the Hugging Face folder, "
+            "`kvledger plan` still sizes the file")
     for name in list(state):
         if name.startswith("model.visual."):
             del state[name]
