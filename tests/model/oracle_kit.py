@@ -137,3 +137,22 @@ def fp32_engine(folder, spec, weights, **options) -> LLMEngine:
     options.setdefault("attention", "paged-native")
     return LLMEngine(EngineConfig(model=str(folder), dtype="fp32", **options), spec=spec,
                      weights=weights)
+
+
+def hit_logprob_diff(engine, hf) -> float:
+    """Most |logprob - transformers'| of the 4 tokens a second turn generates after a prefix
+    hit on the first turn's blocks (the hit asserted)."""
+    first = seeded_prompt(37)
+    run_together(engine, [first], SamplingParams(max_tokens=8, temperature=0.0))
+    second = first + seeded_prompt(11)
+    engine.add_request("b", second, SamplingParams(max_tokens=4, temperature=0.0, logprobs=1))
+    out = None
+    while engine.has_unfinished_requests():
+        out = [o for o in engine.step() if o.finished] or out
+    assert out[0].metrics.num_cached_tokens > 0
+    ids, diffs = list(second), []
+    for entry in out[0].logprobs:
+        ref = torch.log_softmax(hf_logits(hf, ids), -1)[entry.token_id]
+        diffs.append(abs(entry.logprob - float(ref)))
+        ids.append(entry.token_id)
+    return max(diffs)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from family_kit import SHAPE, hf_greedy, hf_logits, save_tiny
+from family_kit import SHAPE, hf_greedy, save_tiny
 from oracle_kit import (
     SCATTERED,
     TOL,
     dense_reference,
     fp32_engine,
+    hit_logprob_diff,
     logit_diffs,
     run_together,
     seeded_prompt,
@@ -281,34 +282,15 @@ def test_a_short_prompt_hits_at_its_last_full_block(tiny):
     assert engine.scheduler.requests["b"].num_cached_tokens == 20
 
 
-def _hit_logprob_diff(engine, hf) -> float:
-    """Most |logprob - transformers'| of the 4 tokens a second turn generates after a prefix
-    hit on the first turn's blocks (the hit asserted)."""
-    first = seeded_prompt(37)
-    run_together(engine, [first], GREEDY)
-    second = first + seeded_prompt(11)
-    engine.add_request("b", second, SamplingParams(max_tokens=4, temperature=0.0, logprobs=1))
-    out = None
-    while engine.has_unfinished_requests():
-        out = [o for o in engine.step() if o.finished] or out
-    assert out[0].metrics.num_cached_tokens > 0
-    ids, diffs = list(second), []
-    for entry in out[0].logprobs:
-        ref = torch.log_softmax(hf_logits(hf, ids), -1)[entry.token_id]
-        diffs.append(abs(entry.logprob - float(ref)))
-        ids.append(entry.token_id)
-    return max(diffs)
-
-
 def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
     """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts from a
     zero state instead of the checkpoint's copy leaves them."""
     folder, hf, spec, weights = tiny("lfm2")
     options = {"block_size": 4, "max_num_batched_tokens": 16}
-    assert _hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
     allocate = StateStore.allocate
     monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
-    assert _hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
 
 
 def test_quantized_kv_on_the_attention_layers(tiny):

@@ -48,7 +48,14 @@ BASE = {"llama": LLAMA, "qwen3": LLAMA.with_fields(model_type="qwen3", qk_norm=T
                                      rope_scaling={"rope_type": "yarn", "factor": 4.0}),
         "lfm2": LLAMA.with_fields(model_type="lfm2", qk_norm=True,
                                     layer_types=("conv", "full_attention"), state_conv_dim=32,
-                                    state_conv_kernel=3, state_conv_bias=True)}
+                                    state_conv_kernel=3, state_conv_bias=True),
+        "qwen3_5": LLAMA.with_fields(model_type="qwen3_5_text", qk_norm=True,
+                                       attn_output_gate=True, partial_rotary_factor=0.25,
+                                       layer_types=("linear_attention", "full_attention"),
+                                       linear_num_key_heads=2, linear_num_value_heads=4,
+                                       linear_key_head_dim=8, linear_value_head_dim=8,
+                                       linear_conv_kernel_dim=4, state_conv_dim=64,
+                                       state_conv_kernel=4, state_recurrent_shape=(4, 8, 8))}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,

@@ -1,5 +1,6 @@
 """Qwen3.5 (``qwen3_5`` with a ``text_config``, the text-only ``qwen3_5_text``) and Qwen3.5-MoE
-(``qwen3_5_moe``): read for `kvledger plan`; the engine refuses them until their forward runs.
+(``qwen3_5_moe``): the dense text models run in the engine; the MoE one is read for
+`kvledger plan` only (the engine refuses its gated shared expert by name).
 
 Three gated DeltaNet layers (Yang et al., arXiv:2412.06464: a causal convolution over q, k and
 v, L2-normed q / k, the delta rule with its decay and write gates) beside each full-attention
@@ -11,6 +12,13 @@ key_head_dim x value_head_dim and the convolution's last ``kernel - 1`` inputs
 experts with a gated shared expert on every layer (``qwen_moe_fields``). A multimodal wrapper's
 vision tower is ignored (one log line).
 
+The forward: the decoder with every RMSNorm of the residual stream and of q / k in the
+``(1 + w)`` form (``Qwen3_5RMSNorm``: input, post-attention, final, q_norm, k_norm), the gated
+full attention (:class:`~kvledger.model.layers.attention.SelfAttention` with its output gate
+and partial rotary), and on each ``linear_attention`` layer the gated DeltaNet
+(:class:`~kvledger.model.layers.gated_deltanet.GatedDeltaNet`), whose gated norm inside
+(``Qwen3_5RMSNormGated``) is the plain ``w`` form.
+
 GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``): ``ssm.conv_kernel``, ``ssm.state_size``
 (key_head_dim), ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value heads),
 ``ssm.inner_size`` (value heads x value_head_dim), ``full_attention_interval``.
@@ -19,11 +27,12 @@ GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``): ``ssm.conv_kernel``, `
 from __future__ import annotations
 
 import logging
+from functools import cache
 
-from kvledger.errors import ConfigError
+from kvledger.errors import ConfigError, UnsupportedModelError
 from kvledger.model.families.moe import qwen_moe_fields
 from kvledger.model.families.qwen3_next import gated_deltanet_fields
-from kvledger.spec import FULL, LINEAR, Config, Family, every_nth_full
+from kvledger.spec import FULL, LINEAR, Config, Family, ModelSpec, any_value, every_nth_full, is_
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +93,85 @@ def _gguf_fields(header, fields: dict) -> dict:
     return out
 
 
+def _weight_names(state: dict, spec: ModelSpec) -> None:
+    """A ``qwen3_5`` folder's text model, ``model.language_model.*`` -> ``model.*``; its vision
+    tower ``model.visual.*`` dropped.
+
+    Raises:
+        UnsupportedModelError: for a GGUF's weights: llama.cpp's converter reorders the value
+            heads (grouped -> tiled), stores ``-exp(A_log)`` and ``1 + w`` norms, which the
+            engine does not read back yet (`kvledger plan` sizes the file).
+    """
+    arch = spec.extra.get("gguf_architecture")
+    if arch:
+        raise UnsupportedModelError(
+            f"{spec.source}: the engine cannot run a '{arch}' GGUF's weights yet (llama.cpp's "
+            "converter reorders the gated DeltaNet's value heads); run the Hugging Face folder, "
+            "`kvledger plan` still sizes the file")
+    for name in list(state):
+        if name.startswith("model.visual."):
+            del state[name]
+        elif name.startswith("model.language_model."):
+            state["model." + name[len("model.language_model."):]] = state.pop(name)
+
+
+def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
+    """A linear layer holds the gated DeltaNet's tensors instead of self-attention's; a full
+    layer's q_proj holds each head's gate rows beside its q rows."""
+    h, lin, conv = spec.hidden_size, spec.linear, spec.state.conv_dim
+    q = spec.num_attention_heads * spec.head_dim
+    vh, value = lin.num_value_heads, lin.num_value_heads * lin.value_head_dim
+    for i, kind in enumerate(spec.layers.types):
+        p = f"model.layers.{i}."
+        if kind != LINEAR:
+            shapes[p + "self_attn.q_proj.weight"] = (2 * q, h)
+            continue
+        shapes = {k: v for k, v in shapes.items() if not k.startswith(p + "self_attn.")}
+        a = p + "linear_attn."
+        shapes |= {a + "in_proj_qkv.weight": (conv, h), a + "in_proj_z.weight": (value, h),
+                   a + "in_proj_b.weight": (vh, h), a + "in_proj_a.weight": (vh, h),
+                   a + "conv1d.weight": (conv, 1, lin.conv_kernel_dim), a + "A_log": (vh,),
+                   a + "dt_bias": (vh,), a + "norm.weight": (lin.value_head_dim,),
+                   a + "out_proj.weight": (h, value)}
+    return shapes
+
+
+@cache
+def _model() -> type:
+    import torch
+
+    from kvledger.model.layers.decoder import Decoder
+    from kvledger.model.layers.gated_deltanet import DeltaNetShape, GatedDeltaNet
+
+    class Qwen3_5Decoder(Decoder):
+        """The decoder with ``(1 + w)`` norms and gated DeltaNet on its linear layers."""
+
+        NORM_OFFSET = FAMILY.norm_offset
+
+        def state_mixer(self, w: dict[str, torch.Tensor], prefix: str, linear, i: int):
+            spec, lin = self.spec, self.spec.linear
+            shape = DeltaNetShape(spec.hidden_size, lin.num_key_heads, lin.num_value_heads,
+                                  lin.key_head_dim, lin.value_head_dim, lin.conv_kernel_dim,
+                                  spec.norm.eps)
+            return GatedDeltaNet.from_weights(shape, w, prefix, linear, self.kernels)
+
+    return Qwen3_5Decoder
+
+
+_RUNS = {"layer_types": lambda kinds: set(kinds) <= {FULL, LINEAR}, "qk_norm": is_(True),
+         "attn_output_gate": any_value, "partial_rotary_factor": any_value} | {
+    name: any_value for name in (
+        "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+        "linear_value_head_dim", "linear_conv_kernel_dim", "state_conv_dim",
+        "state_conv_kernel", "state_recurrent_shape")}
+"""What the dense forward computes: the MoE fields keep the plain decoder's refusal."""
+
+
 FAMILY = Family(
     name="qwen3_5",
     model_types=("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
     what="gated DeltaNet linear attention beside gated full attention",
+    runs=_RUNS,
     config_prepare=_prepare,
     config_defaults={t: _DEFAULTS for t in ("qwen3_5", "qwen3_5_text")}
     | {t: _DEFAULTS | {"intermediate_size": 0, "moe_intermediate_size": 512,
@@ -98,4 +182,8 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"},
     gguf_fields=_gguf_fields,
+    weight_names=_weight_names,
+    tensor_shapes=_tensor_shapes,
+    norm_offset=1.0,
+    model=_model,
 )

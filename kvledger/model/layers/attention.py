@@ -8,7 +8,10 @@ Options, each switched on by the spec and its weights:
   projection (``qk_norm_full_width``, weights [heads x head_dim]: OLMo 2 / 3);
 - biases on q, k, v and o (Qwen2, gpt-oss);
 - RoPE on the first ``rotary_dim`` dimensions of each head (:mod:`.rotary`);
-- learned sink logits, one per query head (gpt-oss), handed to the backend.
+- learned sink logits, one per query head (gpt-oss), handed to the backend;
+- an output gate (Qwen3.5, Qwen3-Next: ``attn_output_gate``): q_proj's rows hold, head by
+  head, the head's q then its gate; the gate rows go to the end of the fused projection and
+  the attention output is multiplied by their sigmoid before o_proj.
 
 What the backend applies per layer (score scale, sliding window, soft-capping, sink logits) is
 its ``LayerAttention`` (``kvledger.engine.attention.layer``), set by the engine from the spec;
@@ -45,7 +48,11 @@ class SelfAttention:
                  ops, dtype: torch.dtype) -> None:
         attn = prefix + "self_attn."
         self.spec, self.rope, self.ops = spec, rope, ops
-        self.qkv = linear([attn + f"{p}_proj" for p in "qkv"], "qkv")
+        self.gated = spec.attention.output_gate
+        if self.gated:
+            split_output_gate(w, attn, spec.num_attention_heads, spec.head_dim)
+        gate = [attn + "gate_proj"] if self.gated else []
+        self.qkv = linear([attn + f"{p}_proj" for p in "qkv"] + gate, "qkv")
         self.o = linear([attn + "o_proj"], "o")
         self.q_norm = self.k_norm = self.sinks = None
         if spec.attention.qk_norm:  # they go through F.rms_norm on compute rows
@@ -63,20 +70,25 @@ class SelfAttention:
         """The attention output [T, hidden] of normed hidden states x [T, hidden] at positions
         [T], layer ``index`` of ``backend`` (``meta``: the step's ``AttentionMetadata``;
         ``store``: the KV store or None)."""
-        q, k, v = self.project(x, positions)
-        spec = self.spec
-        return self.o(backend(index, q, k, v, meta, store).reshape(
-            -1, spec.num_attention_heads * spec.head_dim))
+        qkv = self.qkv(x)
+        q, k, v = self.project(qkv, positions)
+        q_size = self.spec.num_attention_heads * self.spec.head_dim
+        out = backend(index, q, k, v, meta, store).reshape(-1, q_size)
+        return self.o(self.output_gate(out, qkv) if self.gated else out)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor
+    def output_gate(self, out: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """The attention output [T, heads x D] times the sigmoid of the gate, the last rows
+        of the fused projection ``qkv``."""
+        return out * torch.sigmoid(qkv[:, -out.shape[1]:])
+
+    def project(self, qkv: torch.Tensor, positions: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, heads, D], k and v [T, kv_heads, D]: one fused projection, the q / k norms,
-        RoPE on q and k together."""
+        """q [T, heads, D], k and v [T, kv_heads, D] out of the fused projection's rows
+        ``qkv``: the q / k norms, RoPE on q and k together."""
         spec = self.spec
         eps, heads, kv_heads, dim = spec.norm.eps, spec.num_attention_heads, \
             spec.num_kv_heads, spec.head_dim
         q_size, kv_size = heads * dim, kv_heads * dim
-        qkv = self.qkv(x)
         qk = qkv[:, : q_size + kv_size].view(-1, heads + kv_heads, dim)
         if self.q_norm is not None:  # written back into qkv: RoPE then turns q, k in place
             if spec.attention.qk_norm_full_width:
@@ -87,7 +99,7 @@ class SelfAttention:
                 qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), self.q_norm, eps)
                 qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), self.k_norm, eps)
         qk = self.ops.rope_(qk, positions, self.rope)
-        v = qkv[:, q_size + kv_size:].view(-1, kv_heads, dim)
+        v = qkv[:, q_size + kv_size: q_size + 2 * kv_size].view(-1, kv_heads, dim)
         return qk[:, :heads], qk[:, heads:], v
 
     def linears(self, shape_class: str) -> list[Linear]:
@@ -104,3 +116,15 @@ class SelfAttention:
         """Bytes of every tensor held (biases, norms and sinks included)."""
         vectors = [t for t in (self.q_norm, self.k_norm, self.sinks) if t is not None]
         return held_bytes(self.qkv) + held_bytes(self.o) + sum(t.nbytes for t in vectors)
+
+
+def split_output_gate(w: dict, attn: str, heads: int, dim: int) -> None:
+    """``{attn}q_proj`` of [heads x (q, gate) x dim] rows (and its bias) rewritten in place as
+    ``{attn}q_proj`` (the q rows) and ``{attn}gate_proj`` (the gate rows), both head by head."""
+    for kind in ("weight", "bias"):
+        both = w.pop(f"{attn}q_proj.{kind}", None)
+        if both is None:
+            continue
+        q, gate = both.reshape(heads, 2, dim, -1).unbind(1)
+        w[f"{attn}q_proj.{kind}"] = q.reshape(heads * dim, *both.shape[1:]).contiguous()
+        w[f"{attn}gate_proj.{kind}"] = gate.reshape(heads * dim, *both.shape[1:]).contiguous()

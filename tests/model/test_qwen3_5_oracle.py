@@ -1,0 +1,213 @@
+"""Qwen3.5 (dense text) against transformers' ``Qwen3_5ForCausalLM`` on a tiny random model with
+every feature on (gated DeltaNet layers with 2 key heads serving 4 value heads, gated full
+attention with per-head q/k RMSNorm and a partial rotary of 0.25, every norm of the residual
+stream and of q / k in the ``1 + w`` form, untied head): fp32 logits within 1e-4 at prefill
+(two chunks into scattered blocks) and 16 decode steps; the engine's greedy tokens equal
+transformers' alone, batched, chunked, preempted and on a prefix hit restored from a state
+checkpoint; the multimodal ``qwen3_5`` folder reads as its text model; and each ablation (no
+output gate, plain ``w`` norms) fails the comparison."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from family_kit import SHAPE, hf_greedy, redraw, save_tiny
+from oracle_kit import (
+    SCATTERED,
+    TOL,
+    dense_reference,
+    fp32_engine,
+    hit_logprob_diff,
+    logit_diffs,
+    run_together,
+    seeded_prompt,
+    tiny_models,
+)
+
+from kvledger.engine.kv.state_store import StateStore
+from kvledger.engine.kv.store import KVStore
+from kvledger.engine.model_load import build_model
+from kvledger.engine.request import Request
+from kvledger.engine.runner import ModelRunner
+from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.errors import UnsupportedModelError
+from kvledger.ledger.kv_groups import kv_groups, layer_places, state_group
+from kvledger.model.families import check_runnable, model_class, spec_from_hf_config
+from kvledger.model.layers.attention import SelfAttention
+from kvledger.spec import FULL, LINEAR
+
+STEPS = 16
+TEXT = {**SHAPE, "head_dim": 16, "num_hidden_layers": 6, "full_attention_interval": 3,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 512, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25}}
+
+
+def _make(name: str, folder):
+    """``qwen3_5_text``: the text model; ``qwen3_5``: the multimodal model (a tiny vision
+    tower, the decoder under ``model.language_model``)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig
+
+    if name == "qwen3_5_text":
+        return save_tiny(Qwen3_5TextConfig(**TEXT), folder)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+              "out_hidden_size": 64, "patch_size": 4, "temporal_patch_size": 2}
+    config = Qwen3_5Config(text_config=TEXT, vision_config=vision, tie_word_embeddings=False)
+    model = redraw(Qwen3_5ForConditionalGeneration(config).float().eval(), 0)
+    model.save_pretrained(folder, safe_serialization=True)
+    return model
+
+
+tiny = tiny_models(_make)
+
+
+def _runner(spec, weights):
+    model = build_model(spec, dict(weights), torch.float32, attention="reference")
+    store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32,
+                    places=layer_places(kv_groups(spec), spec.num_layers))
+    states = StateStore(state_group(spec), 2, torch.float32)
+    return ModelRunner(model, store, 16, states), states
+
+
+def _diffs(tiny, prompt_len: int, steps: int = STEPS, name: str = "qwen3_5_text"):
+    _, hf, spec, weights = tiny(name)
+    runner, states = _runner(spec, weights)
+    prompt = seeded_prompt(prompt_len)
+    req = Request("r", prompt, SamplingParams(max_tokens=steps + 1))
+    req.block_table = list(SCATTERED)
+    req.state_slot = states.allocate()
+    first = prompt_len // 3
+    return logit_diffs(runner, req, dense_reference(hf), [first, prompt_len - first], steps)
+
+
+def test_the_tiny_model_has_every_feature(tiny):
+    spec = tiny("qwen3_5_text")[2]
+    assert spec.layers.types == (LINEAR, LINEAR, FULL) * 2
+    assert spec.attention.qk_norm and spec.attention.output_gate
+    assert spec.rotary_dim == 4 and not spec.tie_word_embeddings
+    assert spec.linear.num_value_heads == 2 * spec.linear.num_key_heads
+    assert check_runnable(spec) == "qwen3_5"
+
+
+@pytest.mark.parametrize("prompt_len", [5, 23, 70])
+def test_logits_match_transformers(tiny, prompt_len):
+    diffs, excepted = _diffs(tiny, prompt_len)
+    assert not excepted and len(diffs) == STEPS + 1
+    assert max(diffs) < TOL, diffs
+
+
+def test_the_multimodal_folder_reads_as_its_text_model(tiny):
+    """``qwen3_5`` with a ``text_config`` and a vision tower: the tower's tensors are dropped,
+    ``model.language_model.*`` read as the decoder, the logits transformers'."""
+    import json
+
+    folder = tiny("qwen3_5")[0]
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen3_5"
+    diffs, _ = _diffs(tiny, 23, steps=4, name="qwen3_5")
+    assert max(diffs) < TOL, diffs
+
+
+def test_ablation_no_output_gate_fails(tiny, monkeypatch):
+    """The attention output not multiplied by sigmoid(gate): the logits leave transformers'."""
+    monkeypatch.setattr(SelfAttention, "output_gate", lambda self, out, qkv: out)
+    diffs, _ = _diffs(tiny, 23, steps=2)
+    assert max(diffs) > 100 * TOL, diffs
+
+
+def test_ablation_plain_norms_fails(tiny, monkeypatch):
+    """The norms read as plain ``w`` instead of ``1 + w``: the logits leave transformers'."""
+    monkeypatch.setattr(model_class(tiny("qwen3_5_text")[2]), "NORM_OFFSET", 0.0)
+    diffs, _ = _diffs(tiny, 23, steps=2)
+    assert max(diffs) > 100 * TOL, diffs
+
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def _case(tiny):
+    folder, hf, spec, weights = tiny("qwen3_5_text")
+    prompts = [seeded_prompt(n) for n in (15, 16, 17, 70)]
+    return folder, spec, weights, prompts, [hf_greedy(hf, p, 8) for p in prompts]
+
+
+@pytest.mark.parametrize("options", [
+    {"max_num_batched_tokens": 16, "max_num_seqs": 4},  # batched, prompts over one chunk
+    {"max_num_batched_tokens": 128, "max_num_seqs": 1},  # one at a time
+    {"max_num_batched_tokens": 16, "max_num_seqs": 4, "num_blocks": 24},  # preempted
+], ids=["batched-chunked", "alone", "preempted"])
+def test_engine_greedy_equals_transformers(tiny, options):
+    folder, spec, weights, prompts, expected = _case(tiny)
+    engine = fp32_engine(folder, spec, weights, block_size=4, **options)
+    assert engine.states is not None
+    assert run_together(engine, prompts, GREEDY) == expected
+    if "num_blocks" in options:
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.states.num_free == engine.states.num_slots
+
+
+def test_prefix_hit_from_a_checkpoint_keeps_the_tokens(tiny):
+    """A second turn extending the first restores the DeltaNet state from the checkpoint at
+    the shared prefix's last checkpointed block: the hit is counted and the tokens equal
+    transformers'."""
+    folder, hf, spec, weights = tiny("qwen3_5_text")
+    engine = fp32_engine(folder, spec, weights, block_size=4, max_num_batched_tokens=16)
+    first = seeded_prompt(37)
+    second = first + seeded_prompt(11)
+    got = [run_together(engine, [p], GREEDY, first=i)[0] for i, p in enumerate((first, second))]
+    assert got == [hf_greedy(hf, p, 8) for p in (first, second)]
+    assert engine.stats()["prefix_cache_hit_tokens"] > 0
+
+
+def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
+    """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts the
+    DeltaNet and conv states from zeros instead of the checkpoint's copy leaves them."""
+    folder, hf, spec, weights = tiny("qwen3_5_text")
+    options = {"block_size": 4, "max_num_batched_tokens": 16}
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
+    allocate = StateStore.allocate
+    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+
+
+def test_bf16_runs_with_the_device_formats(tiny):
+    """The engine in bf16 over the model's bf16 weights (the device's weight formats for the
+    gated q / k / v / gate projection and the DeltaNet's in_proj): it runs, the state in bf16,
+    and every slot comes back."""
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.model.weights.loader import load_weights
+
+    folder = tiny("qwen3_5_text")[0]
+    spec, weights = load_weights(folder, torch.bfloat16)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
+                       spec=spec, weights=weights)
+    assert engine.states.recurrent[0].dtype == torch.bfloat16
+    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
+                       SamplingParams(max_tokens=4, temperature=0.0))
+    assert [len(t) for t in got] == [4, 4]
+    assert engine.states.num_free == engine.states.num_slots
+
+
+def test_moe_is_refused_by_name(tmp_path):
+    """Qwen3.5-MoE's routed experts and gated shared expert are not computed: refused, naming
+    the fields, before any weight is read."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    Qwen3_5MoeTextConfig(**{k: v for k, v in TEXT.items() if k != "intermediate_size"},
+                         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=32).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="shared_expert_gate=True"):
+        check_runnable(spec_from_hf_config(tmp_path))
+
+
+def test_a_gguf_is_refused_by_name(tiny):
+    """A ``qwen35`` GGUF (llama.cpp's value-head order) is refused when its weights are
+    renamed, naming the architecture, not computed wrong."""
+    from kvledger.model.families import family_of
+
+    spec = tiny("qwen3_5_text")[2]
+    gguf = spec.with_fields(extra={"gguf_architecture": "qwen35"})
+    with pytest.raises(UnsupportedModelError, match="'qwen35' GGUF"):
+        family_of(spec).weight_names({}, gguf)
