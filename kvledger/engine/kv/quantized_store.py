@@ -39,7 +39,7 @@ import torch
 
 from kvledger.engine.kv.codec_numbers import codec_numbers
 from kvledger.engine.kv.codecs import BlockCodec
-from kvledger.engine.kv.store import distinct, group_layout, lazy_zeros
+from kvledger.engine.kv.store import StepBlocks, distinct, group_layout, lazy_zeros
 from kvledger.ledger.kv_format import KVFormatSpec
 
 if TYPE_CHECKING:
@@ -50,6 +50,8 @@ class _WritePlan(NamedTuple):
     """Where one step's tokens go (indices into the step's distinct blocks, or row indices)."""
 
     blocks: int  # distinct blocks the step writes or seals
+    written: torch.Tensor  # ids of the blocks it writes (ascending), and their staged rows
+    written_rows: torch.Tensor
     staged_rows: torch.Tensor  # token -> row of the staged blocks [blocks * bs]
     buffer_rows: torch.Tensor  # token -> row of the residual buffers (when none is sealed)
     filled: torch.Tensor  # staged blocks sealed now (whole key groups in order), their ids
@@ -114,6 +116,7 @@ class QuantizedKVStore:
         self._free_residuals = list(range(residual_slots))
         self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
+        self._step: tuple[int, torch.Tensor, StepBlocks] | None = None  # the last write's
         self._encoder = None if kernels is None else kernels.kv_encoder()
         self.rotation = rotation
         self.fmt = fmt or KVFormatSpec(kv_format)
@@ -205,7 +208,8 @@ class QuantizedKVStore:
             self.group_members.index_copy_(
                 0, seal_ids, groups.repeat_interleave(self.key_group_blocks, 0))
         kept, had = _where(~full), _where(old >= 0)
-        plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
+        plan = _WritePlan(len(uniq), written, torch.searchsorted(uniq, written),
+                          inverse * bs + offsets, new[inverse] * bs + offsets,
                           torch.searchsorted(uniq, seal_ids), seal_ids, kept, new[kept], had,
                           old[had], new[_where(old < 0)])
         keep = self._num_groups - 1  # the other groups' plans of this step
@@ -224,6 +228,7 @@ class QuantizedKVStore:
         against 0.01-0.03 ms for an [8, 16, 3, 64] bf16 tensor, load ~10), and this runs for
         K and V of every layer at every step."""
         plan = self._write_plan(slot_mapping, seal)
+        self._step, staged_kv = None, []
         for x, parts, codec, residual in (
                 (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (value, self.value_parts[layer], self.value_codec,
@@ -235,6 +240,8 @@ class QuantizedKVStore:
                 residual.view(-1, *residual.shape[2:]).index_copy_(0, plan.buffer_rows, x)
                 continue
             staged = torch.zeros((plan.blocks, *residual.shape[1:]), dtype=self.compute_dtype)
+            staged_kv.append(staged if len(plan.written) == plan.blocks
+                             else staged.index_select(0, plan.written_rows))
             if len(plan.had):
                 staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
             staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)
@@ -244,6 +251,21 @@ class QuantizedKVStore:
                     parts[name].index_copy_(0, plan.filled_ids, tensor)
             if len(plan.kept):
                 residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
+        if staged_kv:
+            self._step = (layer, slot_mapping, StepBlocks(plan.written, *staged_kv,
+                                                          self.rotation))
+
+    def step_blocks(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor) -> StepBlocks | None:
+        """The blocks the last :meth:`write` (of ``layer`` at ``slot_mapping``) wrote, as they
+        were staged before any was encoded: the step's own rows as computed (rotated and in
+        the compute dtype, as a residual buffer holds them), the blocks' earlier rows from
+        their buffers; None when the step sealed nothing (every row it wrote is in a residual
+        buffer). A block it sealed without writing is read from the pool, sealed. ``key`` and ``value`` are not read again: the staged rows hold them."""
+        step = self._step
+        if step is None or step[0] != layer or step[1] is not slot_mapping:
+            return None
+        return step[2]
 
     def _encode_natively(self, codec: BlockCodec, filled: torch.Tensor,
                          parts: dict[str, torch.Tensor], block_ids: torch.Tensor) -> bool:
