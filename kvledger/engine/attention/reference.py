@@ -9,6 +9,11 @@ K/V to their slots, then
 - prefill segment after a cached prefix (prefix-cache hit or chunked prefill): query at
   position p sees keys at positions <= p.
 
+A prefill query reads the step's own tokens as computed, never read back from a lossy pool
+(a quantized format, or a 16-bit one under fp32 compute): the blocks the step wrote come from
+the store's ``step_blocks``, every other block from the pool (issue 58; what is written is the
+same). Decodes read the pool.
+
 Backends differ in how the first and last read the cache. The reference one gathers each
 context's slots into a dense tensor (``index_select``) and calls SDPA: simple, and the oracle the
 paged backends are tested against. Decoding sequences are sorted by context length and grouped

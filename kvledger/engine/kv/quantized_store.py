@@ -17,8 +17,9 @@ the block pool). A sequence's first ``intact_blocks`` (``KVFormatSpec.intact_tok
 never sealed: they keep their buffers for as long as they are in a block table or in the
 prefix cache (the pool releases a cached block when it evicts it). A key group of k > 1 blocks (``GroupedKeys``) splits its scales over its
 blocks: ``group_members[block_id]`` (bookkeeping) holds the k block ids of the group the block
-was sealed in, read to decode it. Prefill attention reads the step's K/V back through the store
-(``lossy``), so the step that writes a block sees the values a later prefix-cache hit reads.
+was sealed in, read to decode it. A prefill step's queries read the blocks it writes as they
+were staged (``step_blocks``: its own tokens as computed, the blocks' earlier tokens from
+their buffers) and every other block from the pool; decodes read the pool.
 
 With a rotation ``R`` (``rotation.py``) the store holds ``k R`` and ``v R``: a step's K/V are
 rotated once as they are written (before the residual buffer and the encoder), and
