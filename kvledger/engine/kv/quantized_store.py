@@ -241,8 +241,6 @@ class QuantizedKVStore:
                 residual.view(-1, *residual.shape[2:]).index_copy_(0, plan.buffer_rows, x)
                 continue
             staged = torch.zeros((plan.blocks, *residual.shape[1:]), dtype=self.compute_dtype)
-            staged_kv.append(staged if len(plan.written) == plan.blocks
-                             else staged.index_select(0, plan.written_rows))
             if len(plan.had):
                 staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
             staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)
@@ -252,6 +250,8 @@ class QuantizedKVStore:
                     parts[name].index_copy_(0, plan.filled_ids, tensor)
             if len(plan.kept):
                 residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
+            staged_kv.append(staged if len(plan.written) == plan.blocks
+                             else staged.index_select(0, plan.written_rows))
         if staged_kv:
             self._step = (layer, slot_mapping, StepBlocks(plan.written, *staged_kv,
                                                           self.rotation))

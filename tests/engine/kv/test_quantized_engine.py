@@ -77,13 +77,7 @@ PER_BLOCK = {"int3": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32},
              "int2": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32}}
 
 
-OPEN_58 = pytest.mark.xfail(strict=True, reason=(
-    "issue 58, open: fed a block per step, int3 / int2 with one-block key groups and a "
-    "two-block window give other tokens cold than warm (all backends alike); cause not found"))
-
-
-@pytest.mark.parametrize("fmt", [f if f not in PER_BLOCK else pytest.param(f, marks=OPEN_58)
-                                 for f in FORMATS])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_cold_warm_batch_and_alone_agree(tiny_engine_factory, fmt):
     """A prefill step reads its own tokens as computed and earlier ones as the pool holds
     them (issue 58), so runs agree when each request is fed in the same steps: alone, a block
