@@ -156,7 +156,9 @@ decodes (none completes a block)."""
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("label", list(FORMATS))
+@pytest.mark.parametrize("label", [  # int8 and fp8 in the slow suite
+    pytest.param(label, marks=pytest.mark.slow) if label in ("int8", "fp8") else label
+    for label in FORMATS])
 def test_chunked_prefill_and_decodes_equal_transformers_over_the_pooled_cache(
         factory, tiny_llama, label, backend):
     _, hf = tiny_llama
