@@ -1,7 +1,8 @@
 """What each KV format costs in quality and buys in capacity, on the bundled model.
 
 Quality: ``kvledger eval perplexity``'s protocol (llama.cpp's: non-overlapping chunks of
-``--context`` tokens, second half scored, whole chunk in one prefill) on Python's
+``--context`` tokens, second half scored, fed in the engine's prefill chunk of 2,048 tokens
+unless ``--stride`` says otherwise) on Python's
 ``pydoc_data.topics`` text, for fp8 / int8 / int4 / int3 / int2 (per-channel and per-token
 keys, with and without fp16 outlier channels or a Hadamard rotation; key groups of G tokens
 and a full-precision window of R, fed ``--stride`` tokens per step), each against a base run
@@ -259,7 +260,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--chunks", type=int, default=4)
-    ap.add_argument("--stride", type=int, help="tokens fed per step (default: one prefill)")
+    ap.add_argument("--stride", type=int, help="tokens fed per step (default: the engine's prefill chunk)")
     ap.add_argument("--only", help="variant labels separated by ';' (or ',' when no label holds "
                     "one; default: all)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")

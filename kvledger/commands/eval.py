@@ -24,7 +24,8 @@ def perplexity(
     text: Annotated[Path | None, Opt(help="UTF-8 text file (default: Python's pydoc_data.topics)")] = None,
     context: Annotated[int, Opt(help="Chunk length in tokens; the second half is scored")] = 512,
     stride: Annotated[int | None, Opt(
-        help="Tokens fed per step (default: the whole chunk in one prefill; 1 = decode)")] = None,
+        help="Tokens fed per step (default: the prefill chunk, --max-num-batched-tokens, as "
+             "generate and serve feed a prompt; 1 = decode)")] = None,
     chunks: Annotated[int | None, Opt(help="Most chunks to run (default: all)")] = None,
     kl_divergence: Annotated[bool, Opt(
         "--kl-divergence",

@@ -117,8 +117,9 @@ def perplexity(engine, ids: list[int], context: int, stride: int | None = None,
     """Run the protocol over token ids ``ids`` on ``engine`` (and ``base``, for the KLD).
 
     Args:
-        stride: tokens fed per step (None = the whole chunk in one prefill; under an evicting
-            ``--kv-policy``, ``RETENTION_STRIDE`` tokens with eviction between steps).
+        stride: tokens fed per step (None = the engine's prefill chunk, ``--max-num-batched-
+            tokens``, as generation prefills a prompt; under an evicting ``--kv-policy``,
+            ``RETENTION_STRIDE`` tokens with eviction between steps).
 
     Raises:
         InvalidParameterError: bad context or stride, text shorter than one chunk.
@@ -148,8 +149,10 @@ def perplexity_runs(engines: list, ids: list[int], context: int, stride: int | N
     once per chunk, not once per engine): after each chunk, yields one result per engine of
     ``engines`` over the chunks done so far (the last yield is the whole run).
 
-    Every engine and the base are fed ``stride`` tokens per step (default: one prefill, or
-    ``RETENTION_STRIDE`` when an engine's ``--kv-policy`` evicts). The base's log-probabilities
+    Every engine and the base are fed ``stride`` tokens per step (default: the first engine's
+    prefill chunk, its ``max_num_batched_tokens`` (the chunk ``generate`` and ``serve``
+    prefill a prompt in), at most the whole chunk; ``RETENTION_STRIDE`` when an engine's
+    ``--kv-policy`` evicts). The base's log-probabilities
     of a chunk are kept ([context / 2, vocab] fp32) while the engines run it.
 
     Raises:
@@ -157,7 +160,8 @@ def perplexity_runs(engines: list, ids: list[int], context: int, stride: int | N
     """
     check_protocol(context, stride)
     evicts = any(e.config.retention.evicts for e in engines)
-    stride = stride or (RETENTION_STRIDE if evicts else context)
+    stride = stride or (RETENTION_STRIDE if evicts
+                        else min(context, engines[0].config.max_num_batched_tokens))
     first = context // 2
     tallies = [_Tally() for _ in engines]
     for chunk in chunk_tokens(ids, context, max_chunks):

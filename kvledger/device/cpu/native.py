@@ -166,6 +166,8 @@ class PagedKernel:
 
     # below this many (query, kv head, position) triples one thread beats starting a second
     THREAD_WORK = 1 << 13
+    reads_step_blocks = True
+    """:meth:`quantized` takes a step's staged blocks (``step``)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._fn = lib.kvl_paged_attention
@@ -233,11 +235,19 @@ class PagedKernel:
     def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
                   residual_of: torch.Tensor, block_size: int, kv_heads: int,
                   paged, scale: float | None = None, window: int | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, step=None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
         :meth:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
-        ``scale``, ``window`` and ``sinks`` as in :meth:`__call__`."""
-        return self._launch(q, kv_heads, block_size, paged, None, None,
+        ``scale``, ``window`` and ``sinks`` as in :meth:`__call__`. ``step``
+        (``engine.kv.store.StepBlocks``, rows as the residual buffers hold them): its blocks
+        are read from its ``keys`` / ``values`` instead of the pool."""
+        k_ptr = v_ptr = None
+        if step is not None:
+            residual_of = residual_of.clone()
+            residual_of[step.ids] = -2 - torch.arange(len(step.ids))
+            keys, values = step.keys.contiguous(), step.values.contiguous()
+            k_ptr, v_ptr = keys.data_ptr(), values.data_ptr()
+        return self._launch(q, kv_heads, block_size, paged, k_ptr, v_ptr,
                             (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
                              residual_of.data_ptr()), scale, window, sinks)
 

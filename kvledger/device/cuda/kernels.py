@@ -86,6 +86,10 @@ class TritonPagedKernel:
                                           parts.get("zero"), residual, rotation)
         return side, [*parts.values(), residual]
 
+    reads_step_blocks = False
+    """``quantized`` takes no staged blocks: a prefill step over a lossy pool is attended by
+    ``paged-torch`` (``PagedNativeBackend.attend``)."""
+
     def quantized(self, q: torch.Tensor, sides, residual_of: torch.Tensor, block_size: int,
                   kv_heads: int, paged, scale: float | None = None, window: int | None = None,
                   sinks: torch.Tensor | None = None) -> torch.Tensor:

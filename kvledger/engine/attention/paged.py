@@ -32,7 +32,7 @@ import torch
 from kvledger.engine.attention.metadata import PagedQueries
 from kvledger.engine.attention.reference import AttentionBackend, gathered_decode
 from kvledger.engine.kv.codec_numbers import codec_numbers
-from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.store import KVStore, StepBlocks
 
 CHUNK_BLOCKS = 32
 log = logging.getLogger("kvledger.engine")
@@ -49,20 +49,35 @@ class _Paged(AttentionBackend):
         (``DecodeGroup.slot_view``); here by gather + SDPA, as the reference backend."""
         return gathered_decode(layer, q, group, store, self.how(layer, q.shape[-1]))
 
-    def prefill_after_prefix(self, layer, q, seg, store):
-        return self.attend(layer, q, seg.paged(store.block_size), store)
+    def prefill_after_prefix(self, layer, q, seg, store, step=None):
+        return self.attend(layer, q, seg.paged(store.block_size), store, step)
 
-    def attend(self, layer: int, q: torch.Tensor, paged: PagedQueries,
-               store: KVStore) -> torch.Tensor:
-        """Output [N, heads, D] of queries q [N, heads, D] described by ``paged``."""
+    def attend(self, layer: int, q: torch.Tensor, paged: PagedQueries, store: KVStore,
+               step: StepBlocks | None = None) -> torch.Tensor:
+        """Output [N, heads, D] of queries q [N, heads, D] described by ``paged``; the blocks
+        of ``step`` read from it instead of the pool."""
         raise NotImplementedError
 
 
-def read_blocks(store: KVStore, layer: int, block_ids: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def read_blocks(store: KVStore, layer: int, block_ids: torch.Tensor,
+                step: StepBlocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of blocks ``block_ids`` (any shape S) -> S + [block_size, kv_heads, D] each;
-    a quantized store dequantises these blocks only (one chunk of the loop)."""
-    return store.read_blocks(layer, block_ids)
+    a quantized store dequantises these blocks only (one chunk of the loop); the blocks of
+    ``step`` come from it."""
+    keys, values = store.read_blocks(layer, block_ids)
+    if step is None:
+        return keys, values
+    flat = block_ids.reshape(-1)
+    where = torch.nonzero(torch.isin(flat, step.ids)).flatten()
+    if not len(where):
+        return keys, values
+    rows = torch.searchsorted(step.ids, flat.index_select(0, where))
+    out = []
+    for x, fresh in zip((keys, values), step.unrotated()):
+        x = x.reshape(-1, *x.shape[-3:]).to(fresh.dtype).index_copy(
+            0, where, fresh.index_select(0, rows))
+        out.append(x.view(*block_ids.shape, *x.shape[1:]))
+    return out[0], out[1]
 
 
 class PagedTorchBackend(_Paged):
@@ -70,7 +85,7 @@ class PagedTorchBackend(_Paged):
 
     name = "paged-torch"
 
-    def attend(self, layer, q, paged, store):
+    def attend(self, layer, q, paged, store, step=None):
         n, heads, dim = q.shape
         bs = store.block_size
         kv_heads = store.num_kv_heads
@@ -88,7 +103,7 @@ class PagedTorchBackend(_Paged):
         acc = torch.zeros(n, kv_heads, heads // kv_heads, dim)
         for first in range(int(starts.min()) // bs, used_blocks, CHUNK_BLOCKS):
             ids = tables[:, first: min(first + CHUNK_BLOCKS, used_blocks)]
-            keys, values = read_blocks(store, layer, ids)  # [S, C, bs, kv_heads, D]
+            keys, values = read_blocks(store, layer, ids, step)  # [S, C, bs, kv_heads, D]
             s_rows = keys.shape[0]
             keys = keys.reshape(s_rows, -1, kv_heads, dim).permute(0, 2, 3, 1).float()
             values = values.reshape(s_rows, -1, kv_heads, dim).transpose(1, 2).float()
@@ -128,17 +143,19 @@ class PagedNativeBackend(_Paged):
         super().set_layers(layers)
         self._fallback.set_layers(layers)
 
-    def attend(self, layer, q, paged, store):
+    def attend(self, layer, q, paged, store, step=None):
         how = self.how(layer, q.shape[-1])
-        if how.softcap is not None:
-            return self._fallback.attend(layer, q, paged, store)
+        if how.softcap is not None or (step is not None and not (
+                store.quantized and self.kernel.reads_step_blocks)):
+            return self._fallback.attend(layer, q, paged, store, step)
         if store.quantized:
             sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
             if sides is None:
-                return self._fallback.attend(layer, q, paged, store)
-            return self.kernel.quantized(q, sides[0], store.residual_of, store.block_size,
-                                         store.num_kv_heads, paged, how.scale, how.window,
-                                         how.sinks)
+                return self._fallback.attend(layer, q, paged, store, step)
+            args = (q, sides[0], store.residual_of, store.block_size, store.num_kv_heads,
+                    paged, how.scale, how.window, how.sinks)
+            return (self.kernel.quantized(*args) if step is None
+                    else self.kernel.quantized(*args, step=step))
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)

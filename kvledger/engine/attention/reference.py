@@ -9,6 +9,11 @@ K/V to their slots, then
 - prefill segment after a cached prefix (prefix-cache hit or chunked prefill): query at
   position p sees keys at positions <= p.
 
+A prefill query reads the step's own tokens as computed, never read back from a lossy pool
+(a quantized format, or a 16-bit one under fp32 compute): the blocks the step wrote come from
+the store's ``step_blocks``, every other block from the pool (issue 58; what is written is the
+same). Decodes read the pool.
+
 Backends differ in how the first and last read the cache. The reference one gathers each
 context's slots into a dense tensor (``index_select``) and calls SDPA: simple, and the oracle the
 paged backends are tested against. Decoding sequences are sorted by context length and grouped
@@ -30,7 +35,7 @@ import torch.nn.functional as F
 
 from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.attention.metadata import AttentionMetadata, DecodeGroup, PrefillSegment
-from kvledger.engine.kv.store import KVStore
+from kvledger.engine.kv.store import KVStore, StepBlocks
 from kvledger.model.layers.rotary import RotaryEmbedding
 
 
@@ -60,12 +65,13 @@ class AttentionBackend:
         written to the store before attending, so a sequence's new tokens are in its context.
         """
         meta = meta.of_layer(layer)
+        step = None
         if meta.slot_mapping is not None:
             store.write(layer, meta.slot_mapping, k, v, meta.seal)
-            # a prefill without a prefix attends over the step's own k, v: over what the cache
-            # holds, as a later hit will (decodes and prefixed segments read the store itself)
-            if store.lossy and any(seg.slots is None for seg in meta.prefills):
-                k, v = store.gather(layer, meta.slot_mapping)
+            # prefill queries attend over the step's own tokens as computed (a lossy pool's
+            # blocks this step wrote are read from ``step``); decodes read the pool itself
+            if any(seg.slots is not None and not seg.gathered for seg in meta.prefills):
+                step = store.step_blocks(layer, meta.slot_mapping, k, v)
         parts, how = [], self.how(layer, q.shape[-1])
         for group in meta.decodes:
             span = slice(group.start, group.start + group.num_seqs)
@@ -77,7 +83,7 @@ class AttentionBackend:
             elif seg.gathered:
                 parts.append(gathered_prefill(layer, q[span], seg, store, how))
             else:
-                parts.append(self.prefill_after_prefix(layer, q[span], seg, store))
+                parts.append(self.prefill_after_prefix(layer, q[span], seg, store, step))
         for observer in meta.observers:
             observer.observe(layer, q, store)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -88,8 +94,9 @@ class AttentionBackend:
         raise NotImplementedError
 
     def prefill_after_prefix(self, layer: int, q: torch.Tensor, seg: PrefillSegment,
-                             store: KVStore) -> torch.Tensor:
-        """[length, heads, head_dim] output of a segment's queries over prefix + new tokens."""
+                             store: KVStore, step: StepBlocks | None = None) -> torch.Tensor:
+        """[length, heads, head_dim] output of a segment's queries over prefix + new tokens;
+        the blocks of ``step`` (those the step wrote) read from it, not from the pool."""
         raise NotImplementedError
 
 
@@ -101,14 +108,14 @@ class ReferenceBackend(AttentionBackend):
     def decode(self, layer, q, group, store):
         return gathered_decode(layer, q, group, store, self.how(layer, q.shape[-1]))
 
-    def prefill_after_prefix(self, layer, q, seg, store):
+    def prefill_after_prefix(self, layer, q, seg, store, step=None):
         how = self.how(layer, q.shape[-1])
         if how.window is not None:  # the segment's positions are its context's last ones
             context = seg.slots.shape[0]
             positions = torch.arange(context)
             seg = dataclasses.replace(seg, mask=seg.mask & how.visible(
                 positions[context - seg.length:], positions))
-        return gathered_prefill(layer, q, seg, store, how)
+        return gathered_prefill(layer, q, seg, store, how, step)
 
 
 def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup, store: KVStore,
@@ -129,16 +136,36 @@ def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup, store: KVSt
 
 
 def gathered_prefill(layer: int, q: torch.Tensor, seg: PrefillSegment, store: KVStore,
-                     how: LayerAttention | None = None) -> torch.Tensor:
+                     how: LayerAttention | None = None,
+                     step: StepBlocks | None = None) -> torch.Tensor:
     """[length, heads, D] output of a segment's queries over its ``slots`` gathered, under its
     ``mask`` [length, context] (which holds any window); every query must see at least one
     key. The rows of ``seg.key_turn`` are rotated (RoPE) after the gather, in the gathered
-    copy only."""
+    copy only; slots in the blocks of ``step`` are read from it."""
     keys, values = store.gather(layer, seg.slots)
+    if step is not None:
+        keys, values = over_step(keys, values, seg.slots, step, store.block_size)
     if seg.key_turn is not None:
         rows, cos, sin = seg.key_turn
         keys[rows] = RotaryEmbedding.apply(keys[rows], cos, sin)
     return _sdpa(q, keys, values, seg.mask, causal=False, how=how)
+
+
+def over_step(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, step: StepBlocks,
+              block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [L, kv_heads, D] gathered at ``slots`` [L] with the rows in the blocks of
+    ``step`` replaced by the step's own (rotated back)."""
+    blocks = slots // block_size
+    inside = torch.isin(blocks, step.ids)
+    if not bool(inside.any()):
+        return keys, values
+    where = torch.nonzero(inside).flatten()
+    rows = torch.searchsorted(step.ids, blocks[where]) * block_size + slots[where] % block_size
+    out = []
+    for x, fresh in zip((keys, values), step.unrotated()):
+        flat = fresh.reshape(-1, *fresh.shape[2:])
+        out.append(x.index_copy(0, where, flat.index_select(0, rows).to(x.dtype)))
+    return out[0], out[1]
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,

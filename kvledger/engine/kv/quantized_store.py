@@ -17,8 +17,9 @@ the block pool). A sequence's first ``intact_blocks`` (``KVFormatSpec.intact_tok
 never sealed: they keep their buffers for as long as they are in a block table or in the
 prefix cache (the pool releases a cached block when it evicts it). A key group of k > 1 blocks (``GroupedKeys``) splits its scales over its
 blocks: ``group_members[block_id]`` (bookkeeping) holds the k block ids of the group the block
-was sealed in, read to decode it. Prefill attention reads the step's K/V back through the store
-(``lossy``), so the step that writes a block sees the values a later prefix-cache hit reads.
+was sealed in, read to decode it. A prefill step's queries read the blocks it writes as they
+were staged (``step_blocks``: its own tokens as computed, the blocks' earlier tokens from
+their buffers) and every other block from the pool; decodes read the pool.
 
 With a rotation ``R`` (``rotation.py``) the store holds ``k R`` and ``v R``: a step's K/V are
 rotated once as they are written (before the residual buffer and the encoder), and
@@ -39,7 +40,7 @@ import torch
 
 from kvledger.engine.kv.codec_numbers import codec_numbers
 from kvledger.engine.kv.codecs import BlockCodec
-from kvledger.engine.kv.store import distinct, group_layout, lazy_zeros
+from kvledger.engine.kv.store import StepBlocks, distinct, group_layout, lazy_zeros
 from kvledger.ledger.kv_format import KVFormatSpec
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class _WritePlan(NamedTuple):
     """Where one step's tokens go (indices into the step's distinct blocks, or row indices)."""
 
     blocks: int  # distinct blocks the step writes or seals
+    written: torch.Tensor  # ids of the blocks it writes (ascending), and their staged rows
+    written_rows: torch.Tensor
     staged_rows: torch.Tensor  # token -> row of the staged blocks [blocks * bs]
     buffer_rows: torch.Tensor  # token -> row of the residual buffers (when none is sealed)
     filled: torch.Tensor  # staged blocks sealed now (whole key groups in order), their ids
@@ -114,6 +117,7 @@ class QuantizedKVStore:
         self._free_residuals = list(range(residual_slots))
         self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
+        self._step: tuple[int, torch.Tensor, StepBlocks] | None = None  # the last write's
         self._encoder = None if kernels is None else kernels.kv_encoder()
         self.rotation = rotation
         self.fmt = fmt or KVFormatSpec(kv_format)
@@ -205,7 +209,8 @@ class QuantizedKVStore:
             self.group_members.index_copy_(
                 0, seal_ids, groups.repeat_interleave(self.key_group_blocks, 0))
         kept, had = _where(~full), _where(old >= 0)
-        plan = _WritePlan(len(uniq), inverse * bs + offsets, new[inverse] * bs + offsets,
+        plan = _WritePlan(len(uniq), written, torch.searchsorted(uniq, written),
+                          inverse * bs + offsets, new[inverse] * bs + offsets,
                           torch.searchsorted(uniq, seal_ids), seal_ids, kept, new[kept], had,
                           old[had], new[_where(old < 0)])
         keep = self._num_groups - 1  # the other groups' plans of this step
@@ -224,6 +229,7 @@ class QuantizedKVStore:
         against 0.01-0.03 ms for an [8, 16, 3, 64] bf16 tensor, load ~10), and this runs for
         K and V of every layer at every step."""
         plan = self._write_plan(slot_mapping, seal)
+        self._step, staged_kv = None, []
         for x, parts, codec, residual in (
                 (key, self.key_parts[layer], self.key_codecs[layer], self.residual_keys[layer]),
                 (value, self.value_parts[layer], self.value_codec,
@@ -244,6 +250,23 @@ class QuantizedKVStore:
                     parts[name].index_copy_(0, plan.filled_ids, tensor)
             if len(plan.kept):
                 residual.index_copy_(0, plan.kept_buffers, staged.index_select(0, plan.kept))
+            staged_kv.append(staged if len(plan.written) == plan.blocks
+                             else staged.index_select(0, plan.written_rows))
+        if staged_kv:
+            self._step = (layer, slot_mapping, StepBlocks(plan.written, *staged_kv,
+                                                          self.rotation))
+
+    def step_blocks(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor) -> StepBlocks | None:
+        """The blocks the last :meth:`write` (of ``layer`` at ``slot_mapping``) wrote, as they
+        were staged before any was encoded: the step's own rows as computed (rotated and in
+        the compute dtype, as a residual buffer holds them), the blocks' earlier rows from
+        their buffers; None when the step sealed nothing (every row it wrote is in a residual
+        buffer). A block it sealed without writing is read from the pool, sealed. ``key`` and ``value`` are not read again: the staged rows hold them."""
+        step = self._step
+        if step is None or step[0] != layer or step[1] is not slot_mapping:
+            return None
+        return step[2]
 
     def _encode_natively(self, codec: BlockCodec, filled: torch.Tensor,
                          parts: dict[str, torch.Tensor], block_ids: torch.Tensor) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +48,25 @@ def group_layout(num_layers: int, places: tuple[tuple[int, int], ...] | None
     if len({g for g, _ in places}) == 1:
         return None, [i for _, i in places]
     return tuple(g for g, _ in places), [i for _, i in places]
+
+
+class StepBlocks(NamedTuple):
+    """The blocks a step writes, as that step's prefill queries read them: the step's own
+    tokens as computed (not read back from a lossy pool), the blocks' earlier tokens as the
+    pool held them before the step. ``keys`` / ``values`` [n, block_size, kv_heads, D] in the
+    compute dtype, as the store holds rows (``rotation``: rotated by it, else None)."""
+
+    ids: torch.Tensor  # [n] int64 block ids, ascending
+    keys: torch.Tensor
+    values: torch.Tensor
+    rotation: torch.Tensor | None = None
+
+    def unrotated(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``keys`` and ``values`` rotated back (what ``read_blocks`` returns)."""
+        if self.rotation is None:
+            return self.keys, self.values
+        back = self.rotation.T
+        return tuple((x.float() @ back).to(x.dtype) for x in (self.keys, self.values))
 
 
 def distinct(tensors: list) -> list:
@@ -124,6 +144,20 @@ class KVStore:
         dtype = self._keys[layer].dtype
         self._keys[layer].index_copy_(0, slot_mapping, key.to(dtype))
         self._values[layer].index_copy_(0, slot_mapping, value.to(dtype))
+
+    def step_blocks(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor,
+                    value: torch.Tensor) -> StepBlocks | None:
+        """The blocks :meth:`write` just wrote at ``slot_mapping`` with the step's own ``key``
+        / ``value`` as computed; None when the pool holds them exactly (not :attr:`lossy`)."""
+        if not self.lossy:
+            return None
+        bs = self.block_size
+        ids, inverse = torch.unique(slot_mapping // bs, return_inverse=True)
+        keys, values = (x.to(self.compute_dtype) for x in self.read_blocks(layer, ids))
+        rows = inverse * bs + slot_mapping % bs
+        for blocks, x in ((keys, key), (values, value)):
+            blocks.view(-1, *blocks.shape[2:]).index_copy_(0, rows, x.to(blocks.dtype))
+        return StepBlocks(ids, keys, values)
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every layer's K/V at slots ``src`` [k] to slots ``dst`` [k] (all read before

@@ -42,6 +42,18 @@ def test_stride_changes_the_path_not_the_numbers(tiny_engine_factory, stride):
     assert engine.stats()["kv_blocks_free"] == 16  # every chunk's blocks went back
 
 
+def test_the_default_stride_is_the_engines_prefill_chunk(tiny_engine_factory):
+    """As ``generate`` and ``serve`` prefill a prompt: ``max_num_batched_tokens`` tokens per
+    step, the whole chunk when it is shorter (issue 58). int4 KV, so the step matters: a
+    prefill step reads its own tokens as computed, earlier steps' from the pool."""
+    engine = tiny_engine_factory(num_blocks=16, max_num_batched_tokens=32, kv_cache_dtype="int4")
+    default = perplexity(engine, _ids(400), 96)
+    assert default.stride == 32
+    assert default.ppl == perplexity(engine, _ids(400), 96, stride=32).ppl
+    assert default.ppl != perplexity(engine, _ids(400), 96, stride=96).ppl
+    assert perplexity(engine, _ids(400), 24).stride == 24
+
+
 def test_kl_divergence_against_itself_is_zero(tiny_engine_factory):
     engine, base = tiny_engine_factory(num_blocks=16), tiny_engine_factory(num_blocks=16)
     r = perplexity(engine, _ids(300), 128, base=base)
@@ -65,10 +77,11 @@ def test_kld_percentile_is_numpys_linear_percentile():
 
 def test_kld_percentiles_of_a_lossy_kv_run(tiny_engine_factory):
     """int4 KV against an fp32 base: the summary statistics of the per-position KLD, in
-    order, the mean at most the maximum."""
+    order, the mean at most the maximum. 32 tokens per step: a prefill step reads its own
+    tokens as computed (issue 58), so a chunk in one step would give no KLD at all."""
     engine = tiny_engine_factory(num_blocks=16, kv_cache_dtype="int4")
     base = tiny_engine_factory(num_blocks=16)
-    r = perplexity(engine, _ids(300), 128, base=base)
+    r = perplexity(engine, _ids(300), 128, 32, base=base)
     assert 0 < r.kld_median <= r.kld_p99 <= r.kld_p999 <= r.kld_max
     assert r.kld_mean <= r.kld_max
 
@@ -80,7 +93,9 @@ def test_engines_sharing_one_base_run_get_their_own_figures(tiny_engine_factory,
     from kvledger.eval import perplexity as module
 
     ids, chunks = _ids(300), 2
-    engines = [tiny_engine_factory(num_blocks=16, kv_cache_dtype=f) for f in ("int4", "int8")]
+    # (int2, not int8: with a step's own tokens read as computed, issue 58, int8's KLD here is
+    # at float noise, ~1e-8 either sign)
+    engines = [tiny_engine_factory(num_blocks=16, kv_cache_dtype=f) for f in ("int4", "int2")]
     base = tiny_engine_factory(num_blocks=16)
     fed = []
     real = module.step_logprobs

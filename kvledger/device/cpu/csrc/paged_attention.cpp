@@ -19,7 +19,8 @@
 // per block, values' per-token scales are applied to the row in registers (attend_quantized).
 // The arithmetic is the codecs' decode in fp32 (not rounded to a bf16 compute dtype first). A
 // block whose residual_of entry is >= 0 is still partial and is read from its compute-dtype
-// residual buffer instead. Rotated K/V (KVSide.rotation R: rows stored as k R, v R) are read
+// residual buffer instead, and one whose entry is r <= -2 from row -2 - r of k and v (then the
+// blocks a prefill step wrote, staged in the compute dtype: the step's own tokens as computed). Rotated K/V (KVSide.rotation R: rows stored as k R, v R) are read
 // with the query rotated once per item, q R, and the output rotated back, o R^T.
 //
 // Work is split into items (query, kv head, part of the context): with few queries (batch-1
@@ -215,10 +216,12 @@ void attend_part(const Args& a, int qi, int kh, int part) {
         const int skip = rows_before(span, start);
         const int64_t id = table[b];
         const int64_t slot = KIND ? a.residual_of[id] : id;
-        if (!KIND || slot >= 0) {  // plain blocks, or a partial block's residual buffer
-            const T* kc = static_cast<const T*>(KIND ? a.ks->residual : a.k);
-            const T* vc = static_cast<const T*>(KIND ? a.vs->residual : a.v);
-            const int64_t base = (slot * bs + skip) * token_stride + kh * D;
+        const bool staged = KIND && slot <= -2;  // a block the step wrote: row -2 - slot of k, v
+        if (!KIND || slot >= 0 || staged) {  // plain or staged blocks, or a residual buffer
+            const T* kc = static_cast<const T*>(KIND && !staged ? a.ks->residual : a.k);
+            const T* vc = static_cast<const T*>(KIND && !staged ? a.vs->residual : a.v);
+            const int64_t row = staged ? -2 - slot : slot;
+            const int64_t base = (row * bs + skip) * token_stride + kh * D;
             attend_block<T, DV>(st, kc + base, vc + base, token_stride, n - skip, G, nv);
         } else {
             constexpr int K = KIND ? KIND : kInt8;  // (KIND 0 never gets here)
@@ -316,7 +319,9 @@ int kvl_max_block_size() { return kMaxBlock; }
 // is_bf16: 0 = fp32, 1 = bf16. num_threads > 1 splits the items evenly over that many threads;
 // parts > 1 cuts every context into that many runs of blocks (partial: scratch of
 // num_queries * kv_heads * parts * (heads / kv_heads) * (head_dim + 2) floats).
-// ks, vs, residual_of: a quantized store's K and V sides (k and v are then unused), or null.
+// ks, vs, residual_of: a quantized store's K and V sides (k and v then hold the staged blocks
+// that residual_of entries <= -2 name, [n, block_size, kv_heads, head_dim], or are unused), or
+// null.
 // window > 0: a sliding layer's window W (each query sees the last W positions of its context).
 // sinks: [heads] fp32 sink logits (one more term per query head in each softmax denominator,
 // holding no value: gpt-oss), or null.
