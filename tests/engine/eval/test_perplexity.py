@@ -145,7 +145,7 @@ def test_full_precision_kv_perplexity_equals_transformers(hf_oracle):
 
 @pytest.mark.parametrize("args, message", [
     (["--context", "2"], "--context must be >= 4"),
-    (["--context", "64", "--stride", "0"], "--stride must be in"),
+    (["--context", "64", "--stride", "0"], "--stride must be an integer in"),
     (["--text", "/nonexistent/file.txt"], "cannot read"),
     (["--kv-cache-dtype", "int5"], "kv_cache_dtype must be one of"),
 ])
