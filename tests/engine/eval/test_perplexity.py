@@ -158,7 +158,7 @@ def test_bad_perplexity_input_is_one_line_and_exit_2(args, message):
 @pytest.mark.parametrize("args, message", [
     (["--depth", "1.5"], "--depth must be in [0, 1]"),
     (["--depth", "half"], "comma-separated"),
-    (["--trials", "0"], "--trials must be >= 1"),
+    (["--trials", "0"], "--trials must be an integer in"),
 ])
 def test_bad_passkey_input_is_one_line_and_exit_2(args, message):
     out = CliRunner().invoke(app, ["eval", "passkey", *args])
