@@ -13,6 +13,7 @@ import msgspec
 import pytest
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
@@ -185,7 +186,13 @@ def test_the_live_socket_carries_the_replayed_batches(tiny):
     live = ctx.socket(zmq.SUB)
     live.connect(f"tcp://127.0.0.1:{port}")
     live.setsockopt(zmq.SUBSCRIBE, b"kv@pod-a@tiny")
+    monitor = live.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     engine = build(tiny, port, replay)
+    # a SUB socket misses what is published before it has joined (ZeroMQ's slow joiner)
+    assert monitor.poll(30_000), "the subscriber never joined the publisher"
+    recv_monitor_message(monitor)
+    live.disable_monitor()
+    monitor.close(linger=0)
     sub = Subscriber(replay, False)
     sequences = run_all(engine, [[7] * 50, [7] * 40 + [9] * 20])
     engine.kv_events.flush()

@@ -181,7 +181,7 @@ def test_a_hit_ends_before_a_key_group_not_sealed_together():
     ({"kv_key_group_tokens": 24}, "--kv-key-group-tokens 24 must be a positive multiple"),
     ({"kv_residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
     ({"kv_residual_tokens": 40}, "--kv-residual-tokens 40 must be a positive multiple"),
-    ({"kv_key_group_tokens": 0}, "kv_key_group_tokens must be > 0"),
+    ({"kv_key_group_tokens": 0}, "kv_key_group_tokens must be an integer in"),
 ])
 def test_bad_key_group_or_window_is_refused(tiny_engine_factory, options, message):  # noqa: F811
     from kvledger.errors import InvalidParameterError
