@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvledger.model.layers.linears import held_bytes
 from kvledger.model.layers.state import LayerState, StateMeta
 from kvledger.model.layers.state_batch import (
     ChunkLayout,
+    ProjectedMixer,
     Snapshots,
     StepSplit,
     causal_conv,
@@ -103,7 +103,7 @@ def l2_normed(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-class GatedDeltaNet:
+class GatedDeltaNet(ProjectedMixer):
     """One gated-DeltaNet layer (module docstring).
 
     Args:
@@ -141,23 +141,6 @@ class GatedDeltaNet:
         return cls(shape, linear([p + n for n in IN_PROJ], "qkv"),
                    w.pop(p + "conv1d.weight"), w.pop(p + "A_log"), w.pop(p + "dt_bias"),
                    w.pop(p + "norm.weight"), linear([p + "out_proj"], "o"), kernels)
-
-    def linears(self, shape_class: str) -> list:
-        """Its Linears of ``qkv`` (in_proj) or ``o`` (out_proj): the classes of the attention
-        whose place it takes, as the decoder picks formats by."""
-        return {"qkv": [self.in_proj], "o": [self.out_proj]}.get(shape_class, [])
-
-    @property
-    def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (its state aside)."""
-        return self.in_proj.nbytes + self.out_proj.nbytes + sum(
-            t.nbytes for t in self._small())
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of every tensor held."""
-        return held_bytes(self.in_proj) + held_bytes(self.out_proj) + sum(
-            t.nbytes for t in self._small())
 
     def _small(self) -> list[torch.Tensor]:
         return [self.conv_weight, self.neg_A, self.dt_bias, self.norm_weight]

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvledger.model.layers.linears import held_bytes
 from kvledger.model.layers.state import LayerState, StateMeta
 from kvledger.model.layers.state_batch import (
     ChunkLayout,
+    ProjectedMixer,
     Snapshots,
     StepSplit,
     causal_conv,
@@ -84,7 +84,7 @@ class Mamba2Shape:
                 "recurrent": (self.num_heads, self.head_dim, self.d_state)}
 
 
-class Mamba2:
+class Mamba2(ProjectedMixer):
     """One Mamba-2 layer (module docstring).
 
     Args:
@@ -120,23 +120,6 @@ class Mamba2:
                    w.pop(p + "conv1d.bias", None), w.pop(p + "A_log"), w.pop(p + "D"),
                    w.pop(p + "dt_bias"), w.pop(p + "norm.weight"), linear([p + "out_proj"], "o"),
                    kernels)
-
-    def linears(self, shape_class: str) -> list:
-        """Its Linears of ``qkv`` (in_proj) or ``o`` (out_proj): the classes of the attention
-        whose place it takes, as the decoder picks formats by."""
-        return {"qkv": [self.in_proj], "o": [self.out_proj]}.get(shape_class, [])
-
-    @property
-    def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (its state aside)."""
-        return self.in_proj.nbytes + self.out_proj.nbytes + sum(
-            t.nbytes for t in self._small())
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of every tensor held."""
-        return held_bytes(self.in_proj) + held_bytes(self.out_proj) + sum(
-            t.nbytes for t in self._small())
 
     def _small(self) -> list[torch.Tensor]:
         extra = [] if self.conv_bias is None else [self.conv_bias]

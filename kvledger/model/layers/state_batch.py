@@ -1,5 +1,5 @@
 """The flat token batch of a step as the state mixers (:mod:`.gated_deltanet`, :mod:`.mamba2`)
-read it: which sequences decode one token and which prefill several (:class:`StepSplit`), the
+read it, and the bookkeeping they share (:class:`ProjectedMixer`): which sequences decode one token and which prefill several (:class:`StepSplit`), the
 causal depthwise convolution over each sequence's tokens after its conv window
 (:func:`causal_conv`; one token: :func:`conv_update`), and the prefill tokens laid out as
 padded chunks per sequence for a chunked scan (:class:`ChunkLayout`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvledger.model.layers.linears import held_bytes
 from kvledger.model.layers.state import StateMeta
 
 
@@ -192,3 +193,32 @@ class ChunkLayout:
         that ends at a wanted checkpoint: the state after it is that checkpoint's)."""
         return [(slice(self.first[i], self.first[i] + m), m, self.marks[i])
                 for i, m in enumerate(self.active)]
+
+
+class ProjectedMixer:
+    """What a state mixer with an ``in_proj`` and an ``out_proj`` Linear tells the decoder:
+    its Linears by shape class and its bytes; a subclass lists its other tensors in
+    ``_small()``."""
+
+    in_proj: object
+    out_proj: object
+
+    def _small(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def linears(self, shape_class: str) -> list:
+        """Its Linears of ``qkv`` (in_proj) or ``o`` (out_proj): the classes of the attention
+        whose place it takes, as the decoder picks formats by."""
+        return {"qkv": [self.in_proj], "o": [self.out_proj]}.get(shape_class, [])
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (its state aside)."""
+        return self.in_proj.nbytes + self.out_proj.nbytes + sum(
+            t.nbytes for t in self._small())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of every tensor held."""
+        return held_bytes(self.in_proj) + held_bytes(self.out_proj) + sum(
+            t.nbytes for t in self._small())
