@@ -21,7 +21,7 @@ from kvledger.engine.kv.events.config import parse_kv_events_config
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.model.weights.loader import load_weights
-from tests.engine.kv.vllm_event_structs import structs
+from vllm_event_structs import structs
 
 BS = 16
 SAMPLING = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
