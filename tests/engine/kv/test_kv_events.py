@@ -13,6 +13,7 @@ import msgspec
 import pytest
 import torch
 import zmq
+from vllm_event_structs import structs
 from zmq.utils.monitor import recv_monitor_message
 
 from kvledger.engine.config import EngineConfig
@@ -21,7 +22,6 @@ from kvledger.engine.kv.events.config import parse_kv_events_config
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.model.weights.loader import load_weights
-from vllm_event_structs import structs
 
 BS = 16
 SAMPLING = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
