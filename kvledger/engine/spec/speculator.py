@@ -1,8 +1,9 @@
 """Speculative decoding in the paged engine: proposals verified in the step's one forward.
 
 Each step, after the scheduler planned it (:meth:`Speculator.draft`): every one-token decode
-chunk of a request under full retention asks the proposer for up to ``num_speculative_tokens``
-tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
+chunk of a request under full retention asks the proposer (a lookup, ``proposer.py``, or the
+draft model, ``draft_model.py``, batched over the step's decodes) for up to
+``num_speculative_tokens`` tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
 holding one (a sealed block is final: the proposal stops before the key group's end, which the
 next plain decode seals) or where its grammar refuses one (cut at the first such token). The
 gate (``gate.py``) decides how many each verifies; the scheduler grants the slots within the
@@ -18,7 +19,8 @@ when the request finishes. Rolled back exactly: the chunk's computed tokens beco
 token plus the accepted ones before the scheduler advances, so only accepted tokens are ever
 hashed into the prefix cache (and written to a KV tier); the blocks past them go back to the
 pool (``KVCacheManager.trim``), and rejected slots inside kept blocks are overwritten by the
-next step's writes (a quantized store seals none of them, see above).
+next step's writes (a quantized store seals none of them, see above). The draft model keeps
+the K/V of its accepted proposals and gives back the rest (``DraftModel.keep``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from kvledger.engine.sample.sampler import Sampler, token_logprob
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.spec.config import SpeculativeConfig
+from kvledger.engine.spec.draft_model import DraftModel
 from kvledger.engine.spec.gate import Gate
 from kvledger.engine.spec.proposer import Proposer
 from kvledger.engine.spec.verify import verify_token
@@ -47,12 +50,13 @@ class Speculator:
         scheduler, sampler: the engine's.
         store: the KV store (its ``quantized`` / ``sealed_blocks`` bound the proposals).
         append: the engine's ``_append(req, token, logprob, now)`` -> its RequestOutput.
+        drafter: the draft model of method ``draft_model`` (None for the lookups).
     """
 
     def __init__(self, config: SpeculativeConfig, scheduler: Scheduler, sampler: Sampler,
-                 store, append: Callable) -> None:
+                 store, append: Callable, drafter: DraftModel | None = None) -> None:
         self.config, self.scheduler, self.sampler, self.store = config, scheduler, sampler, store
-        self.append = append
+        self.append, self.drafter = append, drafter
         self.proposer = Proposer(config)
         self.gate = Gate(config.gate)
         self.proposed: Counter[str] = Counter()  # method -> tokens verified
@@ -67,12 +71,8 @@ class Speculator:
         self._method.clear()
         self._declined.clear()
         found = []
-        for c in plan.chunks:
-            room = self._room(c)
-            if room <= 0:
-                continue
+        for c, tokens, method in self._proposals(plan):
             req = c.request
-            tokens, method = self.proposer.propose(req.all_token_ids, room)
             if req.grammar is not None and tokens:
                 tokens = tokens[: req.grammar.validate_tokens(tokens)]
             if tokens:
@@ -89,6 +89,16 @@ class Speculator:
             c.num_new_tokens += granted
             if not granted:
                 self._declined[id(c)] = tokens[0]
+
+    def _proposals(self, plan: SchedulerOutput) -> list[tuple[ScheduledChunk, list[int], str]]:
+        """(chunk, proposed tokens, method) of every chunk with room for a proposal."""
+        rooms = [(c, room) for c in plan.chunks if (room := self._room(c)) > 0]
+        if self.drafter is None:
+            return [(c, *self.proposer.propose(c.request.all_token_ids, room))
+                    for c, room in rooms]
+        self.drafter.retain(self.scheduler.running)
+        drafts = self.drafter.propose([c.request for c, _ in rooms], [r for _, r in rooms])
+        return [(c, tokens, "draft_model") for (c, _), tokens in zip(rooms, drafts)]
 
     def _room(self, c: ScheduledChunk) -> int:
         """Most tokens ``c`` may verify: 0 unless it is a one-token decode of a request under
@@ -139,6 +149,8 @@ class Speculator:
         for out, (c, _) in zip(outputs, drafted + plain):
             if out.finished:
                 self.proposer.finished(c.request.prompt_token_ids, c.request.output_token_ids)
+            if self.drafter is not None:
+                self.drafter.keep(c.request)
         return outputs
 
     def _verify(self, c: ScheduledChunk, rows: torch.Tensor):
@@ -179,4 +191,6 @@ class Speculator:
         for method in sorted(self.proposed):
             s[f"spec_proposed_tokens_{method}"] = self.proposed[method]
             s[f"spec_accepted_tokens_{method}"] = self.accepted[method]
+        if self.drafter is not None:
+            s.update(self.drafter.stats())
         return s
