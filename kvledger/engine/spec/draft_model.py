@@ -193,16 +193,12 @@ class DraftModel:
             self._settle(s)
 
     def _settle(self, s: DraftSequence) -> None:
-        """Cut ``s``'s computed tokens to those its request now has, short of its last one
-        (whose logits the next proposal needs), and give back the blocks past them."""
-        req, same = s.target, 0
-        for token in s.proposed:
-            pos = s.base + same
-            if pos >= req.num_tokens or token != req.token_ids_range(pos, pos + 1)[0]:
-                break
-            same += 1
-        s.num_computed_tokens = min(s.num_computed_tokens, s.base + same, req.num_tokens - 1)
-        s.base, s.proposed = req.num_tokens, []
+        """Cut ``s``'s computed tokens to its request's tokens short of the last one, the
+        token the verify emitted after the accepted proposals (the draft computed only
+        proposals, so what it computed before that position is the accepted ones; the last
+        token's logits the next proposal needs), and give back the blocks past them."""
+        s.num_computed_tokens = min(s.num_computed_tokens, s.target.num_tokens - 1)
+        s.base, s.proposed = s.target.num_tokens, []
         keep = -(-s.num_computed_tokens // self.block_size)
         self.pool.free(reversed(s.block_table[keep:]))
         del s.block_table[keep:]
