@@ -9,7 +9,7 @@ tokens and verifies them. Greedy, EOS ignored, the code-rewrite prompt of
 (last token - first token), median of ``--repeat`` runs after a warm-up; tokens per target
 step = (tokens - 1) / (tokens - 1 - accepted); seconds per step = the decode time / steps.
 With ``$KVLEDGER_LLAMA_CPP_DIR`` (llama-server), the same chat through llama-server without
-and with ``--model-draft`` (its ``timings``: ``predicted_per_second``, ``draft_n``,
+and with ``--spec-type draft-simple --model-draft`` (its ``timings``: ``predicted_per_second``, ``draft_n``,
 ``draft_n_accepted``), in the same run.
 
 Usage: python benchmarks/bench_spec_draft.py [--threads 1] [--new 48] [--k 4] [--repeat 2]
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import httpx
 from bench_spec import PROMPTS
@@ -62,9 +63,9 @@ def llamacpp(threads: int, new: int, k: int, repeat: int, port: int) -> None:
     model = bundled_model_path()
     body = {"messages": [{"role": "user", "content": PROMPTS[KIND]}], "max_tokens": new,
             "temperature": 0.0, "ignore_eos": True}
-    for mode, extra in (("off", ()), (f"--model-draft k={k}", (
-            "--model-draft", str(model), "--spec-draft-n-max", str(k),
-            "--threads-draft", str(threads)))):
+    draft = ("--spec-type", "draft-simple", "--model-draft", str(model),
+             "--spec-draft-n-max", str(k), "--threads-draft", str(threads))
+    for mode, extra in (("off", ()), (f"--model-draft k={k}", draft)):
         with Server(model, port, threads, parallel=1, context=4096, extra=extra) as server:
             rows = []
             for i in range(repeat + 1):
@@ -88,10 +89,10 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--port", type=int, default=18431)
     a = p.parse_args()
-    print(machine_line(a.threads), "·", open("/proc/loadavg").read().strip())
+    print(machine_line(a.threads), "·", Path("/proc/loadavg").read_text().strip())
     ours(a.threads, a.new, a.k, a.repeat)
     llamacpp(a.threads, a.new, a.k, a.repeat, a.port)
-    print("load average after:", open("/proc/loadavg").read().strip())
+    print("load average after:", Path("/proc/loadavg").read_text().strip())
 
 
 if __name__ == "__main__":
