@@ -41,6 +41,9 @@ from kvledger.engine.spec.gate import Gate
 from kvledger.engine.spec.proposer import Proposer
 from kvledger.engine.spec.verify import verify_token
 
+PROBE_STEPS = 8
+"""A draft model drafts one token every this many steps for a sequence the gate turns down."""
+
 
 class Speculator:
     """Proposes, verifies and accounts speculative tokens for one engine.
@@ -63,6 +66,7 @@ class Speculator:
         self.accepted: Counter[str] = Counter()  # method -> tokens accepted
         self._method: dict[int, str] = {}  # id(chunk) -> method, for this step only
         self._declined: dict[int, int] = {}  # id(chunk) -> first token the gate turned down
+        self._draft_steps = 0  # steps a draft model was asked to propose in
 
     # ------------------------------------------------------------------ before the forward
 
@@ -97,8 +101,24 @@ class Speculator:
             return [(c, *self.proposer.propose(c.request.all_token_ids, room))
                     for c, room in rooms]
         self.drafter.retain(self.scheduler.running)
+        rooms = self._draft_rooms(plan, rooms)
         drafts = self.drafter.propose([c.request for c, _ in rooms], [r for _, r in rooms])
         return [(c, tokens, "draft_model") for (c, _), tokens in zip(rooms, drafts)]
+
+    def _draft_rooms(self, plan: SchedulerOutput, rooms: list) -> list:
+        """A draft model costs a forward per proposed token, so it drafts only what the gate
+        would verify at each sequence's acceptance (all of ``rooms`` with the gate off); a
+        sequence the gate turns down drafts one token every :data:`PROBE_STEPS` steps, which
+        the gate declines and compares with the emitted token (its acceptance stays
+        measured)."""
+        if not self.gate.enabled or not rooms:
+            return rooms
+        ks = self.gate.choose([self.gate.acceptance(c.request, "draft_model") for c, _ in rooms],
+                              [r for _, r in rooms], plan.num_batched_tokens,
+                              sum(1 for c in plan.chunks if c.samples))
+        self._draft_steps += 1
+        probe = self._draft_steps % PROBE_STEPS == 0
+        return [(c, k or 1) for (c, _), k in zip(rooms, ks) if k or probe]
 
     def _room(self, c: ScheduledChunk) -> int:
         """Most tokens ``c`` may verify: 0 unless it is a one-token decode of a request under

@@ -155,3 +155,17 @@ def test_pool_is_sized_with_the_draft_bytes(tiny_engine_factory, tiny_llama_fold
 def test_another_vocabulary_is_refused(tiny_engine_factory, tiny_llama_folder):
     with pytest.raises(InvalidParameterError, match="vocabulary of 300 tokens.* one of 320"):
         tiny_engine_factory(speculative_config=_draft(tiny_llama_folder(vocab=300)))
+
+
+def test_gate_stops_a_draft_that_does_not_pay(tiny_engine_factory, tiny_llama_folder):
+    """Gate on, a random draft (acceptance about 0): after its first misses the draft runs
+    only in the probe steps, not k forwards in every step (it would without the gate's say
+    before drafting: 4 per step here)."""
+    prompts = _prompts(4)
+    plain = tokens(run(tiny_engine_factory(), prompts, GREEDY))
+    config = {"method": "draft_model", "model": str(tiny_llama_folder(seed=5)),
+              "num_speculative_tokens": 4}
+    engine = tiny_engine_factory(speculative_config=config)
+    assert tokens(_run(engine, prompts, GREEDY)) == plain
+    s = engine.stats()
+    assert s["draft_steps"] < GREEDY.max_tokens / 2
