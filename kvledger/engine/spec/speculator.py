@@ -6,7 +6,8 @@ draft model, ``draft_model.py``, batched over the step's decodes) for up to
 ``num_speculative_tokens`` tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
 holding one (a sealed block is final: the proposal stops before the key group's end, which the
 next plain decode seals) or where its grammar refuses one (cut at the first such token). The
-gate (``gate.py``) decides how many each verifies; the scheduler grants the slots within the
+gate (``gate.py``) decides how many each verifies (a draft model, which costs a forward per
+token, drafts only that many, :meth:`Speculator._draft_rooms`); the scheduler grants the slots within the
 step's token budget and the free blocks, never preempting (``Scheduler.extend_chunk``). The
 chunk then computes its last token and the proposed ones, a prefill segment after its cached
 tokens, beside plain decodes and prefill chunks, with logits at every position.
