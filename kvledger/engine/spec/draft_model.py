@@ -24,6 +24,7 @@ no room for a sequence's next tokens, it proposes no more for it this step.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -41,6 +42,8 @@ from kvledger.errors import ConfigError, InvalidParameterError
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import kv_groups
 from kvledger.spec import ModelSpec
+
+log = logging.getLogger("kvledger.engine")
 
 
 class LoadedDraft(NamedTuple):
@@ -152,6 +155,8 @@ class DraftModel:
         self.runner = ModelRunner(self.model, self.store, self.block_size)
         self.seqs: dict[str, DraftSequence] = {}
         self.steps = 0  # batched forwards run
+        log.info("draft model: %s, KV %s, %d blocks of %d bytes", spec.name,
+                 self.layout.kv_format, num_blocks, self.bytes_per_block)
 
     @property
     def bytes_per_block(self) -> int:
