@@ -154,9 +154,9 @@ class EngineConfig:
             (enable_kv_cache_events, publisher, endpoint, replay_endpoint, topic, buffer_steps,
             hwm, max_queue_size; ours: encoding map or array); None = none. See docs/fleet.md.
         speculative_config: speculative decoding as vLLM spells it, a JSON object (a dict in
-            Python): method (ngram, suffix, auto or off), num_speculative_tokens,
-            prompt_lookup_min, prompt_lookup_max, suffix_decoding_max_cached_requests, gate;
-            None = off. See docs/speculative.md.
+            Python): method (ngram, suffix, draft_model, auto or off), num_speculative_tokens,
+            prompt_lookup_min, prompt_lookup_max, suffix_decoding_max_cached_requests, gate,
+            model (the draft of draft_model); None = off. See docs/speculative.md.
 
     Raises:
         InvalidParameterError: a size or share out of range, a bad retention policy.

@@ -58,6 +58,7 @@ from kvledger.engine.sample.structured.masks import (
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
+from kvledger.engine.spec.draft_model import DraftModel, load_draft
 from kvledger.engine.spec.speculator import Speculator
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
@@ -146,9 +147,11 @@ class LLMEngine:
         self.bytes_per_token = self.kv_layout.bytes_per_token
         state, config = state_layout(config, spec, dtype, self.model, self.bytes_per_block)
         self.config = config  # prefix caching off on a state model without checkpoints
+        draft = load_draft(config, dtype, spec, tokenizer)  # its pool has as many blocks
         num_blocks = pool_blocks(
-            config, state.sizing_bytes_per_block(self.bytes_per_block) if state
-            else self.bytes_per_block, self.max_model_len,
+            config, (state.sizing_bytes_per_block(self.bytes_per_block) if state
+                     else self.bytes_per_block) + (draft.bytes_per_block if draft else 0),
+            self.max_model_len,
             self.kv_layout.reserved_bytes + (state.reserved_bytes if state else 0),
             self.kv_layout.groups)
         self.states = state.build(num_blocks) if state else None
@@ -196,16 +199,18 @@ class LLMEngine:
                                          grammar_limits(config), grammar_cache_bytes(config))
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
-        self.speculator = self._speculator(config)
+        self.speculator = self._speculator(config, draft and DraftModel(
+            draft, num_blocks, config.attention, tuned))
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
 
-    def _speculator(self, config: EngineConfig) -> Speculator | None:
+    def _speculator(self, config: EngineConfig, drafter: DraftModel | None) -> Speculator | None:
         """The speculative decoder of ``config.speculative`` (None when it is off; the config
-        refused it with tensor parallelism or without the KV cache)."""
+        refused it with tensor parallelism or without the KV cache) with the draft model of
+        method ``draft_model``."""
         spec = config.speculative
         if not spec.enabled:
             return None
-        return Speculator(spec, self.scheduler, self.sampler, self.store, self._append)
+        return Speculator(spec, self.scheduler, self.sampler, self.store, self._append, drafter)
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -332,8 +337,11 @@ class LLMEngine:
             self.parallel.close()
 
     def abort(self, request_id: str) -> None:
-        """Drop a request in any state; its KV blocks are free when this returns."""
+        """Drop a request in any state; its KV blocks (and a draft model's) are free when this
+        returns."""
         self.scheduler.abort(request_id)
+        if self.speculator is not None and self.speculator.drafter is not None:
+            self.speculator.drafter.release(request_id)
 
     def reset_prefix_cache(self) -> int:
         """Drop every evictable block from the prefix cache; no block in use is touched.

@@ -126,7 +126,9 @@ def test_bad_values_are_one_line_errors(seen):
 @pytest.mark.parametrize("value, named", [
     ('{"method": "ngram", "num_speculative_tokenz": 3}', "unknown key 'num_speculative_tokenz'"),
     ('{"method": "mtp"}', "method 'mtp' is not supported"),
-    ('{"method": "draft_model", "model": "x"}', "method 'draft_model' is not supported"),
+    ('{"method": "draft_model"}', "method 'draft_model' needs the key 'model'"),
+    ('{"method": "ngram", "model": "default"}', "key 'model' is the draft model"),
+    ('{"method": "draft_model", "model": "/no/such/draft"}', "model not found: /no/such/draft"),
     ("{method: ngram}", "not valid JSON"),
     ('{"method": "ngram", "prompt_lookup_min": 0}', "prompt_lookup_min must be an integer"),
 ])

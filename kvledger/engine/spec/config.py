@@ -2,8 +2,8 @@
 
 Given as a dict (``LLM(..., speculative_config={...})``) or as JSON text (``--speculative-config
 '{"method": "ngram", "num_speculative_tokens": 4}'``), checked at once: a key that is not one
-of :data:`KEYS`, a method we do not run (``draft_model``, ``mtp``, ``eagle``, ...) or a value
-out of range is an ``InvalidParameterError`` naming it (the CLI's exit 2, HTTP 400).
+of :data:`KEYS`, a method we do not run (``mtp``, ``eagle``, ...) or a value out of range is an
+``InvalidParameterError`` naming it (the CLI's exit 2, HTTP 400).
 
 Methods (docs/speculative.md):
 
@@ -11,7 +11,9 @@ Methods (docs/speculative.md):
   ``prompt_lookup_max`` tokens matched, the longest first);
 - ``suffix``: a bounded suffix index over this request and the outputs of recent requests
   (SuffixDecoding-style, ``suffix_decoding_max_cached_requests`` requests kept);
-- ``auto``: both, the longer proposal taken; every proposal is gated by the step price
+- ``draft_model``: a second, smaller model with the target's vocabulary (``model``: a GGUF
+  file or a Hugging Face folder) proposes its greedy continuation (``spec/draft_model.py``);
+- ``auto``: both lookups, the longer proposal taken; every proposal is gated by the step price
   (``spec/gate.py``), so a step speculates only where the ledger says it pays;
 - ``off``: none. ``None`` (no config) is the engine's default, :data:`DEFAULT_METHOD`.
 """
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from kvledger.errors import InvalidParameterError
 
-METHODS = ("ngram", "suffix", "auto", "off")
+METHODS = ("ngram", "suffix", "draft_model", "auto", "off")
 NOT_RUN = {
-    "draft_model": "a draft model is not run yet",
     "mtp": "multi-token-prediction heads are not run yet",
     "eagle": "EAGLE heads are not run", "eagle3": "EAGLE-3 heads are not run",
     "medusa": "Medusa heads are not run", "mlp_speculator": "MLP speculators are not run",
@@ -41,13 +43,14 @@ class SpeculativeConfig:
     """Checked speculative-decoding options.
 
     Attributes:
-        method: ``ngram``, ``suffix``, ``auto`` or ``off``.
+        method: ``ngram``, ``suffix``, ``draft_model``, ``auto`` or ``off``.
         num_speculative_tokens: most tokens proposed per step and sequence (k).
         prompt_lookup_min, prompt_lookup_max: shortest and longest n-gram matched.
         suffix_decoding_max_cached_requests: finished requests whose outputs the suffix index
             keeps (vLLM's name).
         gate: price each step's proposals and keep only those expected to pay (True), or
             verify every proposal (False: for tests and measurements).
+        model: the draft model's path (``draft_model`` only).
     """
 
     method: str = DEFAULT_METHOD
@@ -56,6 +59,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5
     suffix_decoding_max_cached_requests: int = 64
     gate: bool = True
+    model: str | None = None
 
     @property
     def enabled(self) -> bool:
@@ -86,7 +90,8 @@ class SpeculativeConfig:
         if unknown:
             raise InvalidParameterError(
                 f"speculative_config has an unknown key {unknown[0]!r}; known: {', '.join(KEYS)}")
-        method = value.get("method", "ngram" if value else DEFAULT_METHOD)
+        default = "draft_model" if "model" in value else "ngram" if value else DEFAULT_METHOD
+        method = value.get("method", default)
         if method in NOT_RUN:
             raise InvalidParameterError(
                 f"speculative_config method {method!r} is not supported: {NOT_RUN[method]}; "
@@ -94,13 +99,19 @@ class SpeculativeConfig:
         if method not in METHODS:
             raise InvalidParameterError(
                 f"speculative_config method must be one of {', '.join(METHODS)}, got {method!r}")
-        if "model" in value:
+        if ("model" in value) != (method == "draft_model"):
             raise InvalidParameterError(
-                "speculative_config key 'model' needs method 'draft_model', which is not "
-                "supported yet")
+                "speculative_config method 'draft_model' needs the key 'model' (the draft's "
+                "path)" if method == "draft_model" else
+                f"speculative_config key 'model' is the draft model of method 'draft_model', "
+                f"not of {method!r}")
         fields = {k: v for k, v in value.items() if k != "method"}
         for key, v in fields.items():
-            if key == "gate":
+            if key == "model":
+                if not isinstance(v, str) or not v:
+                    raise InvalidParameterError(
+                        f"speculative_config model must be a path (text), got {v!r}")
+            elif key == "gate":
                 if not isinstance(v, bool):
                     raise InvalidParameterError(f"speculative_config gate must be true or false, "
                                                 f"got {v!r}")
@@ -108,6 +119,10 @@ class SpeculativeConfig:
                 raise InvalidParameterError(
                     f"speculative_config {key} must be an integer >= 1, got {v!r}")
         config = cls(method=method, **fields)
+        if config.model not in (None, "default") and not Path(config.model).expanduser().exists():
+            raise InvalidParameterError(
+                f"speculative_config model not found: {config.model} (give a GGUF file, a "
+                "folder with config.json, or 'default' for the bundled model)")
         if config.prompt_lookup_min > config.prompt_lookup_max:
             raise InvalidParameterError(
                 f"speculative_config prompt_lookup_min ({config.prompt_lookup_min}) is over "

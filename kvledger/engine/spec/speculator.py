@@ -1,11 +1,13 @@
 """Speculative decoding in the paged engine: proposals verified in the step's one forward.
 
 Each step, after the scheduler planned it (:meth:`Speculator.draft`): every one-token decode
-chunk of a request under full retention asks the proposer for up to ``num_speculative_tokens``
-tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
+chunk of a request under full retention asks the proposer (a lookup, ``proposer.py``, or the
+draft model, ``draft_model.py``, batched over the step's decodes) for up to
+``num_speculative_tokens`` tokens, fewer where its ``max_tokens`` ends sooner, where a quantized store would seal a block
 holding one (a sealed block is final: the proposal stops before the key group's end, which the
 next plain decode seals) or where its grammar refuses one (cut at the first such token). The
-gate (``gate.py``) decides how many each verifies; the scheduler grants the slots within the
+gate (``gate.py``) decides how many each verifies (a draft model, which costs a forward per
+token, drafts only that many, :meth:`Speculator._draft_rooms`); the scheduler grants the slots within the
 step's token budget and the free blocks, never preempting (``Scheduler.extend_chunk``). The
 chunk then computes its last token and the proposed ones, a prefill segment after its cached
 tokens, beside plain decodes and prefill chunks, with logits at every position.
@@ -18,7 +20,8 @@ when the request finishes. Rolled back exactly: the chunk's computed tokens beco
 token plus the accepted ones before the scheduler advances, so only accepted tokens are ever
 hashed into the prefix cache (and written to a KV tier); the blocks past them go back to the
 pool (``KVCacheManager.trim``), and rejected slots inside kept blocks are overwritten by the
-next step's writes (a quantized store seals none of them, see above).
+next step's writes (a quantized store seals none of them, see above). The draft model keeps
+the K/V of its accepted proposals and gives back the rest (``DraftModel.keep``).
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ from kvledger.engine.sample.sampler import Sampler, token_logprob
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.spec.config import SpeculativeConfig
+from kvledger.engine.spec.draft_model import DraftModel
 from kvledger.engine.spec.gate import Gate
 from kvledger.engine.spec.proposer import Proposer
 from kvledger.engine.spec.verify import verify_token
+
+PROBE_STEPS = 8
+"""A draft model drafts one token every this many steps for a sequence the gate turns down."""
 
 
 class Speculator:
@@ -47,18 +54,20 @@ class Speculator:
         scheduler, sampler: the engine's.
         store: the KV store (its ``quantized`` / ``sealed_blocks`` bound the proposals).
         append: the engine's ``_append(req, token, logprob, now)`` -> its RequestOutput.
+        drafter: the draft model of method ``draft_model`` (None for the lookups).
     """
 
     def __init__(self, config: SpeculativeConfig, scheduler: Scheduler, sampler: Sampler,
-                 store, append: Callable) -> None:
+                 store, append: Callable, drafter: DraftModel | None = None) -> None:
         self.config, self.scheduler, self.sampler, self.store = config, scheduler, sampler, store
-        self.append = append
+        self.append, self.drafter = append, drafter
         self.proposer = Proposer(config)
         self.gate = Gate(config.gate)
         self.proposed: Counter[str] = Counter()  # method -> tokens verified
         self.accepted: Counter[str] = Counter()  # method -> tokens accepted
         self._method: dict[int, str] = {}  # id(chunk) -> method, for this step only
         self._declined: dict[int, int] = {}  # id(chunk) -> first token the gate turned down
+        self._draft_steps = 0  # steps a draft model was asked to propose in
 
     # ------------------------------------------------------------------ before the forward
 
@@ -67,12 +76,8 @@ class Speculator:
         self._method.clear()
         self._declined.clear()
         found = []
-        for c in plan.chunks:
-            room = self._room(c)
-            if room <= 0:
-                continue
+        for c, tokens, method in self._proposals(plan):
             req = c.request
-            tokens, method = self.proposer.propose(req.all_token_ids, room)
             if req.grammar is not None and tokens:
                 tokens = tokens[: req.grammar.validate_tokens(tokens)]
             if tokens:
@@ -89,6 +94,32 @@ class Speculator:
             c.num_new_tokens += granted
             if not granted:
                 self._declined[id(c)] = tokens[0]
+
+    def _proposals(self, plan: SchedulerOutput) -> list[tuple[ScheduledChunk, list[int], str]]:
+        """(chunk, proposed tokens, method) of every chunk with room for a proposal."""
+        rooms = [(c, room) for c in plan.chunks if (room := self._room(c)) > 0]
+        if self.drafter is None:
+            return [(c, *self.proposer.propose(c.request.all_token_ids, room))
+                    for c, room in rooms]
+        self.drafter.retain(self.scheduler.running)
+        rooms = self._draft_rooms(plan, rooms)
+        drafts = self.drafter.propose([c.request for c, _ in rooms], [r for _, r in rooms])
+        return [(c, tokens, "draft_model") for (c, _), tokens in zip(rooms, drafts)]
+
+    def _draft_rooms(self, plan: SchedulerOutput, rooms: list) -> list:
+        """A draft model costs a forward per proposed token, so it drafts only what the gate
+        would verify at each sequence's acceptance (all of ``rooms`` with the gate off); a
+        sequence the gate turns down drafts one token every :data:`PROBE_STEPS` steps, which
+        the gate declines and compares with the emitted token (its acceptance stays
+        measured)."""
+        if not self.gate.enabled or not rooms:
+            return rooms
+        ks = self.gate.choose([self.gate.acceptance(c.request, "draft_model") for c, _ in rooms],
+                              [r for _, r in rooms], plan.num_batched_tokens,
+                              sum(1 for c in plan.chunks if c.samples))
+        self._draft_steps += 1
+        probe = self._draft_steps % PROBE_STEPS == 0
+        return [(c, k or 1) for (c, _), k in zip(rooms, ks) if k or probe]
 
     def _room(self, c: ScheduledChunk) -> int:
         """Most tokens ``c`` may verify: 0 unless it is a one-token decode of a request under
@@ -139,6 +170,8 @@ class Speculator:
         for out, (c, _) in zip(outputs, drafted + plain):
             if out.finished:
                 self.proposer.finished(c.request.prompt_token_ids, c.request.output_token_ids)
+            if self.drafter is not None:
+                self.drafter.keep(c.request)
         return outputs
 
     def _verify(self, c: ScheduledChunk, rows: torch.Tensor):
@@ -179,4 +212,6 @@ class Speculator:
         for method in sorted(self.proposed):
             s[f"spec_proposed_tokens_{method}"] = self.proposed[method]
             s[f"spec_accepted_tokens_{method}"] = self.accepted[method]
+        if self.drafter is not None:
+            s.update(self.drafter.stats())
         return s

@@ -1,7 +1,7 @@
 """Prometheus metrics of speculative decoding (docs/speculative.md), from ``engine.stats()``:
 counters ``spec_proposed_tokens`` / ``spec_accepted_tokens`` (tokens verified and accepted,
 all methods) and ``spec_method_proposed_tokens`` / ``spec_method_accepted_tokens`` with the
-label ``method`` (``ngram``, ``suffix``: the proposer that found them); acceptance per method
+label ``method`` (``ngram``, ``suffix``, ``draft_model``: the proposer that found them); acceptance per method
 is the ratio of the two."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Rejection sampling keeps the target distribution: over many seeded draws on the tiny model
-with a deliberately bad proposal, the emitted (first, second) token pairs match transformers'
-distribution (chi-squared); seeded runs repeat exactly."""
+with a deliberately bad proposal, and with the model as its own draft (``draft_model``: it
+proposes its argmax, accepted about as often as rejected at this temperature), the emitted
+(first, second) token pairs match transformers' distribution (chi-squared); seeded runs repeat
+exactly."""
 
 from __future__ import annotations
 
@@ -41,16 +43,20 @@ def oracle(tiny_llama):
     return folder, spec, weights, joint, bad
 
 
-def _draws(oracle, seeds) -> tuple[list[tuple[int, int]], dict]:
+def _draws(oracle, seeds, draft: bool = False) -> tuple[list[tuple[int, int]], dict]:
+    """Emitted pairs of ``seeds``' runs: the bad proposal after the first token, or (with
+    ``draft``) the model as its own draft model proposing one token per step."""
     folder, spec, weights, _, bad = oracle
+    config = ({"method": "draft_model", "model": str(folder), "num_speculative_tokens": 1,
+               "gate": False} if draft else {"method": "ngram", "gate": False})
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="fp32", attention="paged-native",
-                                    speculative_config={"method": "ngram", "gate": False}),
-                       spec=spec, weights=weights)
+                                    speculative_config=config), spec=spec, weights=weights)
 
     def propose(tokens, k):  # after the first output token: its bad second token
         return ([bad[tokens[-1]]], "ngram") if len(tokens) == len(PROMPT) + 1 else ([], "ngram")
 
-    engine.speculator.proposer.propose = propose
+    if not draft:
+        engine.speculator.proposer.propose = propose
     for s in seeds:
         engine.add_request(f"r{s}", PROMPT, SamplingParams(
             max_tokens=3, temperature=TEMPERATURE, top_k=TOP_K, seed=s, ignore_eos=True))
@@ -62,11 +68,16 @@ def _draws(oracle, seeds) -> tuple[list[tuple[int, int]], dict]:
     return [pairs[f"r{s}"] for s in seeds], engine.stats()
 
 
-def test_emitted_pairs_follow_the_target_distribution(oracle):
+@pytest.mark.parametrize("draft", [False, True], ids=["bad-proposal", "draft-model"])
+def test_emitted_pairs_follow_the_target_distribution(oracle, draft):
     joint = oracle[3]
-    pairs, stats = _draws(oracle, range(DRAWS))
+    pairs, stats = _draws(oracle, range(DRAWS), draft)
     assert stats["spec_proposed_tokens"] == DRAWS  # every second token was a verify
-    assert 0 < stats["spec_accepted_tokens"] < DRAWS / 3  # the bad proposal mostly fails
+    if draft:  # the argmax of a top-3 distribution: accepted at p(argmax), about half
+        assert DRAWS / 4 < stats["spec_accepted_tokens"] < 3 * DRAWS / 4
+        assert stats["draft_kv_blocks_free"] == stats["draft_kv_blocks_total"]
+    else:  # the bad proposal mostly fails
+        assert 0 < stats["spec_accepted_tokens"] < DRAWS / 3
     counts = {cell: 0 for cell in joint}
     for pair in pairs:
         counts[pair] += 1  # a pair outside the top-k support would raise here
@@ -74,5 +85,6 @@ def test_emitted_pairs_follow_the_target_distribution(oracle):
     assert chi2 < CHI2_CRITICAL, (chi2, counts)
 
 
-def test_seeded_runs_repeat(oracle):
-    assert _draws(oracle, range(40))[0] == _draws(oracle, range(40))[0]
+@pytest.mark.parametrize("draft", [False, True], ids=["bad-proposal", "draft-model"])
+def test_seeded_runs_repeat(oracle, draft):
+    assert _draws(oracle, range(40), draft)[0] == _draws(oracle, range(40), draft)[0]
