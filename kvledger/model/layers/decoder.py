@@ -58,8 +58,7 @@ from kvledger.model.layers.mlp import GatedMLP
 from kvledger.model.layers.rotary import InterleavedRope, RotaryEmbedding
 from kvledger.model.layers.state_block import StateBlock
 from kvledger.model.linear import Linear
-from kvledger.spec import MLA, SLIDING, STATE_KINDS, ModelSpec
-from kvledger.spec.groups import MuP
+from kvledger.spec import MLA, SLIDING, STATE_KINDS, ModelSpec, MuP
 
 SHAPE_CLASSES = ("qkv", "o", "gate_up", "down")
 """A layer's shape classes of Linears (beside the model's ``lm_head``)."""
