@@ -178,3 +178,24 @@ def test_the_spec_fields_are_the_configs(tiny, tmp_path):
     del saved["position_embedding_type"]
     (tmp_path / "config.json").write_text(json.dumps(saved))
     assert spec_from_hf_config(tmp_path).rope.position_embedding_type == "nope"
+
+
+def test_bf16_runs_with_the_device_formats(tiny):
+    """The engine in bf16 over the MoE model's bf16 weights (the device's weight formats for the
+    Mamba in_proj / out_proj, the attention and the experts): it runs, the state in bf16, and
+    every slot comes back."""
+    import torch
+
+    from kvledger.engine.config import EngineConfig
+    from kvledger.engine.engine import LLMEngine
+    from kvledger.model.weights.loader import load_weights
+
+    folder = tiny("moe")[0]
+    spec, weights = load_weights(folder, torch.bfloat16)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
+                       spec=spec, weights=weights)
+    assert engine.states.recurrent[0].dtype == torch.bfloat16
+    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
+                       SamplingParams(max_tokens=4, temperature=0.0))
+    assert [len(t) for t in got] == [4, 4]
+    assert engine.states.num_free == engine.states.num_slots
