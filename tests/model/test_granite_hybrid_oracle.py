@@ -4,14 +4,16 @@ layers without RoPE (``position_embedding_type`` ``nope``), the µP multipliers 
 (embedding x 3, residual x 0.5, attention scale 0.1, logits / 2), the shared MLP alone (dense)
 or beside 4 routed experts, top 2 (MoE); and the dense Granite 4.0 layout (RoPE on attention
 layers). fp32 logits within 1e-4 at prefill (two chunks into scattered blocks) and 16 decode
-steps; the engine's greedy tokens equal transformers' alone, batched, chunked, preempted and on
-a prefix hit from a state checkpoint; each ablation (a multiplier left at 1, RoPE turned on a
+steps, from the Hugging Face folder and from the GGUF llama.cpp's converter writes of it; the
+engine's greedy tokens equal transformers' alone, batched, chunked, preempted and on a prefix hit
+from a state checkpoint; each ablation (a multiplier left at 1, RoPE turned on a
 ``nope`` model, the shared MLP dropped beside the experts) fails the comparison."""
 
 from __future__ import annotations
 
 import pytest
 from family_kit import SHAPE, hf_greedy, save_tiny
+from granite_gguf_kit import convert, write_gguf
 from oracle_kit import (
     TOL,
     dense_reference,
@@ -25,6 +27,7 @@ from oracle_kit import (
 )
 
 from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.errors import ConfigError
 from kvledger.model.families import check_runnable
 from kvledger.model.layers.experts import Experts
 from kvledger.spec import FULL, MAMBA
@@ -199,3 +202,41 @@ def test_bf16_runs_with_the_device_formats(tiny):
                        SamplingParams(max_tokens=4, temperature=0.0))
     assert [len(t) for t in got] == [4, 4]
     assert engine.states.num_free == engine.states.num_slots
+
+
+@pytest.mark.parametrize("writer", ["gguf-py", "llama.cpp"])
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_gguf_as_the_converter_writes_it_matches_transformers(tiny, tmp_path, name, writer):
+    """The ``granitehybrid`` GGUF of the tiny folder (``-exp(A_log)``, squeezed taps, grouped
+    norm, split gate / up, permuted q / k, the multipliers as ``*_scale`` keys, no RoPE):
+    read back, its logits are transformers' within 1e-4. ``llama.cpp``: the converter itself
+    (``KVLEDGER_LLAMA_CPP_SRC``), else skipped; ``gguf-py``: its changes written here."""
+    import shutil
+
+    import torch
+
+    from kvledger.model.weights.loader import load_weights
+
+    folder, hf, read, _ = tiny(name)
+    path = tmp_path / f"{name}.gguf"
+    if writer == "gguf-py":
+        write_gguf(folder, path)
+    elif not convert(shutil.copytree(folder, tmp_path / "hf"), path):
+        pytest.skip("KVLEDGER_LLAMA_CPP_SRC (llama.cpp's source tree) is not set")
+    spec, weights = load_weights(path, torch.float32)
+    assert spec.layers.types == read.layers.types and spec.mup == read.mup
+    assert spec.rope.position_embedding_type == "nope" and spec.experts == read.experts
+    assert abs(spec.attention_scale - 0.1) < 1e-7  # stored as float32
+    diffs, _ = state_diffs(spec, weights, seeded_prompt(23), _reference(hf, spec), steps=4)
+    assert max(diffs) < TOL, diffs
+
+
+def test_a_gguf_missing_a_state_tensor_is_named(tiny, tmp_path):
+    import torch
+
+    from kvledger.model.weights.loader import load_weights
+
+    path = tmp_path / "no_a.gguf"
+    write_gguf(tiny("dense")[0], path, drop="blk.2.ssm_a")
+    with pytest.raises(ConfigError, match=r"model\.layers\.2\.mamba\.A_log"):
+        load_weights(path, torch.float32)

@@ -32,17 +32,25 @@ Checkpoint names -> the common ones: ``shared_mlp.input_linear`` -> ``mlp.gate_p
 hidden, f] -> the stacked ``mlp.experts.{gate,up,down}_proj`` (split per expert by
 ``names.to_common_names``); the Mamba layer's ``mamba.*`` stay.
 
-GGUF (llama.cpp's converter, ``granitehybrid``): ``ssm.conv_kernel``, ``ssm.state_size``,
-``ssm.group_count``, ``ssm.inner_size``, ``ssm.time_step_rank`` (the heads),
-``attention.head_count_kv`` per layer (0 on a Mamba layer),
-``expert_shared_feed_forward_length``; read for `kvledger plan`, its weights refused.
+GGUF (llama.cpp's converter, ``granitehybrid``, ``conversion/granite.py`` and ``mamba.py``):
+``ssm.conv_kernel``, ``ssm.state_size``, ``ssm.group_count``, ``ssm.inner_size``,
+``ssm.time_step_rank`` (the heads), ``attention.head_count_kv`` per layer (0 on a Mamba layer),
+``expert_shared_feed_forward_length``; the multipliers as ``embedding_scale``,
+``residual_scale``, ``attention.scale`` and ``logit_scale``; RoPE only when
+``rope.scaling.finetuned`` (the converter's ``use_rope``: Bamba, not Granite-4.0-H). Its
+tensors: ``ssm_in`` / ``ssm_out``, ``ssm_conv1d`` (the taps squeezed to [channels, taps]),
+``ssm_a`` holding ``-exp(A_log)`` and ``ssm_d`` (both [heads, 1], no ``.weight``), ``ssm_dt``'s
+bias (dt_bias), ``ssm_norm`` as [groups, inner / groups]; the shared MLP as ``ffn_*_shexp``
+(a dense model's as ``ffn_gate`` / ``ffn_up`` / ``ffn_down``), the experts' gate and up split
+into ``ffn_gate_exps`` / ``ffn_up_exps``; q / k rows permuted for ggml's rope, as Llama's.
+All brought back to the checkpoint's form when loaded (:func:`_gguf_weights`).
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-from kvledger.errors import ConfigError, UnsupportedModelError
+from kvledger.errors import ConfigError
 from kvledger.model.families.moe import experts_key
 from kvledger.spec import FULL, MAMBA, Config, Family, ModelSpec, any_value
 
@@ -133,6 +141,12 @@ _GGUF_NAMES = {"heads": "ssm.time_step_rank", "head_dim": "ssm.inner_size",
                "kernel": "ssm.conv_kernel"}
 
 
+_GGUF_MULTIPLIERS = {"embedding_multiplier": "embedding_scale",
+                     "residual_multiplier": "residual_scale",
+                     "attention_multiplier": "attention.scale", "logits_scaling": "logit_scale"}
+"""The µP multipliers -> the GGUF keys the converter writes them under (when set)."""
+
+
 def _gguf_fields(header, fields: dict) -> dict:
     got = {}
     for key, name in _GGUF_NAMES.items():
@@ -153,7 +167,14 @@ def _gguf_fields(header, fields: dict) -> dict:
                        got["groups"], got["kernel"], header.path,
                        {k: f"{header.arch}.{v}" for k, v in _GGUF_NAMES.items()})
     out |= {"layer_types": tuple(FULL if h else MAMBA for h in kv), "num_kv_heads": max(kv),
-            "state_conv_bias": any(".ssm_conv1d.bias" in t for t in header.tensor_names)}
+            "state_conv_bias": any(".ssm_conv1d.bias" in t for t in header.tensor_names),
+            "mamba_proj_bias": any(".ssm_in.bias" in t for t in header.tensor_names),
+            "position_embedding_type": "rope" if header.value("rope.scaling.finetuned")
+            else "nope"}
+    for field, key in _GGUF_MULTIPLIERS.items():
+        value = header.value(key)
+        if value is not None:
+            out[field] = float(value)
     shared = header.value("expert_shared_feed_forward_length")
     if shared:
         out["intermediate_size"] = int(shared)
@@ -163,17 +184,11 @@ def _gguf_fields(header, fields: dict) -> dict:
 
 
 def _weight_names(state: dict, spec: ModelSpec) -> None:
-    """Granite's checkpoint names -> the common ones (module docstring).
-
-    Raises:
-        UnsupportedModelError: for a GGUF's weights (llama.cpp's converter stores ``-exp(A_log)``
-            and other layouts the engine does not read back yet).
-    """
-    arch = spec.extra.get("gguf_architecture")
-    if arch:
-        raise UnsupportedModelError(
-            f"{spec.source}: the engine cannot run a '{arch}' GGUF's weights yet; run the "
-            "Hugging Face folder, `kvledger plan` still sizes the file")
+    """Granite's checkpoint names -> the common ones (module docstring); a GGUF's tensors
+    brought back to the checkpoint's form first (:func:`_gguf_weights`)."""
+    if spec.extra.get("gguf_architecture"):
+        _gguf_weights(state)
+        return
     shared = "mlp.shared_experts." if spec.is_moe else "mlp."
     for name in list(state):
         stem, found, rest = name.partition("shared_mlp.")
@@ -200,6 +215,24 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
         elif rest.startswith("output_linear."):
             state[f"{stem}mlp.experts.down_proj.{rest.removeprefix('output_linear.')}"] = \
                 state.pop(name)
+
+
+def _gguf_weights(state: dict) -> None:
+    """A ``granitehybrid`` GGUF's Mamba tensors as the checkpoint holds them: ``A_log`` from
+    the stored ``-exp(A_log)``, ``D`` and the norm flat, ``dt_bias`` by its name, the conv
+    taps [channels, 1, taps] (the rest already has the common names)."""
+    for name in list(state):
+        stem, found, rest = name.partition(".mamba.")
+        if not found:
+            continue
+        if rest == "A_log":
+            state[name] = (-state[name].double()).log().float().flatten()
+        elif rest in ("D", "norm.weight"):
+            state[name] = state[name].flatten()
+        elif rest == "dt.bias":
+            state[f"{stem}.mamba.dt_bias"] = state.pop(name)
+        elif rest == "conv1d.weight" and state[name].ndim == 2:
+            state[name] = state[name][:, None, :]
 
 
 def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
@@ -266,6 +299,12 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"granitehybrid": "granitemoehybrid"},
     gguf_fields=_gguf_fields,
+    gguf_tensors={"ssm_in": "mamba.in_proj", "ssm_conv1d": "mamba.conv1d", "ssm_a": "mamba.A_log",
+                  "ssm_d": "mamba.D", "ssm_dt": "mamba.dt", "ssm_norm": "mamba.norm",
+                  "ssm_out": "mamba.out_proj", "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                  "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                  "ffn_down_shexp": "mlp.shared_experts.down_proj"},
+    gguf_rope_permuted=frozenset({"granitehybrid"}),
     weight_names=_weight_names,
     tensor_shapes=_tensor_shapes,
     model=_model,
