@@ -240,3 +240,18 @@ def test_a_gguf_missing_a_state_tensor_is_named(tiny, tmp_path):
     write_gguf(tiny("dense")[0], path, drop="blk.2.ssm_a")
     with pytest.raises(ConfigError, match=r"model\.layers\.2\.mamba\.A_log"):
         load_weights(path, torch.float32)
+
+
+@pytest.mark.parametrize("value,message", [("big", "'logits_scaling' must be a number"),
+                                           (0, "logits_scaling")])
+def test_a_bad_multiplier_is_named(tiny, tmp_path, value, message):
+    """A multiplier that is no number, or 0 (the logits divided by it): a ConfigError naming
+    the field, before any weight is read."""
+    import json
+
+    from kvledger.model.families import spec_from_hf_config
+
+    cfg = json.loads((tiny("dense")[0] / "config.json").read_text()) | {"logits_scaling": value}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=message):
+        spec_from_hf_config(tmp_path)

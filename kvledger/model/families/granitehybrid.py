@@ -120,7 +120,7 @@ def _config_fields(c: Config, n: int) -> dict:
                "state_conv_bias": bool(c.get("mamba_conv_bias")),
                "position_embedding_type": "rope" if c.get("position_embedding_type") == "rope"
                else "nope"}
-    fields |= {key: float(c.get(key)) for key in _MULTIPLIERS}
+    fields |= {key: c.number(key) for key in _MULTIPLIERS}
     shared = c.int("shared_intermediate_size")
     experts = int(c.get(experts_key(c)) or 0)
     fields["intermediate_size"] = shared
