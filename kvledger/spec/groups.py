@@ -194,6 +194,8 @@ class Mamba:
     n_groups: int = 0
     chunk_size: int = 0
     proj_bias: bool = False
+    time_step_limit: tuple[float, float | None] = (0.0, None)  # dt clamped to [lo, hi]
+    # after its softplus (transformers' ``time_step_limit``; None: no upper bound)
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,7 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "mamba_n_groups": ("mamba", "n_groups"),
     "mamba_chunk_size": ("mamba", "chunk_size"),
     "mamba_proj_bias": ("mamba", "proj_bias"),
+    "time_step_limit": ("mamba", "time_step_limit"),
     "embedding_multiplier": ("mup", "embedding_multiplier"),
     "residual_multiplier": ("mup", "residual_multiplier"),
     "logits_scaling": ("mup", "logits_scaling"),

@@ -125,6 +125,7 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "mamba_n_groups": is_(0),
     "mamba_chunk_size": is_(0),
     "mamba_proj_bias": is_(False),
+    "time_step_limit": is_((0.0, None)),
 }
 """Field -> the values the plain Llama decoder runs (SwiGLU, RMSNorm, full attention)."""
 

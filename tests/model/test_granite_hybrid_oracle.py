@@ -47,10 +47,12 @@ CONFIGS = {
                      "shared_intermediate_size": 48, "tie_word_embeddings": False},
     "rope": COMMON | {"num_local_experts": 0, "num_experts_per_tok": 0, "intermediate_size": 96,
                       "shared_intermediate_size": 96, "position_embedding_type": "rope",
-                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                      "time_step_limit": (0.05, 0.6)},
 }
 """``dense``: Granite-4.0-H-Micro's kind; ``moe``: -Tiny's; ``rope``: the dense Granite 4.0
-models' RoPE on the attention layers (here beside Mamba layers)."""
+models' RoPE on the attention layers (here beside Mamba layers), and dt clamped to
+``time_step_limit``."""
 
 
 def _make(name: str, folder):
@@ -112,6 +114,14 @@ def test_ablation_attention_fails(tiny, fields):
     the ``nope`` model's attention layers: the logits leave transformers'."""
     ablated = tiny("dense")[2].with_fields(**fields)
     diffs, _ = _diffs(tiny, "dense", 23, steps=2, spec=ablated)
+    assert max(diffs) > 100 * TOL, diffs
+
+
+def test_ablation_time_step_limit_dropped_fails(tiny):
+    """dt left unclamped on the model whose config limits it to [0.05, 0.6]."""
+    spec = tiny("rope")[2]
+    assert spec.mamba.time_step_limit == (0.05, 0.6)
+    diffs, _ = _diffs(tiny, "rope", 23, steps=2, spec=spec.with_fields(time_step_limit=(0.0, None)))
     assert max(diffs) > 100 * TOL, diffs
 
 
@@ -242,16 +252,18 @@ def test_a_gguf_missing_a_state_tensor_is_named(tiny, tmp_path):
         load_weights(path, torch.float32)
 
 
-@pytest.mark.parametrize("value,message", [("big", "'logits_scaling' must be a number"),
-                                           (0, "logits_scaling")])
-def test_a_bad_multiplier_is_named(tiny, tmp_path, value, message):
-    """A multiplier that is no number, or 0 (the logits divided by it): a ConfigError naming
-    the field, before any weight is read."""
+@pytest.mark.parametrize("field,value,message", [
+    ("logits_scaling", "big", "'logits_scaling' must be a number"),
+    ("logits_scaling", 0, "logits_scaling"),
+    ("time_step_limit", [0.5, 0.1], "'time_step_limit' must be two numbers 0 <= lo <= hi")])
+def test_a_bad_config_field_is_named(tiny, tmp_path, field, value, message):
+    """A multiplier that is no number or 0 (the logits divided by it), a dt limit upside down:
+    a ConfigError naming the field, before any weight is read."""
     import json
 
     from kvledger.model.families import spec_from_hf_config
 
-    cfg = json.loads((tiny("dense")[0] / "config.json").read_text()) | {"logits_scaling": value}
+    cfg = json.loads((tiny("dense")[0] / "config.json").read_text()) | {field: value}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         spec_from_hf_config(tmp_path)

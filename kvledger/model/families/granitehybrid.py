@@ -121,6 +121,7 @@ def _config_fields(c: Config, n: int) -> dict:
                "position_embedding_type": "rope" if c.get("position_embedding_type") == "rope"
                else "nope"}
     fields |= {key: c.number(key) for key in _MULTIPLIERS}
+    fields["time_step_limit"] = _time_step_limit(c)
     shared = c.int("shared_intermediate_size")
     experts = int(c.get(experts_key(c)) or 0)
     fields["intermediate_size"] = shared
@@ -130,6 +131,31 @@ def _config_fields(c: Config, n: int) -> dict:
                    "num_shared_experts": 1, "shared_expert_intermediate_size": shared,
                    "norm_topk_prob": True}
     return fields
+
+
+def _bound(x) -> float | None:
+    """A bound of ``time_step_limit`` as a float (None: infinity, also transformers 5's
+    ``{"__float__": "Infinity"}``); NaN for what is no number."""
+    if isinstance(x, dict) and set(x) == {"__float__"}:
+        return None if x["__float__"] == "Infinity" else float("nan")
+    if x is None or x == float("inf"):
+        return None
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else float("nan")
+
+
+def _time_step_limit(c: Config) -> tuple[float, float | None]:
+    """``time_step_limit`` as (lo, hi; None: no upper bound).
+
+    Raises:
+        ConfigError: not two numbers with 0 <= lo <= hi, naming the key.
+    """
+    value = c.get("time_step_limit", [0.0, None])
+    lo, hi = (_bound(x) for x in value) if isinstance(value, list) and len(value) == 2 \
+        else (float("nan"), None)
+    if lo is None or not 0 <= lo <= (float("inf") if hi is None else hi):
+        raise ConfigError(f"{c.path}: 'time_step_limit' must be two numbers 0 <= lo <= hi, "
+                          f"got {value!r}")
+    return lo, hi
 
 
 def _layer_types(c: Config, n: int) -> tuple[str, ...]:
@@ -271,8 +297,10 @@ def _model() -> type:
 
         def state_mixer(self, w: dict[str, torch.Tensor], prefix: str, linear, i: int):
             spec, m = self.spec, self.spec.mamba
+            lo, hi = m.time_step_limit
             shape = Mamba2Shape(spec.hidden_size, m.num_heads, m.head_dim, m.state_size,
-                                m.n_groups, spec.state.conv_kernel, eps=spec.norm.eps)
+                                m.n_groups, spec.state.conv_kernel, dt_min=lo,
+                                dt_max=float("inf") if hi is None else hi, eps=spec.norm.eps)
             return Mamba2.from_weights(shape, w, prefix, linear, self.kernels)
 
     return GraniteHybridDecoder
@@ -283,7 +311,8 @@ _RUNS = {"layer_types": lambda kinds: set(kinds) <= {FULL, MAMBA}} | {
     "position_embedding_type", *_MULTIPLIERS, "norm_topk_prob", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts",
     "shared_expert_intermediate_size", "state_conv_dim", "state_conv_kernel",
     "state_recurrent_shape", "state_conv_bias", "mamba_num_heads", "mamba_head_dim",
-    "mamba_state_size", "mamba_n_groups", "mamba_chunk_size", "mamba_proj_bias", "o_bias")}
+    "mamba_state_size", "mamba_n_groups", "mamba_chunk_size", "mamba_proj_bias",
+    "time_step_limit", "o_bias")}
 """What the forward computes: Mamba-2 and attention layers (with or without RoPE), the µP
 multipliers, the shared MLP alone or beside top-k experts renormalised over the k."""
 
