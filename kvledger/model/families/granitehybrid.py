@@ -9,7 +9,8 @@ transformers 5's ``linear_attention`` / ``full_attention``; transformers 4's
 ``layers_block_type``). A Mamba-2 layer of ``mamba_n_heads`` heads of ``mamba_d_head``
 (``"auto"``: ``mamba_expand x hidden / heads``) keeps per sequence the SSM state heads x d_head
 x ``mamba_d_state`` and the convolution's last ``mamba_d_conv - 1`` inputs over inner + 2 x
-``mamba_n_groups`` x d_state channels.
+``mamba_n_groups`` x d_state channels; its dt is clamped to ``time_step_limit`` (default 0 to
+infinity; transformers 5 writes infinity as ``{"__float__": "Infinity"}``).
 
 The forward, as transformers 5.25's ``GraniteMoeHybridModel`` computes it:
 
