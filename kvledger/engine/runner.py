@@ -226,7 +226,7 @@ class ModelRunner:
         n = c.num_new_tokens
         seg = PrefillSegment(start=offset, length=n, slots=context.slots, mask=context.mask,
                              gathered=True)
-        if context.key_turn is not None:
+        if context.key_turn is not None and self.model.rope is not None:  # nope: no turn
             rows, delta = context.key_turn
             cos, sin = self.model.rope.lookup(delta)
             seg.key_turn = (rows, cos, sin)

@@ -70,6 +70,14 @@ class Config:
             raise ConfigError(f"{self.path}: {key!r} must be an integer, got {value!r}")
         return value
 
+    def number(self, key: str) -> float:
+        """``float`` of a required numeric key; ConfigError naming the key and file when it is
+        absent or no number (its range is the spec's, ``spec/ranges.py``)."""
+        value = self.req(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.path}: {key!r} must be a number, got {value!r}")
+        return float(value)
+
     def float_or_none(self, key: str) -> float | None:
         """``float`` of the key's value, None when absent."""
         value = self.get(key)

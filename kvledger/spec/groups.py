@@ -2,9 +2,9 @@
 
 :class:`~kvledger.spec.model_spec.ModelSpec` keeps the core counts itself and holds one group
 per concept: ``attention``, ``rope``, ``layers`` (kinds and window), ``mlp`` and ``norm``
-always; ``experts``, ``latent``, ``linear``, ``state``, ``mamba`` and ``gguf`` only when the
-model has them (None for a dense model, a model without MLA, without gated DeltaNet, without
-state layers, without Mamba-2 layers, a config.json): an optional group is None exactly when
+always; ``experts``, ``latent``, ``linear``, ``state``, ``mamba``, ``mup`` and ``gguf`` only
+when the model has them (None for a dense model, a model without MLA, without gated DeltaNet,
+without state layers, without Mamba-2 layers, without µP multipliers, a config.json): an optional group is None exactly when
 every one of its fields keeps its default. The readers set ``latent`` for ``mla`` layers,
 ``linear`` for ``linear_attention`` layers, ``mamba`` for ``mamba`` layers and ``state`` for
 every state kind; code that reads them under those layer kinds relies on it (``ModelSpec``
@@ -56,6 +56,8 @@ class Attention:
     sinks: bool = False  # one learned sink logit per head, no KV (gpt-oss)
     qkv_bias: bool = False
     o_bias: bool = False
+    multiplier: float | None = None  # the factor of q . k itself (Granite's µP
+    # ``attention_multiplier``), in place of head_dim ** -0.5
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class Rope:
     # ``local_base_freq`` is set (Gemma 3)
     local_base_freq: float | None = None  # RoPE base of the sliding layers (Gemma 3)
     partial_rotary_factor: float = 1.0  # share of head_dim RoPE turns (Phi-4-mini: 0.75)
+    position_embedding_type: str = "rope"  # "nope": no rotary on any layer (Granite-4.0-H)
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,20 @@ class Mamba:
     n_groups: int = 0
     chunk_size: int = 0
     proj_bias: bool = False
+    time_step_limit: tuple[float, float | None] = (0.0, None)  # dt clamped to [lo, hi]
+    # after its softplus (transformers' ``time_step_limit``; None: no upper bound)
+
+
+@dataclass(frozen=True)
+class MuP:
+    """The µP multipliers (Yang et al., "Tensor Programs V", arXiv:2203.03466; Granite's
+    config): the embedding rows times ``embedding_multiplier``, each block's output times
+    ``residual_multiplier`` before it joins the residual stream, the logits divided by
+    ``logits_scaling``. (The attention's own factor is ``Attention.multiplier``.)"""
+
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -204,9 +221,9 @@ class GgufFacts:
 GROUPS: dict[str, type] = {
     "attention": Attention, "rope": Rope, "layers": LayerKinds, "mlp": Mlp, "norm": Norm,
     "experts": Experts, "latent": Latent, "linear": LinearAttention, "state": State,
-    "mamba": Mamba, "gguf": GgufFacts}
+    "mamba": Mamba, "mup": MuP, "gguf": GgufFacts}
 """ModelSpec attribute -> its group's type."""
-OPTIONAL = frozenset({"experts", "latent", "linear", "state", "mamba", "gguf"})
+OPTIONAL = frozenset({"experts", "latent", "linear", "state", "mamba", "mup", "gguf"})
 """The groups that are None when every field has its default (a model without them)."""
 
 FLAT_NAMES: dict[str, tuple[str, str]] = {
@@ -218,10 +235,12 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "attention_sinks": ("attention", "sinks"),
     "qkv_bias": ("attention", "qkv_bias"),
     "o_bias": ("attention", "o_bias"),
+    "attention_multiplier": ("attention", "multiplier"),
     "rope_theta": ("rope", "theta"),
     "rope_scaling": ("rope", "scaling"),
     "rope_local_base_freq": ("rope", "local_base_freq"),
     "partial_rotary_factor": ("rope", "partial_rotary_factor"),
+    "position_embedding_type": ("rope", "position_embedding_type"),
     "layer_types": ("layers", "types"),
     "sliding_window": ("layers", "sliding_window"),
     "hidden_act": ("mlp", "act"),
@@ -265,6 +284,10 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
     "mamba_n_groups": ("mamba", "n_groups"),
     "mamba_chunk_size": ("mamba", "chunk_size"),
     "mamba_proj_bias": ("mamba", "proj_bias"),
+    "time_step_limit": ("mamba", "time_step_limit"),
+    "embedding_multiplier": ("mup", "embedding_multiplier"),
+    "residual_multiplier": ("mup", "residual_multiplier"),
+    "logits_scaling": ("mup", "logits_scaling"),
     "gguf_tensor_elements": ("gguf", "tensor_elements"),
     "gguf_tensor_bytes": ("gguf", "tensor_bytes"),
 }

@@ -2,8 +2,8 @@
 
 One frozen dataclass holds the core counts of the decoder and one group per concept
 (:mod:`.groups`: ``attention``, ``rope``, ``layers``, ``mlp``, ``norm``, and ``experts``,
-``latent``, ``linear``, ``state``, ``mamba``, ``gguf`` when the model has them). The readers beside this module
-build it from a source format with :meth:`ModelSpec.from_fields`, which takes the flat,
+``latent``, ``linear``, ``state``, ``mamba``, ``mup``, ``gguf`` when the model has them). The
+readers beside this module build it from a source format with :meth:`ModelSpec.from_fields`, which takes the flat,
 Hugging Face names (``num_experts``, ``rope_theta``, ...); :meth:`ModelSpec.as_fields` gives
 them back (the JSON of a spec, the names a refusal shows). This module imports no reader.
 """
@@ -30,6 +30,7 @@ from kvledger.spec.groups import (
     LinearAttention,
     Mamba,
     Mlp,
+    MuP,
     Norm,
     Rope,
     State,
@@ -71,6 +72,7 @@ class ModelSpec:
     linear: LinearAttention | None = None  # None: no linear-attention layers
     state: State | None = None  # None: no state layers (``groups.STATE_KINDS``)
     mamba: Mamba | None = None  # None: no Mamba-2 layers
+    mup: MuP | None = None  # None: no µP multipliers (all 1)
     gguf: GgufFacts | None = None  # None: read from a config.json
     source: str = ""
     extra: dict = field(default_factory=dict, compare=False)
@@ -101,8 +103,8 @@ class ModelSpec:
 
     def _check_rotary_pairs(self, kinds: tuple[str, ...], where: str) -> None:
         """RoPE turns pairs of dimensions: an odd count of them has no forward."""
-        if self.position_embeddings == 0 and (FULL in kinds or SLIDING in kinds) \
-                and self.rotary_dim % 2:
+        if self.position_embeddings == 0 and self.rope.position_embedding_type == "rope" \
+                and (FULL in kinds or SLIDING in kinds) and self.rotary_dim % 2:
             raise ConfigError(
                 f"head_dim x partial_rotary_factor = {self.rotary_dim} rotary dimensions: "
                 f"RoPE needs an even count (head_dim {self.head_dim}){where}")
@@ -152,8 +154,11 @@ class ModelSpec:
 
     @property
     def attention_scale(self) -> float:
-        """The factor of q . k in attention: ``query_pre_attn_scalar ** -0.5`` when set, else
-        ``head_dim ** -0.5`` (Vaswani et al., 2017)."""
+        """The factor of q . k in attention: ``attention_multiplier`` when set (Granite's µP),
+        else ``query_pre_attn_scalar ** -0.5`` when set, else ``head_dim ** -0.5`` (Vaswani et
+        al., 2017)."""
+        if self.attention.multiplier is not None:
+            return self.attention.multiplier
         return (self.attention.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property

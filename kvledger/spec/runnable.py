@@ -68,11 +68,16 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "rope_scaling": rope_types("default", "linear", "llama3"),
     "rope_local_base_freq": is_(None),
     "partial_rotary_factor": is_(1.0),
+    "position_embedding_type": is_("rope"),
     "layer_types": lambda kinds: set(kinds) == {FULL},
     "sliding_window": is_(None),
     "hidden_act": is_("silu", "swish"),  # transformers' ACT2FN: both are SiLU
     "query_pre_attn_scalar": is_(None),
     "attn_logit_softcapping": is_(None),
+    "attention_multiplier": is_(None),
+    "embedding_multiplier": is_(1.0),
+    "residual_multiplier": is_(1.0),
+    "logits_scaling": is_(1.0),
     "final_logit_softcapping": is_(None),
     "weights_dtype": is_("fp32", "fp16", "bf16"),  # fp8 needs its scales applied
     "mlp_gated": is_(True),
@@ -120,6 +125,7 @@ ONLY_AT: dict[str, Callable[[Any], bool]] = {
     "mamba_n_groups": is_(0),
     "mamba_chunk_size": is_(0),
     "mamba_proj_bias": is_(False),
+    "time_step_limit": is_((0.0, None)),
 }
 """Field -> the values the plain Llama decoder runs (SwiGLU, RMSNorm, full attention)."""
 

@@ -48,6 +48,7 @@ HAND_KV_PER_TOKEN = {
     "LiquidAI__LFM2-350M": 6 * 2 * 8 * 64 * 2,  # 6 attention layers of 16, 1024 / 16 = 64
     "LiquidAI__LFM2-2.6B": 8 * 2 * 8 * 64 * 2,  # 8 attention layers of 30, 2048 / 32 = 64
     "ibm-granite__granite-4.0-h-micro": 4 * 2 * 8 * 64 * 2,  # 4 attention layers of 40
+    "ibm-granite__granite-4.0-h-tiny": 4 * 2 * 4 * 128 * 2,  # 4 attention layers, 1536 / 12
     "deepseek-ai__DeepSeek-V2-Lite": 27 * (512 + 64) * 2,  # MLA latent + rope key, no factor 2
     "deepseek-ai__DeepSeek-V3": 61 * (512 + 64) * 2,
     "google__gemma-2-9b": 42 * 2 * 8 * 256 * 2,

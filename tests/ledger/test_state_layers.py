@@ -16,6 +16,7 @@ from kvledger.ledger.hardware import get_device
 from kvledger.ledger.kv import fixed_state_bytes, kv_bytes_per_sequence
 from kvledger.ledger.kv_format import KVFormatSpec
 from kvledger.ledger.kv_groups import state_group
+from kvledger.ledger.params import count_params
 from kvledger.ledger.planner import PlanOptions, plan
 from kvledger.model.families import load_spec, spec_from_gguf
 from kvledger.spec import CONV, FULL, LINEAR, MAMBA
@@ -86,6 +87,19 @@ def test_granite_4_h_micro_state_by_hand(real_spec):
     assert spec.layers.types.count(MAMBA) == 36 and not spec.is_moe
     assert spec.intermediate_size == 8192
     assert fixed_state_bytes(spec) == 36 * (64 * 64 * 128 + 3 * (4096 + 2 * 128)) * 2
+
+
+def test_granite_4_h_tiny_by_hand(real_spec):
+    """The catalogue's Granite-4.0-H-Tiny: 36 Mamba-2 layers of 48 heads x 64 x 128 SSM state
+    and 3 conv steps over 48 x 64 + 2 x 128 channels, in bf16; 64 experts, 6 per token, beside
+    the shared MLP of 1024; about 7B parameters, its model card's figure (one digit)."""
+    spec = real_spec("ibm-granite__granite-4.0-h-tiny")
+    assert spec.layers.types.count(MAMBA) == 36 and spec.rope.position_embedding_type == "nope"
+    assert fixed_state_bytes(spec) == 36 * (48 * 64 * 128 + 3 * (3072 + 2 * 128)) * 2
+    assert (spec.experts.count, spec.experts.per_token, spec.experts.intermediate_size) == (
+        64, 6, 512)
+    assert (spec.experts.shared_count, spec.experts.shared_intermediate_size) == (1, 1024)
+    assert round(count_params(spec).total / 1e9) == 7
 
 
 def test_granite_hybrid_state_by_hand(tmp_path):

@@ -3,7 +3,9 @@ the seeded prompts, the logit comparison step by step (``logit_diffs``: our runn
 chunks into scattered blocks and decodes on the oracle's own argmax, transformers recomputing
 the whole sequence every step), and the engine cases: the prompts with transformers' greedy
 tokens (``greedy_case``), an fp32 engine over the loaded model and the greedy run of several
-prompts together (``run_together``).
+prompts together (``run_together``); for a model with state layers, a runner over a KV store and
+state slots (``state_runner``) and its logit comparison (``state_diffs``); for a model with a
+router, the oracle that says where it has a tie (``router_reference``).
 
 A step is *excepted* when the oracle says its routing has a tie (two router scores within
 ``TIE``: the two sides may break it differently); every later step is then excepted too, its
@@ -20,10 +22,13 @@ from family_kit import hf_greedy, hf_logits
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
+from kvledger.engine.kv.state_store import StateStore
+from kvledger.engine.kv.store import KVStore
 from kvledger.engine.model_load import build_model
 from kvledger.engine.request import Request
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
+from kvledger.ledger.kv_groups import kv_groups, layer_places, state_group
 from kvledger.model.weights.loader import load_weights
 
 TOL = 1e-4  # max |fp32 logit difference| against transformers
@@ -39,6 +44,20 @@ def dense_reference(hf) -> Reference:
     """transformers' logits (``family_kit.hf_logits``), no step excepted: a model without a
     router."""
     return lambda ids: (hf_logits(hf, ids), False)
+
+
+def router_reference(hf, k: int) -> Reference:
+    """transformers' logits, a step excepted when any position's router (``output_router_logits``)
+    has its k-th and (k+1)-th probabilities within :data:`TIE` in any MoE layer."""
+    def reference(ids: list[int]) -> tuple[torch.Tensor, bool]:
+        with torch.no_grad():
+            out = hf(torch.tensor([ids]), use_cache=False, output_router_logits=True)
+        tie = False
+        for logits in out.router_logits:
+            top = torch.softmax(logits.float(), dim=-1).topk(k + 1, dim=-1).values
+            tie |= bool(((top[:, k - 1] - top[:, k]) < TIE).any())
+        return out.logits[0, -1], tie
+    return reference
 
 
 def tiny_models(make_tiny: Callable):
@@ -101,6 +120,29 @@ def scattered_diffs(spec, weights, store, prompt: list[int], reference: Referenc
     first = len(prompt) // 3
     chunks = [n for n in (first, len(prompt) - first) if n]
     return logit_diffs(ModelRunner(model, store, 16), req, reference, chunks, steps)
+
+
+def state_runner(spec, weights, num_slots: int = 2) -> tuple[ModelRunner, StateStore]:
+    """(a runner of the family's fp32 model over a KV store of 32 blocks of 16 and
+    ``num_slots`` state slots, the slots) for a model with state layers."""
+    model = build_model(spec, dict(weights), torch.float32, attention="reference")
+    store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32,
+                    places=layer_places(kv_groups(spec), spec.num_layers))
+    states = StateStore(state_group(spec), num_slots, torch.float32)
+    return ModelRunner(model, store, 16, states), states
+
+
+def state_diffs(spec, weights, prompt: list[int], reference: Reference,
+                steps: int = DECODE_STEPS) -> tuple[list[float], list[int]]:
+    """:func:`logit_diffs` of a model with state layers (:func:`state_runner`): the prompt
+    prefilled in two chunks (a third, the rest) into the :data:`SCATTERED` blocks, its state in
+    a slot carried from step to step."""
+    runner, states = state_runner(spec, weights)
+    req = Request("r", list(prompt), SamplingParams(max_tokens=steps + 1))
+    req.block_table = list(SCATTERED)
+    req.state_slot = states.allocate()
+    first = len(prompt) // 3
+    return logit_diffs(runner, req, reference, [first, len(prompt) - first], steps)
 
 
 def run_together(engine, prompts: list[list[int]], params: SamplingParams, first: int = 0,

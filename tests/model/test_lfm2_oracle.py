@@ -11,28 +11,22 @@ import pytest
 import torch
 from family_kit import SHAPE, hf_greedy, save_tiny
 from oracle_kit import (
-    SCATTERED,
     TOL,
     dense_reference,
     fp32_engine,
     hit_logprob_diff,
-    logit_diffs,
     run_together,
     seeded_prompt,
+    state_diffs,
     tiny_models,
 )
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.kv.state_store import StateStore, StepState, state_config
-from kvledger.engine.kv.store import KVStore
-from kvledger.engine.model_load import build_model
-from kvledger.engine.request import Request
-from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import fixed_state_bytes
-from kvledger.ledger.kv_groups import kv_groups, layer_places, state_group
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import CONV, FULL
 
@@ -55,23 +49,9 @@ def _make(name: str, folder):
 tiny = tiny_models(_make)
 
 
-def _runner(spec, weights, num_slots: int = 2):
-    model = build_model(spec, dict(weights), torch.float32, attention="reference")
-    store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32,
-                    places=layer_places(kv_groups(spec), spec.num_layers))
-    states = StateStore(state_group(spec), num_slots, torch.float32)
-    return ModelRunner(model, store, 16, states), states
-
-
 def _diffs(tiny, prompt_len: int, steps: int = STEPS):
     _, hf, spec, weights = tiny("lfm2")
-    runner, states = _runner(spec, weights)
-    prompt = seeded_prompt(prompt_len)
-    req = Request("r", prompt, SamplingParams(max_tokens=steps + 1))
-    req.block_table = list(SCATTERED)
-    req.state_slot = states.allocate()
-    first = prompt_len // 3
-    return logit_diffs(runner, req, dense_reference(hf), [first, prompt_len - first], steps)
+    return state_diffs(spec, weights, seeded_prompt(prompt_len), dense_reference(hf), steps)
 
 
 def test_the_tiny_model_has_every_feature(tiny):

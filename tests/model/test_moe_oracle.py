@@ -23,7 +23,16 @@ from __future__ import annotations
 import pytest
 import torch
 from family_kit import MOE_FEATURES, W, make_tiny, write_gguf
-from oracle_kit import DECODE_STEPS, TIE, TOL, Chunk, scattered_diffs, seeded_prompt, tiny_models
+from oracle_kit import (
+    DECODE_STEPS,
+    TIE,
+    TOL,
+    Chunk,
+    router_reference,
+    scattered_diffs,
+    seeded_prompt,
+    tiny_models,
+)
 
 from kvledger.engine.attention import BACKENDS
 from kvledger.engine.kv.store import KVStore
@@ -42,28 +51,16 @@ def _prompt(n: int = 3 * W + 5) -> list[int]:
     return seeded_prompt(n)
 
 
-def _hf(hf, ids: list[int], k: int) -> tuple[torch.Tensor, bool]:
-    """(transformers' last logits, whether any position's router has its k-th and (k+1)-th
-    probabilities within :data:`TIE` in any MoE layer)."""
-    with torch.no_grad():
-        out = hf(torch.tensor([ids]), use_cache=False, output_router_logits=True)
-    tie = False
-    for logits in out.router_logits:
-        top = torch.softmax(logits.float(), dim=-1).topk(k + 1, dim=-1).values
-        tie |= bool(((top[:, k - 1] - top[:, k]) < TIE).any())
-    return out.logits[0, -1], tie
-
-
 def _model(spec, weights, attention="reference"):
     return build_model(spec, dict(weights), torch.float32, attention=attention)
 
 
 def _diffs(spec, weights, hf, prompt, attention="reference", steps=DECODE_STEPS):
     """(max |logit difference| per compared step, the excepted steps; a step is excepted for
-    a router tie, :func:`_hf`), :func:`oracle_kit.scattered_diffs`."""
+    a router tie, :func:`oracle_kit.router_reference`), :func:`oracle_kit.scattered_diffs`."""
     store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32)
     return scattered_diffs(spec, weights, store, prompt,
-                           lambda ids: _hf(hf, ids, spec.experts.per_token), attention, steps)
+                           router_reference(hf, spec.experts.per_token), attention, steps)
 
 
 @pytest.mark.parametrize("attention", BACKENDS)
@@ -221,7 +218,7 @@ def test_bf16_experts_take_the_weight_formats_per_expert(tiny, family, down):
     runner = ModelRunner(model, store, 16)
     logits, n = runner.execute([Chunk(req, req.num_tokens)])[0], req.num_tokens
     for token in (5, 17, 3):  # decode steps: one row per call, the batch-1 path
-        ref, _ = _hf(hf, req.all_token_ids, spec.experts.per_token)
+        ref, _ = router_reference(hf, spec.experts.per_token)(req.all_token_ids)
         assert float((logits - ref).abs().max()) <= 0.05 * float(ref.max() - ref.min())
         req.num_computed_tokens, n = req.num_computed_tokens + n, 1
         req.output_token_ids.append(token)

@@ -13,25 +13,19 @@ import pytest
 import torch
 from family_kit import SHAPE, hf_greedy, redraw, save_tiny
 from oracle_kit import (
-    SCATTERED,
     TOL,
     dense_reference,
     fp32_engine,
     hit_logprob_diff,
-    logit_diffs,
     run_together,
     seeded_prompt,
+    state_diffs,
     tiny_models,
 )
 
 from kvledger.engine.kv.state_store import StateStore
-from kvledger.engine.kv.store import KVStore
-from kvledger.engine.model_load import build_model
-from kvledger.engine.request import Request
-from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import UnsupportedModelError
-from kvledger.ledger.kv_groups import kv_groups, layer_places, state_group
 from kvledger.model.families import check_runnable, model_class, spec_from_hf_config
 from kvledger.model.layers.attention import SelfAttention
 from kvledger.spec import FULL, LINEAR
@@ -63,23 +57,9 @@ def _make(name: str, folder):
 tiny = tiny_models(_make)
 
 
-def _runner(spec, weights):
-    model = build_model(spec, dict(weights), torch.float32, attention="reference")
-    store = KVStore(spec.num_layers, 32, 16, spec.num_kv_heads, spec.head_dim, torch.float32,
-                    places=layer_places(kv_groups(spec), spec.num_layers))
-    states = StateStore(state_group(spec), 2, torch.float32)
-    return ModelRunner(model, store, 16, states), states
-
-
 def _diffs(tiny, prompt_len: int, steps: int = STEPS, name: str = "qwen3_5_text"):
     _, hf, spec, weights = tiny(name)
-    runner, states = _runner(spec, weights)
-    prompt = seeded_prompt(prompt_len)
-    req = Request("r", prompt, SamplingParams(max_tokens=steps + 1))
-    req.block_table = list(SCATTERED)
-    req.state_slot = states.allocate()
-    first = prompt_len // 3
-    return logit_diffs(runner, req, dense_reference(hf), [first, prompt_len - first], steps)
+    return state_diffs(spec, weights, seeded_prompt(prompt_len), dense_reference(hf), steps)
 
 
 def test_the_tiny_model_has_every_feature(tiny):

@@ -55,7 +55,16 @@ BASE = {"llama": LLAMA, "qwen3": LLAMA.with_fields(model_type="qwen3", qk_norm=T
                                        linear_num_key_heads=2, linear_num_value_heads=4,
                                        linear_key_head_dim=8, linear_value_head_dim=8,
                                        linear_conv_kernel_dim=4, state_conv_dim=64,
-                                       state_conv_kernel=4, state_recurrent_shape=(4, 8, 8))}
+                                       state_conv_kernel=4, state_recurrent_shape=(4, 8, 8)),
+        "granitehybrid": LLAMA.with_fields(
+            model_type="granitemoehybrid", layer_types=("mamba", "full_attention"),
+            position_embedding_type="nope", attention_multiplier=0.1,
+            embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=6.0,
+            mamba_num_heads=2, mamba_head_dim=8, mamba_state_size=4, mamba_n_groups=1,
+            mamba_chunk_size=64, mamba_proj_bias=True, state_conv_dim=24, state_conv_kernel=4,
+            state_recurrent_shape=(2, 8, 4), state_conv_bias=True, o_bias=True, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=16, num_shared_experts=1,
+            shared_expert_intermediate_size=16, norm_topk_prob=True)}
 # a value the engine does not run, for each field of ONLY_AT (the rest: not the default, or 7)
 OFF = {"model_type": "olmo2", "layer_types": ("mla", "full_attention"), "sliding_window": 64,
        "hidden_act": "gelu", "weights_dtype": "fp8", "mlp_gated": False, "norms_per_layer": 3,

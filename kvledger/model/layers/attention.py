@@ -7,7 +7,8 @@ Options, each switched on by the spec and its weights:
 - q / k RMSNorm before RoPE, per head (weights [head_dim]: Qwen3, Gemma 3) or over the whole
   projection (``qk_norm_full_width``, weights [heads x head_dim]: OLMo 2 / 3);
 - biases on q, k, v and o (Qwen2, gpt-oss);
-- RoPE on the first ``rotary_dim`` dimensions of each head (:mod:`.rotary`);
+- RoPE on the first ``rotary_dim`` dimensions of each head (:mod:`.rotary`), or none (a
+  ``nope`` spec's layer has no table: Granite-4.0-H);
 - learned sink logits, one per query head (gpt-oss), handed to the backend;
 - an output gate (Qwen3.5, Qwen3-Next: ``attn_output_gate``): q_proj's rows hold, head by
   head, the head's q then its gate; the gate rows go to the end of the fused projection and
@@ -39,12 +40,12 @@ class SelfAttention:
         spec: the architecture; w: the weights (its ``{prefix}self_attn.*`` entries are
             popped); linear: ``(stems, shape class) -> Linear`` of the row-concatenated
             projections; norm: ``(weight, dtype) -> `` the weight as the model holds a norm's;
-        rope: this layer's RoPE table; ops: the device's fused ops (``rope_``); dtype: the
+        rope: this layer's RoPE table (None: no position embedding); ops: the device's fused ops (``rope_``); dtype: the
             compute dtype.
     """
 
     def __init__(self, spec: ModelSpec, w: dict, prefix: str,
-                 linear: Callable[[list[str], str], Linear], norm, rope: RotaryEmbedding,
+                 linear: Callable[[list[str], str], Linear], norm, rope: RotaryEmbedding | None,
                  ops, dtype: torch.dtype) -> None:
         attn = prefix + "self_attn."
         self.spec, self.rope, self.ops = spec, rope, ops
@@ -84,7 +85,7 @@ class SelfAttention:
     def project(self, qkv: torch.Tensor, positions: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [T, heads, D], k and v [T, kv_heads, D] out of the fused projection's rows
-        ``qkv``: the q / k norms, RoPE on q and k together."""
+        ``qkv``: the q / k norms, RoPE on q and k together (when the layer has a table)."""
         spec = self.spec
         eps, heads, kv_heads, dim = spec.norm.eps, spec.num_attention_heads, \
             spec.num_kv_heads, spec.head_dim
@@ -98,7 +99,8 @@ class SelfAttention:
             else:
                 qk[:, :heads] = F.rms_norm(qk[:, :heads], (dim,), self.q_norm, eps)
                 qk[:, heads:] = F.rms_norm(qk[:, heads:], (dim,), self.k_norm, eps)
-        qk = self.ops.rope_(qk, positions, self.rope)
+        if self.rope is not None:
+            qk = self.ops.rope_(qk, positions, self.rope)
         v = qkv[:, q_size + kv_size: q_size + 2 * kv_size].view(-1, kv_heads, dim)
         return qk[:, :heads], qk[:, heads:], v
 

@@ -22,7 +22,11 @@ Each layer holds ``attn``, ``mlp`` and its norms:
   :attr:`Decoder.NORM_OFFSET` (Gemma's ``1 + w``).
 
 Also: an embedding scaled by sqrt(hidden), rounded to the model's dtype first
-(:attr:`Decoder.SCALED_EMBEDDING`, Gemma), final-logit soft-capping. Which options a family
+(:attr:`Decoder.SCALED_EMBEDDING`, Gemma), final-logit soft-capping; the spec's µP
+multipliers (``ModelSpec.mup``, Granite: the embedding rows times ``embedding_multiplier``,
+each block's output times ``residual_multiplier`` before it joins the residual stream, the
+logits divided by ``logits_scaling``); no RoPE table at all when the spec's
+``position_embedding_type`` is ``nope`` (Granite-4.0-H's attention layers). Which options a family
 computes is its descriptor's ``runs``: a spec that needs another is refused at start.
 
 For speed on CPU the Q/K/V projections are fused into one matrix and gate/up into another, so a
@@ -54,7 +58,7 @@ from kvledger.model.layers.mlp import GatedMLP
 from kvledger.model.layers.rotary import InterleavedRope, RotaryEmbedding
 from kvledger.model.layers.state_block import StateBlock
 from kvledger.model.linear import Linear
-from kvledger.spec import MLA, SLIDING, STATE_KINDS, ModelSpec
+from kvledger.spec import MLA, SLIDING, STATE_KINDS, ModelSpec, MuP
 
 SHAPE_CLASSES = ("qkv", "o", "gate_up", "down")
 """A layer's shape classes of Linears (beside the model's ``lm_head``)."""
@@ -109,6 +113,7 @@ class Decoder:
                 release(source)
         del embed, head
         self.normalizer = torch.tensor(spec.hidden_size ** 0.5, dtype=dtype)
+        self.mup = spec.mup or MuP()
         self.final_norm = self.norm_weight(w.pop("model.norm.weight"))
         self.ropes = self._ropes()
         self.rope = self.ropes[0]  # the turn of retained keys (retention runs on one RoPE)
@@ -130,8 +135,10 @@ class Decoder:
     def _ropes(self) -> list:
         """One RoPE table per layer: the spec's, for the sliding layers its local base
         (``rope_local_base_freq``, unscaled) when it has one, for ``mla`` layers DeepSeek's
-        interleaved pairs."""
+        interleaved pairs; None on every layer of a ``nope`` spec."""
         spec = self.spec
+        if spec.rope.position_embedding_type == "nope":
+            return [None] * spec.num_layers
         tables = {None: RotaryEmbedding(spec.head_dim, spec.max_position_embeddings,
                                         spec.rope.theta, spec.rope.scaling, self.dtype,
                                         spec.rotary_dim)}
@@ -228,9 +235,11 @@ class Decoder:
 
     def embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embedding rows [T, hidden] of token ids [T] (times sqrt(hidden) when
-        :attr:`SCALED_EMBEDDING`)."""
+        :attr:`SCALED_EMBEDDING`, times the spec's ``embedding_multiplier``)."""
         rows = self.embed.rows(input_ids, self.dtype)
-        return rows * self.normalizer if self.SCALED_EMBEDDING else rows
+        rows = rows * self.normalizer if self.SCALED_EMBEDDING else rows
+        scale = self.mup.embedding_multiplier
+        return rows if scale == 1.0 else rows * scale
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta, store
@@ -238,9 +247,10 @@ class Decoder:
         """Hidden states [T, hidden] after the final norm, for token ids [T] at positions [T]
         (``meta``: the step's ``AttentionMetadata``; ``store``: the KV store or None).
 
-        Each residual add is fused with the RMSNorm after it (``h`` is updated in place).
+        Each residual add is fused with the RMSNorm after it (``h`` is updated in place); a
+        block's output joins it times the spec's ``residual_multiplier``.
         """
-        ops, eps = self.ops, self.spec.norm.eps
+        ops, eps, residual = self.ops, self.spec.norm.eps, self.mup.residual_multiplier
         h = self.embed_rows(input_ids)
         delta = None
         for i, layer in enumerate(self.layers):
@@ -248,10 +258,14 @@ class Decoder:
             out = layer["attn"](i, x, positions, self.attention, meta, store)
             if "attn_out_norm" in layer:
                 out = ops.add_rms_norm(out, None, layer["attn_out_norm"], eps)[1]
+            if residual != 1.0:
+                out = out * residual
             h, x = self._add_norm(h, out, layer, "post_norm")
             delta = layer["mlp"](x)
             if "mlp_out_norm" in layer:
                 delta = ops.add_rms_norm(delta, None, layer["mlp_out_norm"], eps)[1]
+            if residual != 1.0:
+                delta = delta * residual
         return ops.add_rms_norm(h, delta, self.final_norm, eps)[1]
 
     def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, layer: dict, norm: str
@@ -265,9 +279,11 @@ class Decoder:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] in fp32 for hidden states [N, hidden], soft-capped when the spec
-        says so."""
+        """Logits [N, vocab] in fp32 for hidden states [N, hidden], divided by the spec's
+        ``logits_scaling``, soft-capped when the spec says so."""
         logits = self.lm_head(hidden).float()
+        if self.mup.logits_scaling != 1.0:
+            logits = logits / self.mup.logits_scaling
         cap = self.spec.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -76,7 +76,9 @@ _BLOCK_NAMES = {
 }
 SPEC_TENSORS = frozenset({"rope_factors_long.weight", "rope_factors_short.weight"})
 """Tensors the spec reader takes (LongRoPE's factors), not weights."""
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")  # LFM2's shortconv.conv
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?$")
+"""A block tensor: its layer, its part (LFM2's ``shortconv.conv`` holds a dot) and its kind;
+a Mamba-2 layer's ``ssm_a`` / ``ssm_d`` have no kind."""
 
 
 def hf_name(gguf_name: str, family: Family) -> str:
@@ -95,7 +97,7 @@ def hf_name(gguf_name: str, family: Family) -> str:
             f"unsupported GGUF tensor {gguf_name!r} (not a weight of a {family.name} decoder)"
         )
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{names[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}" + (f".{kind}" if kind else "")
 
 
 def unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:

@@ -246,6 +246,7 @@ def _spec_from_json(text: str, path: Path) -> ModelSpec:
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
     fields["mlp_only_layers"] = tuple(fields["mlp_only_layers"])
     fields["state_recurrent_shape"] = tuple(fields["state_recurrent_shape"])
+    fields["time_step_limit"] = tuple(fields.get("time_step_limit", (0.0, None)))
     fields["source"] = str(path)
     return ModelSpec.from_fields(**fields)
 

@@ -210,3 +210,22 @@ def test_load_policy_predicts_warm_and_cold_files_and_the_prefill_from_the_ledge
     assert policy.loads(0.1, 0.2) and not policy.loads(0.2, 0.1)
     assert LoadPolicy().load_seconds(368_640, 1, 1) is None  # no speeds known: always load
     assert LoadPolicy().recompute_seconds(0, 16) is None and LoadPolicy.loads(None, 1.0)
+
+
+def test_the_fingerprint_sees_nope_and_the_multipliers():
+    """A model without RoPE, or with µP multipliers (Granite), stores other K / V bytes from the
+    same weights: its fingerprint differs from the plain model's, which stays as it was."""
+    from kvledger.engine.kv.tiers.fingerprint import fingerprint
+
+    spec = load_spec(config_path("meta-llama__Llama-3.2-1B"))
+
+    def fp(s) -> str:
+        return fingerprint(weights="w", dtype="bf16", weight_formats={}, device="cpu", spec=s,
+                           kv_format_json="{}", outliers=None, block_size=16, tp_size=1,
+                           tp_rank=0)
+
+    plain = fp(spec)
+    assert plain == fp(spec.with_fields(position_embedding_type="rope"))
+    assert len({plain, fp(spec.with_fields(position_embedding_type="nope")),
+                fp(spec.with_fields(embedding_multiplier=12.0)),
+                fp(spec.with_fields(attention_multiplier=0.0078125))}) == 4

@@ -3,7 +3,8 @@
 A block stored by one engine is loaded by another only when their fingerprints are equal. The
 fingerprint covers the weights' content (:func:`weights_digest`), the compute dtype, the weight
 format of each linear class in use (the kernel probe's choice), the device kind, the RoPE
-settings, the full ``KVFormatSpec`` JSON with a digest of the calibrated outlier channels, the
+settings (a ``nope`` model's absence of RoPE), the µP multipliers when the model has them
+(they scale what reaches K and V: Granite), the full ``KVFormatSpec`` JSON with a digest of the calibrated outlier channels, the
 block size, the tensor-parallel size, rank and layer groups, and the tier's file-format
 version (``block_file.FORMAT_VERSION``).
 """
@@ -87,6 +88,8 @@ def fingerprint(*, weights: str, dtype: str, weight_formats: dict, device: str, 
     rope = {"theta": spec.rope.theta, "scaling": spec.rope.scaling,
             "local_base": spec.rope.local_base_freq, "partial": spec.rope.partial_rotary_factor,
             "rotary_dim": spec.rotary_dim}
+    if spec.rope.position_embedding_type != "rope":  # only then: other fingerprints unchanged
+        rope["position_embedding_type"] = spec.rope.position_embedding_type
     outlier_digest = (None if outliers is None else hashlib.sha256(
         outliers.contiguous().numpy().tobytes()).hexdigest())
     fields = {"version": FORMAT_VERSION, "weights": weights, "dtype": dtype,
@@ -94,5 +97,7 @@ def fingerprint(*, weights: str, dtype: str, weight_formats: dict, device: str, 
               "kv_format": json.loads(kv_format_json), "outliers": outlier_digest,
               "block_size": block_size, "tp_size": tp_size, "tp_rank": tp_rank,
               "layer_groups": [sorted(set(spec.layers.types))]}
+    if spec.mup is not None or spec.attention.multiplier is not None:
+        fields["mup"] = [spec.mup, spec.attention.multiplier]
     raw = json.dumps(fields, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()
