@@ -16,8 +16,9 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
     declarations, for a template that renders them); a list of ints is used as given.
 
     Raises:
-        InvalidParameterError: empty prompt, ids outside the vocabulary, malformed messages,
-            or text given to a model loaded without a tokenizer.
+        InvalidParameterError: empty prompt, ids outside the vocabulary (given, or from a
+            tokenizer larger than the model), malformed messages, or text given to a model
+            loaded without a tokenizer.
     """
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and prompt:
         bad = [t for t in prompt if not 0 <= t < vocab_size]
@@ -42,6 +43,10 @@ def encode_prompt(tokenizer, prompt: str | list[dict] | list[int], vocab_size: i
             "messages ({'role': ..., 'content': ...})")
     if not ids:
         raise InvalidParameterError("the prompt is empty")
+    if max(ids) >= vocab_size:  # a stand-in tokenizer larger than the model (dummy weights)
+        raise InvalidParameterError(
+            f"the tokenizer gives token id {max(ids)}, outside the model's vocabulary "
+            f"[0, {vocab_size}): give token ids, or load the model with its own tokenizer")
     return ids
 
 
