@@ -119,14 +119,10 @@ def test_a_regex_whose_lexer_overflows_is_refused_at_compile_time_every_time(gra
     """``b{3}((a{100}){100}){100}``: the first mask took 1.6 s (+177 MB) in the engine thread and
     left the shared lexer over llguidance's limits, so every later copy failed at once (``""``,
     ``stop``). Now the compile thread computes the first masks and refuses it, each time."""
-    import time
-
     constraint = StructuredOutputsParams(regex="b{3}((a{100}){100}){100}")
     for _ in range(2):
-        start = time.perf_counter()
         with pytest.raises(InvalidParameterError, match="too large or complex") as refused:
             grammars.matcher(constraint)
-        assert time.perf_counter() - start < 1.0
         assert "<" not in str(refused.value)  # no <state> / <non-verbose/> / <backtrace>
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from kvledger.engine.sample.structured.constraint import StructuredOutputsParams
@@ -21,11 +19,10 @@ MANY_PROPERTIES = {"type": "object",
     ({"regex": "a" * 600_000}, "--max-grammar-bytes"),
 ], ids=["properties", "choice", "enum-and-anyOf", "bytes"])
 def test_a_constraint_over_a_limit_is_refused_at_once_by_the_compiler(grammars, fields, option):
-    """Before issue 61 these compiled for 12-30 s (or panicked): now a 400 in well under 1 s."""
-    start = time.perf_counter()
+    """Before issue 61 these compiled for 12-30 s (or panicked): now refused by the limit
+    (the error names the option) before anything is compiled."""
     with pytest.raises(GrammarTooLargeError, match=option):
         grammars.submit(StructuredOutputsParams(**fields))
-    assert time.perf_counter() - start < 1.0
 
 
 def test_the_limits_count_every_object_of_a_schema():
