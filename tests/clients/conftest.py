@@ -18,7 +18,7 @@ from serve_process import ServeProcess, free_port
 HERE = Path(__file__).parent
 SERVE = "import typer; from kvledger.commands.serve import serve; typer.run(serve)"
 MODEL = "smollm2"  # --served-model-name: what the clients send as ``model``
-BUILD_TIMEOUT_S = 900
+BUILD_TIMEOUT_S = 1800  # .venv-loadgen took 620 s on 2 busy cores
 
 
 def _venv_python(requirements: Path, variable: str, default: str) -> str:
