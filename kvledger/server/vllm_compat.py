@@ -93,9 +93,22 @@ class Profiler:
         return profile
 
 
+def init_kineto() -> None:
+    """Initialise kineto, torch's profiler backend, in the calling thread with one empty
+    profile. Kineto registers its client in the thread that loads torch and initialises it
+    when a profile first starts; started first in another thread (the engine thread), it
+    prints ``ERROR: External init callback must run in same thread as registerClient``."""
+    profiler = Profiler(None)
+    profiler.start()
+    profiler.stop()
+
+
 def install_vllm_compat(app: FastAPI, profile_dir: str | None) -> None:
-    """Add the routes above to ``app``; ``profile_dir`` turns the profiler routes on."""
+    """Add the routes above to ``app``; ``profile_dir`` turns the profiler routes on (and
+    initialises kineto here, in the thread that builds the app: the one that loaded torch)."""
     app.state.profiler = Profiler(None if profile_dir is None else Path(profile_dir))
+    if profile_dir is not None:
+        init_kineto()
     app.include_router(router)
 
 

@@ -8,6 +8,7 @@ blocks cached or free once it finished; it must log no console error and contact
 
 from __future__ import annotations
 
+import re
 import threading
 
 import httpx
@@ -19,6 +20,16 @@ pytestmark = [pytest.mark.slow,
 
 KEY = "browser-key"
 SECRET_PROMPT = "Zanzibar quokka marmalade lighthouse " * 6  # must never reach the page
+# run before the page's scripts: every uPlot chart the page makes is kept in window.__charts
+RECORD_CHARTS = """
+(() => {
+  const made = window.__charts = [];
+  let chartClass;
+  Object.defineProperty(window, "uPlot", { configurable: true, get: () => chartClass,
+    set: (cls) => { chartClass = new Proxy(cls, { construct(target, args) {
+      const chart = Reflect.construct(target, args); made.push(chart); return chart; } }); } });
+})();
+"""
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +141,29 @@ def test_live_updates_while_generating_then_blocks_cached(server, driver):
     assert console_errors(driver) == []
     urls = requested_urls(driver)
     assert urls and all(u.startswith((server.url, "data:")) for u in urls), urls
+
+
+def test_one_sample_time_axes_show_its_time(server, driver):
+    """One poll in ten minutes: the charts hold one sample, and their time axis must span a
+    moment around it (uPlot's own padding of a zero-width range spanned years)."""
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_CHARTS})
+    driver.get(server.url + "/dashboard?interval_ms=600000")
+    wait(driver, lambda d: visible(d, "login") or text(d, "status").startswith("live"), 20)
+    if visible(driver, "login"):
+        log_in(driver, KEY)
+    wait(driver, lambda d: text(d, "status").startswith("live"), 20, "no live data")
+    charts = driver.execute_script(
+        "return window.__charts.filter((u) => u.scales.x.time).map((u) => ({"
+        "samples: u.data[0], lo: u.scales.x.min, hi: u.scales.x.max,"
+        "labels: u.axes[0]._values, year: new Date(u.data[0][0] * 1000).getFullYear()}))")
+    assert len(charts) == 2  # KV usage, allocated vs ledger
+    for chart in charts:
+        (sample,) = chart["samples"]
+        assert chart["lo"] <= sample <= chart["hi"]
+        assert chart["hi"] - chart["lo"] <= 600, chart  # seconds, not years
+        years = {int(y) for label in chart["labels"] for y in re.findall(r"\b2\d{3}\b", label)}
+        assert years <= {chart["year"]}, chart["labels"]
+    assert console_errors(driver) == []
 
 
 def test_stats_never_carry_prompt_text(server):

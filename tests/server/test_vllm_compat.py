@@ -10,6 +10,10 @@ protocol (``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` / the olde
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -189,3 +193,25 @@ def test_live_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(live
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
     info = httpx.get(url + "/tokenizer_info", headers=headers).json()
     assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+
+
+_FIRST_PROFILE = """
+from fake_engine import FakeEngine
+from fastapi.testclient import TestClient
+from kvledger.server.app import create_app
+from kvledger.server.vllm_compat import VllmCompat
+import sys
+with TestClient(create_app(FakeEngine(), vllm=VllmCompat(profile_dir=sys.argv[1]))) as client:
+    assert client.post("/start_profile").status_code == 200
+    assert client.post("/stop_profile").status_code == 200
+"""
+
+
+def test_first_profile_prints_no_kineto_thread_error(tmp_path):
+    """A fresh process (kineto initialises once per process): the first /start_profile runs
+    the profiler in the engine thread, and torch's kineto must not print its thread error."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run([sys.executable, "-c", _FIRST_PROFILE, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "External init callback" not in done.stdout + done.stderr

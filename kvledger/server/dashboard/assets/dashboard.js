@@ -29,10 +29,13 @@
 
   const MIN_SPAN_S = 60;  // a time axis spans at least this, ending at the latest sample
 
-  // uPlot pads a zero-width time range by years: one sample read "Apr 2027 ... Aug 2029"
+  // the time range from the samples themselves: uPlot widens one sample's to 86,400 / ms
+  // seconds (1,000 days with times in seconds: "Apr 2027 ... Aug 2029")
   function timeRange(u, lo, hi) {
-    if (lo == null || hi == null) return [lo, hi];
-    return hi - lo < MIN_SPAN_S ? [hi - MIN_SPAN_S, hi] : [lo, hi];
+    const t = u.data[0];
+    if (!t || t.length === 0) return [lo, hi];
+    const first = t[0], last = t[t.length - 1];
+    return last - first < MIN_SPAN_S ? [last - MIN_SPAN_S, last] : [first, last];
   }
 
   function lineChart(node, series, yValues, yRange) {
