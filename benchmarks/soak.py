@@ -17,7 +17,7 @@ its own client. Afterwards:
 - beside each sample, the pool's resident share (``kv_blocks_touched / kv_blocks_total`` of
   its bytes), so the growth is also reported without the pool's first touches, and at ready,
   half time and the end the RSS by kind of mapping (``/proc/PID/smaps``: the main heap, other
-  anonymous memory (thread arenas, mmapped chunks, the pool), files);
+  anonymous memory (thread arenas, mmapped chunks), shared anonymous memory (the pool), files);
 - the machine's load average at the start and the end (the machine may be shared).
 
 ``--mix`` adds requests of other kinds beside the streamed chats, each a share of the requests:
@@ -71,16 +71,18 @@ def rss_mib(pid: int) -> float:
 
 
 def smaps_mib(pid: int) -> dict[str, int]:
-    """RSS by kind of mapping: ``heap`` (the main arena), ``anon`` (other anonymous memory),
-    ``file`` (libraries, mapped files), ``other`` (stack, vdso)."""
-    out = {"heap": 0, "anon": 0, "file": 0, "other": 0}
+    """RSS by kind of mapping: ``heap`` (the main arena), ``anon`` (other anonymous memory:
+    thread arenas, mmapped chunks), ``shared`` (shared anonymous maps, shown as ``/dev/zero``:
+    the KV pool), ``file`` (libraries, mapped files), ``other`` (stack, vdso)."""
+    out = {"heap": 0, "anon": 0, "shared": 0, "file": 0, "other": 0}
     kind = "other"
     for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
         fields = line.split()
         if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
             name = fields[5] if len(fields) > 5 else ""
             kind = ("anon" if not name else "heap" if name == "[heap]"
-                    else "other" if name.startswith("[") else "file")
+                    else "shared" if name == "/dev/zero" else "other" if name.startswith("[")
+                    else "file")
         elif fields[0] == "Rss:":
             out[kind] += int(fields[1])
     return {k: v // 1024 for k, v in out.items()}

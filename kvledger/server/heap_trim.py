@@ -12,12 +12,13 @@ minute, no Python object or tensor more (a census), most of it free heap that
 ``malloc_trim`` gave back (issue 61 item 11). :class:`PeriodicTrim` trims at most every
 :data:`TRIM_EVERY_S` seconds, called by the engine thread between steps.
 
-What the trims could not reach (issue 61 item 11, measured in a 6-minute soak): glibc's
-*dynamic* mmap threshold. Each freed mmapped chunk raises the threshold to its size (up to
-32 MiB), so after the first step every activation, logits and JSON buffer of a few MiB came
-from the heaps instead of ``mmap``; batch shapes vary, so the heaps kept high-water marks and
-holes, and each thread (the event loop, the engine, the tokenizer and grammar threads) had
-its own arena of them. :func:`tune_malloc`, called by ``kvledger serve`` before the model
+What the trims could not reach: glibc's *dynamic* mmap threshold. Each freed mmapped chunk
+raises the threshold to its size (up to 32 MiB), so after the first step every activation,
+logits and JSON buffer of a few MiB came from the heaps instead of ``mmap``; batch shapes
+vary, so the heaps kept high-water marks and holes, and each thread (the event loop, the
+engine, the tokenizer and grammar threads) had its own arena of them. In 6-minute mixed soaks
+(issue 61 item 11) the arenas held 116-244 MiB of free chunks (``mallinfo2().fordblks``)
+between trims; 17-31 MiB with the settings below. :func:`tune_malloc`, called by ``kvledger serve`` before the model
 loads, fixes the threshold at :data:`MMAP_THRESHOLD_BYTES` (a chunk that large is unmapped
 when freed) and caps the arenas at :data:`ARENA_MAX` (glibc's tunables, ``mallopt``);
 ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_ARENA_MAX`` in the environment win over both.
