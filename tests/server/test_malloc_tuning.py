@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not GLIBC.startswith("libc.so"), reason="needs g
 
 PRELUDE = """
 import ctypes, os, sys, threading, tempfile
-from kvledger.server.heap_trim import ARENA_MAX, tune_malloc
+from kvledger.server.heap_trim import ARENA_MAX, MMAP_THRESHOLD_BYTES, tune_malloc
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -39,16 +39,16 @@ def run(body: str, tuned: bool) -> str:
 
 
 MMAPPED_AFTER_A_LARGER_FREE = """
-libc.free(libc.malloc(8 << 20))  # mmapped; glibc's default raises its threshold to 8 MiB
+libc.free(libc.malloc(4 * MMAP_THRESHOLD_BYTES))  # mmapped; the default raises its threshold
 before = libc.mallinfo2().hblks
-chunk = libc.malloc(2 << 20)
+chunk = libc.malloc(2 * MMAP_THRESHOLD_BYTES)
 print(libc.mallinfo2().hblks - before)  # 1: this chunk was mmapped (unmapped when freed)
 """
 
 
 def test_a_large_chunk_stays_mmapped_after_a_larger_one_was_freed():
     # glibc's dynamic threshold (the default, printed 0 before tune_malloc) would put this
-    # 2 MiB chunk in a heap, where it leaves a high-water mark once freed
+    # chunk in a heap, where it leaves a high-water mark once freed
     assert run(MMAPPED_AFTER_A_LARGER_FREE, tuned=False).strip() == "0"  # the old behaviour
     assert run(MMAPPED_AFTER_A_LARGER_FREE, tuned=True).strip() == "1"
 
