@@ -14,6 +14,10 @@ its own client. Afterwards:
   half of the run is reported (target < 5 %), and the peak against a budget of the RSS when the
   server was ready (interpreter, libraries and weights; the pool is mapped lazily) + the KV
   pool's bytes (``kvledger:kv_pool_bytes``) + 512 MiB (issue 61 item 11's target);
+- beside each sample, the pool's resident share (``kv_blocks_touched / kv_blocks_total`` of
+  its bytes), so the growth is also reported without the pool's first touches, and at ready,
+  half time and the end the RSS by kind of mapping (``/proc/PID/smaps``: the main heap, other
+  anonymous memory (thread arenas, mmapped chunks), shared anonymous memory (the pool), files);
 - the machine's load average at the start and the end (the machine may be shared).
 
 ``--mix`` adds requests of other kinds beside the streamed chats, each a share of the requests:
@@ -66,8 +70,25 @@ def rss_mib(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
-def metrics(url: str) -> dict[str, float]:
-    text = httpx.get(url + "/metrics", timeout=30).text
+def smaps_mib(pid: int) -> dict[str, int]:
+    """RSS by kind of mapping: ``heap`` (the main arena), ``anon`` (other anonymous memory:
+    thread arenas, mmapped chunks), ``shared`` (shared anonymous maps, shown as ``/dev/zero``:
+    the KV pool), ``file`` (libraries, mapped files), ``other`` (stack, vdso)."""
+    out = {"heap": 0, "anon": 0, "shared": 0, "file": 0, "other": 0}
+    kind = "other"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            name = fields[5] if len(fields) > 5 else ""
+            kind = ("anon" if not name else "heap" if name == "[heap]"
+                    else "shared" if name == "/dev/zero" else "other" if name.startswith("[")
+                    else "file")
+        elif fields[0] == "Rss:":
+            out[kind] += int(fields[1])
+    return {k: v // 1024 for k, v in out.items()}
+
+
+def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     pattern = r"^kvledger:(\w+)(\{[^}]*\})? (\S+)$"
     for name, labels, value in re.findall(pattern, text, re.MULTILINE):
@@ -75,6 +96,16 @@ def metrics(url: str) -> dict[str, float]:
         key = f"{name}:{reason.group(1)}" if reason else name
         out[key] = out.get(key, 0.0) + float(value)
     return out
+
+
+def metrics(url: str) -> dict[str, float]:
+    return parse_metrics(httpx.get(url + "/metrics", timeout=30).text)
+
+
+def pool_resident_mib(m: dict[str, float]) -> float:
+    """The pool's bytes mapped so far (it is mapped on first write), MiB."""
+    total = m.get("kv_blocks_total") or 1.0
+    return m.get("kv_pool_bytes", 0.0) * m.get("kv_blocks_touched", 0.0) / total / (1 << 20)
 
 
 def make_body(rng: random.Random, max_tokens: int) -> dict:
@@ -182,20 +213,25 @@ async def load(url: str, clients: int, seconds: float, max_tokens: int, pid: int
     outcomes = {"sent": 0, "full": 0, "clear_error": 0, "own_abort": 0, "own_timeout": 0,
                 "unclear": 0, "transport_error": 0}
     latencies: list[float] = []
-    rss: list[tuple[float, float]] = []
+    rss: list[tuple[float, float, float]] = []  # (s, RSS, the pool's resident share) MiB
     start = time.monotonic()
     deadline = start + seconds
+    half: dict[str, int] = {}
 
     async def sample_rss() -> None:
-        while time.monotonic() < deadline:
-            rss.append((time.monotonic() - start, rss_mib(pid)))
-            await asyncio.sleep(5)
+        async with httpx.AsyncClient(timeout=30) as http:
+            while time.monotonic() < deadline:
+                m = parse_metrics((await http.get(url + "/metrics")).text)
+                rss.append((time.monotonic() - start, rss_mib(pid), pool_resident_mib(m)))
+                if not half and time.monotonic() - start >= seconds / 2:
+                    half.update(smaps_mib(pid))
+                await asyncio.sleep(5)
 
     rngs = [random.Random(seed * 1000 + i) for i in range(clients)]
     await asyncio.gather(sample_rss(), *(client(url, rngs[i], deadline, max_tokens, outcomes,
                                                 latencies, read_timeout_s, mix)
                                          for i in range(clients)))
-    return {"outcomes": outcomes, "latencies": latencies, "rss": rss,
+    return {"outcomes": outcomes, "latencies": latencies, "rss": rss, "smaps_half": half,
             "wall_s": time.monotonic() - start}
 
 
@@ -224,7 +260,7 @@ def main() -> None:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        rss_start = rss_mib(proc.pid)
+        rss_start, smaps_start = rss_mib(proc.pid), smaps_mib(proc.pid)
         pool_mib = metrics(url).get("kv_pool_bytes", 0.0) / (1 << 20)
         load_start = os.getloadavg()
         run = asyncio.run(load(url, args.clients, args.minutes * 60, args.max_tokens, proc.pid,
@@ -239,7 +275,8 @@ def main() -> None:
         accepted = o["sent"] - sum(v for k, v in o.items() if k.startswith("http_"))
         served = sum(v for k, v in idle.items() if k.startswith("request_success_total:"))
         lat = sorted(run["latencies"])
-        half = [r for t, r in run["rss"] if t >= run["wall_s"] / 2]
+        half = [(r, p) for t, r, p in run["rss"] if t >= run["wall_s"] / 2]
+        rss_end, pool_end = rss_mib(proc.pid), pool_resident_mib(idle)
         result = {
             "clients": args.clients, "minutes": args.minutes, "max_tokens": args.max_tokens,
             "serve_options": args.serve_options,
@@ -251,12 +288,18 @@ def main() -> None:
             "idle": {k: idle.get(k) for k in ("kv_blocks_total", "kv_blocks_free",
                                               "kv_blocks_evictable", "kv_bytes_allocated",
                                               "num_requests_running")},
-            "rss_mib": {"start": rss_start, "second_half_first": half[0] if half else None,
-                        "end": rss_mib(proc.pid)},
-            "rss_growth_second_half": (rss_mib(proc.pid) / half[0] - 1) if half else None,
-            "rss_peak_mib": max(r for _, r in run["rss"]),
+            "rss_mib": {"start": rss_start, "second_half_first": half[0][0] if half else None,
+                        "end": rss_end},
+            "rss_growth_second_half": (rss_end / half[0][0] - 1) if half else None,
+            "rss_without_pool_growth_second_half": (
+                (rss_end - pool_end) / (half[0][0] - half[0][1]) - 1) if half else None,
+            "pool_resident_mib": {"second_half_first": half[0][1] if half else None,
+                                  "end": pool_end},
+            "smaps_mib": {"start": smaps_start, "half": run["smaps_half"],
+                          "end": smaps_mib(proc.pid)},
+            "rss_peak_mib": max(r for _, r, _ in run["rss"]),
             "rss_budget_mib": rss_start + pool_mib + 512, "kv_pool_mib": pool_mib,
-            "rss_samples": [(round(t), round(r)) for t, r in run["rss"]],
+            "rss_samples": [(round(t), round(r), round(p)) for t, r, p in run["rss"]],
             "load_average": {"start": load_start, "end": os.getloadavg()},
             "mix": args.mix,
             "log_tracebacks": Path("soak-server.log").read_text().count("Traceback"),

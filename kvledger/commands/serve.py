@@ -138,11 +138,13 @@ def serve(
 
     from kvledger.engine.engine import LLMEngine
     from kvledger.server.app import create_app
+    from kvledger.server.heap_trim import tune_malloc
     from kvledger.server.lifecycle import DrainingServer
     from kvledger.server.limits.connection import uvicorn_config
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kvledger.server").info("malloc settings: %s", tune_malloc() or "as set")
     engine = LLMEngine(engine_config)
     if template is not None:
         engine.tokenizer.chat_template = template

@@ -1,8 +1,9 @@
 """The CPU device (:class:`kvledger.device.Device`): its kernels (:data:`.kernels.KERNELS`),
 its identity (model name and flags, :func:`.native.cpu_identity`), its usable cores
 (:mod:`.cpu_quota`), the torch thread team that shrinks while other processes take its CPUs
-(:mod:`.thread_team`, adjusted before each step in the thread that steps) and the release of
-a thread's OpenMP pool (:mod:`.omp`)."""
+(:mod:`.thread_team`, adjusted before each step in the thread that steps), the caps on
+oneDNN's per-shape caches (:mod:`.onednn_cache`, set with the threads, before the first
+product) and the release of a thread's OpenMP pool (:mod:`.omp`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from kvledger.device.cpu import native, omp
 from kvledger.device.cpu.cpu_quota import choose_threads, cpu_budget
 from kvledger.device.cpu.kernels import KERNELS
+from kvledger.device.cpu.onednn_cache import cap_caches
 from kvledger.device.cpu.thread_team import ThreadTeam, thread_team
 
 log = logging.getLogger("kvledger.engine")
@@ -53,7 +55,9 @@ class CpuDevice:
 
     def threads(self, requested: int | None, ranks: int = 1) -> CpuThreads:
         """Set torch's thread count (:func:`kvledger.device.cpu.cpu_quota.choose_threads`);
-        a count the user did not fix, in one process, follows the thread team."""
+        a count the user did not fix, in one process, follows the thread team. Caps oneDNN's
+        caches first (:func:`kvledger.device.cpu.onednn_cache.cap_caches`)."""
+        cap_caches()
         threads, source = choose_threads(requested, ranks)
         torch.set_num_threads(threads)
         log.info("torch threads: %d (%s)", threads, source)

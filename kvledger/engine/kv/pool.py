@@ -80,6 +80,8 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._by_hash: dict[bytes, int] = {}
         self._num_evictable = 0
+        self._ever_allocated = bytearray(num_blocks)
+        self._num_touched = 0
         self.on_release = on_release
         self.events = events
 
@@ -87,6 +89,12 @@ class BlockPool:
     def num_free(self) -> int:
         """Blocks with refcount 0 (evictable ones included): what ``allocate`` can hand out."""
         return len(self._free)
+
+    @property
+    def num_touched(self) -> int:
+        """Distinct blocks allocated at least once: the KV store maps its pages lazily
+        (``store.lazy_zeros``), so about the share of the pool's bytes resident in RAM."""
+        return self._num_touched
 
     @property
     def num_evictable(self) -> int:
@@ -112,6 +120,9 @@ class BlockPool:
         out = []
         for _ in range(n):
             block_id, _ = self._free.popitem(last=False)
+            if not self._ever_allocated[block_id]:
+                self._ever_allocated[block_id] = 1
+                self._num_touched += 1
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 self._evict(block)

@@ -405,6 +405,7 @@ class Scheduler:
             "kv_blocks_total": pool.num_blocks,
             "kv_blocks_free": pool.num_free,
             "kv_blocks_evictable": pool.num_evictable,
+            "kv_blocks_touched": pool.num_touched,
             "kv_usage": pool.num_in_use / pool.num_blocks,
             "kv_bytes_per_block": self.bytes_per_block,
             "prefix_cache_queried_tokens": self.kv.prefix.queried_tokens,

@@ -63,6 +63,7 @@ STAT_GAUGES = {  # gauge name -> engine.stats() key
     "kv_blocks_total": "kv_blocks_total",
     "kv_blocks_free": "kv_blocks_free",
     "kv_blocks_evictable": "kv_blocks_evictable",
+    "kv_blocks_touched": "kv_blocks_touched",
     "grammar_cache_bytes": "grammar_cache_bytes",
 }
 STAT_COUNTERS = {  # counter name -> cumulative engine.stats() key
@@ -94,6 +95,7 @@ class ServerMetrics:
             ("kv_blocks_total", "KV blocks in the pool."),
             ("kv_blocks_free", "KV blocks on the free list (cached ones included)."),
             ("kv_blocks_evictable", "Free KV blocks still holding a prefix-cache entry."),
+            ("kv_blocks_touched", "KV blocks allocated at least once (pages mapped so far)."),
             ("grammar_cache_bytes", "Estimated bytes of the cached compiled constraints."),
         )}
         self.counters = {name: self._make(Counter, name, doc) for name, doc in (

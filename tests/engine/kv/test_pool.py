@@ -27,6 +27,20 @@ def test_allocate_pops_front_and_counts():
         pool.allocate(1)
 
 
+def test_touched_counts_each_block_once_however_often_it_cycles():
+    # the store maps a block's pages on its first write: blocks 0-2 cycled 10 times map 3
+    pool = BlockPool(8)
+    for _ in range(10):
+        pool.free(pool.allocate(3))  # unhashed: back to the front, reused next time
+    assert pool.num_touched == 3
+    a, b, c = pool.allocate(3)
+    for i, block in enumerate((a, b, c)):
+        pool.cache_block(block, h(i), (f"k{i}",))
+    pool.free([c, b, a])  # hashed: to the tail, so the next allocation reaches 3, 4
+    assert pool.allocate(2) == [3, 4]
+    assert pool.num_touched == 5
+
+
 def test_unhashed_free_goes_to_front_hashed_to_tail():
     pool = BlockPool(6)
     a, b, c, _ = pool.allocate(4)  # free list now [4, 5]
