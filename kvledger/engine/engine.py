@@ -35,11 +35,12 @@ from kvledger.engine.model_load import (
     model_spec,
 )
 from kvledger.engine.output.detokenizer import IncrementalDetokenizer
+from kvledger.engine.output.emit import OutputEmitter
 from kvledger.engine.output.request_output import RequestOutput
 from kvledger.engine.parallel.group import TensorParallelError
 from kvledger.engine.prompts import encode_prompt
 from kvledger.engine.request import NULL_BLOCK, Request
-from kvledger.engine.retention.build import retention_for
+from kvledger.engine.retention.build import check_retention, retention_for
 from kvledger.engine.retention.interface import Retention
 from kvledger.engine.runner import ModelRunner
 from kvledger.engine.sample.prompt_logprobs import PromptLogprobs
@@ -50,11 +51,6 @@ from kvledger.engine.sample.structured.compiler import (
     grammar_cache_bytes,
     grammar_limits,
 )
-from kvledger.engine.sample.structured.masks import (
-    STRUCTURED_ERROR,
-    advance_grammar,
-    unfinished_grammar,
-)
 from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
@@ -64,7 +60,7 @@ from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
 from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
-from kvledger.spec import MLA, SLIDING, ModelSpec
+from kvledger.spec import ModelSpec
 
 log = logging.getLogger("kvledger.engine")
 
@@ -168,7 +164,7 @@ class LLMEngine:
         # compaction copies and block releases go to the store, or under tensor parallelism
         # through the runner to every rank's store
         store_ops = self.store if self.parallel is None or self.store is None else self.runner
-        self._check_retention(config.retention)
+        check_retention(config.retention, spec, self.kv_layout, self.store)
         self.kv_events = None
         if config.kv_events is not None:
             self.kv_events = KVEventPublisher(config.kv_events, config.block_size,
@@ -199,6 +195,8 @@ class LLMEngine:
                                          grammar_limits(config), grammar_cache_bytes(config))
                          if tokenizer is not None else None)
         self.sampler = Sampler(self.grammars)
+        self.emitter = OutputEmitter(spec.eos_token_ids, self.scheduler, self.grammars,
+                                     self.bytes_per_block)
         self.speculator = self._speculator(config, draft and DraftModel(
             draft, num_blocks, config.attention, tuned))
         self.last_schedule: SchedulerOutput | None = None  # the latest step's plan (traces)
@@ -210,7 +208,8 @@ class LLMEngine:
         spec = config.speculative
         if not spec.enabled:
             return None
-        return Speculator(spec, self.scheduler, self.sampler, self.store, self._append, drafter)
+        return Speculator(spec, self.scheduler, self.sampler, self.store, self.emitter.append,
+                          drafter)
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -266,7 +265,7 @@ class LLMEngine:
         params.validate()
         params.check_vocab(self.spec.vocab_size)
         spec = params.kv_policy or self.config.retention
-        self._check_retention(spec)
+        check_retention(spec, self.spec, self.kv_layout, self.store)
         ids = self.tokenize(prompt)
         grammar = self._grammar(params)
         req = Request(request_id, ids, params, cache_salt=cache_salt,
@@ -293,30 +292,6 @@ class LLMEngine:
         (layer, KV head) rows of this model when it selects per head)."""
         return retention_for(spec, self.config.block_size, self.spec.num_layers,
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
-
-    def _check_retention(self, spec: RetentionSpec) -> None:
-        if spec.evicts and self.spec.state_layers:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} does not run on a model with state layers "
-                f"({self.spec.model_type}: {len(self.spec.state_layers)} of "
-                f"{self.spec.num_layers}); use kv_policy full")
-        if spec.evicts and MLA in self.spec.layers.types:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "
-                f"{self.spec.model_type}) yet: its latent pool is kept whole; use kv_policy full")
-        if spec.evicts and SLIDING in self.spec.layers.types:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "
-                f"yet ({self.spec.model_type}: {self.spec.layers.types.count(SLIDING)} of "
-                f"{self.spec.num_layers} layers slide, KV layout of "
-                f"{describe_groups(self.kv_layout.groups)}); use kv_policy full")
-        if spec.evicts and self.store is None:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
-        if spec.evicts and self.store is not None and self.store.quantized:
-            raise InvalidParameterError(
-                f"kv_policy {spec.policy!r} runs on full-precision KV (fp32, bf16, fp16) for now, "
-                f"not {self.kv_format} (compaction rewrites slots inside quantized blocks)")
 
     @property
     def failure(self) -> str | None:
@@ -357,7 +332,7 @@ class LLMEngine:
         self._step_hook.before_step()  # in the thread that steps (the CPU: OpenMP's ICV)
         plan = self.last_schedule = self.scheduler.schedule()
         now = time.perf_counter()
-        outputs = [self._fail(req, err) for req, err in plan.failed]
+        outputs = [self.emitter.fail(req, err) for req, err in plan.failed]
         if not plan.chunks:
             return outputs
         for chunk in plan.chunks:
@@ -375,57 +350,8 @@ class LLMEngine:
         self.scheduler.advance(plan)
         now = time.perf_counter()
         for req, token, lp in zip(sampling, tokens, logprobs):
-            outputs.append(self._append(req, token, lp, now))
+            outputs.append(self.emitter.append(req, token, lp, now))
         return outputs
-
-    def _append(self, req: Request, token: int, logprob, now: float) -> RequestOutput:
-        out, m = req.output, req.metrics
-        req.output_token_ids.append(token)
-        m.first_token_time = m.first_token_time or now
-        m.last_token_time = now
-        m.num_cached_tokens = req.num_cached_tokens
-        m.cached_tokens_by_tier = req.cached_tokens_by_tier
-        m.tier_load_s, m.tier_load_predicted_s = req.tier_load_s, req.tier_load_predicted_s
-        m.peak_kv_bytes = req.peak_num_blocks * self.bytes_per_block
-        if logprob is not None:
-            out.logprobs.append(logprob)
-        grammar_error = advance_grammar(req, token)
-        new_text, stopped = req.detokenizer.update(req.output_token_ids)
-        reason = "stop" if stopped else self._finish_reason(req, token)
-        if grammar_error is None and reason == "stop" and not stopped:
-            grammar_error = unfinished_grammar(req)
-        if grammar_error is not None:
-            reason, out.error = "error", f"{STRUCTURED_ERROR}: {grammar_error}"
-            self.grammars.discard(req.params.structured_outputs)
-        if reason is not None:
-            new_text += "" if stopped else req.detokenizer.flush()
-            self._finish(req, reason, now)
-        out.token_ids = list(req.output_token_ids)
-        out.new_token_ids = [token]
-        out.text += new_text
-        out.new_text = new_text
-        return out
-
-    def _finish_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if not p.ignore_eos and (token in self.spec.eos_token_ids or token in p.stop_token_ids):
-            return "stop"
-        if len(req.output_token_ids) >= req.max_tokens_effective:
-            return "length"
-        return None
-
-    def _finish(self, req: Request, reason: str, now: float) -> None:
-        req.output.finished, req.output.finish_reason = True, reason
-        req.metrics.finished_time = now
-        self.scheduler.finish(req)
-
-    def _fail(self, req: Request, error: Exception) -> RequestOutput:
-        """The output of a request the scheduler failed (it is already finished and freed)."""
-        out = req.output
-        out.finished, out.finish_reason, out.error = True, "error", str(error)
-        out.new_token_ids, out.new_text = [], ""
-        out.metrics.finished_time = time.perf_counter()
-        return out
 
     def _distinct_kv_tokens(self) -> int:
         """Tokens with K/V in the cache (kept ones, under an evicting policy), each shared

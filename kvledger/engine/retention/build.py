@@ -1,4 +1,5 @@
-"""The retention a new request starts with, from its ``RetentionSpec``."""
+"""The retention a new request starts with, from its ``RetentionSpec``, and the check that
+the model can run it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from kvledger.engine.retention.interface import Retention
 from kvledger.engine.retention.per_head import PerHeadKV
 from kvledger.engine.retention.policies import RetentionPolicy, make_policy
 from kvledger.engine.retention.state import RetainedKV
+from kvledger.errors import InvalidParameterError
+from kvledger.ledger.kv_groups import describe_groups
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.spec import MLA, SLIDING, ModelSpec
 
 log = logging.getLogger("kvledger.engine")
 
@@ -30,3 +34,35 @@ def retention_for(spec: RetentionSpec, block_size: int, layers: int = 1, kv_head
     elif spec.select == "per-head":
         return PerHeadKV(policy, block_size, layers, kv_heads)
     return RetainedKV(policy, block_size)
+
+
+def check_retention(spec: RetentionSpec, model: ModelSpec, kv_layout, store) -> None:
+    """Refuse a ``spec`` that evicts where compaction cannot run: state layers, MLA, sliding
+    layers, no KV cache (``store`` None) or a quantized pool (``kv_layout``: the engine's
+    ``KVLayout``).
+
+    Raises:
+        InvalidParameterError: naming the model's obstacle and ``kv_policy full``.
+    """
+    if spec.evicts and model.state_layers:
+        raise InvalidParameterError(
+            f"kv_policy {spec.policy!r} does not run on a model with state layers "
+            f"({model.model_type}: {len(model.state_layers)} of "
+            f"{model.num_layers}); use kv_policy full")
+    if spec.evicts and MLA in model.layers.types:
+        raise InvalidParameterError(
+            f"kv_policy {spec.policy!r} does not run on MLA (multi-head latent attention, "
+            f"{model.model_type}) yet: its latent pool is kept whole; use kv_policy full")
+    if spec.evicts and SLIDING in model.layers.types:
+        raise InvalidParameterError(
+            f"kv_policy {spec.policy!r} does not run on a model with sliding-window layers "
+            f"yet ({model.model_type}: {model.layers.types.count(SLIDING)} of "
+            f"{model.num_layers} layers slide, KV layout of "
+            f"{describe_groups(kv_layout.groups)}); use kv_policy full")
+    if spec.evicts and store is None:
+        raise InvalidParameterError(
+            f"kv_policy {spec.policy!r} needs the KV cache (it was turned off: --no-kv-cache)")
+    if spec.evicts and store is not None and store.quantized:
+        raise InvalidParameterError(
+            f"kv_policy {spec.policy!r} runs on full-precision KV (fp32, bf16, fp16) for now, "
+            f"not {kv_layout.kv_format} (compaction rewrites slots inside quantized blocks)")

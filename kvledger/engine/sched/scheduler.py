@@ -64,13 +64,15 @@ from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.kv.tiers.link import TierLink
 from kvledger.engine.kv.tiers.tier import cached_by_tier
-from kvledger.engine.request import NULL_BLOCK, Request, RequestStatus
+from kvledger.engine.request import Request, RequestStatus
+from kvledger.engine.sched.invariants import check_invariants
 from kvledger.engine.sched.max_tokens import max_tokens_effective
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
 from kvledger.engine.sched.snapshot import (
     PoolStats,
     SchedulerSnapshot,
     pool_stats,
+    scheduler_stats,
     take_snapshot,
 )
 from kvledger.errors import InvalidParameterError, KVBudgetError
@@ -362,33 +364,8 @@ class Scheduler:
             self.kv.retain(req)  # an evicting policy drops tokens and gives back blocks
 
     def check_invariants(self) -> None:
-        """Assert the bookkeeping invariants (tests and debug mode; O(blocks + requests)).
-
-        The pool's accounting (pool.py); each block's refcount equals the number of block tables
-        holding it; a running table covers its computed tokens; waiting requests hold nothing;
-        long requests stay within their share; the registry holds exactly the waiting and running
-        requests, each once.
-        """
-        queued = list(self.waiting) + self.running
-        assert len({id(r) for r in queued}) == len(queued), "a request queued twice"
-        assert {r.request_id: r for r in queued} == self.requests, "registry != queues"
-        pool = self.kv.pool
-        pool.check_invariants()
-        holders = [0] * pool.num_blocks
-        for req in self.running:
-            assert req.status is RequestStatus.RUNNING
-            assert len(req.block_table) * self.block_size >= req.num_kv_slots
-            for g, table in enumerate(req.block_tables):
-                dropped = req.num_dropped_blocks if g in self.kv.sliding else 0
-                assert all(b == NULL_BLOCK for b in table[:dropped])
-                for block_id in table[dropped:]:
-                    holders[block_id] += 1
-        assert [b.ref_cnt for b in pool.blocks] == holders, "refcount != block-table holders"
-        for req in self.waiting:
-            assert req.status is RequestStatus.WAITING
-            assert req.block_table == [] and req.num_computed_tokens == 0
-        assert len(self.running) <= self.config.max_num_seqs
-        assert self._long_blocks_held() <= self.long_budget.max_blocks
+        """Assert the bookkeeping invariants (``invariants.py``; tests and debug mode)."""
+        check_invariants(self)
 
     def snapshot(self) -> SchedulerSnapshot:
         """The pool and the queues as a frozen read model (``snapshot.py``)."""
@@ -399,21 +376,5 @@ class Scheduler:
         return pool_stats(self)
 
     def stats(self) -> dict:
-        """KV pool and queue figures (names as in the issue; kv_usage = in-use / total)."""
-        pool = self.kv.pool
-        return {
-            "kv_blocks_total": pool.num_blocks,
-            "kv_blocks_free": pool.num_free,
-            "kv_blocks_evictable": pool.num_evictable,
-            "kv_blocks_touched": pool.num_touched,
-            "kv_usage": pool.num_in_use / pool.num_blocks,
-            "kv_bytes_per_block": self.bytes_per_block,
-            "prefix_cache_queried_tokens": self.kv.prefix.queried_tokens,
-            "prefix_cache_hit_tokens": self.kv.prefix.hit_tokens,
-            "prefix_cache_requeried_tokens": self.kv.prefix.requeried_tokens,
-            "prefix_cache_rehit_tokens": self.kv.prefix.rehit_tokens,
-            "prefix_cache_missed_tokens": self.kv.prefix.missed_tokens,
-            "num_preemptions": self.num_preemptions,
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting),
-        }
+        """KV pool and queue figures (``snapshot.scheduler_stats``)."""
+        return scheduler_stats(self)

@@ -87,3 +87,25 @@ def take_snapshot(scheduler: Any) -> SchedulerSnapshot:
         requests=tuple([_request(r, "running") for r in scheduler.running]
                        + [_request(r, "waiting") for r in scheduler.waiting]),
         quota_tokens=scheduler.config.max_kv_tokens_per_request)
+
+
+def scheduler_stats(scheduler: Any) -> dict:
+    """KV pool and queue figures of ``scheduler`` as a flat dict (``/metrics`` and ``stats``
+    names; kv_usage = in-use / total)."""
+    pool = scheduler.kv.pool
+    return {
+        "kv_blocks_total": pool.num_blocks,
+        "kv_blocks_free": pool.num_free,
+        "kv_blocks_evictable": pool.num_evictable,
+        "kv_blocks_touched": pool.num_touched,
+        "kv_usage": pool.num_in_use / pool.num_blocks,
+        "kv_bytes_per_block": scheduler.bytes_per_block,
+        "prefix_cache_queried_tokens": scheduler.kv.prefix.queried_tokens,
+        "prefix_cache_hit_tokens": scheduler.kv.prefix.hit_tokens,
+        "prefix_cache_requeried_tokens": scheduler.kv.prefix.requeried_tokens,
+        "prefix_cache_rehit_tokens": scheduler.kv.prefix.rehit_tokens,
+        "prefix_cache_missed_tokens": scheduler.kv.prefix.missed_tokens,
+        "num_preemptions": scheduler.num_preemptions,
+        "num_running": len(scheduler.running),
+        "num_waiting": len(scheduler.waiting),
+    }
