@@ -7,8 +7,11 @@ KV bytes per token``; 94 MB at 4,096 tokens for SmolLM2-135M) streams from memor
 the caches. Prints ms per step (all layers) and the GB/s of K/V read; this step's floor is the
 pool's bytes at the bandwidth ``kvledger probe`` prints.
 
+``--softcap C`` soft-caps every layer's scores at C (Gemma 2's attn_logit_softcapping: the
+native kernel takes it since issue 55; before, such layers went to paged-torch).
+
 Usage: python benchmarks/bench_attention.py [--threads 2] [--contexts 512,2048,4096]
-       [--backend paged-native] [--repeat 20]
+       [--backend paged-native] [--repeat 20] [--softcap 50]
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import time
 import torch
 from common import machine_line
 
+from kvledger.device import resolve
 from kvledger.engine.attention import AttentionMetadata, make_backend
+from kvledger.engine.attention.layer import LayerAttention
 from kvledger.engine.attention.metadata import DecodeGroup
 from kvledger.engine.kv.store import KVStore
 from kvledger.model.families import load_spec
@@ -47,9 +52,11 @@ def main() -> None:
     ap.add_argument("--contexts", default="512,2048,4096")
     ap.add_argument("--backend", default="paged-native")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--softcap", type=float, help="soft-cap every layer's scores at this value")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(machine_line(args.threads), "·", args.backend)
+    cap = "" if args.softcap is None else f" · soft-cap {args.softcap:g}"
+    print(machine_line(args.threads), "·", args.backend + cap)
     spec = load_spec("default")
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = -(-max(contexts) // BLOCK)
@@ -60,7 +67,10 @@ def main() -> None:
         keys.copy_(torch.randn(keys.shape, generator=gen))
         values.copy_(torch.randn(values.shape, generator=gen))
     q = torch.randn(1, spec.num_attention_heads, spec.head_dim, generator=gen).bfloat16()
-    backend = make_backend(args.backend)
+    backend = make_backend(args.backend, resolve("cpu").kernels)
+    if args.softcap is not None:
+        backend.set_layers([LayerAttention(spec.head_dim ** -0.5, softcap=args.softcap)]
+                           * spec.num_layers)
     token_bytes = 2 * spec.num_kv_heads * spec.head_dim * 2 * spec.num_layers
     for context in contexts:
         ms = step_ms(backend, store, q, context, args.repeat)

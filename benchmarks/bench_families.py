@@ -14,7 +14,8 @@ Usage:
   python benchmarks/bench_families.py time --work DIR [--threads 2]
 (``SRC``: llama.cpp's source tree, holding convert_hf_to_gguf.py and gguf-py; the converter
 imports sentencepiece, which ``--sentencepiece`` puts on its path. llama-bench comes from
-``$KVLEDGER_LLAMA_CPP_DIR``, ``peer_llamacpp.py``. The folders: ``dummy_gguf.py``.)
+``$KVLEDGER_LLAMA_CPP_DIR``, ik_llama.cpp's (run with ``-rtr 1 -fa 1``) from
+``$KVLEDGER_IK_LLAMA_DIR``, ``peer_llamacpp.py``. The folders: ``dummy_gguf.py``.)
 """
 
 from __future__ import annotations
@@ -65,8 +66,10 @@ def time_models(args) -> None:
         for ctx in contexts:
             print(f"  prompt {ctx}: TTFT {mine[ctx]['ttft_ms']:.0f} ms, "
                   f"TPOT {mine[ctx]['tpot_ms']:.1f} ms")
-        for line in peer.bench_lines(path, args.threads, 512, args.new, contexts):
-            print(" ", line)
+        for which in (peer.LLAMA_CPP, peer.IK_LLAMA):
+            for line in peer.bench_lines(path, args.threads, 512, args.new, contexts,
+                                         peer=which):
+                print(" ", line)
 
 
 def main() -> None:

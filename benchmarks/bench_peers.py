@@ -2,7 +2,8 @@
 
 1. Batch 1: our TTFT and TPOT with 512, 2048 and 4096-token prompts (64 new tokens, greedy,
    EOS ignored, the default fast mode), next to ``llama-bench``'s decode (tg64 at depth 0 /
-   512 / 4096) and prefill (pp512) on the same file.
+   512 / 4096) and prefill (pp512) on the same file, for llama.cpp and for ik_llama.cpp with
+   its best CPU flags (``-rtr 1 -fa 1``, issue 55), and our TPOT over each peer's.
 2. Over HTTP: ``kvledger serve`` and ``llama-server -np 16``, each driven by ``kvledger bench``
    (completions, 32 requests of 250-token real-text prompts, 128 new tokens, concurrency 16;
    prompts cut with the same GGUF tokenizer, so both get the same prompts): output tok/s.
@@ -11,8 +12,8 @@
    of ``llama-bench`` decoding 16 tokens; the HTTP part reports each server's peak RSS after
    its run (``VmHWM``, read before it is stopped).
 
-llama.cpp comes from ``$KVLEDGER_LLAMA_CPP_DIR`` (``peer_llamacpp.py``); without it its rows
-are skipped with a message. Usage:
+llama.cpp comes from ``$KVLEDGER_LLAMA_CPP_DIR``, ik_llama.cpp from ``$KVLEDGER_IK_LLAMA_DIR``
+(``peer_llamacpp.py``; batch 1 only); without one its rows are skipped with a message. Usage:
 python benchmarks/bench_peers.py [--threads 2] [--out bench-peers] [--skip-http] [--skip-batch1]
 """
 
@@ -50,11 +51,19 @@ def ours_batch1(threads: int, contexts: tuple[int, ...], new: int) -> dict:
     return result
 
 
-def llama_batch1(threads: int, depths: tuple[int, ...], new: int) -> dict | None:
-    if peer.binary("llama-bench") is None:
-        print(" ", peer.skip_reason("llama-bench"))
+def llama_batch1(threads: int, depths: tuple[int, ...], new: int,
+                 which: peer.Peer = peer.LLAMA_CPP) -> dict | None:
+    """{("pp" | "tg", depth): tok/s} of ``which``'s llama-bench on the bundled GGUF, or None
+    (the reason printed) when it is absent or failed."""
+    if peer.binary("llama-bench", which) is None:
+        print(" ", peer.skip_reason("llama-bench", which))
         return None
-    rows = peer.llama_bench(bundled_model_path(), threads, 512, new, (0, *depths))
+    try:
+        rows = peer.llama_bench(bundled_model_path(), threads, 512, new, (0, *depths),
+                                peer=which)
+    except RuntimeError as e:
+        print(f"  {e}")
+        return None
     result = {}
     for row in rows:
         kind = "pp" if row["n_prompt"] else "tg"
@@ -74,14 +83,22 @@ def batch1(args) -> None:
             f"   floor {floor:5.1f} ms -> {ours[ctx]['tpot_ms'] / floor:.1f}x (target <= 3x)"
         print(f"    context {ctx:5d}: TTFT {ours[ctx]['ttft_ms']:8.1f} ms   "
               f"TPOT {ours[ctx]['tpot_ms']:6.1f} ms{ratio}")
-    theirs = llama_batch1(args.threads, (512, 4096), args.new)
-    if theirs:
-        print("  llama.cpp (llama-bench, same GGUF)")
+    for which in (peer.LLAMA_CPP, peer.IK_LLAMA):
+        theirs = llama_batch1(args.threads, (512, 4096), args.new, which)
+        if not theirs:
+            continue
+        print(f"  {which.label} (llama-bench {' '.join(which.flags)}, same GGUF)")
         for depth in (0, 512, 4096):
             tg, pp = theirs.get(("tg", depth)), theirs.get(("pp", depth))
-            what = "TTFT" if depth == 0 else "its time"  # after a prefix it is not a TTFT
-            print(f"    depth {depth:5d}: pp512 {pp:7.1f} tok/s ({what} {512e3 / pp:8.1f} ms)   "
-                  f"tg{args.new} {tg:6.1f} tok/s (TPOT {1e3 / tg:6.1f} ms)")
+            ratio = f"   our TPOT / theirs {ours[depth]['tpot_ms'] * tg / 1e3:.2f}x" \
+                if depth in ours and tg else ""
+            if depth == 0 and pp:
+                ratio = f"   our TTFT 512 / theirs {ours[512]['ttft_ms'] * pp / 512e3:.2f}x"
+            line = f"    depth {depth:5d}: tg{args.new} {tg:6.1f} tok/s (TPOT {1e3 / tg:6.1f} ms)"
+            if pp:  # llama.cpp's pp512 after a prefix is not a TTFT; ik_llama.cpp's is at 0
+                what = "TTFT" if depth == 0 else "its time"
+                line += f"   pp512 {pp:7.1f} tok/s ({what} {512e3 / pp:8.1f} ms)"
+            print(line + ratio)
 
 
 def _bench_url(url: str, out: Path, log: Path) -> float | None:

@@ -1,10 +1,11 @@
 """llama.cpp as an optional peer: ``llama-bench`` figures and their lines, a ``llama-server``
-process, and its converter from a Hugging Face folder to GGUF.
+process, and its converter from a Hugging Face folder to GGUF; ik_llama.cpp (a fork with
+run-time repacked rows and its own CPU kernels) as a second ``llama-bench`` peer.
 
 The binaries are found through ``$KVLEDGER_LLAMA_CPP_DIR`` (a folder holding ``llama-bench`` and
-``llama-server``, e.g. a CMake ``build/bin``); nothing else is searched. When the variable is
-unset or the folder lacks a binary, :func:`binary` returns None and the caller prints why and
-skips the peer.
+``llama-server``, e.g. a CMake ``build/bin``) and ``$KVLEDGER_IK_LLAMA_DIR`` (ik_llama.cpp's);
+nothing else is searched. When a variable is unset or the folder lacks a binary, :func:`binary`
+returns None and the caller prints why and skips that peer.
 """
 
 from __future__ import annotations
@@ -14,48 +15,79 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import httpx
 
 ENV = "KVLEDGER_LLAMA_CPP_DIR"
+IK_ENV = "KVLEDGER_IK_LLAMA_DIR"
 
 
-def binary(name: str) -> Path | None:
-    """``$KVLEDGER_LLAMA_CPP_DIR/name`` if it is an executable file, else None."""
-    folder = os.environ.get(ENV)
+@dataclass(frozen=True)
+class Peer:
+    """A llama.cpp-family peer: its name in the output, the variable naming its binaries'
+    folder, the ``llama-bench`` words of its best CPU run, and whether its ``llama-bench``
+    takes ``-d`` depths (else ``-gp DEPTH,NEW``: decode after a prompt of DEPTH, timed alone)."""
+
+    label: str
+    env: str
+    flags: tuple[str, ...] = ()
+    depth_flag: bool = True
+
+
+LLAMA_CPP = Peer("llama.cpp", ENV)
+IK_LLAMA = Peer("ik_llama.cpp", IK_ENV, ("-rtr", "1", "-fa", "1"), depth_flag=False)
+"""ik_llama.cpp with run-time repacking (``-rtr``: rows interleaved for its AVX2 / AVX-512
+kernels at load) and flash attention (``-fa``), its author's advice for CPUs."""
+
+
+def binary(name: str, peer: Peer = LLAMA_CPP) -> Path | None:
+    """``$<peer's variable>/name`` if it is an executable file, else None."""
+    folder = os.environ.get(peer.env)
     if not folder:
         return None
     path = Path(folder) / name
     return path if path.is_file() and os.access(path, os.X_OK) else None
 
 
-def skip_reason(name: str) -> str:
+def skip_reason(name: str, peer: Peer = LLAMA_CPP) -> str:
     """Why :func:`binary` found nothing (a line for the benchmark's output)."""
-    folder = os.environ.get(ENV)
+    folder = os.environ.get(peer.env)
     if not folder:
-        return f"llama.cpp skipped: set {ENV} to a folder with {name}"
-    return f"llama.cpp skipped: no executable {name} in {folder}"
+        return f"{peer.label} skipped: set {peer.env} to a folder with {name}"
+    return f"{peer.label} skipped: no executable {name} in {folder}"
 
 
 def llama_bench(model: Path, threads: int, prompt: int, new: int, depths: tuple[int, ...],
-                repeat: int = 2) -> list[dict]:
+                repeat: int = 2, peer: Peer = LLAMA_CPP) -> list[dict]:
     """Rows of ``llama-bench -o json``: prefill (``n_prompt``) and decode (``n_gen``) tok/s
-    (``avg_ts``) at each context depth (``n_depth``).
+    (``avg_ts``) at each context depth (``n_depth``). A peer without ``-d`` gives prefill and
+    decode from an empty context and decode after a prompt of each depth > 0 (its rows put in
+    the same form: ``n_prompt`` 0, ``n_depth`` the depth).
 
     Raises:
         RuntimeError: llama-bench is absent or failed.
     """
-    exe = binary("llama-bench")
+    exe = binary("llama-bench", peer)
     if exe is None:
-        raise RuntimeError(skip_reason("llama-bench"))
+        raise RuntimeError(skip_reason("llama-bench", peer))
+    if peer.depth_flag:
+        depth_words = ["-d", ",".join(map(str, depths))]
+    else:
+        depth_words = [w for d in depths if d > 0 for w in ("-gp", f"{d},{new}")]
     cmd = [str(exe), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(new),
-           "-d", ",".join(map(str, depths)), "-r", str(repeat), "-o", "json"]
+           *depth_words, "-r", str(repeat), "-o", "json", *peer.flags]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"llama-bench failed: {done.stderr.strip()[-400:]}")
-    return json.loads(done.stdout)
+        raise RuntimeError(f"{peer.label} llama-bench failed: {done.stderr.strip()[-400:]}")
+    rows = json.loads(done.stdout)
+    if not peer.depth_flag:
+        for row in rows:
+            after = row["n_prompt"] if row["n_prompt"] and row["n_gen"] else 0
+            row["n_depth"], row["n_prompt"] = after, 0 if after else row["n_prompt"]
+    return rows
 
 
 def row_line(row: dict, label: str = "llama.cpp") -> str:
@@ -70,13 +102,14 @@ def row_line(row: dict, label: str = "llama.cpp") -> str:
 
 
 def bench_lines(model: Path, threads: int, prompt: int, new: int, depths: tuple[int, ...],
-                repeat: int = 2, label: str = "llama.cpp") -> list[str]:
-    """:func:`row_line` of every :func:`llama_bench` row, or the one line that says why there
-    is none (no llama-bench, or it failed)."""
-    if binary("llama-bench") is None:
-        return [skip_reason("llama-bench")]
+                repeat: int = 2, label: str | None = None, peer: Peer = LLAMA_CPP) -> list[str]:
+    """:func:`row_line` of every :func:`llama_bench` row of ``peer`` (its label unless
+    ``label``), or the one line that says why there is none (no llama-bench, or it failed)."""
+    label = label or peer.label
+    if binary("llama-bench", peer) is None:
+        return [skip_reason("llama-bench", peer)]
     try:
-        rows = llama_bench(model, threads, prompt, new, depths, repeat)
+        rows = llama_bench(model, threads, prompt, new, depths, repeat, peer)
     except RuntimeError as e:
         return [f"{label}: {e}"]
     return [row_line(row, label) for row in rows]

@@ -186,3 +186,63 @@ def test_native_split_context_respects_the_window(monkeypatch, sinks):
             assert float((got.double() - want).abs().max()) <= 1e-5, window
     finally:
         torch.set_num_threads(previous)
+
+
+def _kernel_only(how: LayerAttention):
+    """paged-native with its paged-torch fallback removed: a layer it handed over fails."""
+    backend = _backend("paged-native", how)
+    assert backend.name == "paged-native"
+    backend._fallback = None
+    return backend
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["fp32", "int8"])
+@pytest.mark.parametrize("dim", [64, 96], ids=["pair-order", "generic"])
+@pytest.mark.parametrize("label", ["soft-cap 2, no window", "window 40 + soft-cap 5"])
+def test_native_kernel_takes_soft_capped_layers(label, dim, quantized):
+    """Gemma 2's soft-capped layers are attended by the kernel itself (decodes and a prefill
+    after a prefix), on its pair-order path (head_dim 64), its generic one (96) and over int8
+    blocks, against the float64 oracle; before, the kernel had no tanh and these layers went
+    to paged-torch (here: no fallback, so they failed)."""
+    how = _fit(LAYERS[label], 6)
+    lengths = [1, 15, 16, 17, 33, 100]
+    tables = _tables(lengths)
+    store = _int8_store(2, dim, tables, lengths) if quantized else _plain_store(2, dim)
+    q = torch.randn(len(lengths), 6, dim, generator=torch.Generator().manual_seed(5))
+    group = _decode_group(0, [_slots(t, n) for t, n in zip(tables, lengths)])
+    got = _call(_kernel_only(how), q, AttentionMetadata(None, decodes=[group]), store)
+    for row, (table, n) in enumerate(zip(tables, lengths)):
+        keys, values = store.gather(0, _slots(table, n))
+        want = _oracle(q[row: row + 1], keys, values, [n - 1], how)
+        assert float((got[row: row + 1].double() - want).abs().max()) <= 1e-5, (row, n)
+    if not quantized:
+        table = _tables([73])[0]
+        seg = PrefillSegment(0, 33, _slots(table, 73), _prefix_causal_mask(40, 33))
+        q = torch.randn(33, 6, dim, generator=torch.Generator().manual_seed(6))
+        got = _call(_kernel_only(how), q, AttentionMetadata(None, prefills=[seg]), store)
+        keys, values = store.gather(0, _slots(table, 73))
+        want = _oracle(q, keys, values, list(range(40, 73)), how)
+        assert float((got.double() - want).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("sinks", [None, SINKS], ids=["", "sinks"])
+def test_native_split_context_soft_caps_each_part(monkeypatch, sinks):
+    """A batch-1 decode cut into parts across threads with a soft-cap (and sink logits): each
+    part caps its own scores before its running max, the merge adds the sinks once."""
+    from kvledger.device.cpu.native import PagedKernel
+
+    monkeypatch.setattr(PagedKernel, "THREAD_WORK", 0)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        how = LayerAttention(0.5, window=70, softcap=3.0, sinks=sinks)
+        lengths = [BLOCK * 20 + 3]
+        tables, store = _tables(lengths), _plain_store(3, 64)
+        q = torch.randn(1, 9, 64, generator=torch.Generator().manual_seed(7))
+        group = _decode_group(0, [_slots(tables[0], lengths[0])])
+        got = _call(_kernel_only(how), q, AttentionMetadata(None, decodes=[group]), store)
+        keys, values = store.gather(0, _slots(tables[0], lengths[0]))
+        want = _oracle(q, keys, values, [lengths[0] - 1], how)
+        assert float((got.double() - want).abs().max()) <= 1e-5
+    finally:
+        torch.set_num_threads(previous)

@@ -137,10 +137,11 @@ def test_native_kernel_reads_key_groups_and_the_window_step_by_step(name, group_
     assert sealed_at_decode == {0, 1, 2}  # three sequences sealed a group while decoding
 
 
-def test_reader_names_the_layers_handed_to_paged_torch():
-    """A soft-capped layer is attended by paged-torch: the reader says so, layers counted."""
+def test_reader_keeps_a_soft_capped_layer_on_the_kernel():
+    """A soft-capped layer (Gemma 2) is attended by the native kernel itself: the reader names
+    no layer handed to paged-torch (it named 1 of 1 before the kernel took the soft-cap)."""
     store = _store(KVFormatSpec("int2"), 1, "none")
     backend = make_backend("paged-native", KERNELS)
     backend.set_layers([LayerAttention(0.125, softcap=30.0)])
-    assert backend.reader(store) == "paged-native (paged-torch: 1 of 1 layers)"
+    assert backend.reader(store) == "paged-native"
     assert make_backend("paged-torch", KERNELS).reader(store) == "paged-torch"

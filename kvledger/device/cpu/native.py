@@ -173,7 +173,7 @@ class PagedKernel:
         self._fn = lib.kvl_paged_attention
         i32, ptr = ctypes.c_int, ctypes.c_void_p
         self._fn.argtypes = ([ptr] * 7 + [i32] * 6 + [ctypes.c_float, i32, i32, i32, i32]
-                             + [ptr] * 5)
+                             + [ptr] * 5 + [ctypes.c_float])
         self._fn.restype = None
         self.max_group, self.max_dim = lib.kvl_max_group(), lib.kvl_max_head_dim()
         self.dim_multiple = lib.kvl_head_dim_multiple()
@@ -223,22 +223,25 @@ class PagedKernel:
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
                  paged, scale: float | None = None, window: int | None = None,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, softcap: float | None = None
+                 ) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over K/V blocks [blocks, bs, kv_heads, D];
-        scores scaled by ``scale`` (default 1/sqrt(D)), over the last ``window`` positions of
-        each context when given, with the sink logits ``sinks`` [heads] in each softmax's
-        denominator when given."""
+        scores scaled by ``scale`` (default 1/sqrt(D)), soft-capped to ``softcap``
+        ``tanh(s / softcap)`` when given, over the last ``window`` positions of each context
+        when given, with the sink logits ``sinks`` [heads] in each softmax's denominator when
+        given."""
         _, block_size, kv_heads, _ = key_blocks.shape
         return self._launch(q, kv_heads, block_size, paged, key_blocks.data_ptr(),
-                            value_blocks.data_ptr(), None, scale, window, sinks)
+                            value_blocks.data_ptr(), None, scale, window, sinks, softcap)
 
     def quantized(self, q: torch.Tensor, sides: tuple[KVSide, KVSide],
                   residual_of: torch.Tensor, block_size: int, kv_heads: int,
                   paged, scale: float | None = None, window: int | None = None,
-                  sinks: torch.Tensor | None = None, step=None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, step=None,
+                  softcap: float | None = None) -> torch.Tensor:
         """Output [N, heads, D] of q [N, heads, D] over quantized blocks: ``sides`` from
         :meth:`kv_side` for K and V, ``residual_of`` [blocks] int64 (residual slot or -1);
-        ``scale``, ``window`` and ``sinks`` as in :meth:`__call__`. ``step``
+        ``scale``, ``window``, ``sinks`` and ``softcap`` as in :meth:`__call__`. ``step``
         (``engine.kv.store.StepBlocks``, rows as the residual buffers hold them): its blocks
         are read from its ``keys`` / ``values`` instead of the pool."""
         k_ptr = v_ptr = None
@@ -249,10 +252,10 @@ class PagedKernel:
             k_ptr, v_ptr = keys.data_ptr(), values.data_ptr()
         return self._launch(q, kv_heads, block_size, paged, k_ptr, v_ptr,
                             (ctypes.byref(sides[0]), ctypes.byref(sides[1]),
-                             residual_of.data_ptr()), scale, window, sinks)
+                             residual_of.data_ptr()), scale, window, sinks, softcap)
 
     def _launch(self, q, kv_heads, block_size, paged, k_ptr, v_ptr, quant, scale,
-                window, sinks) -> torch.Tensor:
+                window, sinks, softcap) -> torch.Tensor:
         q = q.contiguous()
         sinks = None if sinks is None else sinks.float().contiguous()
         out = torch.empty_like(q)
@@ -268,7 +271,7 @@ class PagedKernel:
                  block_size, tables.shape[1], dim ** -0.5 if scale is None else scale,
                  window or 0, DTYPE_CODES[q.dtype], threads,
                  parts, None if partial is None else partial.data_ptr(), *(quant or (None,) * 3),
-                 _ptr(sinks))
+                 _ptr(sinks), softcap or 0.0)
         return out
 
     @staticmethod

@@ -92,10 +92,11 @@ class TritonPagedKernel:
 
     def quantized(self, q: torch.Tensor, sides, residual_of: torch.Tensor, block_size: int,
                   kv_heads: int, paged, scale: float | None = None, window: int | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, softcap: float | None = None
+                  ) -> torch.Tensor:
         """Output [N, heads, D] of q over a quantized pool (``sides``: K's and V's
         :meth:`kv_side`); rows stored rotated by R are read with q R, the output turned back
-        by R^T."""
+        by R^T; scores soft-capped to ``softcap`` when given."""
         keys, values = sides
         dtype, rotation = q.dtype, keys.rotation
         if rotation is not None:
@@ -105,21 +106,23 @@ class TritonPagedKernel:
                                             self.compute_units)
         out = self._attend.paged_attention_quantized(
             q, keys, values, residual_of, block_size, tables, paged.seq_of_query,
-            paged.context_lens, q.shape[-1] ** -0.5 if scale is None else scale, window, None,
+            paged.context_lens, q.shape[-1] ** -0.5 if scale is None else scale, window, softcap,
             sinks, splits)
         return out if rotation is None else (out.float() @ rotation.T).to(dtype)
 
     def __call__(self, q: torch.Tensor, key_blocks: torch.Tensor, value_blocks: torch.Tensor,
                  paged, scale: float | None = None, window: int | None = None,
-                 sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, softcap: float | None = None
+                 ) -> torch.Tensor:
         """Output [N, heads, D] of q over K/V blocks [blocks, bs, kv_heads, D] as ``paged``
-        (``PagedQueries``) says; split-KV chosen to fill the compute units."""
+        (``PagedQueries``) says, scores soft-capped to ``softcap`` when given; split-KV chosen
+        to fill the compute units."""
         tables = paged.block_tables
         splits = self._attend.choose_splits(q.shape[0], key_blocks.shape[2], tables.shape[1],
                                             self.compute_units)
         return self._attend.paged_attention(
             q, key_blocks, value_blocks, tables, paged.seq_of_query, paged.context_lens,
-            q.shape[-1] ** -0.5 if scale is None else scale, window, None, sinks, splits)
+            q.shape[-1] ** -0.5 if scale is None else scale, window, softcap, sinks, splits)
 
 
 class TritonIntEncoder:

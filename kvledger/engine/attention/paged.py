@@ -13,7 +13,7 @@ group share that head's K/V: q is viewed as [N, kv_heads, group, D], K/V are nev
 - :class:`PagedNativeBackend`: the same loop in C++ (``paged_attention.cpp``), reading K/V in
   place one block at a time, no copy at all, from the window's first block. Over a quantized
   store (fp8, int8, int4) it reads the codes themselves, the scales folded into the query and
-  the probabilities. A soft-capped layer (Gemma 2) takes the PyTorch loop.
+  the probabilities. Soft-capped layers (Gemma 2) and sink logits (gpt-oss) stay on it.
 
 Sink logits (:mod:`.layer`) join the normaliser once, after the last chunk: with the final
 maximum ``m* = max(m, sink)``, ``out = acc e^(m - m*) / (l e^(m - m*) + e^(sink - m*))``.
@@ -145,8 +145,7 @@ class PagedNativeBackend(_Paged):
 
     def attend(self, layer, q, paged, store, step=None):
         how = self.how(layer, q.shape[-1])
-        if how.softcap is not None or (step is not None and not (
-                store.quantized and self.kernel.reads_step_blocks)):
+        if step is not None and not (store.quantized and self.kernel.reads_step_blocks):
             return self._fallback.attend(layer, q, paged, store, step)
         if store.quantized:
             sides = self._sides(store, layer) if self.kernel.accepts_quantized(q, store) else None
@@ -154,31 +153,30 @@ class PagedNativeBackend(_Paged):
                 return self._fallback.attend(layer, q, paged, store, step)
             args = (q, sides[0], store.residual_of, store.block_size, store.num_kv_heads,
                     paged, how.scale, how.window, how.sinks)
-            return (self.kernel.quantized(*args) if step is None
-                    else self.kernel.quantized(*args, step=step))
+            return (self.kernel.quantized(*args, softcap=how.softcap) if step is None
+                    else self.kernel.quantized(*args, step=step, softcap=how.softcap))
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         if not self.kernel.accepts(q, keys):
             return self._fallback.attend(layer, q, paged, store)
-        return self.kernel(q, keys, values, paged, how.scale, how.window, how.sinks)
+        return self.kernel(q, keys, values, paged, how.scale, how.window, how.sinks,
+                           softcap=how.softcap)
 
     def attend_slots(self, layer, q, group, store):
         """The kernel over the pool viewed as blocks of one slot ([blocks * bs, 1, kv_heads,
         D], no copy): a token-granular block table, read in place."""
         keys, values = store.key_blocks[layer], store.value_blocks[layer]
         how = self.how(layer, q.shape[-1])
-        if store.quantized or not self.kernel.accepts(q, keys) or how.softcap or how.window:
+        if store.quantized or not self.kernel.accepts(q, keys) or how.window:
             return super().attend_slots(layer, q, group, store)
         one = (-1, 1, *keys.shape[2:])
         return self.kernel(q, keys.view(one), values.view(one), group.paged(1), how.scale,
-                           sinks=how.sinks)
+                           sinks=how.sinks, softcap=how.softcap)
 
     def reader(self, store):
-        """This kernel, or ``paged-torch`` for the layers it hands over (soft-capped, or a
-        quantized format it has no decoder for), e.g. 'paged-native (paged-torch: 2 of 30
-        layers)'."""
+        """This kernel, or ``paged-torch`` for the layers it hands over (a quantized format
+        it has no decoder for), e.g. 'paged-native (paged-torch: 2 of 30 layers)'."""
         layers = store.key_parts if store.quantized else store.key_blocks
-        over = sum(self.how(i, 1).softcap is not None
-                   or (store.quantized and self._sides(store, i) is None)
+        over = sum(store.quantized and self._sides(store, i) is None
                    for i in range(len(layers)))
         if not over:
             return self.name

@@ -95,13 +95,16 @@ def _slots(table, length):
 
 
 LAYERS = [LayerAttention(0.25), LayerAttention(0.3, window=6),
-          LayerAttention(0.25, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))]
+          LayerAttention(0.25, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0])),
+          LayerAttention(0.5, window=6, softcap=2.0)]
+"""The soft-capped layer (Gemma 2) is passed to the kernel too: before, paged-native handed it
+to paged-torch and the kernel was never called."""
 
 
 @TRITON
 @INTERPRETER
 @pytest.mark.triton
-@pytest.mark.parametrize("how", LAYERS, ids=["plain", "window", "sinks"])
+@pytest.mark.parametrize("how", LAYERS, ids=["plain", "window", "sinks", "soft-cap"])
 def test_paged_native_on_the_cuda_kernels_matches_the_reference_backend(how, monkeypatch):
     store, kernels = _store(), CudaKernels(lambda: 4)
     calls = _count(monkeypatch, "paged_attention", "paged_attention")
@@ -161,9 +164,10 @@ def test_probe_on_cuda_without_a_gpu_refuses_before_measuring_or_saving(tmp_path
 @TRITON
 @INTERPRETER
 @pytest.mark.triton
-@pytest.mark.parametrize("fmt,rotated", [("int8", False), ("int4", True), ("int2", False),
-                                         ("fp8", False), ("fp8", True)])
-def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotated,
+@pytest.mark.parametrize("fmt,rotated,softcap", [("int8", False, None), ("int4", True, 2.0),
+                                                 ("int2", False, None), ("fp8", False, 2.0),
+                                                 ("fp8", True, None)])
+def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotated, softcap,
                                                                       monkeypatch):
     from kvledger.engine.kv.rotation import hadamard
 
@@ -184,7 +188,7 @@ def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotat
     meta = AttentionMetadata(None, decodes=[group])
     q = torch.randn(2, 4, dim, generator=gen)
     empty = torch.empty(0, heads, dim)
-    how = [LayerAttention(0.3, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]))]
+    how = [LayerAttention(0.3, sinks=torch.tensor([0.5, -1.0, 2.0, 0.0]), softcap=softcap)]
     outs = []
     for name in ("reference", "paged-native"):
         backend = make_backend(name, kernels)

@@ -9,8 +9,9 @@
 // the last W of them (the query is at position context_lens[i] - 1 and sees key j when
 // i - j < W): its blocks before the window are not read, the window's first block from the
 // window's first row on. With sink logits (gpt-oss, one per query head) each softmax's
-// normaliser gets one more term e^(sink), applied when an item (or its merged parts) finishes. Element type: fp32 or bf16 (raw
-// uint16 bits); arithmetic in fp32.
+// normaliser gets one more term e^(sink), applied when an item (or its merged parts) finishes.
+// With a logit soft-cap c (Gemma 2) every scaled score s is c tanh(s / c) before the softmax.
+// Element type: fp32 or bf16 (raw uint16 bits); arithmetic in fp32.
 //
 // Quantized KV (kvledger.engine.kv.codecs, QuantizedKVStore): K and V are each described by a
 // KVSide (codes, scales, zero points, fp16 outlier channels, the residual buffers) and attended
@@ -68,6 +69,7 @@ struct Args {
     const KVSide* ks; const KVSide* vs;  // quantized K and V (null: k and v are plain blocks)
     const int64_t* residual_of;          // [blocks]: residual slot of a partial block, or -1
     const float* sinks;  // [heads]: a sink logit per query head in each denominator, or null
+    float softcap;       // > 0: scores soft-capped, cap tanh(s / cap) (Gemma 2); 0: none
 };
 
 // 1 / the normaliser of query head h whose running max is m and normaliser l, and the factor
@@ -146,6 +148,7 @@ void attend_plain(const Args& a, int qi, int kh0, int nh, int part) {
     for (int h = 0; h < nh; ++h) {
         const T* qrows = static_cast<const T*>(a.q) + (static_cast<int64_t>(qi) * a.heads + (kh0 + h) * G) * D;
         load_queries<T, NP>(states[h], qrows, D, G, a.scale);
+        states[h].cap = a.softcap;
         for (int g = 0; g < G; ++g) {
             states[h].m[g] = -INFINITY;
             states[h].l[g] = 0.f;
@@ -187,6 +190,7 @@ void attend_part(const Args& a, int qi, int kh, int part) {
     const int32_t* table = span.table;
     const int64_t token_stride = static_cast<int64_t>(a.kv_heads) * D;
     State st;
+    st.cap = a.softcap;
     for (int g = 0; g < G; ++g) {
         const T* qrow = q + (static_cast<int64_t>(qi) * a.heads + kh * G + g) * D;
         for (int j = 0; j < nv; ++j) st.qf[g][j] = load_vec(qrow + j * kLanes) * a.scale;
@@ -325,16 +329,18 @@ int kvl_max_block_size() { return kMaxBlock; }
 // window > 0: a sliding layer's window W (each query sees the last W positions of its context).
 // sinks: [heads] fp32 sink logits (one more term per query head in each softmax denominator,
 // holding no value: gpt-oss), or null.
+// softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax
+// (Gemma 2's attn_logit_softcapping); 0: none.
 void kvl_paged_attention(const void* q, const void* k, const void* v, void* out,
                          const int32_t* block_tables, const int32_t* seq_of_query,
                          const int32_t* context_lens, int num_queries, int heads, int kv_heads,
                          int head_dim, int block_size, int max_blocks, float scale, int window,
                          int is_bf16, int num_threads, int parts, float* partial,
                          const KVSide* ks, const KVSide* vs, const int64_t* residual_of,
-                         const float* sinks) {
+                         const float* sinks, float softcap) {
     Args a{q, k, v, out, block_tables, seq_of_query, context_lens, num_queries, heads, kv_heads,
            head_dim, block_size, max_blocks, parts < 1 ? 1 : parts, scale, window, partial, ks,
-           vs, residual_of, sinks};
+           vs, residual_of, sinks, softcap > 0.f ? softcap : 0.f};
     const int dv = head_dim / kLanes;  // common head sizes get their own unrolled code
     if (is_bf16) {
         if (dv == 8) run<uint16_t, 8>(a, num_threads);

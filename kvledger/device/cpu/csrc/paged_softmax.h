@@ -17,13 +17,15 @@ namespace {
 
 // Running state of one (query, kv head, part) item: the group's scaled queries (qm: the same
 // with the outlier key channels zeroed; qk: folded with one block's key scales), weighted
-// sums, running max m and normaliser l, and one block's scores.
+// sums, running max m and normaliser l, one block's scores, and the layer's logit soft-cap
+// (cap > 0: every score s becomes cap tanh(s / cap) before the softmax; 0: none).
 struct State {
     vec qf[kMaxGroup][kMaxDim / kLanes], acc[kMaxGroup][kMaxDim / kLanes];
     vec qm[kMaxGroup][kMaxDim / kLanes], qk[kMaxGroup][kMaxDim / kLanes];
     alignas(64) float s[kMaxGroup][kMaxBlock + kLanes];
     alignas(64) float w[kMaxGroup][kMaxBlock + kLanes];  // probabilities x a value scale
     float m[kMaxGroup], l[kMaxGroup];
+    float cap;
 };
 
 // q . row over nv vectors, in two chains of FMAs so their latencies overlap.
@@ -36,11 +38,42 @@ inline float dot(const vec* q, const vec* row, int nv) {
     return hsum(even + odd);
 }
 
-// Online-softmax step over the n scores st.s[g][0..n) of a block: new max, normaliser, the
-// accumulators rescaled; the scores become exp(score - max).
+// tanh, lane-wise, for |x| = a: (1 - e) / (1 + e) with e = exp(-2a) from a = 0.35 on (e <= 0.5,
+// so the relative error stays that of exp_nonpos, < 2e-7), below it the Taylor series to a^13
+// (the next term is under 3e-10).
+inline vec tanh_vec(vec x) {
+    const vec a = x < 0.f ? -x : x, a2 = a * a;
+    const vec e = exp_nonpos(-2.f * a);
+    const vec far = (1.f - e) / (1.f + e);
+    vec p = vec{} + 21844.f / 6081075.f;
+    p = p * a2 - 1382.f / 155925.f;
+    p = p * a2 + 62.f / 2835.f;
+    p = p * a2 - 17.f / 315.f;
+    p = p * a2 + 2.f / 15.f;
+    p = p * a2 - 1.f / 3.f;
+    const vec near = a + a * a2 * p;
+    const vec t = a < 0.35f ? near : far;
+    return x < 0.f ? -t : t;
+}
+
+// Scores s[0..n) soft-capped (Gemma 2's attn_logit_softcapping): s -> cap tanh(s / cap), -inf
+// kept (a row before a sliding window stays hidden). s has room for whole vectors past n.
+inline void soft_cap(float* s, int n, float cap) {
+    const float inv = 1.f / cap;
+    vec* sv = reinterpret_cast<vec*>(s);
+    for (int j = 0; j < (n + kLanes - 1) / kLanes; ++j) {
+        const vec capped = cap * tanh_vec(sv[j] * inv);
+        sv[j] = sv[j] == -INFINITY ? sv[j] : capped;
+    }
+}
+
+// Online-softmax step over the n scores st.s[g][0..n) of a block (soft-capped first when
+// st.cap > 0): new max, normaliser, the accumulators rescaled; the scores become
+// exp(score - max).
 inline void softmax_block(State& st, int n, int G, int nv) {
     const int nl = (n + kLanes - 1) / kLanes;  // score vectors; the tail lanes are -inf
     for (int g = 0; g < G; ++g) {
+        if (st.cap > 0.f) soft_cap(st.s[g], n, st.cap);
         for (int t = n; t < nl * kLanes; ++t) st.s[g][t] = -INFINITY;
         vec* sv = reinterpret_cast<vec*>(st.s[g]);
         vec vmax = vec{} + st.m[g];
