@@ -229,11 +229,13 @@ class EngineLoop:
 
     def _iterate(self) -> None:
         worked = self._drain_inbox()
-        if self._engine.has_unfinished_requests():
-            self._deliver(self._engine.step())
+        outputs = self._engine.step() if self._engine.has_unfinished_requests() else None
+        # the gauges before the outputs: a client that has its answer sees them after its step
+        self._observer.on_stats(self._engine.stats(), time.perf_counter())
+        if outputs is not None:
+            self._deliver(outputs)
             self._heap.maybe_trim()  # freed heap back to the OS every 30 s (heap_trim.py)
             worked = True
-        self._observer.on_stats(self._engine.stats(), time.perf_counter())
         if not worked:
             self._wake.wait(IDLE_WAKE_S)
             self._wake.clear()

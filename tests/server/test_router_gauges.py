@@ -17,11 +17,19 @@ from kvledger.model.weights.loader import load_weights
 
 
 class HeldEngine(LLMEngine):
-    """An engine whose thread waits at the start of a step while ``hold`` is set."""
+    """An engine whose thread waits at the start of a step while ``hold`` is set, and whose
+    ``stats()`` takes half a second once it is idle while ``slow_stats`` is set (so a server
+    that answered before it refreshed its gauges is caught reading old ones)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.hold, self.held, self.steps = threading.Event(), threading.Event(), 0
+        self.slow_stats = False
+
+    def stats(self):
+        if self.slow_stats and not self.has_unfinished_requests():
+            time.sleep(0.5)
+        return super().stats()
 
     def step(self):
         while self.hold.is_set():
@@ -82,6 +90,7 @@ def test_router_gauges_equal_the_schedulers_counts(tiny_llama, app_client):
     seen = gauges(client)
     assert {k: seen[k] for k in under_load} == under_load
     assert seen["vllm:gpu_cache_usage_perc"] == under_load["vllm:kv_cache_usage_perc"]
+    engine.slow_stats = True
     engine.hold.clear()
     for t in threads:
         t.join()
