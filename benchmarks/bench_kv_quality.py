@@ -3,12 +3,15 @@
 Quality: ``kvledger eval perplexity``'s protocol (llama.cpp's: non-overlapping chunks of
 ``--context`` tokens, second half scored, fed in the engine's prefill chunk of 2,048 tokens
 unless ``--stride`` says otherwise) on Python's
-``pydoc_data.topics`` text, for fp8 / int8 / int4 / int3 / int2 (per-channel and per-token
+``pydoc_data.topics`` text (or ``--text FILE``), for fp8 / int8 / int4 / int3 / int2 (per-channel and per-token
 keys, with and without fp16 outlier channels or a Hadamard rotation; key groups of G tokens
 and a full-precision window of R, fed ``--stride`` tokens per step), each against a base run
 in lockstep (``--base``, default fp16 KV as llama.cpp's f16): ΔPPL, the KL divergence's mean,
 maximum, 99.9 % / 99.0 % percentiles and median, top-1 agreement. fp32 compute. Accuracy
-figures do not depend on machine load.
+figures do not depend on machine load. A label that names no window, key group or intact
+tokens (``int4 + rotation``) runs the format's defaults (int4 / int3 / int2: R 128, the first
+32 tokens intact, int3 / int2 keys over 32 tokens); the ``G``/``R`` labels keep no intact
+tokens unless they say ``intact N``.
 
 Peer (same text file, same GGUF): ``llama-perplexity`` with ``-ctk/-ctv`` f16, q8_0, q4_0 when
 ``$KVLEDGER_LLAMA_CPP_DIR`` names a folder holding it (skipped otherwise); the f16 run saves
@@ -28,6 +31,7 @@ prompt finds the filler before its key in the prefix cache (the answers do not c
 and warm runs give the same tokens).
 
     python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--stride 16] [--base fp16]
+        [--text FILE]
         [--only LABELS] [--no-peer] [--json OUT] [--passkey-depths 10 [--passkey-only]]
 """
 
@@ -64,13 +68,14 @@ VARIANTS = [  # label, EngineConfig overrides
     *((f"{f} per-token keys + rotation", {"kv_cache_dtype": f, "kv_key_quant": "per-token",
                                           "kv_rotation": "hadamard"})
       for f in ("int4", "int3", "int2")),
-    # key groups (G tokens) and the full-precision window (R tokens); run them with
-    # --stride 16 to see the window as generation does (docs/kv-formats.md)
+    # key groups (G tokens) and the full-precision window (R tokens), no intact tokens (the
+    # labels above run each format's defaults: docs/kv-formats.md); run them with
+    # --stride 16 to see the window as generation does
     *((f"{f}{rot}, R 128", {"kv_cache_dtype": f, "kv_residual_tokens": 128,
-                            "kv_rotation": "hadamard" if rot else "none"})
+                            "kv_intact_tokens": 0, "kv_rotation": "hadamard" if rot else "none"})
       for f in ("int8", "int4") for rot in ("", " + rotation")),
     *((f"{f}{rot}, G {g}, R {r}", {"kv_cache_dtype": f, "kv_key_group_tokens": g,
-                                   "kv_residual_tokens": r,
+                                   "kv_residual_tokens": r, "kv_intact_tokens": 0,
                                    "kv_rotation": "hadamard" if rot else "none"})
       for f in ("int8", "int4", "int3", "int2") for rot in ("", " + rotation")
       for g, r in ((16, 16), (32, 128), (64, 128)) if f in ("int3", "int2") or g == 32),
@@ -85,21 +90,22 @@ PASSKEY_VARIANTS = [("bf16", {"kv_cache_dtype": "bf16"}), *VARIANTS]
 
 
 def quality(context: int, chunks: int, variants, base_kv: str, stride: int | None = None,
-            on_chunk=None) -> tuple[list[dict], str]:
-    """One row per variant over the chunks, every variant against ONE base run per chunk
-    (``perplexity_runs``); ``on_chunk(rows)`` after each chunk with the figures so far."""
+            on_chunk=None, text_path: Path | None = None) -> tuple[list[dict], str]:
+    """One row per variant over the chunks of ``text_path`` (None: the pydoc topics), every
+    variant against ONE base run per chunk (``perplexity_runs``); ``on_chunk(rows)`` after
+    each chunk with the figures so far."""
     import torch
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.engine import LLMEngine
-    from kvledger.eval.corpus import default_text
+    from kvledger.eval.corpus import read_text
     from kvledger.eval.perplexity import perplexity_runs
     from kvledger.eval.scoring import eval_config
     from kvledger.model.weights.loader import load_tokenizer, load_weights
 
     spec, weights = load_weights("default", torch.float32)
     tokenizer = load_tokenizer("default")
-    text = default_text()
+    text, _ = read_text(text_path)
     ids = tokenizer.encode(text, add_special_tokens=False)
     base_cfg = eval_config(EngineConfig(dtype="fp32", kv_cache_dtype=base_kv), context)
     base = LLMEngine(base_cfg, spec=spec, weights=weights, tokenizer=tokenizer)
@@ -263,6 +269,7 @@ def main() -> None:
     ap.add_argument("--stride", type=int, help="tokens fed per step (default: the engine's prefill chunk)")
     ap.add_argument("--only", help="variant labels separated by ';' (or ',' when no label holds "
                     "one; default: all)")
+    ap.add_argument("--text", type=Path, help="UTF-8 text to score (default: the pydoc topics)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
@@ -294,11 +301,13 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps({
                 "date": str(date.today()), "context": args.context, "machine": machine_line(2),
+                "text": str(args.text or "pydoc_data.topics"),
                 "base": args.base, "stride": args.stride, "chunks": args.chunks,
                 "kvledger": rows, "llama_cpp": peer, "capacity_256MiB_4K": list(cap),
                 "passkey": keys}, indent=1))
 
-    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write)
+    rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write,
+                         args.text)
     peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
     cap = [] if args.no_capacity else capacity(variants, 256 << 20, 4096, 8)
     for row in cap:

@@ -88,7 +88,8 @@ def plan(
         help=field_help()["kv_key_group_tokens"])] = None,
     kv_residual_tokens: Annotated[int | None, Opt(
         help=field_help()["kv_residual_tokens"])] = None,
-    kv_intact_tokens: Annotated[int, Opt(help=field_help()["kv_intact_tokens"])] = 0,
+    kv_intact_tokens: Annotated[int | None, Opt(
+        help=field_help()["kv_intact_tokens"])] = None,
     shared_prefix: Annotated[int, Opt(help="Tokens every request shares (stored once)")] = 0,
     turn_tokens: Annotated[int, Opt(help="New tokens per chat turn")] = 1024,
     mfu: Annotated[float, Opt(help="Model FLOPs utilisation for the TTFT estimate")] = 0.4,

@@ -36,7 +36,7 @@ ENGINE_RANGES: dict[str, Range] = {
     "kv_outlier_channels": Range(0, 1 << 16),
     "kv_key_group_tokens": _TOKENS,
     "kv_residual_tokens": _TOKENS,
-    "kv_intact_tokens": Range(0, 1 << 31, hi_open=True),
+    "kv_intact_tokens": Range(0, 1 << 31, hi_open=True, optional=True),
     "tensor_parallel_size": Range(1, 1 << 10),
     "tp_timeout_s": _SECONDS,
     "kv_disk_gib": _GIB,
@@ -115,13 +115,15 @@ class EngineConfig:
             before quantization, queries and the attention output by the same (the bytes are
             unchanged; docs/kv-formats.md).
         kv_key_group_tokens: int keys per channel: tokens per key group (its scale and zero
-            point), a multiple of block_size; None = 64 for int3 / int2, one block otherwise.
+            point), a multiple of block_size; None = 32 for int3 / int2 (one block with KV
+            tiers or sliding layers), one block otherwise.
         kv_residual_tokens: quantized formats: the full-precision window of the most recent
             tokens per running sequence, a multiple of block_size, at least the key group;
-            None = the key group (one block for int8 / int4).
+            None = 128 for int4 / int3 / int2, the key group (one block) for fp8 / int8.
         kv_intact_tokens: quantized formats: the first tokens of every sequence (its
             attention sinks) kept at full precision and never quantized, rounded up to
-            whole key groups (IntactKV); 0 = none.
+            whole key groups (IntactKV); 0 = none; None = 32 for int4 / int3 / int2 (none
+            with KV tiers or sliding layers), none for fp8 / int8.
         kv_calibration: calibration file written by kvledger calibrate (the outlier channels
             per layer and KV head); None = the file shipped with the bundled model.
         tensor_parallel_size: ranks the model is split over (Megatron-style: query heads,
@@ -193,7 +195,7 @@ class EngineConfig:
     kv_rotation: str = "none"
     kv_key_group_tokens: int | None = None
     kv_residual_tokens: int | None = None
-    kv_intact_tokens: int = 0
+    kv_intact_tokens: int | None = None
     kv_calibration: str | None = None
     tensor_parallel_size: int = 1
     tp_timeout_s: float = 60.0

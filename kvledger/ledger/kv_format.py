@@ -44,9 +44,15 @@ head_dim must be a multiple."""
 KEY_QUANT_MODES = ("per-channel", "per-token")
 ROTATIONS = ("none", "hadamard")
 DEFAULT_GROUP_SIZE = 32
-DEFAULT_KEY_GROUP_TOKENS = {"int3": 64, "int2": 64}
-"""Tokens per key group of the formats whose default spans blocks (KIVI-2's 64; the others'
-default is one block)."""
+DEFAULT_KEY_GROUP_TOKENS = {"int3": 32, "int2": 32}
+"""Tokens per key group of the formats whose default spans blocks (the others' default is one
+block)."""
+DEFAULT_RESIDUAL_TOKENS = {"int4": 128, "int3": 128, "int2": 128}
+"""The full-precision window R of the formats whose default is more than their key group."""
+DEFAULT_INTACT_TOKENS = {"int4": 32, "int3": 32, "int2": 32}
+"""Intact tokens N of the formats that keep some by default (the others: none). These three
+tables are the best settings measured on the bundled model at the serving chunk (issue 58,
+BENCHMARKS.md#kv-quality); int8 is within 0.01 % of fp16 without them."""
 FP16_BYTES = 2
 FP32_BYTES = 4
 
@@ -129,15 +135,20 @@ class KVFormatSpec:
             fraction of the latent).
         residual_tokens: R, the full-precision window of a running sequence (quantized
             formats): blocks not yet sealed, at most R tokens; a multiple of the block size
-            and at least the key group; None = the key group (one block for int8 / int4).
+            and at least the key group; None = :data:`DEFAULT_RESIDUAL_TOKENS` (128 for int4 /
+            int3 / int2, rounded up to a multiple of the block size and to the key group),
+            the key group for the others.
         key_group_tokens: G, tokens of one per-channel key group (int formats, per-channel
-            keys): a multiple of the block size; None = 64 for int3 / int2 (rounded up to a
-            multiple of the block size), one block for the others.
+            keys): a multiple of the block size; None = :data:`DEFAULT_KEY_GROUP_TOKENS` (32
+            for int3 / int2, rounded up to a multiple of the block size), one block for the
+            others.
         rotation: ``none`` or ``hadamard`` (quantized formats: K and V rows rotated by an
             orthogonal matrix before quantization, ``engine/kv/rotation.py``); the bytes are
             the same either way.
         intact_tokens: N, the first tokens of every sequence kept in the compute dtype and
-            never quantized (quantized formats; 0 = none), rounded up to whole key groups.
+            never quantized (quantized formats; 0 = none), rounded up to whole key groups;
+            None = :data:`DEFAULT_INTACT_TOKENS` (32 for int4 / int3 / int2, none for the
+            others).
 
     Raises:
         InvalidParameterError: an unknown name, key mode or rotation; a rotation or intact
@@ -152,7 +163,7 @@ class KVFormatSpec:
     residual_tokens: int | None = None
     rotation: str = "none"
     key_group_tokens: int | None = None
-    intact_tokens: int = 0
+    intact_tokens: int | None = None
 
     def __post_init__(self) -> None:
         kv_format(self.name)
@@ -165,7 +176,9 @@ class KVFormatSpec:
         if self.rotation != "none" and not self.quantized:
             raise InvalidParameterError(f"--kv-rotation {self.rotation} applies to quantized KV "
                                         f"formats, not {self.name}")
-        if self.intact_tokens < 0:
+        if self.intact_tokens is None and not self.quantized:  # the same text as before
+            object.__setattr__(self, "intact_tokens", 0)
+        if self.intact_tokens is not None and self.intact_tokens < 0:
             raise InvalidParameterError(
                 f"--kv-intact-tokens must be >= 0, got {self.intact_tokens}")
         if self.intact_tokens and not self.quantized:
@@ -178,7 +191,7 @@ class KVFormatSpec:
                      outlier_channels: int | None = None, outlier_frac: float = 0.0,
                      residual_tokens: int | None = None, rotation: str = "none",
                      key_group_tokens: int | None = None,
-                     intact_tokens: int = 0) -> KVFormatSpec:
+                     intact_tokens: int | None = None) -> KVFormatSpec:
         """The spec of the ``--kv-*`` options: ``auto`` is ``compute_format`` (the activations'
         format, bf16 or fp32); every other option as given. The one place the engine
         (``EngineConfig.kv_format_spec``), the planner, replay and eval build a spec."""
@@ -203,6 +216,22 @@ class KVFormatSpec:
             return replace(self, name=name)
         return replace(self, name=name, outlier_channels=None, outlier_frac=0.0, rotation="none",
                        intact_tokens=0)
+
+    @property
+    def intact_count(self) -> int:
+        """N: :attr:`intact_tokens`, or the format's default when None."""
+        if self.intact_tokens is None:
+            return DEFAULT_INTACT_TOKENS.get(self.name, 0)
+        return self.intact_tokens
+
+    def blockwise_defaults(self, block_size: int) -> KVFormatSpec:
+        """The spec with the defaults that keep every block self-contained, for the engines
+        that move or drop blocks one at a time (KV tiers, sliding layers): a key group of one
+        block and no intact tokens where the options left them to the default (None). What
+        the options set explicitly stays, for the caller to refuse."""
+        group = block_size if self.key_group_tokens is None else self.key_group_tokens
+        intact = 0 if self.intact_tokens is None else self.intact_tokens
+        return replace(self, key_group_tokens=group, intact_tokens=intact)
 
     def outlier_count(self, head_dim: int) -> int:
         """Key channels kept in fp16 per layer and KV head of ``head_dim`` channels.
@@ -245,7 +274,7 @@ class KVFormatSpec:
         group = self.key_group_blocks(block_size)
         r = self.residual_tokens
         if r is None:
-            return group
+            return max(group, -(-DEFAULT_RESIDUAL_TOKENS.get(self.name, 0) // block_size))
         if r <= 0 or r % block_size:
             raise InvalidParameterError(f"--kv-residual-tokens {r} must be a positive multiple "
                                         f"of --block-size {block_size}")
@@ -258,7 +287,7 @@ class KVFormatSpec:
         """Leading blocks never quantized: N tokens rounded up to whole key groups (the
         groups after them stay aligned on G)."""
         k = self.key_group_blocks(block_size)
-        return -(-self.intact_tokens // (k * block_size)) * k
+        return -(-self.intact_count // (k * block_size)) * k
 
     def reserved_blocks(self, block_size: int) -> int:
         """Full-precision blocks the engine reserves per running sequence: the window, the

@@ -19,6 +19,7 @@ from kvledger.ledger import costs, kv, params
 from kvledger.ledger.admission import RequestBudget
 from kvledger.ledger.hardware import Device, GiB
 from kvledger.ledger.kv_format import KV_FORMATS, KVFormatSpec
+from kvledger.ledger.kv_groups import kv_groups
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.ledger.tier_load import Crossover, ReadSpeed, crossover
 from kvledger.spec import SLIDING, ModelSpec
@@ -74,7 +75,7 @@ class PlanOptions:
     kv_key_quant: str = "per-channel"
     kv_key_group_tokens: int | None = None
     kv_residual_tokens: int | None = None
-    kv_intact_tokens: int = 0
+    kv_intact_tokens: int | None = None
     shared_prefix: int = 0
     turn_tokens: int = 1024
     turns: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -303,9 +304,16 @@ def _retention_rows(spec: ModelSpec, o: PlanOptions, pool_blocks: int,
     return tuple(rows)
 
 
+def _engine_kv(spec: ModelSpec, o: PlanOptions) -> KVFormatSpec:
+    """The plan's KV options as the engine resolves them: with sliding layers beside full ones
+    (several block groups) the defaults keep each block whole (keys over one block, no
+    intact tokens; ``KVFormatSpec.blockwise_defaults``)."""
+    return o.kv.blockwise_defaults(o.block_size) if len(kv_groups(spec)) > 1 else o.kv
+
+
 def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...]:
     rows = []
-    fmt = o.kv.as_format(o.kv_format)
+    fmt = _engine_kv(spec, o).as_format(o.kv_format)
     for kind, layers in Counter(spec.layers.types).items():
         per_layer = kv.layer_bytes_per_token(spec, fmt, o.tp, o.block_size, kind)
         window = spec.layers.sliding_window if kind == SLIDING else None
@@ -322,7 +330,7 @@ class _FormatPlan:
         read_ratio = params.params_read_per_step(spec, o.batch) / params.count_params(spec).total
         self.weights_read = weights * read_ratio
         self.fixed = kv.fixed_state_bytes(spec, tp=o.tp)
-        self.kv = o.kv
+        self.kv = _engine_kv(spec, o)
 
     def _spec(self, fmt: str) -> KVFormatSpec:
         """The plan's KV options under format ``fmt`` (outliers on quantized formats only)."""

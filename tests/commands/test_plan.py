@@ -191,12 +191,27 @@ def test_key_group_and_window_price_the_engine_layout():
     scales + 16 x 2 groups x 4 B of value scales; concurrency leaves each request a window of
     128 bf16 tokens (8 blocks of 30 x 3 x 2 x 16 x 64 x 2 B)."""
     r = run("plan", "default", "--json", "--context", "4096", "--kv-cache-dtype", "int2",
-            "--kv-residual-tokens", "128")
+            "--kv-key-group-tokens", "64", "--kv-residual-tokens", "128", "--kv-intact-tokens", "0")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["block_bytes"] == 30 * 3 * (2 * 16 * 16 + 16 * 4 + 16 * 2 * 4)
     window = 8 * 30 * 3 * 2 * 16 * 64 * 2
     per_request = 4096 // 16 * out["block_bytes"] + window
+    assert out["contexts"][0]["max_concurrency"] == out["pool_bytes"] // per_request
+
+
+@pytest.mark.parametrize("fmt, key_scales", [("int2", 64 // 2 * 4), ("int4", 64 * 4)])
+def test_default_key_group_window_and_intact_tokens_are_priced(fmt, key_scales):
+    """The defaults (issue 58's best settings): int2 keys over 32 tokens (64 / 2 channels' key
+    scales per block), int4 over one block; both a window of 128 tokens (8 bf16 blocks) and 32
+    intact tokens (2 blocks) held twice: a reserve of 8 + 2 x 2 bf16 blocks per request."""
+    r = run("plan", "default", "--json", "--context", "4096", "--kv-cache-dtype", fmt)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    codes = 2 * 16 * 64 * (2 if fmt == "int2" else 4) // 8
+    assert out["block_bytes"] == 30 * 3 * (codes + key_scales + 16 * 2 * 4)
+    reserve = (8 + 2 * 2) * 30 * 3 * 2 * 16 * 64 * 2
+    per_request = 4096 // 16 * out["block_bytes"] + reserve
     assert out["contexts"][0]["max_concurrency"] == out["pool_bytes"] // per_request
 
 

@@ -186,9 +186,12 @@ def test_quantized_formats_follow_the_engine_block_layout(real_spec):
     assert kv_bytes_per_token(spec, KVFormatSpec("fp8"), 1, 16) == 32 * -(-8 * 4104 // 16)
     int4 = KVFormatSpec("int4")
     assert kv_bytes_per_sequence(spec, int4, 1, 16, 100, paged=True) == 7 * block("int4")
-    # a quantized format's residual: one block (by default) in the compute format
-    assert residual_bytes(spec, int4, 1, 16, "bf16") == block("bf16")
-    assert residual_bytes(spec, KVFormatSpec("int4", residual_tokens=64), 1, 16,
+    # a quantized format's residual in the compute format: by default a window of 128 tokens
+    # (8 blocks) and 32 intact tokens (2 blocks) twice; one block with R = G, no intact tokens
+    assert residual_bytes(spec, int4, 1, 16, "bf16") == (8 + 2 * 2) * block("bf16")
+    assert residual_bytes(spec, KVFormatSpec("int4", residual_tokens=16, intact_tokens=0), 1, 16,
+                          "bf16") == block("bf16")
+    assert residual_bytes(spec, KVFormatSpec("int4", residual_tokens=64, intact_tokens=0), 1, 16,
                           "fp32") == 4 * block("fp32")
     assert residual_bytes(spec, BF16, 1, 16, "bf16") == 0
     for bad in (24, 0):

@@ -15,7 +15,7 @@ def test_to_json_is_pinned():
     spec = KVFormatSpec("int4", group_size=32, key_quant="per-token", outlier_channels=4,
                         residual_tokens=64)
     assert spec.to_json() == (
-        '{"group_size":32,"intact_tokens":0,"key_group_tokens":null,"key_quant":"per-token",'
+        '{"group_size":32,"intact_tokens":null,"key_group_tokens":null,"key_quant":"per-token",'
         '"name":"int4","outlier_channels":4,"outlier_frac":0.0,"residual_tokens":64,'
         '"rotation":"none"}')
     assert KVFormatSpec().to_json() == (
@@ -85,7 +85,7 @@ def _sealed_oracle(tokens: int, bs: int, group: int, window: int) -> int:
 def test_sealed_blocks_keep_the_window(name, bs, group, window):
     """The closed form equals the token-by-token rule; the window then holds between R - G
     and R - 1 tokens, and full_precision_blocks counts the rest."""
-    fmt = KVFormatSpec(name, key_group_tokens=group, residual_tokens=window)
+    fmt = KVFormatSpec(name, key_group_tokens=group, residual_tokens=window, intact_tokens=0)
     g = fmt.key_group_blocks(bs) * bs
     r = fmt.residual_blocks(bs) * bs
     for tokens in range(400):
@@ -99,24 +99,50 @@ def test_sealed_blocks_keep_the_window(name, bs, group, window):
 
 
 def test_default_key_group_and_window():
-    """int3 / int2: keys over 64 tokens (KIVI-2), rounded up to whole blocks; others one
-    block; the window defaults to the key group (one block for int8 / int4, as before)."""
-    assert KVFormatSpec("int2").key_group_blocks(16) == 4
-    assert KVFormatSpec("int3").key_group_blocks(48) == 2
+    """The best settings measured at the serving chunk (issue 58) are the defaults: int3 /
+    int2 keys over 32 tokens, rounded up to whole blocks, the others one block; a window of
+    128 tokens for int4 / int3 / int2 (rounded up to whole blocks and to the key group), the
+    key group for int8 / fp8; 32 intact tokens for int4 / int3 / int2, none for the others."""
+    assert KVFormatSpec("int2").key_group_blocks(16) == 2
+    assert KVFormatSpec("int3").key_group_blocks(48) == 1
+    assert KVFormatSpec("int3").key_group_blocks(16) == 2
     assert KVFormatSpec("int4").key_group_blocks(16) == 1
     assert KVFormatSpec("int2", key_quant="per-token").key_group_blocks(16) == 1
     assert KVFormatSpec("fp8", key_group_tokens=64).key_group_blocks(16) == 1
-    assert KVFormatSpec("int2").residual_blocks(16) == 4
-    assert KVFormatSpec("int4").residual_blocks(16) == 1
-    assert KVFormatSpec("int4").sealed_blocks(40, 16) == 2  # full blocks, as before
+    assert KVFormatSpec("int2").residual_blocks(16) == 8
+    assert KVFormatSpec("int4").residual_blocks(16) == 8
+    assert KVFormatSpec("int4").residual_blocks(48) == 3  # 128 rounded up to 144
+    assert KVFormatSpec("int2", key_group_tokens=256).residual_blocks(16) == 16
+    assert KVFormatSpec("int8").residual_blocks(16) == 1
+    assert KVFormatSpec("fp8").residual_blocks(16) == 1
+    assert KVFormatSpec("int8").sealed_blocks(40, 16) == 2  # full blocks, as before
+    assert KVFormatSpec("int4").sealed_blocks(40, 16) == 0  # inside the window of 128
+    assert KVFormatSpec("int4").sealed_blocks(200, 16) == 5  # 200 - 128 + 16 = 88 -> 5 blocks
     assert KVFormatSpec("bf16").sealed_blocks(40, 16) == 0
+    assert KVFormatSpec("int4").intact_blocks(16) == 2
+    assert KVFormatSpec("int2").intact_blocks(16) == 2  # one key group of 32
+    assert KVFormatSpec("int2", key_group_tokens=64).intact_blocks(16) == 4  # rounded up
+    assert KVFormatSpec("int4", intact_tokens=0).intact_blocks(16) == 0
+    assert KVFormatSpec("int8").intact_blocks(16) == 0
+    assert KVFormatSpec("bf16").intact_blocks(16) == 0
+
+
+def test_blockwise_defaults_keep_explicit_options():
+    """For KV tiers and sliding layers: the defaults become keys over one block and no
+    intact tokens; explicit options stay (for the engine to refuse)."""
+    assert KVFormatSpec("int3").blockwise_defaults(16) == KVFormatSpec(
+        "int3", key_group_tokens=16, intact_tokens=0)
+    assert KVFormatSpec("int3").blockwise_defaults(16).residual_blocks(16) == 8
+    assert KVFormatSpec("int3", key_group_tokens=32, intact_tokens=32).blockwise_defaults(16) \
+        == KVFormatSpec("int3", key_group_tokens=32, intact_tokens=32)
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"key_group_tokens": 40}, "--kv-key-group-tokens 40 must be a positive multiple of --block"),
     ({"key_group_tokens": 0}, "--kv-key-group-tokens 0 must be a positive multiple"),
     ({"residual_tokens": 24}, "--kv-residual-tokens 24 must be a positive multiple of --block"),
-    ({"residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
+    ({"key_group_tokens": 64, "residual_tokens": 32},
+     "--kv-residual-tokens 32 must be at least the key group of 64"),
 ])
 def test_key_group_and_window_refused(kwargs, message):
     with pytest.raises(InvalidParameterError, match=message):

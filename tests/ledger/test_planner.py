@@ -183,16 +183,21 @@ def test_chat_growth_stops_at_the_models_context(real_spec, turn_tokens, rows, f
 
 
 def test_quantized_concurrency_counts_the_residual_block(real_spec):
-    """An int4 request at 8K holds 512 int4 blocks plus one bf16 block (its partial block at
-    full precision): per 16-token block and KV head 2 x 16 x 64 code bytes + values' scales
+    """An int4 request at 8K holds 512 int4 blocks plus its window at full precision (two bf16
+    blocks at R 32): per 16-token block and KV head 2 x 16 x 64 code bytes + values' scales
     (16 tokens x 4 groups x 4 B) + keys' per-channel scales (128 x 4 B); bf16: 2 x 16 x 128 x 2."""
     spec = real_spec("meta-llama__Llama-3.1-8B")
     p = plan(spec, get_device("H100-SXM"),
-             PlanOptions(contexts=(8192,), kv_format="int4", kv_key_quant="per-channel"))
+             PlanOptions(contexts=(8192,), kv_format="int4", kv_key_quant="per-channel",
+                         kv_residual_tokens=32, kv_intact_tokens=0))
     int4_block = 32 * 8 * (2 * 16 * 64 + 16 * 4 * 4 + 128 * 4)
     bf16_block = 32 * 8 * 2 * 16 * 128 * 2
     assert p.block_bytes == int4_block
-    assert p.contexts[0].max_concurrency == p.pool_bytes // (512 * int4_block + bf16_block)
+    assert p.contexts[0].max_concurrency == p.pool_bytes // (512 * int4_block + 2 * bf16_block)
+    # the defaults: a window of 128 tokens and 32 intact tokens held twice, 8 + 2 x 2 blocks
+    default = plan(spec, get_device("H100-SXM"), PlanOptions(contexts=(8192,), kv_format="int4"))
+    assert default.contexts[0].max_concurrency == \
+        default.pool_bytes // (512 * int4_block + 12 * bf16_block)
     tokenwise = plan(spec, get_device("H100-SXM"), PlanOptions(
         contexts=(8192,), kv_format="int4", kv_key_quant="per-token", kv_outlier_channels=4))
     assert tokenwise.block_bytes == 32 * 8 * (2 * 16 * 64 + 2 * 16 * 4 * 4 + 16 * 4 * 2)

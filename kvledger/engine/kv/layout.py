@@ -9,6 +9,7 @@ predicts. ``describe`` is the startup line's and ``/metrics``' name for the form
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import torch
@@ -25,6 +26,8 @@ from kvledger.ledger.kv import (
 from kvledger.ledger.kv_format import INT_FORMATS, KVFormatSpec, resolve_group_size
 from kvledger.ledger.kv_groups import KVGroup, kv_groups, layer_places
 from kvledger.spec import MLA, ModelSpec
+
+log = logging.getLogger("kvledger.engine")
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,28 @@ def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
     return replace(fmt, group_size=group, outlier_channels=fmt.outlier_count(head_dim))
 
 
+def _blockwise_if_needed(fmt: KVFormatSpec, config, spec: ModelSpec) -> KVFormatSpec:
+    """``fmt`` with the defaults that keep each block self-contained
+    (``KVFormatSpec.blockwise_defaults``: keys over one block, no intact tokens) when KV
+    tiers or sliding layers move blocks one at a time, logging what that changed; the
+    options set explicitly are left for :func:`resolve_layout` and the engine to refuse."""
+    from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
+
+    bs = config.block_size
+    why = "KV tiers" if tiers_wanted(config) else \
+        "sliding layers" if len(kv_groups(spec)) > 1 else None
+    blockwise = fmt.blockwise_defaults(bs)
+    if why is None or blockwise == fmt:
+        return fmt
+    dropped = [f"keys over {fmt.key_group_blocks(bs) * bs} tokens -> {bs}"
+               if blockwise.key_group_blocks(bs) != fmt.key_group_blocks(bs) else "",
+               f"{fmt.intact_count} intact tokens -> 0" if fmt.intact_blocks(bs) else ""]
+    if any(dropped):
+        log.info("%s defaults with %s, which hold blocks one at a time: %s", fmt.name, why,
+                 ", ".join(d for d in dropped if d))
+    return blockwise
+
+
 def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLayout:
     """The KVLayout of an EngineConfig's kv_* options on ``spec`` (``auto``: the KV format of
     ``compute_dtype``).
@@ -201,9 +226,10 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     fmt = resolve_format(fmt, spec.head_dim)
     bs = config.block_size
     if fmt.quantized:
+        fmt = _blockwise_if_needed(fmt, config, spec)
         k = fmt.key_group_blocks(bs)
         fmt = replace(fmt, key_group_tokens=k * bs if fmt.name in INT_FORMATS else None,
-                      residual_tokens=fmt.residual_blocks(bs) * bs)
+                      residual_tokens=fmt.residual_blocks(bs) * bs, intact_tokens=fmt.intact_count)
         if k > 1 and len(kv_groups(spec)) > 1:
             raise InvalidParameterError(
                 f"a key group of {k * bs} tokens spans blocks, which a sliding layer gives back "

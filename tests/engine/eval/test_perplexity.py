@@ -75,11 +75,16 @@ def test_kld_percentile_is_numpys_linear_percentile():
             float(np.percentile(values.numpy(), 100 * fraction)), rel=1e-12)
 
 
+SMALL_WINDOW = {"kv_residual_tokens": 32, "kv_intact_tokens": 0}
+"""A window smaller than the 128-token chunks of these tests, no intact tokens: a lossy run."""
+
+
 def test_kld_percentiles_of_a_lossy_kv_run(tiny_engine_factory):
     """int4 KV against an fp32 base: the summary statistics of the per-position KLD, in
     order, the mean at most the maximum. 32 tokens per step: a prefill step reads its own
-    tokens as computed (issue 58), so a chunk in one step would give no KLD at all."""
-    engine = tiny_engine_factory(num_blocks=16, kv_cache_dtype="int4")
+    tokens as computed (issue 58), so a chunk in one step would give no KLD at all; a window
+    of 32 tokens, not the default 128, which would hold most of a 128-token chunk."""
+    engine = tiny_engine_factory(num_blocks=16, kv_cache_dtype="int4", **SMALL_WINDOW)
     base = tiny_engine_factory(num_blocks=16)
     r = perplexity(engine, _ids(300), 128, 32, base=base)
     assert 0 < r.kld_median <= r.kld_p99 <= r.kld_p999 <= r.kld_max
@@ -95,7 +100,8 @@ def test_engines_sharing_one_base_run_get_their_own_figures(tiny_engine_factory,
     ids, chunks = _ids(300), 2
     # (int2, not int8: with a step's own tokens read as computed, issue 58, int8's KLD here is
     # at float noise, ~1e-8 either sign)
-    engines = [tiny_engine_factory(num_blocks=16, kv_cache_dtype=f) for f in ("int4", "int2")]
+    engines = [tiny_engine_factory(num_blocks=16, kv_cache_dtype=f, **SMALL_WINDOW)
+               for f in ("int4", "int2")]
     base = tiny_engine_factory(num_blocks=16)
     fed = []
     real = module.step_logprobs

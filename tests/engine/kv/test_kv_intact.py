@@ -27,11 +27,16 @@ INT2 = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens
     ("int2", {"key_group_tokens": 32, "residual_tokens": 128, "intact_tokens": 32}, 200,
      (2, 8 + 4, 6, 13 - 6 + 2)),
     # N rounds up to whole key groups: 20 tokens -> 2 one-block groups (int4), 1 64-token
-    # group of 4 blocks (int2's default G)
-    ("int4", {"intact_tokens": 20}, 40, (2, 1 + 4, 2, 3 - 2 + 2)),
-    ("int2", {"intact_tokens": 20}, 40, (4, 4 + 8, 0, 3)),
-    # int2's defaults (G = R = 64): three groups sealed, 8 tokens in the window
-    ("int2", {}, 200, (0, 4, 12, 1)),
+    # group of 4 blocks (int2, G 64)
+    ("int4", {"intact_tokens": 20, "residual_tokens": 16}, 40, (2, 1 + 4, 2, 3 - 2 + 2)),
+    ("int2", {"intact_tokens": 20, "key_group_tokens": 64, "residual_tokens": 64}, 40,
+     (4, 4 + 8, 0, 3)),
+    # G = R = 64, no intact tokens: three groups sealed, 8 tokens in the window
+    ("int2", {"key_group_tokens": 64, "residual_tokens": 64, "intact_tokens": 0}, 200,
+     (0, 4, 12, 1)),
+    # int2's defaults (G 32, R 128, N 32): 2 intact blocks, reserve 8 + 2 x 2; 200 tokens ->
+    # 3 groups sealed (104 tokens left in the window), 13 - 6 + 2 at full precision
+    ("int2", {}, 200, (2, 8 + 4, 6, 13 - 6 + 2)),
 ])
 def test_intact_blocks_rounding_reserve_and_full_precision_blocks(name, options, tokens, want):
     fmt = KVFormatSpec(name, **options)
@@ -62,7 +67,8 @@ def test_ledger_reserves_twice_the_intact_tokens_in_the_compute_dtype():
 
     spec = load_model_spec("HuggingFaceTB/SmolLM2-135M")
     options = {"key_group_tokens": 32, "residual_tokens": 128}
-    without = residual_bytes(spec, KVFormatSpec("int2", **options), 1, 16, "bf16")
+    without = residual_bytes(spec, KVFormatSpec("int2", intact_tokens=0, **options), 1, 16,
+                             "bf16")
     with_intact = residual_bytes(spec, KVFormatSpec("int2", intact_tokens=32, **options), 1, 16,
                                  "bf16")
     assert without == 128 * 23_040

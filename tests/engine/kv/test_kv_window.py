@@ -9,6 +9,8 @@ whole sequence (nothing is ever quantized, so the greedy tokens are the same); s
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from test_quantized_engine import _alone, _prompts, _run, tiny_engine_factory  # noqa: F401
@@ -114,10 +116,12 @@ def test_a_window_over_the_whole_sequence_equals_fp32_kv(tiny_engine_factory):  
     assert _run(int2, prompts) == full
 
 
-@pytest.mark.parametrize("options", [{}, {"kv_key_group_tokens": 32, "kv_residual_tokens": 48}])
+@pytest.mark.parametrize("options", [
+    {"kv_key_group_tokens": 64, "kv_residual_tokens": 64, "kv_intact_tokens": 0},
+    {"kv_key_group_tokens": 32, "kv_residual_tokens": 48}])
 def test_key_groups_over_blocks_cold_warm_batch_alone_and_backends_agree(
         tiny_engine_factory, options):  # noqa: F811
-    """int2 with its default 64-token key groups (4 blocks) and a smaller group, prompts that
+    """int2 with 64-token key groups (4 blocks) and a smaller group, prompts that
     share 100 tokens: later prompts hit whole sealed key groups only (64 or 96 tokens: the
     shared blocks 4-5 of a 4-block group are cached but not shared, their group's other
     blocks hold another prompt's tokens), and cold (no prefix cache), warm and alone agree on
@@ -133,7 +137,7 @@ def test_key_groups_over_blocks_cold_warm_batch_alone_and_backends_agree(
         engine = tiny_engine_factory(attention=backend, max_num_batched_tokens=16, **options)
         assert engine.config.enable_prefix_caching
         assert _alone(engine, prompts) == ref, backend
-        hit = 96 if len(options) > 2 else 64
+        hit = 64 if options["kv_key_group_tokens"] == 64 else 96
         assert engine.stats()["prefix_cache_hit_tokens"] == 2 * hit, backend
         assert _alone(engine, prompts, "w") == ref, backend
         assert engine.stats()["kv_blocks_free"] == 64
@@ -164,7 +168,7 @@ def test_key_groups_over_blocks_under_eviction_and_reuse(tiny_engine_factory):  
 def test_a_hit_ends_before_a_key_group_not_sealed_together():
     """``shareable``: whole groups whose blocks were sealed together, up to the first that
     is not (a block of another sealing, or one reused since)."""
-    fmt = KVFormatSpec("int2", key_group_tokens=2 * BS, residual_tokens=2 * BS)
+    fmt = KVFormatSpec("int2", key_group_tokens=2 * BS, residual_tokens=2 * BS, intact_tokens=0)
     store = _store(fmt)
     g = torch.Generator().manual_seed(5)
     for group in ([3, 9], [4, 1], [7, 2]):  # three direct writes, each sealing one group
@@ -179,7 +183,8 @@ def test_a_hit_ends_before_a_key_group_not_sealed_together():
 
 @pytest.mark.parametrize("options, message", [
     ({"kv_key_group_tokens": 24}, "--kv-key-group-tokens 24 must be a positive multiple"),
-    ({"kv_residual_tokens": 32}, "--kv-residual-tokens 32 must be at least the key group of 64"),
+    ({"kv_key_group_tokens": 64, "kv_residual_tokens": 32},
+     "--kv-residual-tokens 32 must be at least the key group of 64"),
     ({"kv_residual_tokens": 40}, "--kv-residual-tokens 40 must be a positive multiple"),
     ({"kv_key_group_tokens": 0}, "kv_key_group_tokens must be an integer in"),
 ])
@@ -194,7 +199,25 @@ def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, t
     from kvledger.errors import InvalidParameterError
 
     with pytest.raises(InvalidParameterError, match="KV tiers hold blocks one at a time"):
-        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_disk_dir=str(tmp_path))
+        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_key_group_tokens=32,
+                            kv_disk_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("tier", ["kv_disk_dir", "kv_ram_gib"])
+def test_kv_tiers_take_one_block_key_groups_and_no_intact_tokens_by_default(
+        tiny_engine_factory, tmp_path, caplog, tier):  # noqa: F811
+    """int2's defaults (keys over 32 tokens, 32 intact tokens) do not fit tiers, which move
+    blocks one at a time: with a tier the defaults are keys over one block and no intact
+    tokens, and the engine says so; the window keeps its default of 128 tokens."""
+    value = str(tmp_path) if tier == "kv_disk_dir" else 0.01
+    with caplog.at_level(logging.INFO, logger="kvledger.engine"):
+        engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **{tier: value})
+    fmt = engine.kv_layout.fmt
+    assert (fmt.key_group_tokens, fmt.intact_tokens, fmt.residual_tokens) == (16, 0, 128)
+    assert "int2 defaults with KV tiers, which hold blocks one at a time: keys over 32 " \
+        "tokens -> 16, 32 intact tokens -> 0" in caplog.text
+    plain = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2").kv_layout.fmt
+    assert (plain.key_group_tokens, plain.intact_tokens, plain.residual_tokens) == (32, 32, 128)
 
 
 def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine_factory):  # noqa: F811
@@ -203,7 +226,8 @@ def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine
     so), every backend agrees, and every buffer is back once the requests are done."""
     prompts = _prompts(3, length=100)
     options = {"kv_cache_dtype": "int2", "kv_key_group_tokens": 32, "kv_residual_tokens": 48,
-               "max_num_seqs": 2, "max_num_batched_tokens": 16, "num_blocks": 64}
+               "kv_intact_tokens": 0, "max_num_seqs": 2, "max_num_batched_tokens": 16,
+               "num_blocks": 64}
     ref = _run(tiny_engine_factory(attention="reference", **options), prompts)
     for backend in ("paged-torch", "paged-native"):
         engine = tiny_engine_factory(attention=backend, **options)

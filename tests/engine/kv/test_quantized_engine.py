@@ -73,7 +73,8 @@ def _alone(engine, prompts, tag="a"):
 
 # int3 / int2 with one-block key groups (groups over blocks: test_kv_window.py) and a
 # window of two blocks: only sealed blocks are shared
-PER_BLOCK = {"int3": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32},
+PER_BLOCK = {"int4": {"kv_residual_tokens": 32},
+             "int3": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32},
              "int2": {"kv_key_group_tokens": 16, "kv_residual_tokens": 32}}
 
 
@@ -131,21 +132,29 @@ def test_int8_keeps_most_greedy_tokens_of_fp32(tiny_engine_factory):
 @pytest.mark.parametrize("fmt, options, per_head_block, window", [
     # tiny model: 3 layers x 2 KV heads, head_dim 16, 16-token blocks
     ("int8", {}, 2 * 16 * 16 + 16 * 1 * 4 + 16 * 4, 1),            # group 16 = head_dim
-    ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4, 1),
+    # the defaults of int4 / int3 / int2: a window of 128 tokens (8 blocks) and 32 intact
+    # tokens (2 blocks) held twice (the sequence's, a cached one's): 8 + 2 x 2
+    ("int4", {"kv_key_quant": "per-token", "kv_group_size": 8}, 2 * 16 * 8 + 2 * 16 * 2 * 4,
+     8 + 2 * 2),
     ("fp8", {}, 2 * 16 * 16 + 2 * 4, 1),
-    # 8 codes in 3 bytes: 6 bytes per row; keys over 64 tokens (4 blocks): a block holds 4
-    # channels' scale and zero point; the window defaults to the key group
-    ("int3", {}, 2 * 16 * 6 + 4 * 4 + 16 * 4, 4),
-    ("int2", {}, 2 * 16 * 4 + 4 * 4 + 16 * 4, 4),
-    ("int2", {"kv_key_group_tokens": 32, "kv_residual_tokens": 128},
+    # 8 codes in 3 bytes: 6 bytes per row; keys over 32 tokens by default (2 blocks): a block
+    # holds 8 channels' scale and zero point
+    ("int3", {}, 2 * 16 * 6 + 8 * 4 + 16 * 4, 8 + 2 * 2),
+    ("int2", {}, 2 * 16 * 4 + 8 * 4 + 16 * 4, 8 + 2 * 2),
+    # keys over 64 tokens (4 blocks: 4 channels each), the window the key group, no intact
+    ("int2", {"kv_key_group_tokens": 64, "kv_residual_tokens": 64, "kv_intact_tokens": 0},
+     2 * 16 * 4 + 4 * 4 + 16 * 4, 4),
+    ("int2", {"kv_key_group_tokens": 32, "kv_residual_tokens": 128, "kv_intact_tokens": 0},
      2 * 16 * 4 + 8 * 4 + 16 * 4, 8),
-    ("int3", {"kv_key_group_tokens": 16}, 2 * 16 * 6 + 16 * 4 + 16 * 4, 1),
-    ("int4", {"kv_residual_tokens": 48}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 3),
+    ("int3", {"kv_key_group_tokens": 16, "kv_residual_tokens": 16, "kv_intact_tokens": 0},
+     2 * 16 * 6 + 16 * 4 + 16 * 4, 1),
+    ("int4", {"kv_residual_tokens": 48, "kv_intact_tokens": 0}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 3),
     # 32 intact tokens (2 blocks) held twice (the sequence's, a cached one's) beside R = 128
     ("int2", {"kv_key_group_tokens": 32, "kv_residual_tokens": 128, "kv_intact_tokens": 32},
      2 * 16 * 4 + 8 * 4 + 16 * 4, 8 + 2 * 2),
     # int4: 20 intact tokens round up to 2 one-block key groups
-    ("int4", {"kv_intact_tokens": 20}, 2 * 16 * 8 + 16 * 4 + 16 * 4, 1 + 2 * 2),
+    ("int4", {"kv_intact_tokens": 20, "kv_residual_tokens": 16}, 2 * 16 * 8 + 16 * 4 + 16 * 4,
+     1 + 2 * 2),
 ])
 def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_head_block,
                                        window):
@@ -159,7 +168,7 @@ def test_pool_bytes_equal_ledger_bytes(tiny_engine_factory, fmt, options, per_he
                             options.get("kv_key_quant", "per-channel"),
                             residual_tokens=options.get("kv_residual_tokens"),
                             key_group_tokens=options.get("kv_key_group_tokens"),
-                            intact_tokens=options.get("kv_intact_tokens", 0))
+                            intact_tokens=options.get("kv_intact_tokens"))
     assert engine.bytes_per_block == 3 * 2 * per_head_block == kv_bytes_per_block(
         spec, fmt_spec, 1, 16)
     assert engine.kv_layout.reserved_bytes == residual == 5 * residual_bytes(
