@@ -198,3 +198,27 @@ def hit_logprob_diff(engine, hf) -> float:
         diffs.append(abs(entry.logprob - float(ref)))
         ids.append(entry.token_id)
     return max(diffs)
+
+
+def check_hit_and_zero_state_ablation(folder, hf, spec, weights, monkeypatch) -> None:
+    """After a prefix hit the logprobs equal transformers' (within :data:`TOL`); a hit whose
+    state slot starts from zeros instead of the checkpoint's copy leaves them (> 10 TOL)."""
+    options = {"block_size": 4, "max_num_batched_tokens": 16}
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
+    allocate = StateStore.allocate
+    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
+    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+
+
+def check_bf16_state_run(folder) -> None:
+    """A bf16 engine over the folder's bf16 weights (the device's weight formats) runs two
+    sequences, keeps its recurrent state in bf16, and gives every state slot back."""
+    spec, weights = load_weights(folder, torch.bfloat16)
+    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
+                       spec=spec, weights=weights)
+    assert engine.states.recurrent[0].dtype == torch.bfloat16
+    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
+                       SamplingParams(max_tokens=4, temperature=0.0))
+    assert [len(t) for t in got] == [4, 4]
+    assert engine.states.num_free == engine.states.num_slots
+

@@ -16,6 +16,7 @@ from family_kit import SHAPE, hf_greedy, save_tiny
 from granite_gguf_kit import convert, write_gguf
 from oracle_kit import (
     TOL,
+    check_bf16_state_run,
     dense_reference,
     fp32_engine,
     hit_logprob_diff,
@@ -197,21 +198,7 @@ def test_bf16_runs_with_the_device_formats(tiny):
     """The engine in bf16 over the MoE model's bf16 weights (the device's weight formats for the
     Mamba in_proj / out_proj, the attention and the experts): it runs, the state in bf16, and
     every slot comes back."""
-    import torch
-
-    from kvledger.engine.config import EngineConfig
-    from kvledger.engine.engine import LLMEngine
-    from kvledger.model.weights.loader import load_weights
-
-    folder = tiny("moe")[0]
-    spec, weights = load_weights(folder, torch.bfloat16)
-    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
-                       spec=spec, weights=weights)
-    assert engine.states.recurrent[0].dtype == torch.bfloat16
-    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
-                       SamplingParams(max_tokens=4, temperature=0.0))
-    assert [len(t) for t in got] == [4, 4]
-    assert engine.states.num_free == engine.states.num_slots
+    check_bf16_state_run(tiny("moe")[0])
 
 
 @pytest.mark.parametrize("writer", ["gguf-py", "llama.cpp"])

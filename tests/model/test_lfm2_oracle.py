@@ -12,9 +12,9 @@ import torch
 from family_kit import SHAPE, hf_greedy, save_tiny
 from oracle_kit import (
     TOL,
+    check_hit_and_zero_state_ablation,
     dense_reference,
     fp32_engine,
-    hit_logprob_diff,
     run_together,
     seeded_prompt,
     state_diffs,
@@ -23,7 +23,7 @@ from oracle_kit import (
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
-from kvledger.engine.kv.state_store import StateStore, StepState, state_config
+from kvledger.engine.kv.state_store import StepState, state_config
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.kv import fixed_state_bytes
@@ -265,12 +265,7 @@ def test_a_short_prompt_hits_at_its_last_full_block(tiny):
 def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
     """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts from a
     zero state instead of the checkpoint's copy leaves them."""
-    folder, hf, spec, weights = tiny("lfm2")
-    options = {"block_size": 4, "max_num_batched_tokens": 16}
-    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
-    allocate = StateStore.allocate
-    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
-    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+    check_hit_and_zero_state_ablation(*tiny("lfm2"), monkeypatch)
 
 
 def test_quantized_kv_on_the_attention_layers(tiny):

@@ -10,20 +10,19 @@ output gate, plain ``w`` norms) fails the comparison."""
 from __future__ import annotations
 
 import pytest
-import torch
 from family_kit import SHAPE, hf_greedy, redraw, save_tiny
 from oracle_kit import (
     TOL,
+    check_bf16_state_run,
+    check_hit_and_zero_state_ablation,
     dense_reference,
     fp32_engine,
-    hit_logprob_diff,
     run_together,
     seeded_prompt,
     state_diffs,
     tiny_models,
 )
 
-from kvledger.engine.kv.state_store import StateStore
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import UnsupportedModelError
 from kvledger.model.families import check_runnable, model_class, spec_from_hf_config
@@ -143,31 +142,14 @@ def test_prefix_hit_from_a_checkpoint_keeps_the_tokens(tiny):
 def test_hit_logprobs_match_and_the_ablation_fails(tiny, monkeypatch):
     """After a hit the logprobs equal transformers' (within 1e-4); a hit that starts the
     DeltaNet and conv states from zeros instead of the checkpoint's copy leaves them."""
-    folder, hf, spec, weights = tiny("qwen3_5_text")
-    options = {"block_size": 4, "max_num_batched_tokens": 16}
-    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) < TOL
-    allocate = StateStore.allocate
-    monkeypatch.setattr(StateStore, "allocate", lambda self, block_id=None: allocate(self))
-    assert hit_logprob_diff(fp32_engine(folder, spec, weights, **options), hf) > 10 * TOL
+    check_hit_and_zero_state_ablation(*tiny("qwen3_5_text"), monkeypatch)
 
 
 def test_bf16_runs_with_the_device_formats(tiny):
     """The engine in bf16 over the model's bf16 weights (the device's weight formats for the
     gated q / k / v / gate projection and the DeltaNet's in_proj): it runs, the state in bf16,
     and every slot comes back."""
-    from kvledger.engine.config import EngineConfig
-    from kvledger.engine.engine import LLMEngine
-    from kvledger.model.weights.loader import load_weights
-
-    folder = tiny("qwen3_5_text")[0]
-    spec, weights = load_weights(folder, torch.bfloat16)
-    engine = LLMEngine(EngineConfig(model=str(folder), dtype="bf16", max_num_seqs=2),
-                       spec=spec, weights=weights)
-    assert engine.states.recurrent[0].dtype == torch.bfloat16
-    got = run_together(engine, [seeded_prompt(70), seeded_prompt(7)],
-                       SamplingParams(max_tokens=4, temperature=0.0))
-    assert [len(t) for t in got] == [4, 4]
-    assert engine.states.num_free == engine.states.num_slots
+    check_bf16_state_run(tiny("qwen3_5_text")[0])
 
 
 def test_moe_is_refused_by_name(tmp_path):
