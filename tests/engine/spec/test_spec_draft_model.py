@@ -157,10 +157,17 @@ def test_another_vocabulary_is_refused(tiny_engine_factory, tiny_llama_folder):
         tiny_engine_factory(speculative_config=_draft(tiny_llama_folder(vocab=300)))
 
 
-def test_gate_stops_a_draft_that_does_not_pay(tiny_engine_factory, tiny_llama_folder):
+def test_gate_stops_a_draft_that_does_not_pay(tiny_engine_factory, tiny_llama_folder,
+                                              monkeypatch):
     """Gate on, a random draft (acceptance about 0): after its first misses the draft runs
     only in the probe steps, not k forwards in every step (it would without the gate's say
-    before drafting: 4 per step here)."""
+    before drafting: 4 per step here). Steps are priced at the gate's prior shape, not at the
+    wall clock, so the decisions depend on acceptance alone."""
+    from kvledger.engine.spec.gate import PRIOR_PRICE, Gate
+
+    observe = Gate.observe_step
+    monkeypatch.setattr(Gate, "observe_step",
+                        lambda self, tokens, seconds: observe(self, tokens, PRIOR_PRICE(tokens)))
     prompts = _prompts(4)
     plain = tokens(run(tiny_engine_factory(), prompts, GREEDY))
     config = {"method": "draft_model", "model": str(tiny_llama_folder(seed=5)),
