@@ -7,7 +7,9 @@ layers and the engine's attention backends, which sit above it: ``kvledger.engin
   PyTorch path, so a device without a compiler still runs every model), the fused element-wise
   ops (:class:`kvledger.device.ops.TorchOps` where none are built), and the digest of their
   sources (a new kernel is a new tuning key);
-- :class:`Device`: its name, its kernels, its identity (what a measurement on it is keyed by),
+- :class:`Device`: its name, its kernels, its torch device (where the engine puts weights, the
+  KV pool, step metadata and logits), whether its choices are measured (``probes``, else
+  ``choices``), its identity (what a measurement on it is keyed by),
   how many compute units it grants, and its per-step hook (:meth:`Device.threads`: the CPU's
   thread team, which shrinks while other processes take its CPUs) and the hand-over of its
   workers to another thread (:meth:`Device.release_thread_pool`).
@@ -27,6 +29,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from kvledger.errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    import torch
+
     from kvledger.device.ops import TorchOps
 
 DEVICES = {"cpu": "kvledger.device.cpu.device", "cuda": "kvledger.device.cuda.device"}
@@ -88,6 +92,13 @@ class Device(Protocol):
 
     name: str
     kernels: Kernels
+    torch_device: torch.device
+    """Where the engine's tensors live (the CPU's: ``cpu``; the CUDA device's: its GPU)."""
+    probes: bool
+    """Whether the engine's choices (attention backend, weight formats, GEMM paths, fused-op
+    limits) are measured on it (``kvledger.engine.tuning.probe``); else :attr:`choices`."""
+    choices: dict[str, str]
+    """Where it does not probe: ``attention`` (a backend name) and ``weight_format``."""
 
     def unavailable(self) -> str:
         """Why this machine cannot run the device ('' when it can)."""
