@@ -58,6 +58,11 @@ class Kernels(Protocol):
         """The int8-activation matmul behind the ``w8a8`` / ``w4a8`` weight formats
         (:mod:`kvledger.model.linear`), or None: those formats then fall back."""
 
+    def int8_weights(self) -> object | None:
+        """The product with an ``int8`` weight (:mod:`kvledger.model.linear`: ``(x, codes,
+        row scales) -> x @ (codes x scales)^T``) where the device has its own, or None: the
+        ``int8`` format multiplies with ``aten._weight_int8pack_mm`` (the CPU's)."""
+
     def kquant(self) -> object | None:
         """The products with weights in a GGUF's own blocks behind the ``kquant-*`` weight
         formats (:mod:`kvledger.model.kquant`), and their dequantization, or None: those
