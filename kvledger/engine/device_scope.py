@@ -25,11 +25,26 @@ def refuse_off_cpu(device_name: str, config, spec: ModelSpec) -> None:
         (moe, f"routed experts (MoE, {spec.model_type})"),
         (config.tensor_parallel_size > 1, "tensor parallelism"),
         (config.speculative.enabled, "speculative decoding"),
-        (config.retention.policy != "full", f"the {config.retention.policy} retention policy"),
+        (config.retention.policy != "full", _policy(config.retention.policy)),
         (config.kv_disk_dir is not None or config.kv_ram_gib is not None,
          "the KV tiers (--kv-disk-dir, --kv-ram-gib)"),
     )
     for bad, what in reasons:
         if bad:
-            raise InvalidParameterError(f"--device {device_name} does not run {what} yet; "
-                                        "use --device cpu (docs/gpu.md)")
+            _refuse(device_name, what)
+
+
+def refuse_policy_off_cpu(device_name: str, policy: str) -> None:
+    """Raise InvalidParameterError when a request asks device ``device_name`` (not the CPU)
+    for a retention policy other than ``full``."""
+    if device_name != "cpu" and policy != "full":
+        _refuse(device_name, _policy(policy))
+
+
+def _policy(name: str) -> str:
+    return f"the {name} retention policy"
+
+
+def _refuse(device_name: str, what: str) -> None:
+    raise InvalidParameterError(f"--device {device_name} does not run {what} yet; use "
+                                "--device cpu (docs/gpu.md)")

@@ -19,7 +19,7 @@ import torch
 
 from kvledger.device import resolve
 from kvledger.engine.config import EngineConfig
-from kvledger.engine.device_scope import refuse_off_cpu
+from kvledger.engine.device_scope import refuse_off_cpu, refuse_policy_off_cpu
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.events.publisher import KVEventPublisher
 from kvledger.engine.kv.layout import resolve_layout
@@ -295,7 +295,12 @@ class LLMEngine:
 
     def retention_state(self, spec: RetentionSpec) -> Retention:
         """A new request's retention under ``spec`` (``engine/retention/build.py``; per
-        (layer, KV head) rows of this model when it selects per head)."""
+        (layer, KV head) rows of this model when it selects per head).
+
+        Raises:
+            InvalidParameterError: a policy the engine's device does not run
+                (``device_scope.py``)."""
+        refuse_policy_off_cpu(self.device.name, spec.policy)
         return retention_for(spec, self.config.block_size, self.spec.num_layers,
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 

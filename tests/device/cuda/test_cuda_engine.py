@@ -163,6 +163,33 @@ def test_what_the_cuda_device_does_not_run_is_refused_by_name(tiny, cuda_path):
                       spec=spec, weights=w)
 
 
+def test_a_request_asking_for_a_retention_policy_is_refused_and_the_engine_serves_on(
+        tiny, cuda_path):
+    spec, w = load_weights(tiny[0], torch.float32)
+    engine = LLMEngine(EngineConfig(model=str(tiny[0]), dtype="fp32", device="cuda",
+                                    block_size=4), spec=spec, weights=w)
+    with pytest.raises(InvalidParameterError, match="--device cuda does not run the window "
+                                                    "retention policy"):
+        engine.add_request("w", PROMPT, SamplingParams(max_tokens=2, kv_policy={
+            "policy": "window", "window": 8}))
+    engine.add_request("ok", PROMPT[:5], SamplingParams(max_tokens=1, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert "w" not in engine.scheduler.requests
+
+
+def test_the_probe_refuses_the_cuda_device_whose_choices_are_fixed(cuda_path, tmp_path,
+                                                                   monkeypatch):
+    from typer.testing import CliRunner
+
+    from kvledger.cli import app
+
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path))
+    r = CliRunner().invoke(app, ["probe", "--device", "cuda"])
+    assert r.exit_code == 2 and "is not probed: its choices are fixed" in r.output, r.output
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 def test_the_test_mode_needs_both_the_interpreter_and_the_opt_in(monkeypatch):
     monkeypatch.setenv("KVLEDGER_CUDA_ON_CPU", "1")
