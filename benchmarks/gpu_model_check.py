@@ -13,7 +13,8 @@ logits on the GPU; attention by our Triton kernels).
 3. Batch-64 decode throughput (64 requests decoding together) against transformers'
    ``generate`` of the same shapes on the same GPU (random weights; bf16).
 4. The ledger's bytes (the model's weights and the KV pool, ``kvledger plan``'s figures)
-   against ``torch.cuda.memory_allocated`` after the engine is built.
+   against the growth of ``torch.cuda.memory_allocated`` while the engine is built (the
+   dummy weights drawn on the GPU for each engine, no other reference kept).
 
 ``--dry-run`` (``gpu_check.py``): the same flow on CPU tensors under Triton's interpreter
 (the CUDA device's test mode), a tiny random Llama for every model, tiny contexts: the flow,
@@ -84,13 +85,13 @@ def check_greedy(model: str, shape: dict) -> list[str]:
     """Check lines (``ok`` / ``FAIL``) and one reported line: the CUDA device's greedy tokens
     against the CPU fp32 engine's."""
     prompts, steps = shape["greedy_prompts"], shape["greedy_steps"]
-    lines = []
+    lines, refs = [], {}
     for kv in ("auto", "int8"):
-        ref = _greedy(model, "cpu", "fp32", kv, prompts, steps)
+        refs[kv] = ref = _greedy(model, "cpu", "fp32", kv, prompts, steps)
         got = _greedy(model, "cuda", "fp32", kv, prompts, steps)
         lines.append(f"{'ok' if got == ref else 'FAIL'} greedy tokens, cuda fp32 vs cpu fp32, "
                      f"{'bf16-free' if kv == 'auto' else kv} pool: {got} vs {ref}")
-    ref = _greedy(model, "cpu", "fp32", "auto", prompts, steps)
+    ref = refs["auto"]
     got = _greedy(model, "cuda", "bf16", "auto", prompts, steps)
     agree = [next((i for i, (a, b) in enumerate(zip(g, r)) if a != b), len(r))
              for g, r in zip(got, ref)]
@@ -99,14 +100,20 @@ def check_greedy(model: str, shape: dict) -> list[str]:
     return lines
 
 
-def _engine(model: str, shape: dict, kv: str, weights: dict | None, spec, **options):
+def _engine(model: str, shape: dict, kv: str, spec, dev: str, **options):
+    """The engine on the CUDA device over fresh dummy weights drawn on ``dev`` (no other
+    reference to them is kept: after the build, what the allocator holds is the model's)."""
+    from kvledger.model.families import family_of
+    from kvledger.model.weights.dummy import dummy_weights
+
     config = EngineConfig(model=model, dtype="bf16", device="cuda", kv_cache_dtype=kv,
                           load_format="dummy", block_size=shape["block"],
                           kv_cache_gib=shape["kv_gib"],
                           max_num_batched_tokens=1 + max(*shape["contexts"],
                                                          shape["batch"] * shape["batch_prompt"]),
                           **options)
-    return LLMEngine(config, spec=spec, weights=dict(weights), tokenizer=None)
+    return LLMEngine(config, spec=spec, tokenizer=None,
+                     weights=dummy_weights(spec, torch.bfloat16, family_of(spec), dev))
 
 
 def _ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -114,26 +121,35 @@ def _ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
+def _allocated(dev: str) -> int:
+    gc.collect()
+    return torch.cuda.memory_allocated() if dev == "cuda" else 0
+
+
+def _ledger_line(engine, spec, kv: str, grew: int | None) -> str:
+    """The ledger's weights (``kvledger plan``'s) and pool bytes beside the allocator's."""
+    from kvledger.ledger.params import spec_weight_bytes
+
+    weights, pool = spec_weight_bytes(spec, "bf16"), engine.store.nbytes
+    held = ("n/a (dry run: no CUDA allocator)" if grew is None else
+            f"{grew / 1e9:.3f} GB ({(grew - weights - pool) / 1e6:+.1f} MB)")
+    return (f"ledger vs allocator, {kv} KV: weights {weights / 1e9:.3f} GB + KV pool "
+            f"{pool / 1e9:.3f} GB ({engine.scheduler.kv.pool.num_blocks} blocks); "
+            f"torch.cuda.memory_allocated grew {held}")
+
+
 def measure_model(model: str, shape: dict, copy_gbs: float, dev: str) -> list[str]:
     """TPOT per KV format and context with its floor, the ledger's bytes against the
     allocator's, batch-64 throughput against transformers (module docstring, 2-4)."""
-    from kvledger.model.families import family_of
-    from kvledger.model.weights.dummy import dummy_spec, dummy_weights
+    from kvledger.model.weights.dummy import dummy_spec
 
     spec = dummy_spec(model)
-    # the dummy weights once, drawn on the device: every engine below builds its model there
-    weights = dummy_weights(spec, torch.bfloat16, family_of(spec), dev)
     lines = []
     for kv in KV_FORMATS:
-        base = torch.cuda.memory_allocated() if dev == "cuda" else 0
-        engine = _engine(model, shape, kv, weights, spec, max_num_seqs=1)
-        held = engine.model.weight_bytes + engine.store.nbytes
-        if dev == "cuda":
-            got = torch.cuda.memory_allocated() - base
-            lines.append(f"ledger vs allocator, {kv} KV: weights {engine.model.weight_bytes / 1e9:.3f}"
-                         f" GB + pool {engine.store.nbytes / 1e9:.3f} GB = {held / 1e9:.3f} GB; "
-                         f"torch.cuda.memory_allocated grew {got / 1e9:.3f} GB "
-                         f"({(got - held) / 1e6:+.1f} MB)")
+        base = _allocated(dev)
+        engine = _engine(model, shape, kv, spec, dev, max_num_seqs=1)
+        lines.append(_ledger_line(engine, spec, kv,
+                                  _allocated(dev) - base if dev == "cuda" else None))
         for context in shape["contexts"]:
             params = SamplingParams(max_tokens=shape["steps"] + 1, temperature=0.0,
                                     ignore_eos=True)
@@ -146,15 +162,14 @@ def measure_model(model: str, shape: dict, copy_gbs: float, dev: str) -> list[st
                          f"(median of {len(times)}); HBM floor {floor:.2f} ms "
                          f"({read / 1e9:.2f} GB read), {100 * floor / ms:.0f}% of it")
         _free(engine)
-    lines.append(_batch_line(model, shape, weights, spec, dev))
-    _free(weights)
+    lines.append(_batch_line(model, shape, spec, dev))
     return lines
 
 
-def _batch_line(model: str, shape: dict, weights: dict, spec, dev: str) -> str:
+def _batch_line(model: str, shape: dict, spec, dev: str) -> str:
     """Batch decode throughput of the engine and of transformers' ``generate``."""
     n, prompt, new = shape["batch"], shape["batch_prompt"], shape["batch_new"]
-    engine = _engine(model, shape, "bf16", weights, spec, max_num_seqs=n)
+    engine = _engine(model, shape, "bf16", spec, dev, max_num_seqs=n)
     prompts = [_ids(prompt, spec.vocab_size, i) for i in range(n)]
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     times = decode_step_times(engine, prompts, [params] * n)

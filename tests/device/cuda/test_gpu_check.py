@@ -38,6 +38,7 @@ def test_the_dry_run_passes_every_check_and_runs_every_timing():
     # the model half through the engine on the CUDA device: TPOT per KV format, batch decode
     # against transformers
     assert sum(line.startswith("TPOT bf16 weights, ") for line in lines) == 3
+    assert sum(line.startswith("ledger vs allocator, ") for line in lines) == 3
     assert sum(line.startswith("batch-3 decode") and "transformers" in line
                for line in lines) == 1
 
