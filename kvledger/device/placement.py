@@ -15,7 +15,7 @@ a library's object) is left as it is."""
 
 
 def place(root: object, device: torch.device) -> None:
-    """Move every tensor ``root`` holds to ``device`` (:mod:`module docstring <.placement>`)."""
+    """Move every tensor ``root`` holds to ``device``, in place (the module docstring)."""
     moved: dict[int, torch.Tensor] = {}
     walked: set[int] = set()
 
