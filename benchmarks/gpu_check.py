@@ -1,6 +1,9 @@
 """The CUDA device's one prepared GPU check (issue 57): its Triton kernels against the torch
-references at a Llama-3.1-8B layer's shapes, then their times, in well under 5 minutes on an
-H100/H200, installing nothing.
+references at a Llama-3.1-8B layer's shapes, then their times, then the engine on the CUDA
+device (``gpu_model_check.py``: greedy tokens against the CPU fp32 engine, whole-model TPOT,
+batch-64 against transformers, the ledger's bytes against the allocator), meant to take under
+5 minutes on an H100/H200, installing nothing (it needs the project's own environment with a
+CUDA build of torch, triton and transformers).
 
 1. Checks: paged attention (GQA 32/8, head 128, block 16; plain, window, sinks, soft-cap,
    split-KV; over int8 / int4 / fp8 pools) against gather + the reference backend's attention,
@@ -11,13 +14,14 @@ H100/H200, installing nothing.
    it reads, their floor at the copy bandwidth and the GB/s reached; the KV encoders' and
    decoders' GB/s over 4,096 blocks.
 
-Figures that exist: none from a GPU yet. Every check and time has run only as ``--dry-run``
-(Triton's interpreter on CPU tensors, tiny shapes: the flow, not a measurement). Not measured
-by this script until the engine runs a model on CUDA (docs/gpu.md): a model's greedy tokens
-against the CPU fp32 reference, whole-model TPOT with bf16 / int8 / int4 KV, batch-64
-throughput against transformers, the ledger's bytes against ``torch.cuda.memory_allocated``.
+3. The model half (``gpu_model_check.py``'s docstring): the greedy model is ``--model``
+   (default: the bundled SmolLM2-135M-Instruct), the TPOT model a Llama-3.1-8B-shaped dummy.
 
-Usage: python benchmarks/gpu_check.py [--dry-run] [--repeat 20]
+Figures that exist: none from a GPU yet. Every check and time has run only as ``--dry-run``
+(Triton's interpreter on CPU tensors, the CUDA device's test mode, tiny shapes and a tiny
+random Llama for every model: the flow, not a measurement).
+
+Usage: python benchmarks/gpu_check.py [--dry-run] [--repeat 20] [--model PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from functools import partial
 
@@ -189,15 +194,19 @@ def _ms(fn, dev: str, repeat: int) -> float:
     return begin.elapsed_time(end) / repeat
 
 
-def measure(shape: dict, dev: str, repeat: int) -> list[str]:
-    """Copy bandwidth, decode attention per context and batch, codec throughput."""
+def copy_bandwidth(dev: str, repeat: int) -> float:
+    """GB/s of a device-to-device copy of 1 GiB (64 KiB in a dry run), read + write."""
+    src = torch.empty(1 << (30 if dev == "cuda" else 16), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / _ms(lambda: dst.copy_(src), dev, repeat) / 1e6
+
+
+def measure(shape: dict, dev: str, repeat: int, copy_gbs: float) -> list[str]:
+    """Decode attention per context and batch, codec throughput."""
     from kvledger.device.cuda.triton_kernels import kv_int
     from kvledger.device.cuda.triton_kernels.paged_attention import choose_splits, paged_attention
 
     units = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
-    src = torch.empty(1 << (30 if dev == "cuda" else 16), dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy_gbs = 2 * src.numel() / _ms(lambda: dst.copy_(src), dev, repeat) / 1e6
     lines = [f"copy bandwidth: {copy_gbs:.0f} GB/s (read + write)"]
     for context in shape["contexts"]:
         for batch in shape["batches"]:
@@ -235,22 +244,34 @@ def main() -> None:
                         help="the whole flow on CPU tensors under Triton's interpreter, tiny "
                              "shapes (its times are no measurement)")
     parser.add_argument("--repeat", type=int, default=20, help="timed calls per figure")
+    parser.add_argument("--model", default="default",
+                        help="the model of the greedy-token check (default: the bundled one)")
     args = parser.parse_args()
-    if args.dry_run:
-        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
+    if args.dry_run:  # the CUDA device's test mode, before any kernel is defined
+        os.environ.update(TRITON_INTERPRET="1", KVLEDGER_CUDA_ON_CPU="1")
     dev = _device(args.dry_run)
     shape = TINY if args.dry_run else FULL
     where = (f"{torch.cuda.get_device_name()} · torch {torch.__version__}" if dev == "cuda"
              else f"dry run: Triton's interpreter on the CPU · torch {torch.__version__}")
     print(f"# gpu_check · {where}")
     checks = check_attention(shape, dev) + check_codecs(shape, dev)
-    print("\n".join(checks))
-    label = " (dry run: the flow, not a measurement)" if args.dry_run else ""
-    print(f"# times{label}")
-    print("\n".join(measure(shape, dev, 1 if args.dry_run else args.repeat)))
-    print("# not measured here: model greedy tokens vs CPU fp32, whole-model TPOT, batch-64 vs "
-          "transformers, ledger bytes vs torch.cuda.memory_allocated (the engine does not run "
-          "a model on CUDA yet: docs/gpu.md)")
+    print("\n".join(checks), flush=True)
+    import gpu_model_check as model_check
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tiny = model_check.tiny_llama(tmp) if args.dry_run else None
+        model_lines = model_check.check_greedy(tiny or args.model, model_check.TINY
+                                               if args.dry_run else model_check.FULL)
+        print("\n".join(model_lines), flush=True)
+        checks += [line for line in model_lines if not line.startswith("info")]
+        label = " (dry run: the flow, not a measurement)" if args.dry_run else ""
+        print(f"# times{label}")
+        repeat = 1 if args.dry_run else args.repeat
+        copy_gbs = copy_bandwidth(dev, repeat)
+        print("\n".join(measure(shape, dev, repeat, copy_gbs)), flush=True)
+        model_shape = model_check.TINY if args.dry_run else model_check.FULL
+        print("\n".join(model_check.measure_model(tiny or model_shape["tpot_model"],
+                                                   model_shape, copy_gbs, dev)))
     failed = [line for line in checks if not line.startswith("ok")]
     if failed:
         print(f"error: {len(failed)} check(s) failed", file=sys.stderr)

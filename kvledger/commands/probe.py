@@ -87,7 +87,11 @@ def probe(
     if kernels or steps:
         from kvledger.device import resolve
 
-        resolve(engine_config.device)  # an unavailable device: refused before measuring
+        device = resolve(engine_config.device)  # an unavailable device: refused before measuring
+        if not device.probes:
+            raise InvalidParameterError(
+                f"--device {device.name} is not probed: its choices are fixed "
+                f"({', '.join(f'{k} {v}' for k, v in device.choices.items())}; docs/gpu.md)")
     dev = measure(buffer_mib, matmul_n, repeats)
     path = save_local_device(dev)
     print(

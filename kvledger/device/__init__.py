@@ -7,7 +7,9 @@ layers and the engine's attention backends, which sit above it: ``kvledger.engin
   PyTorch path, so a device without a compiler still runs every model), the fused element-wise
   ops (:class:`kvledger.device.ops.TorchOps` where none are built), and the digest of their
   sources (a new kernel is a new tuning key);
-- :class:`Device`: its name, its kernels, its identity (what a measurement on it is keyed by),
+- :class:`Device`: its name, its kernels, its torch device (where the engine puts weights, the
+  KV pool, step metadata and logits), whether its choices are measured (``probes``, else
+  ``choices``), its identity (what a measurement on it is keyed by),
   how many compute units it grants, and its per-step hook (:meth:`Device.threads`: the CPU's
   thread team, which shrinks while other processes take its CPUs) and the hand-over of its
   workers to another thread (:meth:`Device.release_thread_pool`).
@@ -27,6 +29,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from kvledger.errors import InvalidParameterError
 
 if TYPE_CHECKING:
+    import torch
+
     from kvledger.device.ops import TorchOps
 
 DEVICES = {"cpu": "kvledger.device.cpu.device", "cuda": "kvledger.device.cuda.device"}
@@ -53,6 +57,11 @@ class Kernels(Protocol):
     def w8a8(self) -> object | None:
         """The int8-activation matmul behind the ``w8a8`` / ``w4a8`` weight formats
         (:mod:`kvledger.model.linear`), or None: those formats then fall back."""
+
+    def int8_weights(self) -> object | None:
+        """The product with an ``int8`` weight (:mod:`kvledger.model.linear`: ``(x, codes,
+        row scales) -> x @ (codes x scales)^T``) where the device has its own, or None: the
+        ``int8`` format multiplies with ``aten._weight_int8pack_mm`` (the CPU's)."""
 
     def kquant(self) -> object | None:
         """The products with weights in a GGUF's own blocks behind the ``kquant-*`` weight
@@ -88,6 +97,13 @@ class Device(Protocol):
 
     name: str
     kernels: Kernels
+    torch_device: torch.device
+    """Where the engine's tensors live (the CPU's: ``cpu``; the CUDA device's: its GPU)."""
+    probes: bool
+    """Whether the engine's choices (attention backend, weight formats, GEMM paths, fused-op
+    limits) are measured on it (``kvledger.engine.tuning.probe``); else :attr:`choices`."""
+    choices: dict[str, str]
+    """Where it does not probe: ``attention`` (a backend name) and ``weight_format``."""
 
     def unavailable(self) -> str:
         """Why this machine cannot run the device ('' when it can)."""

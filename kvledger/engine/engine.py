@@ -19,6 +19,7 @@ import torch
 
 from kvledger.device import resolve
 from kvledger.engine.config import EngineConfig
+from kvledger.engine.device_scope import refuse_off_cpu, refuse_policy_off_cpu
 from kvledger.engine.kv.calibration import outlier_index
 from kvledger.engine.kv.events.publisher import KVEventPublisher
 from kvledger.engine.kv.layout import resolve_layout
@@ -120,6 +121,7 @@ class LLMEngine:
             spec, weights, tokenizer, self.tokenizer_note = load_model(config, dtype)
         state_config(config, spec)
         refuse_unsupported(config, spec)
+        refuse_off_cpu(self.device.name, config, spec)
         self.config, self.spec, self.tokenizer = config, spec, tokenizer
         # characters of the longest vocabulary entry: no token covers more text than that
         self._token_chars = max(map(len, tokenizer.get_vocab())) if tokenizer else 0
@@ -152,13 +154,17 @@ class LLMEngine:
             self.kv_layout.groups)
         self.states = state.build(num_blocks) if state else None
         self.store = None
+        # where the pool and each step's inputs live (None: the CPU's memory, as always)
+        on_device = None if self.device.name == "cpu" else self.device.torch_device
         self.store_outliers = (outlier_index(config, spec, self.kv_layout)
                                if config.use_kv_cache else None)
         if config.use_kv_cache:
             self.store = self.kv_layout.build_store(num_blocks, self.store_outliers,
-                                                    kernels=self.device.kernels)
+                                                    kernels=self.device.kernels,
+                                                    device=on_device)
         if self.parallel is None:
-            self.runner = ModelRunner(self.model, self.store, config.block_size, self.states)
+            self.runner = ModelRunner(self.model, self.store, config.block_size, self.states,
+                                      on_device)
         else:
             self.runner = self.parallel.runner(self.model, self.store, config, num_blocks)
         # compaction copies and block releases go to the store, or under tensor parallelism
@@ -289,7 +295,12 @@ class LLMEngine:
 
     def retention_state(self, spec: RetentionSpec) -> Retention:
         """A new request's retention under ``spec`` (``engine/retention/build.py``; per
-        (layer, KV head) rows of this model when it selects per head)."""
+        (layer, KV head) rows of this model when it selects per head).
+
+        Raises:
+            InvalidParameterError: a policy the engine's device does not run
+                (``device_scope.py``)."""
+        refuse_policy_off_cpu(self.device.name, spec.policy)
         return retention_for(spec, self.config.block_size, self.spec.num_layers,
                              self.spec.num_kv_heads, tensor_parallel=self.parallel is not None)
 

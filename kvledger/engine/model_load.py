@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from kvledger.device import resolve
+from kvledger.device.placement import place
 from kvledger.engine.attention import make_backend
 from kvledger.engine.attention.layer import layers_of
 from kvledger.engine.config import EngineConfig
@@ -43,7 +44,9 @@ def build_model(spec: ModelSpec, weights: dict, dtype: torch.dtype,
                 device: TunedDevice | None = None):
     """The model of ``spec``'s family (:func:`kvledger.model.families.model_class`) on
     ``device`` (the engine's tuned device; None: the CPU's), with the attention backend named
-    ``attention`` (None: the device's choice) given the spec's per-layer parameters.
+    ``attention`` (None: the device's choice) given the spec's per-layer parameters; on a
+    device other than the CPU, built on the CPU and placed in its memory
+    (``kvledger.device.placement``).
 
     Raises:
         UnsupportedModelError: as ``model_class``.
@@ -52,7 +55,10 @@ def build_model(spec: ModelSpec, weights: dict, dtype: torch.dtype,
     device = device or TunedDevice(resolve("cpu"))
     backend = make_backend(attention or device.attention_backend(spec), device.kernels)
     backend.set_layers(layers_of(spec))
-    return cls(spec, weights, dtype, device=device, attention=backend, formats=formats)
+    model = cls(spec, weights, dtype, device=device, attention=backend, formats=formats)
+    if device.name != "cpu":  # built on the CPU, then its tensors go to the device's memory
+        place(model, device.torch_device)
+    return model
 
 
 def model_name(model: str, load_format: str = "auto") -> str:

@@ -24,6 +24,10 @@ State layers (``engine/kv/state_store.py``): with ``states`` the metadata carrie
 ``StepState``: each chunk's request's state slot and, in the order of the flat batch, where its
 tokens sit and whether it starts from no token (``model/layers/state.StateMeta``).
 
+On a device other than the CPU (``device``: a GPU's torch device) the step's inputs and
+metadata are built on the CPU as above and copied over once (``AttentionMetadata.to``); every
+layer then reads the device's copy.
+
 With ``use_kv_cache=False`` (seed §1.3) nothing is stored: every chunk recomputes its whole
 request from position 0, which is what decoding without a KV cache costs.
 """
@@ -47,12 +51,13 @@ MAX_PADDING = 1.25
 
 
 class ModelRunner:
-    """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode)."""
+    """Runs ``model`` on scheduled chunks against ``store`` (None in no-cache mode); a step's
+    inputs go to ``device`` (None: they stay on the CPU)."""
 
     def __init__(self, model: Decoder, store: KVStore | None, block_size: int,
-                 states: StateStore | None = None) -> None:
+                 states: StateStore | None = None, device: torch.device | None = None) -> None:
         self.model, self.store, self.block_size = model, store, block_size
-        self.states = states
+        self.states, self.device = states, device
         self._offsets = torch.arange(block_size)
 
     def execute(self, chunks: Seq, reduce: SliceReducer | None = None) -> torch.Tensor:
@@ -78,8 +83,15 @@ class ModelRunner:
         the rows whose logits are wanted (:func:`logit_rows`; what a tensor-parallel step
         broadcasts to the other ranks)."""
         if self.store is None:
-            return self._no_cache_batch(chunks)
-        return self._paged_batch(chunks)
+            made = self._no_cache_batch(chunks)
+        else:
+            made = self._paged_batch(chunks)
+        if self.device is None:
+            return made
+        ids, pos, meta, last = made
+        on = self.device
+        return (ids.to(on, non_blocking=True), pos.to(on, non_blocking=True), meta.to(on),
+                last.to(on, non_blocking=True))
 
     def _forward(self, chunks: Seq) -> tuple[torch.Tensor, torch.Tensor]:
         ids, pos, meta, last = self.batch(chunks)

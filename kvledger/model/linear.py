@@ -8,7 +8,8 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.tuning.probe`):
   ``w = (q - 8) * scale + zero`` (:mod:`kvledger.model.q4`); only for weights the GGUF stores
   as Q4, so it adds no rounding beyond the file's (except the scales' last 3 fp16 bits);
 - ``int8``: symmetric per-row int8, ``w = q * s_row`` with ``s_row = max|w_row| / 127``
-  (``aten._weight_int8pack_mm``): rounds each weight to within ``s_row / 2``;
+  (``aten._weight_int8pack_mm``, or the device's own product, ``Kernels.int8_weights``: the
+  CUDA device's Triton kernel): rounds each weight to within ``s_row / 2``;
 - ``w8a8``: symmetric int8 per block of 32 inputs with fp32 scales (GGML's Q8_0 layout, so a
   Q8_0 tensor of the file keeps its codes: :func:`int8_blocks`), multiplied by the native int8 x
   int8 kernel (:mod:`kvledger.device.cpu.w8a8`), which also rounds the activations to int8 per block
@@ -159,6 +160,7 @@ class Linear:
         else:
             self.packed, scale = int8_rows(weight, release=release)
             self.scales, self._row_scales = scale.to(torch.bfloat16), scale
+            self._int8_product = None if kernels is None else kernels.int8_weights()
 
     @classmethod
     def from_q4(cls, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -222,6 +224,8 @@ class Linear:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales)
         elif self.format in ("w8a8", "w4a8"):
             y = self._native(x)
+        elif self._int8_product is not None:  # the device's own (the CUDA device's Triton)
+            y = self._int8_product(x, self.packed, self._row_scales)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x, self.packed, self.scales)
         return y if self.bias is None else y + self.bias

@@ -8,6 +8,7 @@ product) and the release of a thread's OpenMP pool (:mod:`.omp`)."""
 from __future__ import annotations
 
 import logging
+from typing import ClassVar
 
 import torch
 
@@ -40,6 +41,10 @@ class CpuDevice:
 
     name = "cpu"
     kernels = KERNELS
+    torch_device = torch.device("cpu")
+    probes = True
+    """Choices are measured (``kvledger.engine.tuning.probe``)."""
+    choices: ClassVar[dict[str, str]] = {}
 
     def unavailable(self) -> str:
         """'': every machine has a CPU."""

@@ -30,6 +30,10 @@ class CpuKernels:
         """:func:`kvledger.device.cpu.w8a8.kernel`."""
         return w8a8.kernel()
 
+    def int8_weights(self) -> None:
+        """None: the ``int8`` format's product is ``aten._weight_int8pack_mm``."""
+        return
+
     def kquant(self) -> kquant.KQuantKernel | None:
         """:func:`kvledger.device.cpu.kquant.kernel`."""
         return kquant.kernel()

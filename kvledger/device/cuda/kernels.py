@@ -1,8 +1,8 @@
 """The CUDA device's kernels (:class:`kvledger.device.Kernels`): the Triton kernels of
 :mod:`.triton_kernels`, compiled by Triton on first launch, with the adapters the engine calls
-(the paged-attention kernel behind ``paged-native``, the int KV encoder). What has no Triton
-kernel yet is None (the weight formats' int8/GGUF products) or PyTorch (the fused ops), and the
-caller takes its PyTorch path.
+(the paged-attention kernel behind ``paged-native``, the int KV encoder, the ``int8`` weight
+format's product). What has no Triton kernel yet is None (the ``w8a8`` / ``w4a8`` / GGUF
+products) or PyTorch (the fused ops), and the caller takes its PyTorch path.
 
 Tensors the kernels take: CUDA tensors, or CPU tensors while ``TRITON_INTERPRET=1`` (Triton's
 interpreter: how the tests run them here).
@@ -181,6 +181,11 @@ class CudaKernels:
     def w8a8(self) -> None:
         """None: no Triton int8-activation matmul yet (``w8a8`` weights fall back)."""
         return
+
+    def int8_weights(self):
+        """The Triton int8 weight-only product (``triton_kernels/linear_int8.py``; None
+        without triton)."""
+        return None if self.library() is None else _module("linear_int8").int8_matmul
 
     def kquant(self) -> None:
         """None: no Triton GGUF-block products yet (``kquant-*`` weights dequantize)."""

@@ -63,13 +63,14 @@ class DecodeGroup:
         ``slot_view`` the table lists slots, for the pool viewed as blocks of one token."""
         if self._paged is None:
             if self.mask is None:
-                lens = torch.full((self.num_seqs,), self.slots.shape[1], dtype=torch.int32)
+                lens = torch.full((self.num_seqs,), self.slots.shape[1], dtype=torch.int32,
+                                  device=self.slots.device)
             else:
                 lens = self.mask.reshape(self.num_seqs, -1).sum(-1, dtype=torch.int32)
             tables = self.slots.to(torch.int32) if self.slot_view else _block_table(
                 self.slots, block_size)
-            self._paged = PagedQueries(tables.contiguous(),
-                                       torch.arange(self.num_seqs, dtype=torch.int32), lens)
+            self._paged = PagedQueries(tables.contiguous(), torch.arange(
+                self.num_seqs, dtype=torch.int32, device=self.slots.device), lens)
         return self._paged
 
 
@@ -99,9 +100,12 @@ class PrefillSegment:
         positions (computed on first use, then cached)."""
         if self._paged is None:
             context = self.slots.shape[0]
-            lens = torch.arange(context - self.length + 1, context + 1, dtype=torch.int32)
+            on = self.slots.device
+            lens = torch.arange(context - self.length + 1, context + 1, dtype=torch.int32,
+                                device=on)
             self._paged = PagedQueries(_block_table(self.slots, block_size)[None].contiguous(),
-                                       torch.zeros(self.length, dtype=torch.int32), lens)
+                                       torch.zeros(self.length, dtype=torch.int32, device=on),
+                                       lens)
         return self._paged
 
 
@@ -125,6 +129,24 @@ class AttentionMetadata:
     state: Any = None
     """The step's state slots of a model with state layers (``engine/kv/state_store.py``'s
     ``StepState``, read by ``model/layers/state_block.py``); None: a model without."""
+
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """Its tensors (and its layer groups') copied to ``device`` once (non-blocking), in
+        place: a step's metadata is built on the CPU and read on the device by every layer.
+        State slots (``state``) stay where they are."""
+        def on(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
+        self.slot_mapping, self.seal = on(self.slot_mapping), on(self.seal)
+        for group in self.decodes:
+            group.slots, group.mask = on(group.slots), on(group.mask)
+        for seg in self.prefills:
+            seg.slots, seg.mask = on(seg.slots), on(seg.mask)
+            if seg.key_turn is not None:
+                seg.key_turn = tuple(on(t) for t in seg.key_turn)
+        for meta in self.groups[1:]:
+            meta.to(device)
+        return self
 
     def of_layer(self, layer: int) -> AttentionMetadata:
         """The metadata layer ``layer`` attends with (its group's)."""

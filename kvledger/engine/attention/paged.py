@@ -98,9 +98,9 @@ class PagedTorchBackend(_Paged):
         lens = paged.context_lens.long()
         starts = (lens - how.window).clamp(min=0) if how.window else torch.zeros_like(lens)
         used_blocks = -(-int(lens.max()) // bs)
-        m = torch.full((n, kv_heads, heads // kv_heads, 1), -math.inf)
+        m = torch.full((n, kv_heads, heads // kv_heads, 1), -math.inf, device=q.device)
         l_sum = torch.zeros_like(m)
-        acc = torch.zeros(n, kv_heads, heads // kv_heads, dim)
+        acc = torch.zeros(n, kv_heads, heads // kv_heads, dim, device=q.device)
         for first in range(int(starts.min()) // bs, used_blocks, CHUNK_BLOCKS):
             ids = tables[:, first: min(first + CHUNK_BLOCKS, used_blocks)]
             keys, values = read_blocks(store, layer, ids, step)  # [S, C, bs, kv_heads, D]
@@ -110,7 +110,7 @@ class PagedTorchBackend(_Paged):
             scores = qg @ keys  # [N, kv_heads, G, C * bs]
             if how.softcap is not None:
                 scores = torch.tanh(scores / how.softcap) * how.softcap
-            pos = torch.arange(first * bs, first * bs + scores.shape[-1])
+            pos = torch.arange(first * bs, first * bs + scores.shape[-1], device=q.device)
             hidden = (pos[None, :] >= lens[:, None]) | (pos[None, :] < starts[:, None])
             scores = scores.masked_fill(hidden[:, None, None, :], -math.inf)
             m_new = torch.maximum(m, scores.amax(-1, keepdim=True))

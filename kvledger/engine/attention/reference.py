@@ -112,7 +112,7 @@ class ReferenceBackend(AttentionBackend):
         how = self.how(layer, q.shape[-1])
         if how.window is not None:  # the segment's positions are its context's last ones
             context = seg.slots.shape[0]
-            positions = torch.arange(context)
+            positions = torch.arange(context, device=seg.slots.device)
             seg = dataclasses.replace(seg, mask=seg.mask & how.visible(
                 positions[context - seg.length:], positions))
         return gathered_prefill(layer, q, seg, store, how, step)
@@ -127,9 +127,10 @@ def gathered_decode(layer: int, q: torch.Tensor, group: DecodeGroup, store: KVSt
     if how is not None and how.window is not None:
         assert not group.slot_view, "a sliding window over a retained slot list"
         width = group.slots.shape[1]
-        lens = torch.full((group.num_seqs,), width) if mask is None else mask.reshape(
+        on = group.slots.device
+        lens = torch.full((group.num_seqs,), width, device=on) if mask is None else mask.reshape(
             group.num_seqs, -1).sum(-1)
-        seen = torch.arange(width)[None, :] >= (lens - how.window)[:, None]
+        seen = torch.arange(width, device=on)[None, :] >= (lens - how.window)[:, None]
         mask = seen[:, None, None, :] if mask is None else mask & seen[:, None, None, :]
     return _attend(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), mask, False,
                    how).squeeze(2)
@@ -173,7 +174,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     """Attention of one sequence: q [n, heads, D], k/v [L, kv_heads, D] -> [n, heads, D];
     ``causal`` (k and v are the n queries' own) narrowed by the window of ``how``."""
     if causal and how is not None and how.window is not None:
-        positions = torch.arange(q.shape[0])
+        positions = torch.arange(q.shape[0], device=q.device)
         mask = (positions[None, :] <= positions[:, None]) & how.visible(positions, positions)
         causal = False
     out = _attend(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
@@ -198,7 +199,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     if how.softcap is not None:
         scores = torch.tanh(scores / how.softcap) * how.softcap
     if causal:
-        mask = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
     if mask is not None:
         scores = scores.masked_fill(~mask, -torch.inf)
     scores = scores.float()

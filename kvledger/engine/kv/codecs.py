@@ -77,7 +77,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return codes
     per = PACK_CHANNELS[bits]
     units = codes.reshape(*codes.shape[:-1], -1, per).int()
-    word = (units << (bits * torch.arange(per, dtype=torch.int32))).sum(-1)
+    word = (units << (bits * torch.arange(per, dtype=torch.int32, device=codes.device))).sum(-1)
     if bits == 3:
         word = torch.stack([word & 0xFF, (word >> 8) & 0xFF, word >> 16], dim=-1)
     return word.to(torch.uint8).reshape(*codes.shape[:-1], -1)
@@ -92,7 +92,8 @@ def unpack(packed: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 3:
         word = word.reshape(*packed.shape[:-1], -1, 3)
         word = word[..., 0] | (word[..., 1] << 8) | (word[..., 2] << 16)
-    codes = (word[..., None] >> (bits * torch.arange(per, dtype=torch.int32))) & ((1 << bits) - 1)
+    shifts = bits * torch.arange(per, dtype=torch.int32, device=packed.device)
+    codes = (word[..., None] >> shifts) & ((1 << bits) - 1)
     return codes.to(torch.uint8).reshape(*packed.shape[:-1], -1)
 
 
@@ -263,7 +264,7 @@ class OutlierKeys(BlockCodec):
         return {**self.inner.fields(), "outliers": ((bs, h, n), torch.float16)}
 
     def _index(self, x: torch.Tensor) -> torch.Tensor:
-        return self.channels[None, None].expand(*x.shape[:2], -1, -1)
+        return self.channels.to(x.device)[None, None].expand(*x.shape[:2], -1, -1)
 
     def encode(self, x):
         idx = self._index(x)

@@ -131,11 +131,12 @@ class KVLayout:
         return f"{f.name} ({', '.join(parts)})"
 
     def build_store(self, num_blocks: int, outlier_index: torch.Tensor | None = None,
-                    rank: int = 0, kernels=None):
+                    rank: int = 0, kernels=None, device: torch.device | None = None):
         """Rank ``rank``'s store for ``num_blocks`` blocks: its KV heads only under tensor
         parallelism (``parallel.shard.kv_head_range``). ``outlier_index`` [layers, kv_heads, n]
         long: the calibrated outlier channels of every KV head of the whole model; ``kernels``:
-        the device's (``kvledger.device.Kernels``), whose KV encoder a quantized store uses."""
+        the device's (``kvledger.device.Kernels``), whose KV encoder a quantized store uses;
+        ``device``: the torch device the store's tensors live on (None: the CPU)."""
         s, f = self.spec, self.fmt
         heads = kv_heads_per_rank(s, self.tp)
         places = layer_places(self.groups, s.num_layers)
@@ -145,7 +146,7 @@ class KVLayout:
                                STORAGE_DTYPES[f.name], self.compute_dtype)
         if not f.quantized:
             return KVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
-                           STORAGE_DTYPES[f.name], self.compute_dtype, places)
+                           STORAGE_DTYPES[f.name], self.compute_dtype, places, device)
         from kvledger.engine.kv.codecs import make_codecs
         from kvledger.engine.kv.quantized_store import QuantizedKVStore
         from kvledger.engine.kv.rotation import rotation_matrix
@@ -162,7 +163,8 @@ class KVLayout:
         return QuantizedKVStore(s.num_layers, num_blocks, self.block_size, heads, s.head_dim,
                                 f.name, keys, values, self.compute_dtype, slots, kernels,
                                 places=places,
-                                rotation=rotation_matrix(f.rotation, s.head_dim), fmt=f)
+                                rotation=rotation_matrix(f.rotation, s.head_dim), fmt=f,
+                                device=device)
 
 
 def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:

@@ -83,6 +83,7 @@ class QuantizedKVStore:
             codecs' PyTorch code encodes.
         rotation: [head_dim, head_dim] fp32 orthogonal matrix the rows are stored rotated by,
             or None.
+        device: where every tensor lives (None: the CPU, ``lazy_zeros``).
         fmt: the format's spec, whose ``sealed_blocks`` rule the runner applies (None: the
             defaults of ``kv_format``, R = G = one block).
     """
@@ -94,7 +95,8 @@ class QuantizedKVStore:
                  value_codec: BlockCodec, compute_dtype: torch.dtype,
                  residual_slots: int, kernels: Kernels | None = None,
                  places: tuple[tuple[int, int], ...] | None = None,
-                 rotation: torch.Tensor | None = None, fmt: KVFormatSpec | None = None) -> None:
+                 rotation: torch.Tensor | None = None, fmt: KVFormatSpec | None = None,
+                 device: torch.device | None = None) -> None:
         self.block_size, self.num_blocks, self.kv_format = block_size, num_blocks, kv_format
         self.num_kv_heads = num_kv_heads
         self.compute_dtype = compute_dtype
@@ -104,29 +106,31 @@ class QuantizedKVStore:
         # layers at the same index of different groups share tensors (store.py); per-layer
         # key codecs keep their own fields' shapes, which outlier counts make equal
         self.group_of_layer, index = group_layout(num_layers, places)
+        self.device = device or torch.device("cpu")
         width = max(index) + 1
         shape = (residual_slots, block_size, num_kv_heads, head_dim)
         keys = [self._alloc(key_codecs[index.index(i)]) for i in range(width)]
         values = [self._alloc(value_codec) for _ in range(width)]
-        res_k = [lazy_zeros(shape, compute_dtype) for _ in range(width)]
-        res_v = [lazy_zeros(shape, compute_dtype) for _ in range(width)]
+        res_k = [lazy_zeros(shape, compute_dtype, device) for _ in range(width)]
+        res_v = [lazy_zeros(shape, compute_dtype, device) for _ in range(width)]
         self.key_parts, self.value_parts = [keys[i] for i in index], [values[i] for i in index]
         self.residual_keys = [res_k[i] for i in index]
         self.residual_values = [res_v[i] for i in index]
-        self.residual_of = torch.full((num_blocks,), -1, dtype=torch.int64)
+        self.residual_of = torch.full((num_blocks,), -1, dtype=torch.int64, device=device)
         self._free_residuals = list(range(residual_slots))
         self._num_groups = 1 if self.group_of_layer is None else len(set(self.group_of_layer))
         self._plans: list[tuple[torch.Tensor, _WritePlan]] = []  # this step's, per group
         self._step: tuple[int, torch.Tensor, StepBlocks] | None = None  # the last write's
         self._encoder = None if kernels is None else kernels.kv_encoder()
-        self.rotation = rotation
+        self.rotation = None if rotation is None else rotation.to(self.device)
         self.fmt = fmt or KVFormatSpec(kv_format)
         self.key_group_blocks = key_codecs[0].group_blocks
         self.intact_blocks = self.fmt.intact_blocks(block_size)
-        self.group_members = torch.zeros((num_blocks, self.key_group_blocks), dtype=torch.int64)
+        self.group_members = torch.zeros((num_blocks, self.key_group_blocks), dtype=torch.int64,
+                                         device=device)
 
     def _alloc(self, codec: BlockCodec) -> dict[str, torch.Tensor]:
-        return {name: lazy_zeros((self.num_blocks, *shape), dtype)
+        return {name: lazy_zeros((self.num_blocks, *shape), dtype, self.device)
                 for name, (shape, dtype) in codec.fields().items()}
 
     @property
@@ -154,7 +158,8 @@ class QuantizedKVStore:
         if k == 1 or len(blocks) <= n:
             return len(blocks)
         rest = blocks[n:]
-        ids = torch.tensor(rest[: len(rest) // k * k], dtype=torch.int64).view(-1, k)
+        ids = torch.tensor(rest[: len(rest) // k * k], dtype=torch.int64,
+                           device=self.device).view(-1, k)
         whole = (self.group_members[ids] == ids[:, None, :]).flatten(1).all(1)
         return n + k * int(whole.cumprod(0).sum())
 
@@ -240,7 +245,8 @@ class QuantizedKVStore:
                     residual.index_fill_(0, plan.opened, 0)
                 residual.view(-1, *residual.shape[2:]).index_copy_(0, plan.buffer_rows, x)
                 continue
-            staged = torch.zeros((plan.blocks, *residual.shape[1:]), dtype=self.compute_dtype)
+            staged = torch.zeros((plan.blocks, *residual.shape[1:]), dtype=self.compute_dtype,
+                                 device=residual.device)
             if len(plan.had):
                 staged.index_copy_(0, plan.had, residual.index_select(0, plan.had_buffers))
             staged.view(-1, *residual.shape[2:]).index_copy_(0, plan.staged_rows, x)

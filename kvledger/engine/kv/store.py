@@ -29,9 +29,13 @@ KV_FORMAT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float
 STORAGE_DTYPES = {name: dtype for dtype, name in KV_FORMAT_OF_DTYPE.items()}
 
 
-def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype,
+               device: torch.device | None = None) -> torch.Tensor:
     """A zero tensor in anonymous memory (``mmap``): the OS maps each page on first write, so
-    pool blocks never used cost no RAM (``torch.zeros`` would write every page up front)."""
+    pool blocks never used cost no RAM (``torch.zeros`` would write every page up front); on
+    a ``device`` other than the CPU, ``torch.zeros`` there (a GPU's memory is held whole)."""
+    if device is not None and device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
@@ -84,19 +88,21 @@ class KVStore:
             returns it.
         places: per layer (group, index in the group) (``kv_groups.layer_places``); None:
             one group of every layer.
+        device: where the blocks live (None: the CPU, :func:`lazy_zeros`).
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, compute_dtype: torch.dtype | None = None,
-                 places: tuple[tuple[int, int], ...] | None = None) -> None:
+                 places: tuple[tuple[int, int], ...] | None = None,
+                 device: torch.device | None = None) -> None:
         self.block_size, self.num_kv_heads = block_size, num_kv_heads
         self.compute_dtype = compute_dtype or dtype
         self.num_blocks = num_blocks
         self.kv_format = KV_FORMAT_OF_DTYPE[dtype]
         self.group_of_layer, index = group_layout(num_layers, places)
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        keys = [lazy_zeros(shape, dtype) for _ in range(max(index) + 1)]
-        values = [lazy_zeros(shape, dtype) for _ in range(max(index) + 1)]
+        keys = [lazy_zeros(shape, dtype, device) for _ in range(max(index) + 1)]
+        values = [lazy_zeros(shape, dtype, device) for _ in range(max(index) + 1)]
         self.key_blocks = [keys[i] for i in index]
         self.value_blocks = [values[i] for i in index]
         flat = (num_blocks * block_size, num_kv_heads, head_dim)

@@ -28,13 +28,17 @@ from kvledger.engine.sample.sampling_params import SamplingParams
 def _token_mask(n: int, vocab: int, token_lists: Sequence[Sequence[int]], rows: list[int],
                 device: torch.device, counts: bool) -> torch.Tensor:
     """``[n, vocab]`` counts (float) or presence (bool) of each row's tokens."""
-    row_idx = torch.tensor([r for r in rows for _ in token_lists[r]], dtype=torch.long)
-    tok_idx = torch.tensor([t for r in rows for t in token_lists[r]], dtype=torch.long)
+    row_idx = torch.tensor([r for r in rows for _ in token_lists[r]], dtype=torch.long,
+                           device=device)
+    tok_idx = torch.tensor([t for r in rows for t in token_lists[r]], dtype=torch.long,
+                           device=device)
     if counts:
         out = torch.zeros(n, vocab, dtype=torch.float32, device=device)
-        return out.index_put_((row_idx, tok_idx), torch.ones(len(tok_idx)), accumulate=True)
+        return out.index_put_((row_idx, tok_idx), torch.ones(len(tok_idx), device=device),
+                              accumulate=True)
     out = torch.zeros(n, vocab, dtype=torch.bool, device=device)
-    return out.index_put_((row_idx, tok_idx), torch.ones(len(tok_idx), dtype=torch.bool))
+    return out.index_put_((row_idx, tok_idx),
+                          torch.ones(len(tok_idx), dtype=torch.bool, device=device))
 
 
 def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
@@ -58,21 +62,25 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams],
         return logits
     logits = logits.clone()
     if bias_rows:
-        rows = torch.tensor([i for i in bias_rows for _ in params[i].logit_bias])
-        toks = torch.tensor([t for i in bias_rows for t in params[i].logit_bias])
+        on = logits.device
+        rows = torch.tensor([i for i in bias_rows for _ in params[i].logit_bias], device=on)
+        toks = torch.tensor([t for i in bias_rows for t in params[i].logit_bias], device=on)
         vals = torch.tensor([v for i in bias_rows for v in params[i].logit_bias.values()],
-                            dtype=logits.dtype)
+                            dtype=logits.dtype, device=on)
         logits.index_put_((rows, toks), vals, accumulate=True)
     if rep_rows:
         seen_lists = [list(prompt_ids[i]) + list(output_ids[i]) for i in range(n)]
         seen = _token_mask(n, vocab, seen_lists, rep_rows, logits.device, counts=False)
-        r = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype)[:, None]
+        r = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype,
+                            device=logits.device)[:, None]
         penalised = torch.where(logits > 0, logits / r, logits * r)
         logits = torch.where(seen, penalised, logits)
     if freq_rows:
         counts = _token_mask(n, vocab, output_ids, freq_rows, logits.device, counts=True)
-        freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype)[:, None]
-        pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype)[:, None]
+        freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype,
+                            device=logits.device)[:, None]
+        pres = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype,
+                            device=logits.device)[:, None]
         logits = logits - freq * counts - pres * (counts > 0).to(logits.dtype)
     return logits
 

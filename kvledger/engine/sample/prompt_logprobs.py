@@ -115,7 +115,7 @@ class PromptLogprobs:
             return
         logits = logits[lo:hi].float()
         lse = torch.logsumexp(logits, dim=-1)
-        targets = torch.tensor(prompt[start + 1 + lo: start + 1 + hi])
+        targets = torch.tensor(prompt[start + 1 + lo: start + 1 + hi], device=logits.device)
         chosen = logits.gather(1, targets[:, None])[:, 0]
         ranks = (logits > chosen[:, None]).sum(dim=1) + 1
         k = req.params.prompt_logprobs

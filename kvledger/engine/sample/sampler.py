@@ -25,6 +25,11 @@ class Sampler:
     generator (``Request.generator``) and grammar (``Request.grammar``); it keeps no
     per-request state of its own.
 
+    Logits on a device (a GPU) are processed there and the greedy picks come back in one copy
+    of the step's token ids; a sampled row is copied back and drawn on the CPU with its
+    request's generator (a CPU ``torch.Generator``), so a seed draws the same token as on the
+    CPU device.
+
     Args:
         grammars: the engine's ``GrammarCompiler`` (None: no request has a grammar).
     """
@@ -37,7 +42,9 @@ class Sampler:
         """Token ids and (when asked) logprobs for logits [N, vocab] fp32, row i for
         ``requests[i]``."""
         processed = self.processed(logits, requests)
-        tokens = [self._pick(row, req) for row, req in zip(processed, requests)]
+        argmax = torch.argmax(processed, dim=-1).tolist()  # the greedy picks, one copy back
+        tokens = [argmax[i] if req.params.greedy else self._pick(processed[i].cpu(), req)
+                  for i, req in enumerate(requests)]
         logprobs = [token_logprob(row, tok, req.params.logprobs)
                     if req.params.logprobs is not None else None
                     for row, tok, req in zip(logits, tokens, requests)]

@@ -322,16 +322,26 @@ def fused_limits(spec: ModelSpec, device: Device) -> dict[str, dict[torch.dtype,
     return probe(spec, device).fused_max_rows()
 
 
-def choose_attention(spec: ModelSpec, device: Device, quantized: bool = False) -> str:
-    """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend (over quantized KV
-    when ``quantized``: fp8, int8, int4)."""
+def forced_attention() -> str | None:
+    """The backend forced by ``$KVLEDGER_ATTENTION`` (None when unset).
+
+    Raises:
+        InvalidParameterError: not a backend's name.
+    """
     from kvledger.engine.attention import BACKENDS
 
     forced = os.environ.get("KVLEDGER_ATTENTION")
+    if forced and forced not in BACKENDS:
+        raise InvalidParameterError(f"KVLEDGER_ATTENTION must be one of "
+                                    f"{', '.join(BACKENDS)}, got {forced!r}")
+    return forced or None
+
+
+def choose_attention(spec: ModelSpec, device: Device, quantized: bool = False) -> str:
+    """``$KVLEDGER_ATTENTION`` if set, else the probe's fastest backend (over quantized KV
+    when ``quantized``: fp8, int8, int4)."""
+    forced = forced_attention()
     if forced:
-        if forced not in BACKENDS:
-            raise InvalidParameterError(f"KVLEDGER_ATTENTION must be one of "
-                                        f"{', '.join(BACKENDS)}, got {forced!r}")
         return forced
     result = probe(spec, device)
     return result.quantized_attention if quantized else result.attention

@@ -154,7 +154,8 @@ class RotaryEmbedding:
         self._tabulate(max_positions)
 
     def _tabulate(self, num_positions: int) -> None:
-        freqs = torch.outer(torch.arange(num_positions, dtype=torch.float32), self.inv_freq)
+        freqs = torch.outer(torch.arange(num_positions, dtype=torch.float32,
+                                         device=self.inv_freq.device), self.inv_freq)
         both, signed = torch.cat((freqs, freqs), dim=-1), torch.cat((-freqs, freqs), dim=-1)
         self.cos = (both.cos() * self.mscale).to(self.dtype)
         # sin with the first half negated: rotate_half(x) * sin == roll(x, half) * signed_sin

@@ -44,14 +44,17 @@ def dummy_spec(model: str) -> ModelSpec:
     return dataclasses.replace(catalogue_spec(entry), source=str(entry.path))
 
 
-def dummy_weights(spec: ModelSpec, dtype: torch.dtype, family: Family) -> dict:
+def dummy_weights(spec: ModelSpec, dtype: torch.dtype, family: Family,
+                  device: torch.device | str = "cpu") -> dict:
     """Seeded weights of ``spec`` (of ``family``) in ``dtype`` (module docstring); norms
-    ``1 - family.norm_offset``."""
-    g = torch.Generator().manual_seed(SEED)
+    ``1 - family.norm_offset``; drawn on ``device`` by its own generator (a GPU draws an 8B
+    model in a moment; its numbers are not the CPU's)."""
+    g = torch.Generator(device=device).manual_seed(SEED)
     out = {}
     for name, shape in tensor_shapes(spec, family).items():
         if is_norm(name):
-            out[name] = torch.full(shape, 1.0 - family.norm_offset, dtype=dtype)
+            out[name] = torch.full(shape, 1.0 - family.norm_offset, dtype=dtype, device=device)
         else:
-            out[name] = torch.empty(shape, dtype=dtype).uniform_(-BOUND, BOUND, generator=g)
+            out[name] = torch.empty(shape, dtype=dtype, device=device).uniform_(
+                -BOUND, BOUND, generator=g)
     return out

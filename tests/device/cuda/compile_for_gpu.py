@@ -13,7 +13,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvledger.device.cuda.triton_kernels import kv_fp8, kv_int, paged_attention
+from kvledger.device.cuda.triton_kernels import kv_fp8, kv_int, linear_int8, paged_attention
 
 H100 = GPUTarget("cuda", 90, 32)
 I32 = "i32"
@@ -62,6 +62,13 @@ def _fp8(encode: bool):
     return kv_fp8._decode_kernel, sig, {"H": 8, "BS": 16, "D": 128}, False
 
 
+def _int8_product(block_m: int):
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "y_ptr": "*bf16", "M": I32,
+           "N": I32, "K": I32, "stride_xm": I32, "stride_qn": I32, "stride_ym": I32}
+    return (linear_int8._kernel, sig, {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 64},
+            True)
+
+
 VARIANTS = {
     "attention bf16": _attention(0, False), "attention bf16 soft-cap": _attention(0, True),
     "attention int4": _attention(1, False), "attention fp8": _attention(2, False),
@@ -69,6 +76,8 @@ VARIANTS = {
     **{f"int{b} {'encode' if e else 'decode'} group {g}": _int(e, b, g)
        for b in (8, 4, 2) for e in (True, False) for g in (0, 32)},
     "fp8 encode": _fp8(True), "fp8 decode": _fp8(False),
+    "int8 weight product, decode tile": _int8_product(16),
+    "int8 weight product, prefill tile": _int8_product(64),
 }
 
 

@@ -26,8 +26,8 @@ from kvledger.errors import InvalidParameterError
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
 TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                             reason="triton is not installed (pip install -e '.[cuda]')")
-# the engine's KV stores allocate on the CPU until they take a device: on a GPU machine these
-# seams cannot reach the kernels yet (docs/gpu.md)
+# these seam tests build their KV stores on the CPU (no device given): on a GPU machine the
+# kernels would not take them; the engine's own run on a GPU is test_cuda_engine.py's
 INTERPRETER = pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="the KV stores are CPU-only: the seams run interpreted")
 BLOCK = 4

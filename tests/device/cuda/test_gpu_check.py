@@ -1,5 +1,6 @@
-"""``benchmarks/gpu_check.py --dry-run`` runs its whole flow (every check, every timing loop)
-on CPU tensors under Triton's interpreter, every check passing; without ``--dry-run`` on a
+"""``benchmarks/gpu_check.py --dry-run`` runs its whole flow (every check, every timing loop,
+the model half through the engine on the CUDA device's test mode) on CPU tensors under
+Triton's interpreter, every check passing; without ``--dry-run`` on a
 machine without a GPU it refuses with one error line."""
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ def test_the_dry_run_passes_every_check_and_runs_every_timing():
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     checks = [line for line in lines if line.startswith(("ok ", "FAIL "))]
-    assert len(checks) == 24 and all(line.startswith("ok ") for line in checks), r.stdout
+    assert len(checks) == 26 and all(line.startswith("ok ") for line in checks), r.stdout
+    assert sum(line.startswith("ok greedy tokens, cuda fp32 vs cpu fp32") for line in lines) == 2
     assert "# times (dry run: the flow, not a measurement)" in lines
     assert sum(line.startswith("decode attention") for line in lines) == 4
     assert sum(line.startswith("int") and "encode" in line for line in lines) == 2
+    # the model half through the engine on the CUDA device: TPOT per KV format, batch decode
+    # against transformers
+    assert sum(line.startswith("TPOT bf16 weights, ") for line in lines) == 3
+    assert sum(line.startswith("ledger vs allocator, ") for line in lines) == 3
+    assert sum(line.startswith("batch-3 decode") and "transformers" in line
+               for line in lines) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
