@@ -68,7 +68,6 @@ configuration (:mod:`kvledger.ledger.local_fits`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
@@ -80,9 +79,6 @@ from kvledger.ledger.params import count_params, params_read_per_step, spec_weig
 from kvledger.ledger.planner import PlanOptions
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from kvledger.engine.sched.output import SchedulerOutput
 
 BF16 = KVFormatSpec("bf16")
 
@@ -151,9 +147,10 @@ class StepFeatures:
         return cls.of_parts(plain, kept, len(chunks) if sampled is None else sampled)
 
     @classmethod
-    def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
-        """Features of a scheduler step, each chunk's context under its request's retention
-        policy (:func:`kept_context`)."""
+    def of_plan(cls, plan) -> StepFeatures:
+        """Features of a scheduler step (the engine's ``SchedulerOutput``, read through its
+        chunks only: the ledger imports nothing of the engine), each chunk's context under
+        its request's retention policy (:func:`kept_context`)."""
         plain, kept = [], []
         for c in plan.chunks:
             spec = c.request.retention.spec
