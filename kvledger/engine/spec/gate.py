@@ -13,10 +13,11 @@ Each step's decision is :func:`kvledger.ledger.speculation.choose_drafts` over
   and acceptance always get the same drafts, and a busy machine does not move them.
 
 The step model (:func:`step_model`) is the one ``kvledger replay --device local`` prices with:
-the ``local`` device ``kvledger probe`` measured and the full-retention factors ``kvledger
-probe --steps`` fitted (:mod:`kvledger.ledger.local_fits`); before a probe, :data:`ASSUMED_CPU`
-and :data:`ASSUMED_CPU_EFFICIENCY`, a fit of this project's 2-core Zen 4 (the replay's
-assumed factors are a GPU's: a CPU pays far more for a verify's paged pairs and per sequence).
+the ``local`` device ``kvledger probe`` measured (else :data:`ASSUMED_CPU`) and the
+full-retention factors ``kvledger probe --steps`` fitted (:mod:`kvledger.ledger.local_fits`),
+else :data:`ASSUMED_CPU_EFFICIENCY`, a fit of this project's 2-core Zen 4 (not the replay's
+assumed factors, which are a GPU's: a CPU pays far more for a verify's paged pairs and per
+sequence).
 Only the ratios of step prices matter to the decision, so the device's peaks matter only
 through their balance (FLOP per byte).
 
@@ -29,8 +30,7 @@ from kvledger.engine.request import Request
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
 from kvledger.ledger.hardware import Device, get_device, local_device_path
 from kvledger.ledger.kv_format import KVFormatSpec
-from kvledger.ledger.local_fits import local_efficiency
-from kvledger.ledger.retention import RetentionSpec
+from kvledger.ledger.local_fits import FULL, load_fits
 from kvledger.ledger.speculation import VerifyStep, choose_drafts
 from kvledger.ledger.step_model import Efficiency, StepTimeModel, kept_context
 from kvledger.spec import ModelSpec
@@ -51,11 +51,8 @@ ASSUMED_CPU_EFFICIENCY = Efficiency(
 
 def step_model(spec: ModelSpec, kv: KVFormatSpec, block_size: int) -> StepTimeModel:
     """The step model of ``spec`` on this machine (see the module docstring)."""
-    if local_device_path().is_file():
-        device = get_device("local")
-        efficiency, _ = local_efficiency(device, RetentionSpec())
-    else:
-        device, efficiency = ASSUMED_CPU, ASSUMED_CPU_EFFICIENCY
+    device = get_device("local") if local_device_path().is_file() else ASSUMED_CPU
+    efficiency = load_fits(device).get(FULL, ASSUMED_CPU_EFFICIENCY)
     return StepTimeModel(spec, device, efficiency, kv, block_size=block_size)
 
 

@@ -10,9 +10,11 @@ from spec_kit import run
 from kvledger.engine.request import Request
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
-from kvledger.engine.spec.gate import ASSUMED_CPU, Gate, step_model
+from kvledger.engine.spec.gate import ASSUMED_CPU, ASSUMED_CPU_EFFICIENCY, Gate, step_model
 from kvledger.ledger.hardware import Device, save_local_device
 from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.ledger.local_fits import save_fit
+from kvledger.ledger.retention import RetentionSpec
 from kvledger.ledger.step_model import DEFAULT_EFFICIENCY, Efficiency, StepTimeModel
 from kvledger.model.catalogue import load_model_spec
 
@@ -100,4 +102,8 @@ def test_step_model_is_the_probed_one_or_the_assumed_cpu(monkeypatch, tmp_path):
     assert assumed.device == ASSUMED_CPU and assumed.eff.paged_mfu == 0.102
     save_local_device(ZEN4)
     probed = step_model(SMOL, KVFormatSpec("bf16"), 16)
-    assert probed.device == ZEN4 and probed.eff == DEFAULT_EFFICIENCY  # no steps fitted yet
+    assert probed.device == ZEN4 and probed.eff == ASSUMED_CPU_EFFICIENCY  # no steps fitted
+    fitted = Efficiency(mfu=0.3, mbu=0.2, step_overhead_s=0.004, seq_overhead_s=0.001,
+                        source="test fit")
+    save_fit(RetentionSpec(), fitted, ZEN4, {})
+    assert step_model(SMOL, KVFormatSpec("bf16"), 16).eff.mfu == pytest.approx(0.3)
