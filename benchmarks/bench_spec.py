@@ -9,8 +9,9 @@ that quotes its source, open chat), each under speculation ``off``, ``ngram``, `
 ngram-*`` it lists in ``--help`` (its ``timings.predicted_per_second``), in the same run.
 
 HTTP (``--http``): ``kvledger serve`` with ``off`` and with ``auto``, closed-loop clients at
-concurrency 1 / 4 / 16 sending the three prompts in turn (streamed, EOS ignored); output tok/s
-= tokens / wall time of the round.
+concurrency 1 / 4 / 16 sending the three prompts in turn (EOS ignored); output tok/s = tokens /
+wall time of the round; the auto server's accepted / proposed tokens per concurrency (its
+``/metrics``).
 
 Usage: python benchmarks/bench_spec.py [--threads 2] [--new 128] [--repeat 3] [--http]
        [--skip-batch1] [--kinds "code rewrite,quoting summary,open chat"]
@@ -166,9 +167,18 @@ def http_round(port: int, concurrency: int, new: int, rounds: int) -> float:
     return tokens / (time.perf_counter() - t)
 
 
+def spec_counts(port: int) -> tuple[float, float]:
+    """(accepted, proposed) speculative tokens so far, from the server's ``/metrics``."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    pattern = r"^kvledger:spec_(accepted|proposed)_tokens_total(?:\{[^}]*\})? (\S+)$"
+    found = dict(re.findall(pattern, text, re.MULTILINE))
+    return float(found.get("accepted", 0)), float(found.get("proposed", 0))
+
+
 def http(threads: int, new: int, port: int) -> dict:
     """{(concurrency, mode): output tok/s} for modes off and auto: both servers up at once,
-    rounds alternated off, auto, auto, off (a shared machine's load falls on both alike)."""
+    rounds alternated off, auto, auto, off (a shared machine's load falls on both alike);
+    also {(concurrency, "drafts"): (accepted, proposed)} of the auto server's rounds."""
     ports = {"off": port, "auto": port + 2}
     procs = []
     try:
@@ -178,10 +188,13 @@ def http(threads: int, new: int, port: int) -> dict:
         results = {}
         for concurrency in (1, 4, 16):
             rates = {"off": [], "auto": []}
+            before = spec_counts(ports["auto"])
             for mode in ("off", "auto", "auto", "off"):
                 rates[mode].append(http_round(ports[mode], concurrency, new, rounds=1))
             for mode, r in rates.items():
                 results[concurrency, mode] = statistics.mean(r)
+            after = spec_counts(ports["auto"])
+            results[concurrency, "drafts"] = tuple(int(a - b) for a, b in zip(after, before))
             print(f"HTTP concurrency {concurrency:2d}: off {results[concurrency, 'off']:6.1f} "
                   f"tok/s, auto {results[concurrency, 'auto']:6.1f} tok/s", flush=True)
         return results
@@ -227,8 +240,9 @@ def main() -> None:
         res = http(args.threads, args.new, args.port)
         for c in (1, 4, 16):
             off, auto = res[c, "off"], res[c, "auto"]
+            acc, prop = res[c, "drafts"]
             print(f"HTTP concurrency {c:2d}: off {off:6.1f} tok/s, auto {auto:6.1f} tok/s "
-                  f"({auto / off:.2f}x)")
+                  f"({auto / off:.2f}x; auto accepted {acc}/{prop})")
     print("load after", os.getloadavg())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -120,6 +121,11 @@ def plan(
     replica_blocks: Annotated[int | None, Opt(
         help="Fleet plan: KV blocks of a replica's pool (default: what the device holds)")] = None,
     max_num_seqs: Annotated[int, Opt(help=field_help()["max_num_seqs"])] = 64,
+    draft_model: Annotated[str | None, Opt(
+        help="A draft model for speculative decoding (as MODEL): its weights and KV in the "
+             "pool, and the cost of a verify step per k with the acceptance it needs")] = None,
+    num_speculative_tokens: Annotated[int, Opt(
+        help="With --draft-model: the largest k of the verify rows")] = 5,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -169,6 +175,15 @@ def plan(
     )
     result = make_plan(spec, dev, options)
     fleet = replicas is not None or target_rps is not None
+    draft = None
+    if draft_model is not None:
+        from kvledger.ledger.draft_plan import draft_plan
+
+        if fleet:
+            raise InvalidParameterError("--draft-model sizes one replica: drop --replicas and "
+                                        "--target-rps")
+        draft = draft_plan(spec, load_model_spec(draft_model), dev, options, result,
+                           num_speculative_tokens)
     for message in result.warnings if not fleet else ():  # about the contexts, not a fleet
         _warn(message)
     if fleet:
@@ -188,10 +203,15 @@ def plan(
         except OSError as exc:
             raise InvalidParameterError(f"cannot write the plot to {plot}: {exc}") from None
     if json_out:
-        print(json.dumps(result.to_json(), indent=2))
+        out = result.to_json()
+        if draft is not None:
+            out["draft"] = asdict(draft)
+        print(json.dumps(out, indent=2))
     else:
-        from kvledger.commands.plan_render import render
+        from kvledger.commands.plan_render import render, render_draft
 
         render(result)
+        if draft is not None:
+            render_draft(draft)
         if plot is not None:
             print(f"plot written to {plot}")

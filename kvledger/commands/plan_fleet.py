@@ -1,6 +1,6 @@
 """``kvledger plan --replicas N`` / ``--target-rps R --ttft-p90 S``: the fleet plan
 (:mod:`kvledger.ledger.fleet`) for the model on a device, with the step prices of the replay's
-step model (:mod:`kvledger.replay.step_model`: this machine's ``probe --steps`` fit for
+step model (:mod:`kvledger.ledger.step_model`: this machine's ``probe --steps`` fit for
 ``--device local``, the assumed factors elsewhere), rendered as a table or JSON. Like
 ``kvledger plan``, it imports no torch (the features are built here, not from a scheduler's
 output).
@@ -23,8 +23,8 @@ from kvledger.spec import ModelSpec
 def step_prices(spec: ModelSpec, device: Device, kv: KVFormatSpec, mix: SharedPrefixMix,
                 concurrency: int, block_size: int, tp: int) -> tuple[StepPrices, str]:
     """(the prices of one replica's steps on ``mix``, where the factors come from)."""
-    from kvledger.replay.local_fits import local_efficiency
-    from kvledger.replay.step_model import DEFAULT_EFFICIENCY, StepFeatures, StepTimeModel
+    from kvledger.ledger.local_fits import local_efficiency
+    from kvledger.ledger.step_model import DEFAULT_EFFICIENCY, StepFeatures, StepTimeModel
 
     eff = DEFAULT_EFFICIENCY
     if device.name == "local":

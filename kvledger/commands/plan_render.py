@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvledger.ledger.draft_plan import DraftPlan
 from kvledger.ledger.planner import Plan
 
 
@@ -81,6 +82,29 @@ def render(p: Plan, console: Console | None = None) -> None:
                   f"{p.context_full_turn}")
     _formats(p, console)
     _retention(p, console)
+
+
+def render_draft(d: DraftPlan, console: Console | None = None) -> None:
+    """Print the draft model's part of a plan (``--draft-model``)."""
+    console = console or Console()
+    console.print(
+        f"[bold]draft {d.model}[/bold]: {fmt_count(d.params_total)} params, weights "
+        f"{fmt_bytes(d.weights_bytes)}, KV bf16 {fmt_bytes(d.kv_bytes_per_token)} per token; "
+        f"a block of both {fmt_bytes(d.block_bytes)}; KV pool {fmt_bytes(d.pool_bytes)} = "
+        f"{d.pool_blocks} blocks")
+    rows = _table("Concurrency with the draft", "context", "draft KV / request",
+                  "max concurrency", "without the draft")
+    for r in d.contexts:
+        rows.add_row(fmt_tokens(r.context), fmt_bytes(r.draft_kv_bytes_per_sequence),
+                     str(r.max_concurrency), str(r.max_concurrency_without_draft))
+    console.print(rows)
+    verify = _table(f"Draft k tokens and verify them, batch {d.verify_batch} at context "
+                    f"{fmt_tokens(d.verify_context)} ({d.step_model})", "k", "step",
+                    "plain step", "ratio", "break-even acceptance")
+    for v in d.verify:
+        verify.add_row(str(v.k), fmt_time(v.step_s), fmt_time(v.plain_step_s),
+                       f"{v.step_ratio:.2f}x", f"{v.break_even_acceptance:.2f}")
+    console.print(verify)
 
 
 def _retention(p: Plan, console: Console) -> None:

@@ -16,7 +16,7 @@ What it measures, and where it goes:
 - with ``--steps``, the step model of ``kvledger replay --device local``: engine steps timed
   over a grid and the efficiency factors fitted (:mod:`kvledger.replay.probe_steps`), saved in
   the config folder (``local_step_model.json``, one fit per retention policy:
-  :mod:`kvledger.replay.local_fits`); the engine's retention options (``--kv-policy``,
+  :mod:`kvledger.ledger.local_fits`); the engine's retention options (``--kv-policy``,
   ``--kv-window``, ``--kv-sinks``, ``--kv-budget``, ``--kv-positions``, ``--kv-select``, ``--kv-scope``) run
   the grid under that policy.
 """

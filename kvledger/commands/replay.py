@@ -2,8 +2,8 @@
 
 The engine's own Scheduler and KV cache manager run the trace in simulated time
 (:mod:`kvledger.replay.simulator`) with step durations from the ledger's compute and bandwidth
-terms (:mod:`kvledger.replay.step_model`), scaled on ``--device local`` by the ``probe --steps``
-fit of each setting's retention policy (:mod:`kvledger.replay.local_fits`; without one, the
+terms (:mod:`kvledger.ledger.step_model`), scaled on ``--device local`` by the ``probe --steps``
+fit of each setting's retention policy (:mod:`kvledger.ledger.local_fits`; without one, the
 full-retention fit and a line saying so). Writes the ``kvledger bench`` report files into
 ``--out`` and prints a summary, or one row per setting with ``--sweep``.
 """

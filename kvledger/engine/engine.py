@@ -56,6 +56,7 @@ from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.engine.sched.snapshot import SchedulerSnapshot
 from kvledger.engine.spec.draft_model import DraftModel, load_draft
+from kvledger.engine.spec.gate import Gate, step_model
 from kvledger.engine.spec.speculator import Speculator
 from kvledger.engine.tuning.tuned import TunedDevice
 from kvledger.errors import ContextLengthError, InvalidParameterError
@@ -214,8 +215,11 @@ class LLMEngine:
         spec = config.speculative
         if not spec.enabled:
             return None
+        layout = self.kv_layout
+        draft = drafter and step_model(drafter.spec, drafter.layout.fmt, drafter.block_size)
+        gate = Gate(step_model(self.spec, layout.fmt, layout.block_size), draft, spec.gate)
         return Speculator(spec, self.scheduler, self.sampler, self.store, self.emitter.append,
-                          drafter)
+                          gate, drafter)
 
     @property
     def cache_config(self) -> dict[str, str]:
@@ -354,7 +358,6 @@ class LLMEngine:
         logits = self.runner.execute(plan.chunks, PromptLogprobs(plan.chunks))
         if self.speculator is not None:
             outputs.extend(self.speculator.emit(plan, logits))
-            self.speculator.gate.observe_step(plan.num_batched_tokens, time.perf_counter() - now)
             return outputs
         sampling = [c.request for c in plan.chunks if c.samples]
         tokens, logprobs = self.sampler.sample(logits, sampling)

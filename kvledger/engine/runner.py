@@ -43,11 +43,9 @@ from kvledger.engine.kv.state_store import StateStore, StepState
 from kvledger.engine.kv.store import KVStore
 from kvledger.engine.retention.interface import HeldContext
 from kvledger.engine.sample.prompt_logprobs import SliceReducer, logit_rows, logits_in_slices
+from kvledger.ledger.step_model import length_groups
 from kvledger.model.layers.decoder import Decoder
 from kvledger.model.layers.state import StateMeta
-
-MAX_PADDING = 1.25
-"""Longest context over the shortest (+1) that one decode group pads to."""
 
 
 class ModelRunner:
@@ -269,21 +267,6 @@ class ModelRunner:
         table = req.block_tables[group][: -(-length // self.block_size)]
         blocks = torch.tensor(table, dtype=torch.int64).clamp_(min=0)
         return (blocks[:, None] * self.block_size + self._offsets).flatten()[:length]
-
-
-def length_groups(items: list, length, max_padding: float = MAX_PADDING) -> list[list]:
-    """Split ``items`` sorted by ``length(item)`` (tokens already computed: a decode's context
-    before its new token) into the decode groups the runner attends together, one attention
-    call per layer each: a group takes the next item while its length is at most
-    ``max_padding`` x (the group's first length + 1), so no group pads past that ratio.
-    Also what the replay's step model counts (``replay/step_model.py``)."""
-    groups: list[list] = []
-    for item in items:
-        if groups and length(item) <= max_padding * (length(groups[-1][0]) + 1):
-            groups[-1].append(item)
-        else:
-            groups.append([item])
-    return groups
 
 
 def _decode_group(start: int, contexts: list[torch.Tensor]) -> DecodeGroup:

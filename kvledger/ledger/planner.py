@@ -241,7 +241,7 @@ def plan(spec: ModelSpec, device: Device, options: PlanOptions | None = None) ->
             f"the weights ({weights / GiB:.2f} GiB per rank) and reserve leave no room for KV "
             f"on {device.name}: try --tensor-parallel-size, a smaller --weights-dtype or a bigger device"
         )
-    fmt = _FormatPlan(spec, device, o, weights, pool, count.active)
+    fmt = FormatPlan(spec, device, o, weights, pool, count.active)
     block_bytes = fmt.block_bytes(o.kv_format)
     pool_blocks = costs.blocks_for(pool, block_bytes)
     contexts = tuple(fmt.context_row(n) for n in o.contexts)
@@ -321,7 +321,7 @@ def _layer_kind_rows(spec: ModelSpec, o: PlanOptions) -> tuple[LayerKindRow, ...
     return tuple(rows)
 
 
-class _FormatPlan:
+class FormatPlan:
     """Per-format figures for one (spec, device, options); shared by the main rows and the
     what-if rows so both use one formula."""
 
@@ -350,7 +350,7 @@ class _FormatPlan:
         return kv.kv_bytes_per_sequence(self.spec, self._spec(fmt), self.o.tp, block_size,
                                         tokens, aware, paged)
 
-    def _per_request(self, fmt: str, tokens: int) -> int:
+    def per_request(self, fmt: str, tokens: int) -> int:
         """Whole blocks + fixed state + a quantized format's bf16 residual block (the running
         sequence's partial block, kept at full precision)."""
         o = self.o
@@ -369,7 +369,7 @@ class _FormatPlan:
         )
 
     def concurrency(self, fmt: str, tokens: int) -> int:
-        return costs.max_concurrency(self.pool, self._per_request(fmt, tokens))
+        return costs.max_concurrency(self.pool, self.per_request(fmt, tokens))
 
     def tpot(self, fmt: str, tokens: int) -> float:
         kv_read = self.o.batch * (self.sequence_bytes(fmt, tokens, window_aware=True) + self.fixed)
@@ -381,7 +381,7 @@ class _FormatPlan:
         peak = self.device.flops_per_s
         shared = None
         if o.shared_prefix:
-            shared = costs.max_concurrency(self.pool, self._per_request(fmt, n), self._shared(fmt))
+            shared = costs.max_concurrency(self.pool, self.per_request(fmt, n), self._shared(fmt))
         pool_blocks = costs.blocks_for(self.pool, self.block_bytes(fmt))
         return ContextRow(
             context=n,

@@ -1,6 +1,6 @@
 """Fit the step-time model's efficiency factors to measured steps (``kvledger probe --steps``).
 
-The model (:mod:`kvledger.replay.step_model`) is linear in its unknowns:
+The model (:mod:`kvledger.ledger.step_model`) is linear in its unknowns:
 
     duration - weights_s / FIT_WEIGHTS_MBU = step_overhead_s x 1 + seq_overhead_s x S
         + decode_group_s x G + (1/mfu) x dense_s + (1/paged_mfu) x paged_s + (1/mbu) x kv_s
@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from kvledger.ledger.retention import EVICTION_CHUNK, RetentionSpec
-from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
+from kvledger.ledger.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
 from kvledger.replay.trace import Trace
 
 UNBOUNDED = 1e9
@@ -128,7 +128,7 @@ def samples_from_trace(trace: Trace, spec: RetentionSpec) -> list[tuple[StepFeat
     recorded duration.
 
     ``spec`` is the policy fitted (the recording engine's default): each chunk's context is
-    what a sequence under it holds (:func:`~kvledger.replay.step_model.kept_context`, from the
+    what a sequence under it holds (:func:`~kvledger.ledger.step_model.kept_context`, from the
     request's prompt length); steps that run a request whose ``sampling`` names another policy,
     or one the trace does not list, are left out.
     """

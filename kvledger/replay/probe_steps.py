@@ -1,6 +1,6 @@
 """``kvledger probe --steps``: measure the local engine's steps, fit and save the factors.
 
-One fit per retention policy (:mod:`kvledger.replay.local_fits`): the grid runs on an engine
+One fit per retention policy (:mod:`kvledger.ledger.local_fits`): the grid runs on an engine
 with the ``--kv-policy`` options given (:data:`~kvledger.replay.fit.GRID` under full retention,
 :func:`~kvledger.replay.fit.policy_grid` under an evicting policy), or ``--steps-from TRACE``
 fits the policy the trace's engine recorded (its header's options).
@@ -14,6 +14,8 @@ import numpy as np
 
 from kvledger.engine.config import EngineConfig
 from kvledger.errors import InvalidParameterError
+from kvledger.ledger.local_fits import fit_key, save_fit
+from kvledger.ledger.step_model import DEFAULT_EFFICIENCY, StepTimeModel
 from kvledger.replay.fit import (
     GRID,
     MIXED,
@@ -26,8 +28,6 @@ from kvledger.replay.fit import (
     policy_grid,
     samples_from_trace,
 )
-from kvledger.replay.local_fits import fit_key, save_fit
-from kvledger.replay.step_model import DEFAULT_EFFICIENCY, StepTimeModel
 
 
 def probe_steps(device, model: str, threads: int | None, trace: str | None = None,

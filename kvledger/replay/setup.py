@@ -23,11 +23,11 @@ from kvledger.ledger.hardware import Device, GiB
 from kvledger.ledger.interconnect import link_bytes_per_s
 from kvledger.ledger.kv import kv_bytes_per_block
 from kvledger.ledger.kv_format import KVFormatSpec, kv_format
+from kvledger.ledger.local_fits import local_efficiency
 from kvledger.ledger.params import spec_weight_bytes
 from kvledger.ledger.planner import PlanOptions
-from kvledger.replay.local_fits import local_efficiency
+from kvledger.ledger.step_model import DEFAULT_EFFICIENCY, Efficiency, StepTimeModel
 from kvledger.replay.simulator import ModelClock, RecordedClock, ReplayRun, Simulator
-from kvledger.replay.step_model import DEFAULT_EFFICIENCY, Efficiency, StepTimeModel
 from kvledger.replay.trace import Trace
 from kvledger.spec import ModelSpec
 
@@ -162,7 +162,7 @@ def efficiency_for(device: Device, config: EngineConfig) -> tuple[Efficiency, st
 
     On ``local``: the ``probe --steps`` fit of the setting's retention policy, else the
     full-retention fit with a line saying the retention cost is not calibrated and how to
-    calibrate it (:func:`kvledger.replay.local_fits.local_efficiency`); the assumed defaults
+    calibrate it (:func:`kvledger.ledger.local_fits.local_efficiency`); the assumed defaults
     before any fit. A table device: the assumed defaults, whatever the policy. A request whose
     trace ``sampling`` names its own policy is priced with the setting's fit all the same.
 

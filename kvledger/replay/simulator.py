@@ -47,8 +47,8 @@ from kvledger.engine.sched.output import SchedulerOutput
 from kvledger.engine.sched.scheduler import Scheduler
 from kvledger.errors import ContextLengthError, KVBudgetError
 from kvledger.ledger.retention import RetentionSpec
+from kvledger.ledger.step_model import StepFeatures, StepTimeModel
 from kvledger.replay.retention import NoKVStore, ReplayedPolicy, positions_of, retained_kv
-from kvledger.replay.step_model import StepFeatures, StepTimeModel
 from kvledger.replay.trace import Trace, TraceRequest
 
 TOKEN_RANGE = 1 << 30  # synthetic token ids; the scheduler never looks them up in a vocabulary

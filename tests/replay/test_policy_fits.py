@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 
 from kvledger.cli import app
 from kvledger.errors import ConfigError
+from kvledger.ledger import local_fits
 from kvledger.ledger.hardware import Device, save_local_device
 from kvledger.ledger.retention import RetentionSpec, spec_from_options
-from kvledger.replay import local_fits
+from kvledger.ledger.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
 from kvledger.replay.fit import (
     FIT_WEIGHTS_MBU,
     POLICY_OUTPUT_TOKENS,
@@ -23,7 +24,6 @@ from kvledger.replay.fit import (
     measure_steps,
     policy_grid,
 )
-from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel, kept_context
 
 SINKS = {"kv_policy": "sinks", "kv_window": 8, "kv_sinks": 4}
 SINKS_FLAGS = ("--kv-policy", "sinks", "--kv-window", "8", "--kv-sinks", "4")

@@ -9,9 +9,9 @@ import pytest
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.hardware import get_device
 from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.ledger.step_model import Efficiency, StepFeatures, StepTimeModel
 from kvledger.model.catalogue import load_model_spec
 from kvledger.replay.fit import FIT_WEIGHTS_MBU, fit
-from kvledger.replay.step_model import Efficiency, StepFeatures, StepTimeModel
 
 LLAMA_8B_PARAMS = 8_030_261_248  # model card: 8.03B (count of meta-llama/Llama-3.1-8B)
 LLAMA_8B_KV_BYTES = 131_072  # 32 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes (bf16)

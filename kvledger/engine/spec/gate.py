@@ -8,36 +8,66 @@ Each step's decision is :func:`kvledger.ledger.speculation.choose_drafts` over
   request starts at what its method has been reaching. A proposal the gate turned down still
   counts its first token against the token the step emitted (free to measure), so a sequence
   whose acceptance rises gets drafts again;
-- the step price, fitted on this engine's own steps: least squares of step seconds on step
-  tokens over the last :data:`PRICE_WINDOW` steps (a fixed part, the weights read once, and a
-  part per token). Until steps of two sizes were seen, the price is :data:`PRIOR_PRICE`'s
-  shape scaled to the steps measured (a CPU decode of a small model reads its weights in the
-  time of about 32 tokens' compute).
+- the price of the step as planned with those drafts, from the ledger's step model
+  (:class:`kvledger.ledger.speculation.VerifyStep`), never from the wall clock: the same step
+  and acceptance always get the same drafts, and a busy machine does not move them.
+
+The step model (:func:`step_model`) is the one ``kvledger replay --device local`` prices with:
+the ``local`` device ``kvledger probe`` measured (else :data:`ASSUMED_CPU`) and the
+full-retention factors ``kvledger probe --steps`` fitted (:mod:`kvledger.ledger.local_fits`),
+else :data:`ASSUMED_CPU_EFFICIENCY`, a fit of this project's 2-core Zen 4 (not the replay's
+assumed factors, which are a GPU's: a CPU pays far more for a verify's paged pairs and per
+sequence).
+Only the ratios of step prices matter to the decision, so the device's peaks matter only
+through their balance (FLOP per byte).
 
 ``gate: false`` in the config verifies every proposal (tests, measurements).
 """
 
 from __future__ import annotations
 
-from collections import deque
-
 from kvledger.engine.request import Request
-from kvledger.ledger.speculation import StepPrice, choose_drafts
+from kvledger.engine.sched.output import ScheduledChunk, SchedulerOutput
+from kvledger.ledger.hardware import Device, get_device, local_device_path
+from kvledger.ledger.kv_format import KVFormatSpec
+from kvledger.ledger.local_fits import FULL, load_fits
+from kvledger.ledger.speculation import VerifyStep, choose_drafts
+from kvledger.ledger.step_model import Efficiency, StepTimeModel, kept_context
+from kvledger.spec import ModelSpec
 
 PRIOR_WEIGHT = 2.0
 """Pseudo-verifies at the method's rate that a request's own acceptance is shrunk towards."""
-PRICE_WINDOW = 256
-"""Steps the price is fitted on."""
-PRIOR_PRICE = StepPrice(fixed_s=1.0, per_token_s=1.0 / 32)
-"""The price's shape before steps of two sizes were measured (scaled to the measured steps)."""
+ASSUMED_CPU = Device("cpu (assumed)", memory_gib=16.0, bandwidth_gbs=30.4, tflops=0.216,
+                     source="assumed before `kvledger probe`: this project's 2-core Zen 4 "
+                            "(30.4 GB/s in the 2026-12-03 fit, 0.216 TFLOPS bf16 probed)")
+"""The device the gate prices steps on before ``kvledger probe`` measured the local one."""
+ASSUMED_CPU_EFFICIENCY = Efficiency(
+    mfu=0.339, mbu=0.277, step_overhead_s=0.00597, seq_overhead_s=0.000652,
+    decode_group_s=0.00369, paged_mfu=0.102, weights_mbu=1.0,
+    source="assumed before `kvledger probe --steps`: the 2026-12-03 grid fit of a 2-core Zen 4 "
+           "(docs/bench-log/replay.md, fourth batch)")
+"""The factors the gate prices steps with before ``kvledger probe --steps`` fitted them."""
+
+
+def step_model(spec: ModelSpec, kv: KVFormatSpec, block_size: int) -> StepTimeModel:
+    """The step model of ``spec`` on this machine (see the module docstring)."""
+    device = get_device("local") if local_device_path().is_file() else ASSUMED_CPU
+    efficiency = load_fits(device).get(FULL, ASSUMED_CPU_EFFICIENCY)
+    return StepTimeModel(spec, device, efficiency, kv, block_size=block_size)
 
 
 class Gate:
-    """Acceptance estimates and the fitted step price (see the module docstring)."""
+    """Acceptance estimates and the priced decision (see the module docstring).
 
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled
-        self._steps: deque[tuple[int, float]] = deque(maxlen=PRICE_WINDOW)
+    Args:
+        model: the target's step model (:func:`step_model`).
+        draft: the draft model's (method ``draft_model``), None for the lookups.
+        enabled: False verifies every proposal.
+    """
+
+    def __init__(self, model: StepTimeModel, draft: StepTimeModel | None = None,
+                 enabled: bool = True) -> None:
+        self.model, self.draft, self.enabled = model, draft, enabled
         self.hits: dict[str, int] = {}
         self.misses: dict[str, int] = {}
 
@@ -59,30 +89,24 @@ class Gate:
         self.hits[method] = self.hits.get(method, 0) + accepted
         self.misses[method] = self.misses.get(method, 0) + int(rejected)
 
-    def observe_step(self, tokens: int, seconds: float) -> None:
-        """A step of ``tokens`` tokens took ``seconds``."""
-        self._steps.append((tokens, seconds))
+    def price(self, plan: SchedulerOutput, proposing: list[ScheduledChunk]) -> VerifyStep:
+        """The price of ``plan`` as a function of the drafts of its ``proposing`` decodes."""
+        ids = {id(c) for c in proposing}
+        plain, kept = [], []
+        for c in plan.chunks:
+            if id(c) in ids:
+                continue
+            spec = c.request.retention.spec
+            h = kept_context(spec, c.start, c.request.num_prompt_tokens)
+            (kept if spec.evicts else plain).append((h, c.num_new_tokens))
+        return VerifyStep(self.model, plain, kept, [c.start for c in proposing],
+                          sum(1 for c in plan.chunks if c.samples), self.draft)
 
-    def price(self) -> StepPrice:
-        """The step price fitted on the recent steps (see the module docstring)."""
-        n = len(self._steps)
-        if n == 0:
-            return PRIOR_PRICE
-        mean_t = sum(t for t, _ in self._steps) / n
-        mean_s = sum(s for _, s in self._steps) / n
-        var = sum((t - mean_t) ** 2 for t, _ in self._steps)
-        if var > 0:
-            slope = sum((t - mean_t) * (s - mean_s) for t, s in self._steps) / var
-            fixed = mean_s - slope * mean_t
-            if slope > 0:  # a negative intercept (noise, super-linear steps): no fixed part
-                return StepPrice(max(fixed, 0.0), slope)
-        scale = mean_s / PRIOR_PRICE(round(mean_t))
-        return StepPrice(PRIOR_PRICE.fixed_s * scale, PRIOR_PRICE.per_token_s * scale)
-
-    def choose(self, acceptance: list[float], available: list[int], tokens: int,
-               sampling: int) -> list[int]:
-        """Tokens each proposing sequence verifies this step (all it proposed when the gate
-        is off)."""
+    def choose(self, plan: SchedulerOutput, proposing: list[ScheduledChunk],
+               acceptance: list[float], available: list[int]) -> list[int]:
+        """Tokens each of ``proposing`` verifies this step (all it proposed when the gate is
+        off)."""
         if not self.enabled:
             return list(available)
-        return choose_drafts(acceptance, available, tokens, sampling, self.price())
+        price = self.price(plan, proposing)
+        return choose_drafts(acceptance, available, price.sampled, price)

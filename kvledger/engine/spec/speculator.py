@@ -54,15 +54,15 @@ class Speculator:
         scheduler, sampler: the engine's.
         store: the KV store (its ``quantized`` / ``sealed_blocks`` bound the proposals).
         append: the engine's ``_append(req, token, logprob, now)`` -> its RequestOutput.
+        gate: the gate (``gate.py``), priced by the ledger's step models.
         drafter: the draft model of method ``draft_model`` (None for the lookups).
     """
 
     def __init__(self, config: SpeculativeConfig, scheduler: Scheduler, sampler: Sampler,
-                 store, append: Callable, drafter: DraftModel | None = None) -> None:
+                 store, append: Callable, gate: Gate, drafter: DraftModel | None = None) -> None:
         self.config, self.scheduler, self.sampler, self.store = config, scheduler, sampler, store
-        self.append, self.drafter = append, drafter
+        self.append, self.gate, self.drafter = append, gate, drafter
         self.proposer = Proposer(config)
-        self.gate = Gate(config.gate)
         self.proposed: Counter[str] = Counter()  # method -> tokens verified
         self.accepted: Counter[str] = Counter()  # method -> tokens accepted
         self._method: dict[int, str] = {}  # id(chunk) -> method, for this step only
@@ -84,9 +84,9 @@ class Speculator:
                 found.append((c, tokens, method))
         if not found:
             return
-        ks = self.gate.choose([self.gate.acceptance(c.request, m) for c, _, m in found],
-                              [len(t) for _, t, _ in found], plan.num_batched_tokens,
-                              sum(1 for c in plan.chunks if c.samples))
+        ks = self.gate.choose(plan, [c for c, _, _ in found],
+                              [self.gate.acceptance(c.request, m) for c, _, m in found],
+                              [len(t) for _, t, _ in found])
         for (c, tokens, method), k in zip(found, ks):
             self._method[id(c)] = method
             granted = self.scheduler.extend_chunk(plan, c, k) if k else 0
@@ -114,9 +114,9 @@ class Speculator:
         measured)."""
         if not self.gate.enabled or not rooms:
             return rooms
-        ks = self.gate.choose([self.gate.acceptance(c.request, "draft_model") for c, _ in rooms],
-                              [r for _, r in rooms], plan.num_batched_tokens,
-                              sum(1 for c in plan.chunks if c.samples))
+        ks = self.gate.choose(plan, [c for c, _ in rooms],
+                              [self.gate.acceptance(c.request, "draft_model") for c, _ in rooms],
+                              [r for _, r in rooms])
         self._draft_steps += 1
         probe = self._draft_steps % PROBE_STEPS == 0
         return [(c, k or 1) for (c, _), k in zip(rooms, ks) if k or probe]

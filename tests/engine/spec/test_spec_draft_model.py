@@ -158,16 +158,12 @@ def test_another_vocabulary_is_refused(tiny_engine_factory, tiny_llama_folder):
 
 
 def test_gate_stops_a_draft_that_does_not_pay(tiny_engine_factory, tiny_llama_folder,
-                                              monkeypatch):
+                                              monkeypatch, tmp_path):
     """Gate on, a random draft (acceptance about 0): after its first misses the draft runs
     only in the probe steps, not k forwards in every step (it would without the gate's say
-    before drafting: 4 per step here). Steps are priced at the gate's prior shape, not at the
-    wall clock, so the decisions depend on acceptance alone."""
-    from kvledger.engine.spec.gate import PRIOR_PRICE, Gate
-
-    observe = Gate.observe_step
-    monkeypatch.setattr(Gate, "observe_step",
-                        lambda self, tokens, seconds: observe(self, tokens, PRIOR_PRICE(tokens)))
+    before drafting: 4 per step here). Steps are priced by the step models of the assumed
+    CPU (no probe in the test's config folder), never the wall clock."""
+    monkeypatch.setenv("KVLEDGER_CONFIG_DIR", str(tmp_path))
     prompts = _prompts(4)
     plain = tokens(run(tiny_engine_factory(), prompts, GREEDY))
     config = {"method": "draft_model", "model": str(tiny_llama_folder(seed=5)),

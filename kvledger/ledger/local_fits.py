@@ -1,7 +1,7 @@
 """The ``local`` device's step model: one fit of the efficiency factors per retention policy.
 
 ``kvledger probe --steps [--kv-policy ...]`` fits the factors of
-:mod:`kvledger.replay.step_model` to this machine's engine steps (:mod:`kvledger.replay.fit`)
+:mod:`kvledger.ledger.step_model` to this machine's engine steps (:mod:`kvledger.replay.fit`)
 and saves them here under the key of the policy the engine ran; ``kvledger replay --device
 local`` prices each setting's steps with the fit of that setting's policy
 (:func:`local_efficiency`), or with the full-retention fit and a line saying the retention
@@ -50,8 +50,8 @@ from pathlib import Path
 from kvledger.errors import ConfigError
 from kvledger.ledger.hardware import Device
 from kvledger.ledger.retention import DEFAULT_POSITIONS, DEFAULT_SELECT, RetentionSpec
+from kvledger.ledger.step_model import DEFAULT_EFFICIENCY, Efficiency
 from kvledger.paths import config_dir
-from kvledger.replay.step_model import DEFAULT_EFFICIENCY, Efficiency
 
 FULL = "full"
 REQUIRED_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency)

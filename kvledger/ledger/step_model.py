@@ -12,7 +12,7 @@ already cached) the features are
           inside a long prompt samples nothing)
   decode_groups ``G``: attention calls per layer of the step's decodes (chunks of one token
           after cached ones): the engine attends decodes of near lengths together
-          (``engine.runner.length_groups``: a group spans at most 1.25 x its first context),
+          (:func:`length_groups`: a group spans at most 1.25 x its first context),
           one call each; a decode under an evicting policy is a call of its own
   paged_pairs ``P_p``: the pairs of ``P`` in prefill chunks (more than one new token) that
           start after cached tokens (a prefix-cache hit, a chunked prompt's later chunks):
@@ -62,13 +62,12 @@ bandwidth, ``weights_mbu`` 1, since a dense model reads the same weights every s
 share cannot be told from the fixed cost). The engine's evicting policies reach other factors
 than full retention over the same tokens (their sequences attend a gathered slot view, h2o
 scores every step's attention), so the ``local`` file holds one fit per retention
-configuration (:mod:`kvledger.replay.local_fits`).
+configuration (:mod:`kvledger.ledger.local_fits`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kvledger.errors import InvalidParameterError
 from kvledger.ledger.costs import attention_flops
@@ -80,9 +79,6 @@ from kvledger.ledger.params import count_params, params_read_per_step, spec_weig
 from kvledger.ledger.planner import PlanOptions
 from kvledger.ledger.retention import RetentionSpec
 from kvledger.spec import ModelSpec
-
-if TYPE_CHECKING:
-    from kvledger.engine.sched.output import SchedulerOutput
 
 BF16 = KVFormatSpec("bf16")
 
@@ -109,6 +105,25 @@ def _pairs(h: int, n: int) -> int:
     return n * h + n * (n + 1) // 2
 
 
+MAX_PADDING = 1.25
+"""Longest context over the shortest (+1) that one decode group pads to."""
+
+
+def length_groups(items: list, length, max_padding: float = MAX_PADDING) -> list[list]:
+    """Split ``items`` sorted by ``length(item)`` (tokens already computed: a decode's context
+    before its new token) into the decode groups the runner attends together, one attention
+    call per layer each: a group takes the next item while its length is at most
+    ``max_padding`` x (the group's first length + 1), so no group pads past that ratio.
+    The engine's runner groups its decodes with it; :class:`StepFeatures` counts them."""
+    groups: list[list] = []
+    for item in items:
+        if groups and length(item) <= max_padding * (length(groups[-1][0]) + 1):
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
 @dataclass(frozen=True)
 class StepFeatures:
     """What one step computes and reads (see the module docstring)."""
@@ -129,26 +144,25 @@ class StepFeatures:
         sample a token (None: all of them); ``evicting``: the chunks' requests run an evicting
         policy (each decode its own attention call, no paged pairs)."""
         plain, kept = ([], chunks) if evicting else (chunks, [])
-        return cls._of(plain, kept, len(chunks) if sampled is None else sampled)
+        return cls.of_parts(plain, kept, len(chunks) if sampled is None else sampled)
 
     @classmethod
-    def of_plan(cls, plan: SchedulerOutput) -> StepFeatures:
-        """Features of a scheduler step, each chunk's context under its request's retention
-        policy (:func:`kept_context`)."""
+    def of_plan(cls, plan) -> StepFeatures:
+        """Features of a scheduler step (the engine's ``SchedulerOutput``, read through its
+        chunks only: the ledger imports nothing of the engine), each chunk's context under
+        its request's retention policy (:func:`kept_context`)."""
         plain, kept = [], []
         for c in plan.chunks:
             spec = c.request.retention.spec
             h = kept_context(spec, c.start, c.request.num_prompt_tokens)
             (kept if spec.evicts else plain).append((h, c.num_new_tokens))
-        return cls._of(plain, kept, sum(1 for c in plan.chunks if c.samples))
+        return cls.of_parts(plain, kept, sum(1 for c in plan.chunks if c.samples))
 
     @classmethod
-    def _of(cls, plain: list[tuple[int, int]], kept: list[tuple[int, int]],
+    def of_parts(cls, plain: list[tuple[int, int]], kept: list[tuple[int, int]],
             sampled: int) -> StepFeatures:
         """Features of chunks ``(context, new tokens)`` of requests under full retention
         (``plain``) and under evicting policies (``kept``)."""
-        from kvledger.engine.runner import length_groups  # here: pricing steps needs no torch
-
         chunks = [*plain, *kept]
         decodes = sorted(h for h, n in plain if n == 1 and h > 0)
         return cls(tokens=sum(n for _, n in chunks),
