@@ -33,27 +33,32 @@ from pathlib import Path
 import httpx
 import msgspec
 import zmq
+from common import real_text_ids
 from fleet_peers import free_port, router_commands, start_replica, start_router, wait_ready
+from fleet_prices import measure
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.model.weights.loader import load_tokenizer
 
 
-def workload(args) -> list[list[int]] | list[str]:
-    """One prompt per user, tenants interleaved at random (seeded): token ids, or their text
-    (``--prompts text``: what routers that read text, sglang-router's among them, take)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import real_text_ids
-
+def workload(args) -> tuple[list, list]:
+    """(one prompt per user, tenants interleaved at random (seeded); one warm-up prompt per
+    tenant, its own question): token ids, or their text (``--prompts text``: what routers that
+    read text, sglang-router's among them, take)."""
     tok = load_tokenizer("default")
     systems = [real_text_ids(tok, args.prefix_tokens, k * args.prefix_tokens)
                for k in range(args.prefixes)]
     base = args.prefixes * args.prefix_tokens
-    prompts = [systems[u % args.prefixes]
-               + real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
-               for u in range(args.users)]
+
+    def question(u: int) -> list[int]:
+        return real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
+
+    prompts = [systems[u % args.prefixes] + question(u) for u in range(args.users)]
     random.Random(0).shuffle(prompts)
-    return prompts if args.prompts == "ids" else [tok.decode(p) for p in prompts]
+    warmup = [s + question(args.users + k) for k, s in enumerate(systems)]
+    if args.prompts == "ids":
+        return prompts, warmup
+    return [tok.decode(p) for p in prompts], [tok.decode(p) for p in warmup]
 
 
 def counters(url: str) -> dict[str, float]:
@@ -133,25 +138,32 @@ def pct(values: list[float], q: float) -> float:
         else values[0]
 
 
-def plan(args, rps: float | None = None) -> dict[str, dict]:
+def plan(args, prices: dict | None, rps: float | None = None) -> dict[str, dict]:
     cmd = [sys.executable, "-m", "kvledger", "plan", "default", "--device", "local",
            "--replicas", str(args.replicas), "--prefixes", str(args.prefixes),
            "--prefix-tokens", str(args.prefix_tokens), "--unique-tokens",
            str(args.question_tokens), "--output-tokens", str(args.max_tokens),
-           "--fleet-requests", str(args.users), "--replica-blocks", str(args.num_blocks),
+           "--fleet-requests", str(args.users + (args.prefixes if args.warmup else 0)),
+           "--replica-blocks", str(args.num_blocks),
            "--max-num-seqs", str(args.max_num_seqs), "--json"]
     if rps:
         cmd += ["--target-rps", f"{rps:.4f}"]
+    if prices:
+        cmd += ["--step-prices", json.dumps(prices)]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     return {row["routing"]: row for row in out["rows"]} | {"prices": out["prices_source"]}
 
 
-def run_router(name, cmd, port, replicas, model, prompts, args, logdir, watch) -> dict:
+def run_router(name, cmd, port, replicas, model, prompts, warmup, args, logdir, watch,
+               prices) -> dict:
     for r in replicas:
         httpx.post(r.url + "/reset_prefix_cache").raise_for_status()
     router = start_router(name, cmd, port, logdir)
     try:
         time.sleep(2)  # kv_aware: the subscriber connects and replays
+        if args.warmup:  # each tenant's prefix placed by the router, all at once, not counted
+            asyncio.run(drive(router.url, model, warmup, args.max_tokens, len(warmup)))
+            time.sleep(1)  # the events of the warm-up reach the router
         watch.take()
         before = [counters(r.url) for r in replicas]
         ttfts, seconds = asyncio.run(drive(router.url, model, prompts, args.max_tokens,
@@ -166,7 +178,7 @@ def run_router(name, cmd, port, replicas, model, prompts, args, logdir, watch) -
     hits = sum(p["prefix_cache_hits_total"] for p in per)
     rps = len(prompts) / seconds
     routing = "round_robin" if "round_robin" in name else "prefix_aware"
-    predicted = plan(args, rps)
+    predicted = plan(args, prices, rps)
     return {"router": name, "requests": len(prompts), "seconds": seconds, "rps": rps,
             "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
             "hit_rate": hits / queried if queried else 0.0,
@@ -192,26 +204,32 @@ def lag_at(replica, model: str, prompts: list, n: int, watch: LagWatch) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--prefixes", type=int, default=4)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--prefixes", type=int, default=6)
     ap.add_argument("--prefix-tokens", type=int, default=500)
-    ap.add_argument("--users", type=int, default=40)
+    ap.add_argument("--users", type=int, default=60)
     ap.add_argument("--question-tokens", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--num-blocks", type=int, default=90)
+    ap.add_argument("--concurrency", type=int, default=12)
+    ap.add_argument("--num-blocks", type=int, default=86)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--prompts", default="text", choices=("text", "ids"),
                     help="send prompts as text or as token ids")
     ap.add_argument("--encoding", default="map", choices=("array", "map"),
                     help="the replicas' KV event layout (--kv-events-config encoding)")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="before each router's run, one request per tenant through it, all at "
+                         "once, not counted (the run then starts from the placement it chose)")
+    ap.add_argument("--step-prices", default="measured", choices=("measured", "model"),
+                    help="the plan's step prices: measured on the replicas in this run "
+                         "(fleet_prices.py), or the replay's step model (probe --steps fit)")
     ap.add_argument("--routers", default="", help="comma-separated names to run (default all)")
     ap.add_argument("--logdir", default="/tmp/bench_fleet")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logdir = Path(args.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    prompts = workload(args)
+    prompts, warmup = workload(args)
     replicas = [start_replica(i, logdir, args.num_blocks, args.max_num_seqs, args.encoding)
                 for i in range(args.replicas)]
     results, watch = [], None
@@ -219,6 +237,14 @@ def main() -> None:
         for r in replicas:
             wait_ready(r, "/health")
         model = httpx.get(replicas[0].url + "/v1/models").json()["data"][0]["id"]
+        prices = None
+        if args.step_prices == "measured":
+            print("== step prices (every replica at once)", flush=True)
+            tok = load_tokenizer("default")
+            prices = measure([r.url for r in replicas], model,
+                             lambda n, offset: real_text_ids(tok, n, offset),
+                             args.prefix_tokens + args.question_tokens, args.max_num_seqs)
+            print(json.dumps(prices), flush=True)
         watch = LagWatch([r.extra["events"] for r in replicas])
         port = free_port()
         wanted = [w.strip() for w in args.routers.split(",") if w.strip()]
@@ -226,8 +252,8 @@ def main() -> None:
             if wanted and name not in wanted:
                 continue
             print(f"== {name}", flush=True)
-            results.append(run_router(name, cmd, port, replicas, model, prompts, args, logdir,
-                                      watch))
+            results.append(run_router(name, cmd, port, replicas, model, prompts, warmup, args,
+                                      logdir, watch, prices and prices["prices"]))
             print(json.dumps(results[-1]), flush=True)
         lag = lag_at(replicas[0], model, prompts, 16, watch)
     finally:
@@ -235,7 +261,8 @@ def main() -> None:
             watch.close()
         for r in replicas:
             r.stop()
-    report = {"args": vars(args), "results": results, "event_lag_16": lag}
+    report = {"args": vars(args), "step_prices": prices, "results": results,
+              "event_lag_16": lag}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'router':28} {'req/s':>7} {'plan':>7} {'TTFT p50':>9} {'p90':>7} {'plan p90':>9} "

@@ -120,6 +120,9 @@ def plan(
     replica_blocks: Annotated[int | None, Opt(
         help="Fleet plan: KV blocks of a replica's pool (default: what the device holds)")] = None,
     max_num_seqs: Annotated[int, Opt(help=field_help()["max_num_seqs"])] = 64,
+    step_prices: Annotated[str | None, Opt(
+        help='Fleet plan: a replica\'s measured step prices, JSON {"prefill_token_s", '
+             '"step_s", "decode_seq_s"} in seconds (default: the replay\'s step model)')] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -178,7 +181,7 @@ def plan(
         mix = SharedPrefixMix(prefixes, prefix_tokens, unique_tokens, output_tokens,
                               fleet_requests)
         plan_fleet(result, spec, mix, replicas or 1, replica_blocks, max_num_seqs, target_rps,
-                   ttft_p90, json_out)
+                   ttft_p90, json_out, step_prices)
         return
     if plot is not None:
         from kvledger.ledger.plan_plot import write_plot
