@@ -42,9 +42,9 @@ from kvledger.model.weights.loader import load_tokenizer
 
 
 def workload(args) -> tuple[list, list]:
-    """(one prompt per user, tenants interleaved at random (seeded); one warm-up prompt per
-    tenant, its own question): token ids, or their text (``--prompts text``: what routers that
-    read text, sglang-router's among them, take)."""
+    """(one (tenant, prompt) per user, tenants interleaved at random (seeded); one warm-up
+    (tenant, prompt) per tenant, its own question): token ids, or their text (``--prompts
+    text``: what routers that read text, sglang-router's among them, take)."""
     tok = load_tokenizer("default")
     systems = [real_text_ids(tok, args.prefix_tokens, k * args.prefix_tokens)
                for k in range(args.prefixes)]
@@ -53,12 +53,13 @@ def workload(args) -> tuple[list, list]:
     def question(u: int) -> list[int]:
         return real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
 
-    prompts = [systems[u % args.prefixes] + question(u) for u in range(args.users)]
+    prompts = [(u % args.prefixes, systems[u % args.prefixes] + question(u))
+               for u in range(args.users)]
     random.Random(0).shuffle(prompts)
-    warmup = [s + question(args.users + k) for k, s in enumerate(systems)]
+    warmup = [(k, s + question(args.users + k)) for k, s in enumerate(systems)]
     if args.prompts == "ids":
         return prompts, warmup
-    return [tok.decode(p) for p in prompts], [tok.decode(p) for p in warmup]
+    return ([(t, tok.decode(p)) for t, p in prompts], [(t, tok.decode(p)) for t, p in warmup])
 
 
 def counters(url: str) -> dict[str, float]:
@@ -105,13 +106,16 @@ class LagWatch:
         self._sock.close(linger=0)
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int] | str,
-               max_tokens: int) -> float:
+async def _one(client: httpx.AsyncClient, url: str, model: str, tenant: int,
+               prompt: list[int] | str, max_tokens: int) -> float:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "temperature": 0.0, "ignore_eos": True}
     start = time.perf_counter()
     ttft = None
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+    # the tenant as the session: vllm-router's kv_aware binds it with --kv-aware-session-
+    # affinity-ttl-secs; every other router and the replicas ignore the header
+    headers = {"x-session-id": f"tenant-{tenant}"}
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if ttft is None and line.startswith("data:") and '"text"' in line:
@@ -121,13 +125,14 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
 
 async def drive(url: str, model: str, prompts: list, max_tokens: int,
                 concurrency: int) -> tuple[list[float], float]:
-    """(TTFT of each request, seconds for all) with ``concurrency`` requests in flight."""
+    """(TTFT of each request, seconds for all) with ``concurrency`` of ``prompts`` ((tenant,
+    prompt) each) in flight."""
     queue = list(prompts)
     ttfts = []
     async with httpx.AsyncClient(timeout=600) as client:
         async def worker():
             while queue:
-                ttfts.append(await _one(client, url, model, queue.pop(0), max_tokens))
+                ttfts.append(await _one(client, url, model, *queue.pop(0), max_tokens))
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return ttfts, time.perf_counter() - start
@@ -195,7 +200,7 @@ def lag_at(replica, model: str, prompts: list, n: int, watch: LagWatch) -> dict:
     """The event lag with ``n`` requests at once on one replica (short prompts)."""
     httpx.post(replica.url + "/reset_prefix_cache").raise_for_status()
     watch.take()
-    asyncio.run(drive(replica.url, model, [p[-64:] for p in prompts[:n]], 48, n))
+    asyncio.run(drive(replica.url, model, [(t, p[-64:]) for t, p in prompts[:n]], 48, n))
     time.sleep(0.5)
     lags = watch.take()
     return {"concurrent": n, "batches": len(lags), "lag_p50_ms": 1e3 * pct(lags, 50),

@@ -7,11 +7,13 @@ prompts no other request shares (no prefix hit):
 
 - per prefilled token: the latency of a one-token answer to a prompt of the mix's length less
   that to a 16-token prompt, over the difference in tokens (median of ``rounds``);
-- a decode step of one sequence ``d1``, and of ``max_num_seqs`` sequences ``db``: the time from
-  a stream's first token to its last over the steps between, with one stream, then with
-  ``max_num_seqs`` streams at once;
+- a decode step of one sequence ``d1``, and of ``max_num_seqs`` sequences ``db``, at the mix's
+  context: the time from a stream's first token to its last over the steps between, with one
+  stream of a prompt of the mix's length, then with ``max_num_seqs`` streams at once;
 - ``decode_seq_s = (db - d1) / (max_num_seqs - 1)`` and ``step_s = d1 - decode_seq_s``, the
-  plan's two decode prices (``ledger/fleet.py``).
+  plan's two decode prices (``ledger/fleet.py``);
+- per request, what the steps leave out (HTTP, tokenizing, scheduling, the prefill step's
+  fixed part): the 16-token answer's latency less its 16 prefilled tokens and one step.
 
 The replicas' figures are averaged.
 """
@@ -58,16 +60,18 @@ async def _replica(url: str, model: str, texts: list[list[int]], prompt_tokens: 
             long_.append(end - s)
 
         async def decode_step(n: int) -> float:
-            runs = await asyncio.gather(*(_request(client, url, model, next(take)[:SHORT],
+            runs = await asyncio.gather(*(_request(client, url, model, next(take)[:prompt_tokens],
                                                    STREAM_TOKENS) for _ in range(n)))
             return statistics.mean((last - first) / (STREAM_TOKENS - 1)
                                    for _, first, last in runs)
 
         d1, db = await decode_step(1), await decode_step(seqs)
     per_seq = max(0.0, (db - d1) / (seqs - 1)) if seqs > 1 else 0.0
-    return {"prefill_token_s": max(0.0, (statistics.median(long_) - statistics.median(short))
-                                   / (prompt_tokens - SHORT)),
-            "step_s": max(d1 - per_seq, 1e-6), "decode_seq_s": per_seq}
+    per_token = max(0.0, (statistics.median(long_) - statistics.median(short))
+                    / (prompt_tokens - SHORT))
+    return {"prefill_token_s": per_token, "step_s": max(d1 - per_seq, 1e-6),
+            "decode_seq_s": per_seq,
+            "request_s": max(0.0, statistics.median(short) - SHORT * per_token - d1)}
 
 
 def measure(urls: list[str], model: str, cut: Callable[[int, int], list[int]],

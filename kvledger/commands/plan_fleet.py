@@ -50,7 +50,8 @@ def step_prices(spec: ModelSpec, device: Device, kv: KVFormatSpec, mix: SharedPr
 
 
 def given_prices(text: str) -> StepPrices:
-    """``--step-prices``: a JSON object of the three prices (seconds, each >= 0).
+    """``--step-prices``: a JSON object of the prices (seconds, each >= 0; ``request_s`` may be
+    left out).
 
     Raises:
         InvalidParameterError: not JSON, not an object, a key missing or unknown, a value
@@ -61,9 +62,9 @@ def given_prices(text: str) -> StepPrices:
     except json.JSONDecodeError as exc:
         raise InvalidParameterError(f"--step-prices is not JSON: {exc}") from None
     names = {f.name for f in fields(StepPrices)}
-    if not isinstance(given, dict) or set(given) != names:
-        raise InvalidParameterError(f"--step-prices must be an object with exactly the keys "
-                                    f"{', '.join(sorted(names))}")
+    if not isinstance(given, dict) or not names - {"request_s"} <= set(given) <= names:
+        raise InvalidParameterError(f"--step-prices must be an object with the keys "
+                                    f"{', '.join(sorted(names))} (request_s may be left out)")
     for name, value in given.items():
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not math.isfinite(value) or value < 0:
@@ -111,7 +112,7 @@ def render(fleet: FleetPlan, base: Plan, source: str) -> None:
     p = fleet.prices
     console.print(f"step prices: {p.prefill_token_s * 1e3:.3f} ms per prefilled token, "
                   f"{p.step_s * 1e3:.2f} ms per decode step + {p.decode_seq_s * 1e3:.3f} ms per "
-                  f"sequence ({source})")
+                  f"sequence, {p.request_s * 1e3:.1f} ms per request ({source})")
     table = Table(title="Routing")
     for col in ("routing", "prefixes / replica", "hit rate", "service / request",
                 "replica req/s", "fleet req/s", "TTFT p50", "TTFT p90", "replicas needed"):
