@@ -3,16 +3,21 @@ shared-prefix mix: TTFT p50 / p90, throughput, the fleet's prefix hit rate and t
 per router, with ``kvledger plan --replicas``'s prediction beside each.
 
 Each replica is ``kvledger serve default`` on one thread with a small pool (``--num-blocks``:
-room for about half the prefixes, so where a prefix goes matters) and KV events on
-(``fleet_peers.py``). Each router in turn fronts them: vllm-router round_robin, cache_aware and
-kv_aware (fed by the replicas' KV events), sglang-router cache_aware. Before each router the
-replicas' prefix caches are reset. Requests are completions over token ids: a user's prompt is
-its tenant's system prompt then its own question (real text, pydoc topics), ``--concurrency``
-at once. Hit rates are the replicas' own counters (``kvledger:prefix_cache_*``) over the run;
-the lag is (batch received - first report in it) at a subscriber on every replica's PUB socket.
-The plan is ``kvledger plan --device local --replicas N`` on the same mix and pool, round robin
-for round robin and prefix-aware for the others, priced with this machine's ``probe --steps``
-fit when there is one. Writes a JSON report and prints a table.
+room for the prefixes of its own share and its running requests, so where a prefix goes
+matters) and KV events on (``fleet_peers.py``). Each router in turn fronts them: vllm-router
+round_robin, cache_aware, kv_aware (fed by the replicas' KV events) and kv_aware with the
+tenant bound to a replica (``--kv-aware-session-affinity-ttl-secs``; every request carries
+its tenant as ``x-session-id``), sglang-router cache_aware. Before each router the replicas'
+prefix caches are reset and one request per tenant goes through it, all at once, not counted
+(``--warmup``: the run starts from the placement the router chose, not from a burst that no
+router has seen an event of). A user's prompt is its tenant's system prompt then its own
+question (real text, pydoc topics), ``--concurrency`` at once. Hit rates are the replicas' own
+counters (``kvledger:prefix_cache_*``) over the run; the lag is (batch received - first report
+in it) at a subscriber on every replica's PUB socket. The plan is ``kvledger plan --device
+local --replicas N`` on the same mix and pool, round robin for round robin and prefix-aware
+for the others, priced with the step prices measured on the replicas at the start of the run
+(``fleet_prices.py``; ``--step-prices model``: the replay's step model, this machine's
+``probe --steps`` fit). Writes a JSON report and prints a table.
 
     python benchmarks/bench_fleet.py --out /tmp/fleet.json
 """
