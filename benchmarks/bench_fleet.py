@@ -148,12 +148,12 @@ def pct(values: list[float], q: float) -> float:
         else values[0]
 
 
-def plan(args, prices: dict | None, rps: float | None = None) -> dict[str, dict]:
+def plan(args, prices: dict | None, requests: int, rps: float | None = None) -> dict[str, dict]:
     cmd = [sys.executable, "-m", "kvledger", "plan", "default", "--device", "local",
            "--replicas", str(args.replicas), "--prefixes", str(args.prefixes),
            "--prefix-tokens", str(args.prefix_tokens), "--unique-tokens",
            str(args.question_tokens), "--output-tokens", str(args.max_tokens),
-           "--fleet-requests", str(args.users + (args.prefixes if args.warmup else 0)),
+           "--fleet-requests", str(requests),
            "--replica-blocks", str(args.num_blocks),
            "--max-num-seqs", str(args.max_num_seqs), "--json"]
     if rps:
@@ -188,7 +188,11 @@ def run_router(name, cmd, port, replicas, model, prompts, warmup, args, logdir, 
     hits = sum(p["prefix_cache_hits_total"] for p in per)
     rps = len(prompts) / seconds
     routing = "round_robin" if "round_robin" in name else "prefix_aware"
-    predicted = plan(args, prices, rps)
+    # the plan's run starts cold: round robin's first misses on each replica (the warm-up's
+    # among them); prefix-aware routing took its first misses in the warm-up (steady state)
+    cold = 0 if routing == "prefix_aware" and args.warmup else \
+        args.users + (args.prefixes if args.warmup else 0)
+    predicted = plan(args, prices, cold, rps)
     return {"router": name, "requests": len(prompts), "seconds": seconds, "rps": rps,
             "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
             "hit_rate": hits / queried if queried else 0.0,
@@ -253,7 +257,8 @@ def main() -> None:
             tok = load_tokenizer("default")
             prices = measure([r.url for r in replicas], model,
                              lambda n, offset: real_text_ids(tok, n, offset),
-                             args.prefix_tokens + args.question_tokens, args.max_num_seqs)
+                             args.prefix_tokens, args.prefix_tokens + args.question_tokens,
+                             args.max_num_seqs)
             print(json.dumps(prices), flush=True)
         watch = LagWatch([r.extra["events"] for r in replicas])
         port = free_port()

@@ -9,7 +9,9 @@ prompts no other request shares (no prefix hit):
   that to a 16-token prompt, over the difference in tokens (median of ``rounds``);
 - a decode step of one sequence ``d1``, and of ``max_num_seqs`` sequences ``db``, at the mix's
   context: the time from a stream's first token to its last over the steps between, with one
-  stream of a prompt of the mix's length, then with ``max_num_seqs`` streams at once;
+  stream, then with ``max_num_seqs`` streams at once, each a prefix of the mix's (sent once
+  before, so that it is cached) and its own question: as in the run, they share the prefix's
+  blocks, so ``max_num_seqs`` of them fit the pool;
 - ``decode_seq_s = (db - d1) / (max_num_seqs - 1)`` and ``step_s = d1 - decode_seq_s``, the
   plan's two decode prices (``ledger/fleet.py``);
 - per request, what the steps leave out (HTTP, tokenizing, scheduling, the prefill step's
@@ -48,8 +50,8 @@ async def _request(client: httpx.AsyncClient, url: str, model: str, prompt: list
     return start, first, last
 
 
-async def _replica(url: str, model: str, texts: list[list[int]], prompt_tokens: int,
-                   seqs: int, rounds: int) -> dict[str, float]:
+async def _replica(url: str, model: str, texts: list[list[int]], prefix_tokens: int,
+                   prompt_tokens: int, seqs: int, rounds: int) -> dict[str, float]:
     take = iter(texts)
     async with httpx.AsyncClient(timeout=600) as client:
         short, long_ = [], []
@@ -59,9 +61,14 @@ async def _replica(url: str, model: str, texts: list[list[int]], prompt_tokens: 
             s, _, end = await _request(client, url, model, next(take)[:prompt_tokens], 1)
             long_.append(end - s)
 
+        prefix = next(take)[:prefix_tokens]
+        await _request(client, url, model, prefix, 1)
+
         async def decode_step(n: int) -> float:
-            runs = await asyncio.gather(*(_request(client, url, model, next(take)[:prompt_tokens],
-                                                   STREAM_TOKENS) for _ in range(n)))
+            own = prompt_tokens - prefix_tokens
+            runs = await asyncio.gather(*(_request(client, url, model,
+                                                   prefix + next(take)[:own], STREAM_TOKENS)
+                                          for _ in range(n)))
             return statistics.mean((last - first) / (STREAM_TOKENS - 1)
                                    for _, first, last in runs)
 
@@ -75,10 +82,10 @@ async def _replica(url: str, model: str, texts: list[list[int]], prompt_tokens: 
 
 
 def measure(urls: list[str], model: str, cut: Callable[[int, int], list[int]],
-            prompt_tokens: int, seqs: int, rounds: int = 3) -> dict:
+            prefix_tokens: int, prompt_tokens: int, seqs: int, rounds: int = 3) -> dict:
     """The replicas' step prices (module docstring): ``{"prices": {...}, "per_replica": [...]}``;
     ``cut(n, offset)`` gives ``n`` token ids of text from ``offset`` on."""
-    need = 2 * rounds + 1 + seqs
+    need = 2 * rounds + 2 + seqs
     per = prompt_tokens + 1
 
     def texts(i: int) -> list[list[int]]:
@@ -86,8 +93,8 @@ def measure(urls: list[str], model: str, cut: Callable[[int, int], list[int]],
         return [cut(per, base + k * per) for k in range(need)]
 
     async def all_() -> list[dict]:
-        return await asyncio.gather(*(_replica(u, model, texts(i), prompt_tokens, seqs, rounds)
-                                      for i, u in enumerate(urls)))
+        return await asyncio.gather(*(_replica(u, model, texts(i), prefix_tokens, prompt_tokens,
+                                               seqs, rounds) for i, u in enumerate(urls)))
 
     found = asyncio.run(all_())
     prices = {k: statistics.mean(f[k] for f in found) for k in found[0]}
