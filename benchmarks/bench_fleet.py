@@ -3,16 +3,21 @@ shared-prefix mix: TTFT p50 / p90, throughput, the fleet's prefix hit rate and t
 per router, with ``kvledger plan --replicas``'s prediction beside each.
 
 Each replica is ``kvledger serve default`` on one thread with a small pool (``--num-blocks``:
-room for about half the prefixes, so where a prefix goes matters) and KV events on
-(``fleet_peers.py``). Each router in turn fronts them: vllm-router round_robin, cache_aware and
-kv_aware (fed by the replicas' KV events), sglang-router cache_aware. Before each router the
-replicas' prefix caches are reset. Requests are completions over token ids: a user's prompt is
-its tenant's system prompt then its own question (real text, pydoc topics), ``--concurrency``
-at once. Hit rates are the replicas' own counters (``kvledger:prefix_cache_*``) over the run;
-the lag is (batch received - first report in it) at a subscriber on every replica's PUB socket.
-The plan is ``kvledger plan --device local --replicas N`` on the same mix and pool, round robin
-for round robin and prefix-aware for the others, priced with this machine's ``probe --steps``
-fit when there is one. Writes a JSON report and prints a table.
+room for the prefixes of its own share and its running requests, so where a prefix goes
+matters) and KV events on (``fleet_peers.py``). Each router in turn fronts them: vllm-router
+round_robin, cache_aware, kv_aware (fed by the replicas' KV events) and kv_aware with the
+tenant bound to a replica (``--kv-aware-session-affinity-ttl-secs``; every request carries
+its tenant as ``x-session-id``), sglang-router cache_aware. Before each router the replicas'
+prefix caches are reset and one request per tenant goes through it, all at once, not counted
+(``--warmup``: the run starts from the placement the router chose, not from a burst that no
+router has seen an event of). A user's prompt is its tenant's system prompt then its own
+question (real text, pydoc topics), ``--concurrency`` at once. Hit rates are the replicas' own
+counters (``kvledger:prefix_cache_*``) over the run; the lag is (batch received - first report
+in it) at a subscriber on every replica's PUB socket. The plan is ``kvledger plan --device
+local --replicas N`` on the same mix and pool, round robin for round robin and prefix-aware
+for the others, priced with the step prices measured on the replicas at the start of the run
+(``fleet_prices.py``; ``--step-prices model``: the replay's step model, this machine's
+``probe --steps`` fit). Writes a JSON report and prints a table.
 
     python benchmarks/bench_fleet.py --out /tmp/fleet.json
 """
@@ -33,27 +38,33 @@ from pathlib import Path
 import httpx
 import msgspec
 import zmq
+from common import real_text_ids
 from fleet_peers import free_port, router_commands, start_replica, start_router, wait_ready
+from fleet_prices import measure
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.model.weights.loader import load_tokenizer
 
 
-def workload(args) -> list[list[int]] | list[str]:
-    """One prompt per user, tenants interleaved at random (seeded): token ids, or their text
-    (``--prompts text``: what routers that read text, sglang-router's among them, take)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from common import real_text_ids
-
+def workload(args) -> tuple[list, list]:
+    """(one (tenant, prompt) per user, tenants interleaved at random (seeded); one warm-up
+    (tenant, prompt) per tenant, its own question): token ids, or their text (``--prompts
+    text``: what routers that read text, sglang-router's among them, take)."""
     tok = load_tokenizer("default")
     systems = [real_text_ids(tok, args.prefix_tokens, k * args.prefix_tokens)
                for k in range(args.prefixes)]
     base = args.prefixes * args.prefix_tokens
-    prompts = [systems[u % args.prefixes]
-               + real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
+
+    def question(u: int) -> list[int]:
+        return real_text_ids(tok, args.question_tokens, base + u * args.question_tokens)
+
+    prompts = [(u % args.prefixes, systems[u % args.prefixes] + question(u))
                for u in range(args.users)]
     random.Random(0).shuffle(prompts)
-    return prompts if args.prompts == "ids" else [tok.decode(p) for p in prompts]
+    warmup = [(k, s + question(args.users + k)) for k, s in enumerate(systems)]
+    if args.prompts == "ids":
+        return prompts, warmup
+    return ([(t, tok.decode(p)) for t, p in prompts], [(t, tok.decode(p)) for t, p in warmup])
 
 
 def counters(url: str) -> dict[str, float]:
@@ -100,13 +111,16 @@ class LagWatch:
         self._sock.close(linger=0)
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int] | str,
-               max_tokens: int) -> float:
+async def _one(client: httpx.AsyncClient, url: str, model: str, tenant: int,
+               prompt: list[int] | str, max_tokens: int) -> float:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "temperature": 0.0, "ignore_eos": True}
     start = time.perf_counter()
     ttft = None
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+    # the tenant as the session: vllm-router's kv_aware binds it with --kv-aware-session-
+    # affinity-ttl-secs; every other router and the replicas ignore the header
+    headers = {"x-session-id": f"tenant-{tenant}"}
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if ttft is None and line.startswith("data:") and '"text"' in line:
@@ -116,13 +130,14 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int
 
 async def drive(url: str, model: str, prompts: list, max_tokens: int,
                 concurrency: int) -> tuple[list[float], float]:
-    """(TTFT of each request, seconds for all) with ``concurrency`` requests in flight."""
+    """(TTFT of each request, seconds for all) with ``concurrency`` of ``prompts`` ((tenant,
+    prompt) each) in flight."""
     queue = list(prompts)
     ttfts = []
     async with httpx.AsyncClient(timeout=600) as client:
         async def worker():
             while queue:
-                ttfts.append(await _one(client, url, model, queue.pop(0), max_tokens))
+                ttfts.append(await _one(client, url, model, *queue.pop(0), max_tokens))
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return ttfts, time.perf_counter() - start
@@ -133,25 +148,32 @@ def pct(values: list[float], q: float) -> float:
         else values[0]
 
 
-def plan(args, rps: float | None = None) -> dict[str, dict]:
+def plan(args, prices: dict | None, requests: int, rps: float | None = None) -> dict[str, dict]:
     cmd = [sys.executable, "-m", "kvledger", "plan", "default", "--device", "local",
            "--replicas", str(args.replicas), "--prefixes", str(args.prefixes),
            "--prefix-tokens", str(args.prefix_tokens), "--unique-tokens",
            str(args.question_tokens), "--output-tokens", str(args.max_tokens),
-           "--fleet-requests", str(args.users), "--replica-blocks", str(args.num_blocks),
+           "--fleet-requests", str(requests),
+           "--replica-blocks", str(args.num_blocks),
            "--max-num-seqs", str(args.max_num_seqs), "--json"]
     if rps:
         cmd += ["--target-rps", f"{rps:.4f}"]
+    if prices:
+        cmd += ["--step-prices", json.dumps(prices)]
     out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
     return {row["routing"]: row for row in out["rows"]} | {"prices": out["prices_source"]}
 
 
-def run_router(name, cmd, port, replicas, model, prompts, args, logdir, watch) -> dict:
+def run_router(name, cmd, port, replicas, model, prompts, warmup, args, logdir, watch,
+               prices) -> dict:
     for r in replicas:
         httpx.post(r.url + "/reset_prefix_cache").raise_for_status()
     router = start_router(name, cmd, port, logdir)
     try:
         time.sleep(2)  # kv_aware: the subscriber connects and replays
+        if args.warmup:  # each tenant's prefix placed by the router, all at once, not counted
+            asyncio.run(drive(router.url, model, warmup, args.max_tokens, len(warmup)))
+            time.sleep(1)  # the events of the warm-up reach the router
         watch.take()
         before = [counters(r.url) for r in replicas]
         ttfts, seconds = asyncio.run(drive(router.url, model, prompts, args.max_tokens,
@@ -166,7 +188,11 @@ def run_router(name, cmd, port, replicas, model, prompts, args, logdir, watch) -
     hits = sum(p["prefix_cache_hits_total"] for p in per)
     rps = len(prompts) / seconds
     routing = "round_robin" if "round_robin" in name else "prefix_aware"
-    predicted = plan(args, rps)
+    # the plan's run starts cold: round robin's first misses on each replica (the warm-up's
+    # among them); prefix-aware routing took its first misses in the warm-up (steady state)
+    cold = 0 if routing == "prefix_aware" and args.warmup else \
+        args.users + (args.prefixes if args.warmup else 0)
+    predicted = plan(args, prices, cold, rps)
     return {"router": name, "requests": len(prompts), "seconds": seconds, "rps": rps,
             "ttft_p50_s": pct(ttfts, 50), "ttft_p90_s": pct(ttfts, 90),
             "hit_rate": hits / queried if queried else 0.0,
@@ -183,7 +209,7 @@ def lag_at(replica, model: str, prompts: list, n: int, watch: LagWatch) -> dict:
     """The event lag with ``n`` requests at once on one replica (short prompts)."""
     httpx.post(replica.url + "/reset_prefix_cache").raise_for_status()
     watch.take()
-    asyncio.run(drive(replica.url, model, [p[-64:] for p in prompts[:n]], 48, n))
+    asyncio.run(drive(replica.url, model, [(t, p[-64:]) for t, p in prompts[:n]], 48, n))
     time.sleep(0.5)
     lags = watch.take()
     return {"concurrent": n, "batches": len(lags), "lag_p50_ms": 1e3 * pct(lags, 50),
@@ -192,26 +218,32 @@ def lag_at(replica, model: str, prompts: list, n: int, watch: LagWatch) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replicas", type=int, default=2)
-    ap.add_argument("--prefixes", type=int, default=4)
+    ap.add_argument("--replicas", type=int, default=3)
+    ap.add_argument("--prefixes", type=int, default=6)
     ap.add_argument("--prefix-tokens", type=int, default=500)
-    ap.add_argument("--users", type=int, default=40)
+    ap.add_argument("--users", type=int, default=60)
     ap.add_argument("--question-tokens", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--num-blocks", type=int, default=90)
+    ap.add_argument("--concurrency", type=int, default=12)
+    ap.add_argument("--num-blocks", type=int, default=86)
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--prompts", default="text", choices=("text", "ids"),
                     help="send prompts as text or as token ids")
     ap.add_argument("--encoding", default="map", choices=("array", "map"),
                     help="the replicas' KV event layout (--kv-events-config encoding)")
+    ap.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                    help="before each router's run, one request per tenant through it, all at "
+                         "once, not counted (the run then starts from the placement it chose)")
+    ap.add_argument("--step-prices", default="measured", choices=("measured", "model"),
+                    help="the plan's step prices: measured on the replicas in this run "
+                         "(fleet_prices.py), or the replay's step model (probe --steps fit)")
     ap.add_argument("--routers", default="", help="comma-separated names to run (default all)")
     ap.add_argument("--logdir", default="/tmp/bench_fleet")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logdir = Path(args.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    prompts = workload(args)
+    prompts, warmup = workload(args)
     replicas = [start_replica(i, logdir, args.num_blocks, args.max_num_seqs, args.encoding)
                 for i in range(args.replicas)]
     results, watch = [], None
@@ -219,6 +251,15 @@ def main() -> None:
         for r in replicas:
             wait_ready(r, "/health")
         model = httpx.get(replicas[0].url + "/v1/models").json()["data"][0]["id"]
+        prices = None
+        if args.step_prices == "measured":
+            print("== step prices (every replica at once)", flush=True)
+            tok = load_tokenizer("default")
+            prices = measure([r.url for r in replicas], model,
+                             lambda n, offset: real_text_ids(tok, n, offset),
+                             args.prefix_tokens, args.prefix_tokens + args.question_tokens,
+                             args.max_num_seqs)
+            print(json.dumps(prices), flush=True)
         watch = LagWatch([r.extra["events"] for r in replicas])
         port = free_port()
         wanted = [w.strip() for w in args.routers.split(",") if w.strip()]
@@ -226,8 +267,8 @@ def main() -> None:
             if wanted and name not in wanted:
                 continue
             print(f"== {name}", flush=True)
-            results.append(run_router(name, cmd, port, replicas, model, prompts, args, logdir,
-                                      watch))
+            results.append(run_router(name, cmd, port, replicas, model, prompts, warmup, args,
+                                      logdir, watch, prices and prices["prices"]))
             print(json.dumps(results[-1]), flush=True)
         lag = lag_at(replicas[0], model, prompts, 16, watch)
     finally:
@@ -235,7 +276,8 @@ def main() -> None:
             watch.close()
         for r in replicas:
             r.stop()
-    report = {"args": vars(args), "results": results, "event_lag_16": lag}
+    report = {"args": vars(args), "step_prices": prices, "results": results,
+              "event_lag_16": lag}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"{'router':28} {'req/s':>7} {'plan':>7} {'TTFT p50':>9} {'p90':>7} {'plan p90':>9} "

@@ -79,10 +79,12 @@ def wait_ready(p: Process, path: str, timeout_s: float = 600) -> None:
 def start_replica(i: int, logdir: Path, num_blocks: int, max_num_seqs: int,
                   encoding: str = "map") -> Process:
     """``kvledger serve`` on one thread with KV events on a PUB port and a replay port, on the
-    empty topic: vllm-router's static event sources take only that (vLLM's default)."""
+    empty topic (vllm-router's static event sources take only that, vLLM's default), replay
+    answers with the topic frame vllm-router reads (``replay_topic``)."""
     port, events, replay = free_port(), free_port(), free_port()
     config = {"enable_kv_cache_events": True, "endpoint": f"tcp://*:{events}",
-              "replay_endpoint": f"tcp://*:{replay}", "topic": "", "encoding": encoding}
+              "replay_endpoint": f"tcp://*:{replay}", "topic": "", "encoding": encoding,
+              "replay_topic": True}
     cmd = [sys.executable, "-m", "kvledger", "serve", "--model", MODEL, "--host", "127.0.0.1",
            "--port", str(port), "--threads", "1", "--num-blocks", str(num_blocks),
            "--max-num-seqs", str(max_num_seqs), "--kv-events-config", json.dumps(config)]
@@ -98,7 +100,8 @@ def router_commands(replicas: list[Process], port: int, block_size: int,
     out = {}
     if Path(VLLM_ROUTER).exists():
         base = [VLLM_ROUTER, "--host", "127.0.0.1", "--port", str(port), "--worker-urls",
-                *urls, "--log-level", os.environ.get("KVLEDGER_ROUTER_LOG", "warning")]
+                *urls, "--log-level", os.environ.get("KVLEDGER_ROUTER_LOG", "warning"),
+                "--prometheus-port", str(free_port())]
         out["vllm-router round_robin"] = [*base, "--policy", "round_robin"]
         out["vllm-router cache_aware"] = [*base, "--policy", "cache_aware"]
         kv = [*base, "--policy", "kv_aware", "--kv-event-block-size", str(block_size),
@@ -107,12 +110,16 @@ def router_commands(replicas: list[Process], port: int, block_size: int,
             kv += ["--kv-event-source", f"{r.url}={r.extra['events']}",
                    "--kv-event-replay-source", f"{r.url}={r.extra['replay']}"]
         out["vllm-router kv_aware"] = kv
+        # the tenant (x-session-id) bound to the replica kv_aware first chose, for 10 minutes
+        out["vllm-router kv_aware + tenant affinity"] = [
+            *kv, "--kv-aware-session-affinity-ttl-secs", "600"]
     else:
         print(f"vllm-router not found at {VLLM_ROUTER} (KVLEDGER_VLLM_ROUTER): skipped")
     if Path(SGLANG_PYTHON).exists():
         out["sglang-router cache_aware"] = [
             SGLANG_PYTHON, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware"]
+            "--port", str(port), "--worker-urls", *urls, "--policy", "cache_aware",
+            "--prometheus-port", str(free_port())]
     else:
         print(f"sglang-router not found at {SGLANG_PYTHON} (KVLEDGER_SGLANG_ROUTER_PYTHON): "
               "skipped")

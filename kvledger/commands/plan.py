@@ -126,6 +126,9 @@ def plan(
              "pool, and the cost of a verify step per k with the acceptance it needs")] = None,
     num_speculative_tokens: Annotated[int, Opt(
         help="With --draft-model: the largest k of the verify rows")] = 5,
+    step_prices: Annotated[str | None, Opt(
+        help='Fleet plan: a replica\'s measured step prices, JSON {"prefill_token_s", '
+             '"step_s", "decode_seq_s"} in seconds (default: the replay\'s step model)')] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
     plot: Annotated[
         Path | None, Opt(help="Write KV and concurrency vs context to this PNG")
@@ -193,7 +196,7 @@ def plan(
         mix = SharedPrefixMix(prefixes, prefix_tokens, unique_tokens, output_tokens,
                               fleet_requests)
         plan_fleet(result, spec, mix, replicas or 1, replica_blocks, max_num_seqs, target_rps,
-                   ttft_p90, json_out)
+                   ttft_p90, json_out, step_prices)
         return
     if plot is not None:
         from kvledger.ledger.plan_plot import write_plot

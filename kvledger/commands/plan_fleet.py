@@ -9,10 +9,13 @@ output).
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import fields
 
 from rich.console import Console
 from rich.table import Table
 
+from kvledger.errors import InvalidParameterError
 from kvledger.ledger.fleet import FleetPlan, ReplicaSize, SharedPrefixMix, StepPrices, fleet_plan
 from kvledger.ledger.hardware import Device
 from kvledger.ledger.kv_format import KVFormatSpec
@@ -46,14 +49,44 @@ def step_prices(spec: ModelSpec, device: Device, kv: KVFormatSpec, mix: SharedPr
     return prices, eff.source
 
 
+def given_prices(text: str) -> StepPrices:
+    """``--step-prices``: a JSON object of the prices (seconds, each >= 0; ``request_s`` may be
+    left out).
+
+    Raises:
+        InvalidParameterError: not JSON, not an object, a key missing or unknown, a value
+            that is not a non-negative number, or a zero step.
+    """
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameterError(f"--step-prices is not JSON: {exc}") from None
+    names = {f.name for f in fields(StepPrices)}
+    if not isinstance(given, dict) or not names - {"request_s"} <= set(given) <= names:
+        raise InvalidParameterError(f"--step-prices must be an object with the keys "
+                                    f"{', '.join(sorted(names))} (request_s may be left out)")
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value) or value < 0:
+            raise InvalidParameterError(f"--step-prices: {name} must be a number >= 0 "
+                                        f"(seconds), got {value!r}")
+    if given["step_s"] + given["decode_seq_s"] == 0:
+        raise InvalidParameterError("--step-prices: a decode step cannot take no time")
+    return StepPrices(**{k: float(v) for k, v in given.items()})
+
+
 def run(base: Plan, spec: ModelSpec, mix: SharedPrefixMix, replicas: int,
         pool_blocks: int | None, max_num_seqs: int, target_rps: float | None,
-        ttft_p90: float | None, json_out: bool) -> None:
-    """Plan the fleet of replicas sized as ``base`` (or ``pool_blocks``) and print it."""
+        ttft_p90: float | None, json_out: bool, prices_json: str | None = None) -> None:
+    """Plan the fleet of replicas sized as ``base`` (or ``pool_blocks``) and print it; priced
+    with ``prices_json`` (``--step-prices``) when given, else the replay's step model."""
     o = base.options
     replica = ReplicaSize(pool_blocks or base.pool_blocks, o.block_size, max_num_seqs)
-    prices, source = step_prices(spec, base.device, o.kv, mix, replica.concurrency(mix),
-                                 o.block_size, o.tp)
+    if prices_json is not None:
+        prices, source = given_prices(prices_json), "given (--step-prices)"
+    else:
+        prices, source = step_prices(spec, base.device, o.kv, mix, replica.concurrency(mix),
+                                     o.block_size, o.tp)
     fleet = fleet_plan(mix, replica, prices, replicas, target_rps, ttft_p90)
     if json_out:
         print(json.dumps({**fleet.to_json(), "prices_source": source}, indent=2))
@@ -79,7 +112,7 @@ def render(fleet: FleetPlan, base: Plan, source: str) -> None:
     p = fleet.prices
     console.print(f"step prices: {p.prefill_token_s * 1e3:.3f} ms per prefilled token, "
                   f"{p.step_s * 1e3:.2f} ms per decode step + {p.decode_seq_s * 1e3:.3f} ms per "
-                  f"sequence ({source})")
+                  f"sequence, {p.request_s * 1e3:.1f} ms per request ({source})")
     table = Table(title="Routing")
     for col in ("routing", "prefixes / replica", "hit rate", "service / request",
                 "replica req/s", "fleet req/s", "TTFT p50", "TTFT p90", "replicas needed"):

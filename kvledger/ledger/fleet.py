@@ -16,8 +16,9 @@ shows every replica every prefix (``k = prefixes``); prefix-aware routing (``kv_
 evenly (the busiest replica carries ``ceil(prefixes / replicas)`` of them). The hit rate is the
 fraction of prompt tokens served from cache: whole blocks of the prefix only.
 
-**Service.** A request costs its replica ``uncached prompt tokens x prefill_token_s`` and, for
-each output token, a share of a decode step: ``step_s / concurrency + decode_seq_s``; the
+**Service.** A request costs its replica ``uncached prompt tokens x prefill_token_s``, its own
+``request_s`` and, for each output token, a share of a decode step: ``step_s / concurrency +
+decode_seq_s``; the
 replica serves ``1 / service`` requests per second when saturated, the fleet ``replicas``
 times that, less the imbalance.
 
@@ -82,11 +83,14 @@ class ReplicaSize:
 
 @dataclass(frozen=True)
 class StepPrices:
-    """Seconds: per prefilled token, a decode step's fixed part, and per decoding sequence."""
+    """Seconds: per prefilled token, a decode step's fixed part, per decoding sequence, and
+    per request beyond its steps (``request_s``: the serving around them, measured on a replica
+    by ``--step-prices``; 0 in the replay's step model)."""
 
     prefill_token_s: float
     step_s: float
     decode_seq_s: float
+    request_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,7 @@ def _row(routing: str, mix: SharedPrefixMix, replica: ReplicaSize, prices: StepP
     seen = mix.prefixes if routing == "round_robin" else -(-mix.prefixes // replicas)
     rate = hit_rate(mix, replica, replicas, seen)
     b = replica.concurrency(mix)
-    prefill_s = mix.prompt_tokens * (1 - rate) * prices.prefill_token_s
+    prefill_s = mix.prompt_tokens * (1 - rate) * prices.prefill_token_s + prices.request_s
     service = prefill_s + mix.output_tokens * (prices.step_s / max(b, 1) + prices.decode_seq_s)
     share = 1 / replicas if routing == "round_robin" else seen / mix.prefixes
     fleet = 1 / service / share if b else 0.0

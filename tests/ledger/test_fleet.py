@@ -105,3 +105,35 @@ def test_plan_replicas_cli_prints_both_routings_and_refuses_by_name():
     assert result.exit_code == 2 and "error: --ttft-p90 needs --target-rps" in result.output
     result = CliRunner().invoke(app, ["plan", "--target-rps", "5", "--ttft-p90", "2"])
     assert result.exit_code == 0 and "replicas needed" in result.output
+
+
+def test_step_prices_given_on_the_command_line_price_the_plan():
+    given = {"prefill_token_s": 0.001, "step_s": 0.010, "decode_seq_s": 0.002, "request_s": 0.05}
+    result = CliRunner().invoke(app, [
+        "plan", "--replicas", "2", "--prefixes", "4", "--prefix-tokens", "500",
+        "--unique-tokens", "50", "--output-tokens", "32", "--replica-blocks", "1000",
+        "--max-num-seqs", "8", "--step-prices", json.dumps(given), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["prices_source"] == "given (--step-prices)"
+    rr = out["rows"][0]
+    # 54 uncached tokens x 1 ms + 50 ms for the request + 32 x (10 ms / 8 + 2 ms)
+    assert rr["service_s"] == pytest.approx(0.054 + 0.05 + 32 * (0.010 / 8 + 0.002))
+    del given["request_s"]  # may be left out: 0
+    result = CliRunner().invoke(app, ["plan", "--replicas", "2", "--max-num-seqs", "8",
+                                      "--step-prices", json.dumps(given), "--json"])
+    assert json.loads(result.output)["prices"]["request_s"] == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "--step-prices is not JSON"),
+    ('{"step_s": 1}', "--step-prices must be an object with the keys"),
+    ('{"prefill_token_s": 0, "step_s": 1, "decode_seq_s": 0, "other": 1}',
+     "--step-prices must be an object"),
+    ('{"prefill_token_s": -1, "step_s": 1, "decode_seq_s": 0}', "--step-prices: prefill_token_s"),
+    ('{"prefill_token_s": 0, "step_s": true, "decode_seq_s": 0}', "--step-prices: step_s must"),
+    ('{"prefill_token_s": 0, "step_s": 0, "decode_seq_s": 0}', "--step-prices: a decode step"),
+])
+def test_step_prices_refusals(text, message):
+    result = CliRunner().invoke(app, ["plan", "--replicas", "2", "--step-prices", text])
+    assert result.exit_code == 2 and f"error: {message}" in result.output

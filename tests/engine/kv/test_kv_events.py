@@ -19,6 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
 from kvledger.engine.kv.events.config import parse_kv_events_config
+from kvledger.engine.kv.events.publisher import KVEventPublisher
 from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.errors import InvalidParameterError
 from kvledger.model.weights.loader import load_weights
@@ -229,3 +230,34 @@ def test_a_disabled_or_null_config_publishes_nothing():
     assert not parse_kv_events_config(
         '{"enable_kv_cache_events": true, "publisher": "null"}').publishes
     assert parse_kv_events_config('{"enable_kv_cache_events": true}').publishes
+
+
+@pytest.mark.parametrize("replay_topic", [False, True])
+def test_replay_answers_carry_the_topic_frame_only_when_asked(replay_topic):
+    port, replay = free_port(), free_port()
+    config = parse_kv_events_config(msgspec.json.encode({
+        "enable_kv_cache_events": True, "endpoint": f"tcp://*:{port}",
+        "replay_endpoint": f"tcp://*:{replay}", "topic": "kv@pod-a@tiny",
+        "replay_topic": replay_topic}).decode())
+    publisher = KVEventPublisher(config, BS, ())  # publishes AllBlocksCleared as batch 0
+    publisher.flush()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(f"tcp://127.0.0.1:{replay}")
+    sock.send_multipart((b"", (0).to_bytes(8, "big")))
+    answers = []
+    for _ in range(2):
+        assert sock.poll(10_000), "the replay socket did not answer"
+        answers.append(sock.recv_multipart())
+    sock.close(linger=0)
+    publisher.close()
+    batch, end = answers
+    end_seq = (-1).to_bytes(8, "big", signed=True)
+    if replay_topic:  # vllm-router 0.1.17: [b"", topic, seq, batch], then [b"", b"", -1, b""]
+        assert batch[:3] == [b"", b"kv@pod-a@tiny", (0).to_bytes(8, "big")]
+        assert end == [b"", b"", end_seq, b""]
+    else:  # vLLM's ZmqEventPublisher: [b"", seq, batch], then [b"", -1, b""]
+        assert batch[:2] == [b"", (0).to_bytes(8, "big")] and len(batch) == 3
+        assert end == [b"", end_seq, b""]
+    cleared = structs(False)[0]
+    assert msgspec.msgpack.Decoder(cleared).decode(batch[-1]).events[0].__class__.__name__ \
+        == "AllBlocksCleared"

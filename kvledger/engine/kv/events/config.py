@@ -8,8 +8,10 @@ requests; None: no replay), ``buffer_steps`` (batches kept for replay), ``hwm`` 
 mark), ``max_queue_size`` (events waiting for the publisher thread), ``topic``. One key of ours:
 ``encoding``, ``"map"`` (default: each event a tagged map keyed by field name, as vLLM sends
 since its PR #42892, and the only layout vllm-router 0.1.17 reads) or ``"array"`` (each event a
-tagged positional array, what vLLM sent before, for consumers that predate the change). An
-unknown key or a wrong type is refused by name.
+tagged positional array, what vLLM sent before, for consumers that predate the change); and
+``replay_topic`` (False: replay answers are vLLM's ``[seq, batch]``; True: ``[topic, seq,
+batch]`` and ``[b"", -1, b""]`` at the end, the framing vllm-router 0.1.17 reads, as
+TensorRT-LLM's publisher sends it). An unknown key or a wrong type is refused by name.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class KVEventsConfig:
     max_queue_size: int = 100_000
     topic: str = ""
     encoding: str = "map"
+    replay_topic: bool = False
 
     @property
     def publishes(self) -> bool:
@@ -45,7 +48,7 @@ class KVEventsConfig:
 
 TYPES = {"enable_kv_cache_events": bool, "publisher": str, "endpoint": str,
          "replay_endpoint": str, "buffer_steps": int, "hwm": int, "max_queue_size": int,
-         "topic": str, "encoding": str}
+         "topic": str, "encoding": str, "replay_topic": bool}
 
 
 def parse_kv_events_config(text: str) -> KVEventsConfig:

@@ -5,7 +5,8 @@ Each batch goes out on the PUB socket as three frames: the topic, the batch's se
 (8 bytes, big-endian, from 0) and the encoded batch (``wire.py``); the last ``buffer_steps``
 batches are kept. The ROUTER socket (``replay_endpoint``) answers a request
 ``[identity, b"", start_seq]`` with ``[identity, b"", seq, batch]`` for every kept batch from
-``start_seq`` on, then ``[identity, b"", -1, b""]``. The thread waits on the hooks' queue,
+``start_seq`` on, then ``[identity, b"", -1, b""]`` (with ``replay_topic``, the topic comes
+before each sequence number, an empty frame before the -1). The thread waits on the hooks' queue,
 takes what else is already there (one batch per wake-up, so a step's reports usually travel
 together), and answers replay requests between batches.
 """
@@ -121,10 +122,12 @@ class KVEventPublisher:
             return
         client, _, start = frames
         first = int.from_bytes(start, "big")
+        head, end = (((client, b"", self._topic), (client, b"", b""))
+                     if self.config.replay_topic else ((client, b""), (client, b"")))
         for seq, payload in list(self.buffer):
             if seq >= first:
-                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-        self._replay.send_multipart((client, b"", END_SEQ, b""))
+                self._replay.send_multipart((*head, seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((*end, END_SEQ, b""))
 
     def flush(self) -> None:
         """Wait until every report made so far is published (tests, benchmarks)."""
