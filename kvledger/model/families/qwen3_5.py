@@ -1,6 +1,5 @@
 """Qwen3.5 (``qwen3_5`` with a ``text_config``, the text-only ``qwen3_5_text``) and Qwen3.5-MoE
-(``qwen3_5_moe``): the dense text models run in the engine; the MoE one is read for
-`kvledger plan` only (the engine refuses its gated shared expert by name).
+(``qwen3_5_moe``, ``qwen3_5_moe_text``): both run in the engine.
 
 Three gated DeltaNet layers (Yang et al., arXiv:2412.06464: a causal convolution over q, k and
 v, L2-normed q / k, the delta rule with its decay and write gates) beside each full-attention
@@ -8,8 +7,7 @@ layer (``layer_types``, else a full layer every ``full_attention_interval``, 4),
 its output from q_proj, norms q and k per head and turns ``partial_rotary_factor`` (0.25) of
 each head. Per sequence each DeltaNet layer keeps a recurrent matrix of value_heads x
 key_head_dim x value_head_dim and the convolution's last ``kernel - 1`` inputs
-(:func:`~kvledger.model.families.qwen3_next.gated_deltanet_fields`). The MoE model routes
-experts with a gated shared expert on every layer (``qwen_moe_fields``). A multimodal wrapper's
+(:func:`~kvledger.model.families.qwen3_next.gated_deltanet_fields`). A multimodal wrapper's
 vision tower is ignored (one log line).
 
 The forward: the decoder with every RMSNorm of the residual stream and of q / k in the
@@ -17,7 +15,14 @@ The forward: the decoder with every RMSNorm of the residual stream and of q / k 
 full attention (:class:`~kvledger.model.layers.attention.SelfAttention` with its output gate
 and partial rotary), and on each ``linear_attention`` layer the gated DeltaNet
 (:class:`~kvledger.model.layers.gated_deltanet.GatedDeltaNet`), whose gated norm inside
-(``Qwen3_5RMSNormGated``) is the plain ``w`` form.
+(``Qwen3_5RMSNormGated``) is the plain ``w`` form. The MoE model's MLP on every layer
+(transformers' ``Qwen3_5MoeSparseMoeBlock``): a softmax router whose top ``num_experts_per_tok``
+weights are always renormalised over the k (the config has no ``norm_topk_prob``), experts of
+``moe_intermediate_size``, and one shared expert of ``shared_expert_intermediate_size`` times
+``sigmoid(shared_expert_gate x)`` (:class:`~kvledger.model.layers.mlp.SigmoidGatedMLP`).
+Checkpoint names: ``mlp.shared_expert.*`` -> ``mlp.shared_experts.*``; the experts per expert
+(as transformers saves them) or stacked (``mlp.experts.gate_up_proj`` [experts, 2f, hidden],
+``mlp.experts.down_proj`` [experts, hidden, f]).
 
 GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``): ``ssm.conv_kernel``, ``ssm.state_size``
 (key_head_dim), ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value heads),
@@ -56,7 +61,7 @@ def _config_fields(c: Config, n: int) -> dict:
         c.int("linear_conv_kernel_dim"), c.path)
     fields |= {"qk_norm": True, "attn_output_gate": True}
     if c.model_type.startswith("qwen3_5_moe"):
-        fields |= qwen_moe_fields(c, n) | {"shared_expert_gate": True}
+        fields |= qwen_moe_fields(c, n) | {"shared_expert_gate": True, "norm_topk_prob": True}
     return fields
 
 
@@ -95,7 +100,8 @@ def _gguf_fields(header, fields: dict) -> dict:
 
 def _weight_names(state: dict, spec: ModelSpec) -> None:
     """A ``qwen3_5`` folder's text model, ``model.language_model.*`` -> ``model.*``; its vision
-    tower ``model.visual.*`` dropped.
+    tower ``model.visual.*`` dropped; the MoE model's shared expert and stacked experts renamed
+    (module docstring).
 
     Raises:
         UnsupportedModelError: for a GGUF's weights: llama.cpp's converter reorders the value
@@ -111,8 +117,17 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
     for name in list(state):
         if name.startswith("model.visual."):
             del state[name]
-        elif name.startswith("model.language_model."):
-            state["model." + name[len("model.language_model."):]] = state.pop(name)
+            continue
+        new = name.replace("model.language_model.", "model.", 1)
+        new = new.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
+        if new.endswith(".mlp.experts.gate_up_proj"):
+            gate, up = state.pop(name).chunk(2, dim=1)
+            state[new.replace("gate_up_proj", "gate_proj.weight")] = gate
+            state[new.replace("gate_up_proj", "up_proj.weight")] = up
+        elif new.endswith(".mlp.experts.down_proj"):
+            state[new + ".weight"] = state.pop(name)
+        elif new != name:
+            state[new] = state.pop(name)
 
 
 def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
@@ -163,8 +178,12 @@ _RUNS = {"layer_types": lambda kinds: set(kinds) <= {FULL, LINEAR}, "qk_norm": i
     name: any_value for name in (
         "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
         "linear_value_head_dim", "linear_conv_kernel_dim", "state_conv_dim",
-        "state_conv_kernel", "state_recurrent_shape")}
-"""What the dense forward computes: the MoE fields keep the plain decoder's refusal."""
+        "state_conv_kernel", "state_recurrent_shape", "num_experts", "num_experts_per_tok",
+        "moe_intermediate_size", "num_shared_experts", "shared_expert_intermediate_size",
+        "shared_expert_gate", "norm_topk_prob", "mlp_only_layers")}
+"""What the forward computes: the dense model, and the MoE one's routed experts (renormalised
+top-k; dense layers among them too, though Qwen3.5-MoE has none) beside a sigmoid-gated shared
+expert."""
 
 
 FAMILY = Family(
