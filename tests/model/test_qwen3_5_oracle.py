@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from family_kit import SHAPE, hf_greedy, redraw, save_tiny
+from llama_cpp_kit import convert
 from oracle_kit import (
     TOL,
     check_bf16_state_run,
@@ -25,12 +26,13 @@ from oracle_kit import (
     state_diffs,
     tiny_models,
 )
+from qwen35_gguf_kit import write_gguf
 
 from kvledger.engine.sample.sampling_params import SamplingParams
-from kvledger.errors import UnsupportedModelError
 from kvledger.model.families import check_runnable, model_class
 from kvledger.model.layers.attention import SelfAttention
 from kvledger.model.layers.mlp import GatedMLP, SigmoidGatedMLP
+from kvledger.model.weights.loader import load_tokenizer
 from kvledger.spec import FULL, LINEAR
 
 STEPS = 16
@@ -63,6 +65,11 @@ def _make(name: str, folder):
         return save_tiny(Qwen3_5TextConfig(**TEXT), folder)
     if name == "qwen3_5_moe_text":
         return save_tiny(Qwen3_5MoeTextConfig(**MOE), folder)
+    if name == "qwen3_5_text+tokenizer":
+        tokenizer = load_tokenizer("default")
+        model = save_tiny(Qwen3_5TextConfig(**TEXT | {"vocab_size": len(tokenizer)}), folder)
+        tokenizer.save_pretrained(folder)
+        return model
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
               "out_hidden_size": 64, "patch_size": 4, "temporal_patch_size": 2}
     config = Qwen3_5Config(text_config=TEXT, vision_config=vision, tie_word_embeddings=False)
@@ -231,12 +238,52 @@ def test_bf16_runs_with_the_device_formats(tiny):
     check_bf16_state_run(tiny("qwen3_5_text")[0])
 
 
-def test_a_gguf_is_refused_by_name(tiny):
-    """A ``qwen35`` GGUF (llama.cpp's value-head order) is refused when its weights are
-    renamed, naming the architecture, not computed wrong."""
-    from kvledger.model.families import family_of
+@pytest.mark.parametrize("writer", ["gguf-py", "gguf-py+mtp", "llama.cpp"])
+@pytest.mark.parametrize("name", ["qwen3_5_text", "qwen3_5_moe_text"])
+def test_gguf_as_the_converter_writes_it_matches_transformers(tiny, tmp_path, name, writer):
+    """The ``qwen35`` / ``qwen35moe`` GGUF of the tiny model (value heads tiled, ``-exp(A_log)``,
+    ``1 + w`` norms but the DeltaNet's, squeezed taps, stacked experts, the shared expert and
+    its gate): read back, its logits are transformers' within 1e-4. ``gguf-py``: the
+    converter's changes written here (``+mtp``: with a multi-token-prediction block after the
+    decoder, left out); ``llama.cpp``: the converter itself (``KVLEDGER_LLAMA_CPP_SRC``, else
+    skipped) on the folder with the bundled tokenizer (the converter reads one; the model's
+    vocabulary its size)."""
+    import torch
 
-    spec = tiny("qwen3_5_text")[2]
-    gguf = spec.with_fields(extra={"gguf_architecture": "qwen35"})
-    with pytest.raises(UnsupportedModelError, match="'qwen35' GGUF"):
-        family_of(spec).weight_names({}, gguf)
+    from kvledger.model.weights.loader import load_weights
+
+    path = tmp_path / f"{name}.gguf"
+    if writer == "llama.cpp":
+        if name == "qwen3_5_moe_text":
+            pytest.skip("the converter hashes the tokenizer transformers builds for "
+                        "qwen3_5_moe (Qwen3_5Tokenizer): no offline tokenizer matches a known one")
+        name += "+tokenizer"
+        if not convert(tiny(name)[0], path, "--no-mtp"):
+            pytest.skip("KVLEDGER_LLAMA_CPP_SRC (llama.cpp's source tree) is not set")
+    else:
+        write_gguf(tiny(name)[1], path, mtp_blocks=int(writer.endswith("+mtp")))
+    _, hf, read, _ = tiny(name)
+    spec, weights = load_weights(path, torch.float32)
+    assert spec.layers.types == read.layers.types and spec.experts == read.experts
+    assert spec.rotary_dim == read.rotary_dim == 4
+    reference = router_reference(hf, read.experts.per_token) if read.is_moe \
+        else dense_reference(hf)
+    diffs, _ = state_diffs(spec, weights, seeded_prompt(23), reference, steps=4)
+    assert max(diffs) < TOL, diffs
+
+
+def test_ablation_gguf_value_heads_left_tiled_fails(tiny, tmp_path, monkeypatch):
+    """A ``qwen35`` GGUF read with its value heads left in llama.cpp's tiled order: the logits
+    leave transformers'."""
+    import torch
+
+    from kvledger.model.families import qwen3_5
+    from kvledger.model.weights.loader import load_weights
+
+    hf = tiny("qwen3_5_text")[1]
+    path = tmp_path / "tiled.gguf"
+    write_gguf(hf, path)
+    monkeypatch.setattr(qwen3_5, "_untile", lambda x, dim, kh, width: x)
+    spec, weights = load_weights(path, torch.float32)
+    diffs, _ = state_diffs(spec, weights, seeded_prompt(23), dense_reference(hf), steps=2)
+    assert max(diffs) > 100 * TOL, diffs

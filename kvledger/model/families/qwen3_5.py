@@ -24,9 +24,15 @@ Checkpoint names: ``mlp.shared_expert.*`` -> ``mlp.shared_experts.*``; the exper
 (as transformers saves them) or stacked (``mlp.experts.gate_up_proj`` [experts, 2f, hidden],
 ``mlp.experts.down_proj`` [experts, hidden, f]).
 
-GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``): ``ssm.conv_kernel``, ``ssm.state_size``
-(key_head_dim), ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value heads),
-``ssm.inner_size`` (value heads x value_head_dim), ``full_attention_interval``.
+GGUF (llama.cpp's converter, ``qwen35`` / ``qwen35moe``, ``conversion/qwen.py``): ``ssm.conv_kernel``,
+``ssm.state_size`` (key_head_dim), ``ssm.group_count`` (key heads), ``ssm.time_step_rank`` (value
+heads), ``ssm.inner_size`` (value heads x value_head_dim), ``attention.recurrent_layers`` (else
+``full_attention_interval``), ``rope.dimension_count`` (the rotary share), and
+``nextn_predict_layers`` multi-token-prediction blocks after the decoder's (not read). Its
+tensors: the DeltaNet's ``attn_qkv``, ``attn_gate`` (z), ``ssm_beta`` / ``ssm_alpha``,
+``ssm_conv1d``, ``ssm_a``, ``ssm_dt.bias``, ``ssm_norm``, ``ssm_out``; ``post_attention_norm``;
+the shared expert as ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``; every norm but the
+DeltaNet's stored as ``1 + w``, the value heads reordered: :func:`_gguf_weights` undoes it.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from __future__ import annotations
 import logging
 from functools import cache
 
-from kvledger.errors import ConfigError, UnsupportedModelError
+from kvledger.errors import ConfigError
 from kvledger.model.families.moe import qwen_moe_fields
 from kvledger.model.families.qwen3_next import gated_deltanet_fields
 from kvledger.spec import FULL, LINEAR, Config, Family, ModelSpec, any_value, every_nth_full, is_
@@ -82,14 +88,15 @@ def _gguf_fields(header, fields: dict) -> dict:
     if inner % vh:
         raise ConfigError(f"GGUF file {header.path}: '{header.arch}.ssm.inner_size' ({inner}) "
                           f"is not a multiple of the value heads ({vh})")
-    n = fields["num_layers"]
+    blocks = fields["num_layers"]
+    n = blocks - int(header.value("nextn_predict_layers") or 0)  # the MTP layers come last
     recurrent = header.value("attention.recurrent_layers")
-    if isinstance(recurrent, list) and len(recurrent) == n:
-        kinds = tuple(LINEAR if r else FULL for r in recurrent)
+    if isinstance(recurrent, list) and len(recurrent) == blocks:
+        kinds = tuple(LINEAR if r else FULL for r in recurrent[:n])
     else:
         kinds = every_nth_full(req("full_attention_interval"), n, other=LINEAR)
     out = gated_deltanet_fields(kh, vh, kd, inner // vh, req("ssm.conv_kernel"), header.path)
-    out |= {"layer_types": kinds, "qk_norm": True, "attn_output_gate": True}
+    out |= {"num_layers": n, "layer_types": kinds, "qk_norm": True, "attn_output_gate": True}
     if fields.get("num_experts"):
         out |= {"mlp_only_layers": (), "shared_expert_gate": True}
         shared = header.value("expert_shared_feed_forward_length")
@@ -101,19 +108,11 @@ def _gguf_fields(header, fields: dict) -> dict:
 def _weight_names(state: dict, spec: ModelSpec) -> None:
     """A ``qwen3_5`` folder's text model, ``model.language_model.*`` -> ``model.*``; its vision
     tower ``model.visual.*`` dropped; the MoE model's shared expert and stacked experts renamed
-    (module docstring).
-
-    Raises:
-        UnsupportedModelError: for a GGUF's weights: llama.cpp's converter reorders the value
-            heads (grouped -> tiled), stores ``-exp(A_log)`` and ``1 + w`` norms, which the
-            engine does not read back yet (`kvledger plan` sizes the file).
-    """
-    arch = spec.extra.get("gguf_architecture")
-    if arch:
-        raise UnsupportedModelError(
-            f"{spec.source}: the engine cannot run a '{arch}' GGUF's weights yet (llama.cpp's "
-            "converter reorders the gated DeltaNet's value heads); run the Hugging Face folder, "
-            "`kvledger plan` still sizes the file")
+    (module docstring); a GGUF's tensors brought back to the checkpoint's form
+    (:func:`_gguf_weights`)."""
+    if spec.extra.get("gguf_architecture"):
+        _gguf_weights(state, spec)
+        return
     for name in list(state):
         if name.startswith("model.visual."):
             del state[name]
@@ -128,6 +127,59 @@ def _weight_names(state: dict, spec: ModelSpec) -> None:
             state[new + ".weight"] = state.pop(name)
         elif new != name:
             state[new] = state.pop(name)
+
+
+def _untile(x, dim: int, kh: int, width: int):
+    """``x`` with its value-head blocks along ``dim`` (each ``width`` wide) from llama.cpp's tiled
+    order (value head j of key head g at ``j * kh + g``) back to the checkpoint's grouped one
+    (at ``g * vh / kh + j``): the inverse of the converter's ``_reorder_v_heads``."""
+    shape = list(x.shape)
+    r = shape[dim] // (kh * width)
+    tiled = x.reshape(*shape[:dim], r, kh, width, *shape[dim + 1:])
+    return tiled.transpose(dim, dim + 1).reshape(shape).contiguous()
+
+
+def _gguf_weights(state: dict, spec: ModelSpec) -> None:
+    """A ``qwen35`` / ``qwen35moe`` GGUF's tensors as the checkpoint holds them (llama.cpp's
+    ``_LinearAttentionVReorderBase`` and ``Qwen3NextModel`` undone): the value heads back in
+    grouped order in ``in_proj_qkv``'s v rows, ``in_proj_z``, ``in_proj_a`` / ``_b``,
+    ``A_log``, ``dt_bias``, the conv's v channels and ``out_proj``'s columns; ``A_log`` from
+    the stored ``-exp(A_log)``; the conv taps [channels, 1, taps]; the gated norm, which the
+    converter left as ``w``, given back the 1 the loader took from every norm
+    (``gguf_norm_plus_one``); a packed 4-bit copy of a reordered matrix dropped (the
+    dequantized one is used); the multi-token-prediction layers past ``num_layers`` dropped."""
+    import torch
+
+    lin = spec.linear
+    kh, vd, qk = lin.num_key_heads, lin.value_head_dim, 2 * lin.num_key_heads * lin.key_head_dim
+    for name in list(state):
+        if name.startswith("mtp.") or (name.startswith("model.layers.") and
+                                       int(name.split(".")[2]) >= spec.num_layers):
+            del state[name]
+            continue
+        stem, found, rest = name.partition(".linear_attn.")
+        if not found or rest.endswith((".q4_codes", ".q4_scale", ".q4_zero")):
+            continue
+        x = state[name]
+        if rest in ("in_proj_qkv.weight", "conv1d.weight"):
+            x = torch.cat([x[:qk], _untile(x[qk:], 0, kh, vd)])
+            x = x[:, None, :] if rest == "conv1d.weight" and x.ndim == 2 else x
+        elif rest == "in_proj_z.weight":
+            x = _untile(x, 0, kh, vd)
+        elif rest in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt.bias"):
+            x = _untile(x, 0, kh, 1)
+        elif rest == "out_proj.weight":
+            x = _untile(x, 1, kh, vd)
+        elif rest == "norm.weight":
+            x = (x.float() + 1.0).to(x.dtype)
+        if rest == "A_log":
+            x = (-x.double()).log().to(state[name].dtype)
+        if rest == "dt.bias":
+            del state[name]
+            name = f"{stem}.linear_attn.dt_bias"
+        state[name] = x
+        for part in (".q4_codes", ".q4_scale", ".q4_zero"):
+            state.pop(name.removesuffix(".weight") + part, None)
 
 
 def _tensor_shapes(spec: ModelSpec, shapes: dict) -> dict:
@@ -201,6 +253,18 @@ FAMILY = Family(
     layer_types=_layer_types,
     gguf_archs={"qwen35": "qwen3_5_text", "qwen35moe": "qwen3_5_moe_text"},
     gguf_fields=_gguf_fields,
+    gguf_tensors={"attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
+                  "ssm_beta": "linear_attn.in_proj_b", "ssm_alpha": "linear_attn.in_proj_a",
+                  "ssm_conv1d": "linear_attn.conv1d", "ssm_a": "linear_attn.A_log",
+                  "ssm_dt": "linear_attn.dt", "ssm_norm": "linear_attn.norm",
+                  "ssm_out": "linear_attn.out_proj", "post_attention_norm": "post_attention_layernorm",
+                  "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                  "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+                  "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                  "ffn_down_shexp": "mlp.shared_experts.down_proj"}
+    | {f"nextn.{part}": f"mtp.{part}" for part in (
+        "eh_proj", "embed_tokens", "enorm", "hnorm", "shared_head_head", "shared_head_norm")},
+    gguf_norm_plus_one=True,
     weight_names=_weight_names,
     tensor_shapes=_tensor_shapes,
     norm_offset=1.0,
