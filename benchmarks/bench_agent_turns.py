@@ -88,6 +88,7 @@ def ours(path: Path, threads: int, prompts: list[list[int]], caching: bool) -> l
     for prompt in prompts:
         out = llm.generate([prompt], params)[0]
         rows.append((out.metrics.ttft_s, out.metrics.num_cached_tokens))
+        print(f"  kvledger (checkpoints {caching}) turn {len(rows)}: {rows[-1]}", flush=True)
     llm.close()
     return rows
 
@@ -105,6 +106,7 @@ def llama_server(path: Path, threads: int, prompts: list[list[int]], log: Path,
                 "prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0})
             r.raise_for_status()
             rows.append((time.perf_counter() - start, int(r.json()["timings"]["cache_n"])))
+            print(f"  llama-server turn {len(rows)}: {rows[-1]}", flush=True)
     return rows
 
 
