@@ -51,8 +51,9 @@ def _linear_attn(rest: str, data: np.ndarray, cfg) -> np.ndarray:
     return data  # the gated norm: w as it is
 
 
-def write_gguf(model, path: Path, mtp_blocks: int = 0) -> None:
-    """The GGUF of the tiny transformers ``model`` (module docstring), F32, at ``path``."""
+def write_gguf(model, path: Path, mtp_blocks: int = 0, drop: str = "") -> None:
+    """The GGUF of the tiny transformers ``model`` (module docstring), F32, at ``path``;
+    without the tensor named ``drop`` when one is given."""
     import gguf
 
     cfg = model.config
@@ -89,7 +90,8 @@ def write_gguf(model, path: Path, mtp_blocks: int = 0) -> None:
         tensors += [(f"blk.{extra}.nextn.{part}.weight", np.ones((cfg.hidden_size,), np.float32))
                     for part in ("enorm", "hnorm")]
     for name, data in tensors:
-        w.add_tensor(name, np.ascontiguousarray(data))
+        if name != drop:
+            w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -11,6 +11,8 @@ as its text model, stacked experts as per-expert ones; and each ablation (no out
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from family_kit import SHAPE, hf_greedy, redraw, save_tiny
 from llama_cpp_kit import convert
@@ -287,3 +289,20 @@ def test_ablation_gguf_value_heads_left_tiled_fails(tiny, tmp_path, monkeypatch)
     spec, weights = load_weights(path, torch.float32)
     diffs, _ = state_diffs(spec, weights, seeded_prompt(23), dense_reference(hf), steps=2)
     assert max(diffs) > 100 * TOL, diffs
+
+
+@pytest.mark.parametrize("tensor,named", [("blk.3.ssm_a", "model.layers.3.linear_attn.A_log"),
+                                          ("blk.0.ssm_conv1d.weight",
+                                           "model.layers.0.linear_attn.conv1d.weight")])
+def test_a_gguf_missing_a_state_tensor_is_named(tiny, tmp_path, tensor, named):
+    """A ``qwen35`` GGUF without one of the DeltaNet's state tensors: a ConfigError naming it
+    (by its checkpoint name), before the model is built."""
+    import torch
+
+    from kvledger.errors import ConfigError
+    from kvledger.model.weights.loader import load_weights
+
+    path = tmp_path / "missing.gguf"
+    write_gguf(tiny("qwen3_5_text")[1], path, drop=tensor)
+    with pytest.raises(ConfigError, match=re.escape(repr(named))):
+        load_weights(path, torch.float32)
