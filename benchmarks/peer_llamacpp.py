@@ -116,10 +116,11 @@ def bench_lines(model: Path, threads: int, prompt: int, new: int, depths: tuple[
 
 
 def convert_hf_to_gguf(folder: Path, out: Path, outtype: str, llama_src: Path | str,
-                       sentencepiece: str | None = None) -> Path:
+                       sentencepiece: str | None = None, extra: tuple[str, ...] = ()) -> Path:
     """``out``: llama.cpp's ``convert_hf_to_gguf.py`` of the Hugging Face ``folder`` as
     ``outtype`` (``bf16``, ``q8_0``, ...), run from the source tree ``llama_src`` with its
-    ``gguf-py`` and the folder ``sentencepiece`` (the converter imports it) on the path.
+    ``gguf-py`` and the folder ``sentencepiece`` (the converter imports it) on the path;
+    ``extra``: more converter words (``--no-mtp``).
 
     Raises:
         subprocess.CalledProcessError: the converter failed.
@@ -129,7 +130,7 @@ def convert_hf_to_gguf(folder: Path, out: Path, outtype: str, llama_src: Path | 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(src / "gguf-py"), sentencepiece,
                                                     env.get("PYTHONPATH")) if p)
     subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(folder),
-                    "--outtype", outtype, "--outfile", str(out)], env=env, check=True)
+                    "--outtype", outtype, "--outfile", str(out), *extra], env=env, check=True)
     return out
 
 

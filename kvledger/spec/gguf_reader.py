@@ -23,7 +23,8 @@ loader, ``Family.gguf_fields``):
     floats).
   * Experts (``{arch}.expert_count`` > 0): ``expert_used_count`` per token, each of
     ``expert_feed_forward_length`` (else ``feed_forward_length``); a layer routes when it has
-    a router tensor ``blk.N.ffn_gate_inp``; the top-k weights are renormalised unless
+    a router tensor ``blk.N.ffn_gate_inp``; no dense MLP (``intermediate_size`` 0) when the
+    file has no ``feed_forward_length`` (qwen35moe); the top-k weights are renormalised unless
     ``{arch}.expert_weights_norm`` is false (llama.cpp's llama and qwen3moe graphs normalise).
   * ``eos_token_ids`` starts with ``tokenizer.ggml.eos_token_id`` and adds
     ``tokenizer.ggml.eot_token_id`` and the chat-end tokens (``<|im_end|>``, ``<|eot_id|>``,
@@ -256,8 +257,10 @@ def spec_from_gguf_reader(reader, path: Path, families: FamilyTable) -> ModelSpe
     num_layers = int(req("block_count"))
     window = header.value("attention.sliding_window")
     rotary = header.value("rope.dimension_count")
+    moe = _moe_fields(reader, arch, num_layers, tensor_names)
+    dense_ff = header.value("feed_forward_length")
     fields = dict(
-        **_moe_fields(reader, arch, num_layers, tensor_names),
+        **moe,
         name=model_id(path),
         model_type=family.gguf_archs[arch],
         num_layers=num_layers,
@@ -265,7 +268,7 @@ def spec_from_gguf_reader(reader, path: Path, families: FamilyTable) -> ModelSpe
         num_attention_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=int(head_dim),
-        intermediate_size=int(req("feed_forward_length")),
+        intermediate_size=0 if moe and dense_ff is None else int(req("feed_forward_length")),
         vocab_size=int(vocab),
         max_position_embeddings=int(req("context_length")),
         tie_word_embeddings="output.weight" not in tensor_names,

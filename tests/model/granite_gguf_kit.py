@@ -4,8 +4,7 @@
 converter's changes applied to the checkpoint's tensors (read from the folder, as the converter
 reads them), so the names and layouts come from an implementation independent of ours; and
 :func:`convert`, the converter itself when ``KVLEDGER_LLAMA_CPP_SRC`` names its source tree
-(its ``gguf-py`` put first on ``PYTHONPATH``, beside what the environment already has there:
-the converter imports ``sentencepiece``).
+(:mod:`llama_cpp_kit`).
 
 The converter's changes: ``A_log`` stored as ``-exp(A_log)`` and ``D`` both [heads, 1] without
 a ``.weight`` suffix (``ssm_a`` / ``ssm_d``), the conv taps squeezed to [channels, taps], the
@@ -19,12 +18,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 from family_kit import _permute, add_metadata
+from llama_cpp_kit import convert as llama_cpp_convert
 
 
 def write_gguf(folder: Path, path: Path, drop: str = "") -> None:
@@ -103,19 +101,13 @@ def _tensors(hf: str, data: np.ndarray, cfg: dict, names, moe: bool):
 
 
 def convert(folder: Path, path: Path) -> bool:
-    """llama.cpp's own converter on the folder (F32, at ``path``); False when
+    """llama.cpp's own converter on the folder (:func:`llama_cpp_kit.convert`); False when
     ``KVLEDGER_LLAMA_CPP_SRC`` is not set. The hub's layer kinds (``mamba`` / ``attention``)
     are written back first: the converter reads those, not transformers 5's spelling."""
-    src = os.environ.get("KVLEDGER_LLAMA_CPP_SRC")
-    if not src:
+    if not os.environ.get("KVLEDGER_LLAMA_CPP_SRC"):
         return False
     cfg = json.loads((folder / "config.json").read_text())
     cfg["layer_types"] = ["mamba" if t == "linear_attention" else "attention"
                           for t in cfg["layer_types"]]
     (folder / "config.json").write_text(json.dumps(cfg))
-    paths = [str(Path(src) / "gguf-py"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    subprocess.run([sys.executable, str(Path(src) / "convert_hf_to_gguf.py"), str(folder),
-                    "--outtype", "f32", "--outfile", str(path)], env=env, check=True,
-                   capture_output=True)
-    return True
+    return llama_cpp_convert(folder, path)

@@ -11,6 +11,8 @@ from a state checkpoint; each ablation (a multiplier left at 1, RoPE turned on a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from family_kit import SHAPE, hf_greedy, save_tiny
 from granite_gguf_kit import convert, write_gguf
@@ -254,3 +256,61 @@ def test_a_bad_config_field_is_named(tiny, tmp_path, field, value, message):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match=message):
         spec_from_hf_config(tmp_path)
+
+
+def _tokenizer_gguf(reference, path) -> None:
+    """A ``granitehybrid`` GGUF holding the tokenizer ``reference`` as llama.cpp's converter
+    writes a BPE one (``_set_vocab_gpt2``: the tokens by id, their types, the merges, the
+    pre-tokenizer's name, the special tokens, the chat template), through gguf-py's writer."""
+    import json
+
+    import gguf
+
+    doc = json.loads(reference.backend_tokenizer.to_str())
+    vocab = {i: t for t, i in reference.get_vocab().items()}
+    special = {t.content for t in reference.added_tokens_decoder.values() if t.special}
+    w = gguf.GGUFWriter(str(path), "granitehybrid")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list([vocab[i] for i in range(len(vocab))])
+    w.add_token_types([gguf.TokenType.CONTROL if vocab[i] in special else gguf.TokenType.NORMAL
+                       for i in range(len(vocab))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m)
+                        for m in doc["model"]["merges"]])
+    w.add_bos_token_id(reference.bos_token_id)
+    w.add_eos_token_id(reference.eos_token_id)
+    w.add_chat_template(reference.chat_template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("writer", ["gguf-py", "llama.cpp"])
+def test_a_gguf_tokenizer_loads_though_transformers_refuses_the_architecture(tmp_path, writer):
+    """transformers' AutoTokenizer refuses a ``granitehybrid`` GGUF; the tokenizer is built
+    from the file's own tokenizer metadata and encodes text, special tokens and the chat
+    template as the tokenizer written into it does (the bundled one). ``gguf-py``: the metadata
+    written here as the converter writes it; ``llama.cpp``: the converter's file of a tiny
+    folder holding the tokenizer (the model's vocabulary its size)."""
+    from transformers import GraniteMoeHybridConfig
+
+    from kvledger.model.weights.loader import load_tokenizer
+
+    reference, path = load_tokenizer("default"), tmp_path / "t.gguf"
+    if writer == "gguf-py":
+        _tokenizer_gguf(reference, path)
+    elif not os.environ.get("KVLEDGER_LLAMA_CPP_SRC"):
+        pytest.skip("KVLEDGER_LLAMA_CPP_SRC (llama.cpp's source tree) is not set")
+    else:
+        folder = tmp_path / "hf"
+        save_tiny(GraniteMoeHybridConfig(**CONFIGS["dense"] | {"vocab_size": len(reference)}),
+                  folder)
+        reference.save_pretrained(folder)
+        assert convert(folder, path)
+    got = load_tokenizer(path)
+    text = "Hello world!  The 12345 quick\n\nbrown fox's <|im_start|>user café 日本語"
+    assert got.encode(text) == reference.encode(text)
+    messages = [{"role": "user", "content": "hi"}]
+    assert got.apply_chat_template(messages, tokenize=False) == \
+        reference.apply_chat_template(messages, tokenize=False)
+    assert (got.eos_token, got.bos_token) == (reference.eos_token, reference.bos_token)

@@ -54,7 +54,7 @@ from kvledger.model.layers.linears import (
     one_linear,
     q4_classes,
 )
-from kvledger.model.layers.mlp import GatedMLP
+from kvledger.model.layers.mlp import GatedMLP, SigmoidGatedMLP
 from kvledger.model.layers.rotary import InterleavedRope, RotaryEmbedding
 from kvledger.model.layers.state_block import StateBlock
 from kvledger.model.linear import Linear
@@ -189,8 +189,8 @@ class Decoder:
 
     def _mlp(self, w: dict[str, torch.Tensor], linear, i: int) -> GatedMLP | Experts:
         """Layer ``i``'s MLP: gate / up / down, or on an MoE layer its router and experts (each
-        in the ``gate_up`` / ``down`` classes' formats), routed as the spec says, and
-        DeepSeek's shared experts."""
+        in the ``gate_up`` / ``down`` classes' formats), routed as the spec says, and the
+        shared experts (DeepSeek's, Granite's; Qwen-MoE's behind a sigmoid gate)."""
         mlp, spec = f"model.layers.{i}.mlp.", self.spec
 
         def gated(stem: str) -> GatedMLP:
@@ -207,6 +207,9 @@ class Decoder:
             down.append(linear([stem + "down_proj"], "down"))
         ex = spec.experts
         shared = gated(mlp + "shared_experts.") if ex.shared_count else None
+        if shared is not None and ex.shared_gate:
+            shared = SigmoidGatedMLP(shared.gate_up, shared.down, self.act,
+                                     Linear(w.pop(mlp + "shared_expert_gate.weight")))
         args = (router, gate_up, down, ex.per_token, ex.norm_topk_prob, self.expert_act)
         if ex.topk_method == "greedy" and ex.routed_scaling_factor == 1.0:
             return Experts(*args, shared=shared)

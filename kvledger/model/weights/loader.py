@@ -24,7 +24,11 @@ Sources:
 
 ``load_tokenizer`` returns a transformers tokenizer with its chat template; a GGUF's tokenizer
 (~3.5 s to build from the GGUF vocabulary) is cached with ``save_pretrained`` under
-``cache_dir()/tokenizers/<key>`` (~0.2 s to reload).
+``cache_dir()/tokenizers/<key>`` (~0.2 s to reload). transformers' ``AutoTokenizer`` refuses a
+GGUF whose architecture its GGUF reader lacks (``granitehybrid``): the tokenizer is
+then built from the file's tokenizer metadata alone (``PreTrainedTokenizerFast`` with
+``gguf_file``: vocabulary, merges, pre-tokenizer, special tokens, chat template), which needs
+no architecture.
 
 Errors: unknown path -> ModelNotFoundError; folder without config.json or weights ->
 ModelNotFoundError; not a GGUF / missing key / missing tensor -> ConfigError; unsupported
@@ -322,7 +326,16 @@ def _gguf_tokenizer(path: Path, auto_tokenizer):
     cached = cache_dir() / "tokenizers" / file_key(path, purpose="kvledger-tokenizer-v1")
     if (cached / "tokenizer_config.json").is_file():
         return auto_tokenizer.from_pretrained(str(cached))
-    tokenizer = auto_tokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        tokenizer = auto_tokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except ValueError as refused:  # an architecture transformers' GGUF reader lacks
+        from transformers import PreTrainedTokenizerFast
+
+        try:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent),
+                                                                gguf_file=path.name)
+        except (OSError, ValueError, KeyError):
+            raise refused from None
     tmp = None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ the router's own rather than DeepSeek-V3's score correction, and each expert's t
 ``k_norm`` (over the whole projection: [heads x head_dim]), the q/k/v and o biases,
 gpt-oss's sink logits ``self_attn.sinks`` [heads] and expert biases when the spec has them; an MLA layer's ``q_a_proj`` / ``q_a_layernorm`` /
 ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj`` and
-``o_proj``, and its MoE layers' ``mlp.shared_experts``; the embedding, the final norm and an
+``o_proj``, and its MoE layers' ``mlp.shared_experts`` (with ``mlp.shared_expert_gate`` [1, hidden]
+when the spec gates it); the embedding, the final norm and an
 untied ``lm_head``; then the family's changes (``Family.tensor_shapes``).
 """
 
@@ -131,11 +132,13 @@ def _mlp_shapes(spec: ModelSpec, layer: int) -> dict[str, tuple[int, ...]]:
             shapes |= {f"{p}experts.{e}.gate_proj.bias": (f,),
                        f"{p}experts.{e}.up_proj.bias": (f,),
                        f"{p}experts.{e}.down_proj.bias": (h,)}
-    if spec.experts.shared_count and not spec.experts.shared_gate:  # DeepSeek's, one MLP of all
+    if spec.experts.shared_count:  # one MLP of them all (DeepSeek's several)
         f = spec.experts.shared_count * spec.experts.shared_intermediate_size
         shapes |= {p + "shared_experts.gate_proj.weight": (f, h),
                    p + "shared_experts.up_proj.weight": (f, h),
                    p + "shared_experts.down_proj.weight": (h, f)}
+    if spec.experts.shared_gate:  # Qwen-MoE's sigmoid gate on it
+        shapes[p + "shared_expert_gate.weight"] = (1, h)
     return shapes
 
 
