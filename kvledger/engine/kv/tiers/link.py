@@ -6,8 +6,11 @@ tokens (:class:`LoadPolicy`), they are read, copied into freshly allocated pool 
 cached there, then freed as *evictable*, so the scheduler's usual hit path takes them (the
 admission rule and the pool size do not change). The blocks already hit are pinned meanwhile so
 the allocation cannot evict them. Each loaded block's tier is remembered on the request
-(``Request.tier_blocks``) for ``cached_tokens_by_tier``. ``write_through``: a block entering the
-prefix cache is copied out and offered to the chain's writer, unless every tier has it.
+(``Request.tier_blocks``) for ``cached_tokens_by_tier``. With keys grouped over k blocks the
+blocks are loaded and shared in whole key groups, each restored only when its blocks' group
+tags agree (``payload.py``); a quantized format's intact blocks are restored into residual
+buffers. ``write_through``: a block entering the prefix cache is copied out and offered to the
+chain's writer, unless every tier has it.
 """
 
 from __future__ import annotations
@@ -150,6 +153,9 @@ class TierLink:
                 break
             req.tier_blocks[block_hash] = tier.name
             loaded.append(block_id)
+        # whole key groups only: a group cut short by a block the pool caches already is
+        # not shared (its cached blocks stay, and a pool hit refuses them as not whole)
+        loaded = loaded[:whole_groups(self.store, len(hits), len(loaded))]
         self.pool.free(reversed(fresh))  # loaded blocks stay cached (evictable)
         self.pool.free(reversed(hits))
         req.tier_load_s += time.perf_counter() - start
