@@ -32,7 +32,8 @@ and warm runs give the same tokens).
 
     python benchmarks/bench_kv_quality.py [--context 2048] [--chunks 4] [--stride 16] [--base fp16]
         [--text FILE]
-        [--only LABELS] [--no-peer] [--json OUT] [--passkey-depths 10 [--passkey-only]]
+        [--only LABELS] [--no-peer] [--peer-threads 2] [--json OUT]
+        [--passkey-depths 10 [--passkey-only]]
 """
 
 from __future__ import annotations
@@ -168,9 +169,10 @@ def _llama_run(cmd: list[str]) -> str:
     return done.stdout + done.stderr
 
 
-def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
-    """llama-perplexity per KV cache type on the same text: PPL, and the KLD against its f16
-    run (``--kl-divergence-base`` then ``--kl-divergence``); None without the binary."""
+def llama_cpp(text: str, context: int, chunks: int, threads: int = 2) -> dict | None:
+    """llama-perplexity per KV cache type on the same text, on ``threads`` threads: PPL, and
+    the KLD against its f16 run (``--kl-divergence-base`` then ``--kl-divergence``); None
+    without the binary."""
     folder = os.environ.get("KVLEDGER_LLAMA_CPP_DIR")
     binary = Path(folder or "/nonexistent") / "llama-perplexity"
     if not binary.is_file():
@@ -185,7 +187,7 @@ def llama_cpp(text: str, context: int, chunks: int) -> dict | None:
         text_file.write_text(text)
         for cache in LLAMA_CACHE_TYPES:
             cmd = [str(binary), "-m", str(bundled_model_path()), "-c", str(context),
-                   "--chunks", str(chunks), "-t", "2", "-fa", "on", "-ctk", cache, "-ctv", cache,
+                   "--chunks", str(chunks), "-t", str(threads), "-fa", "on", "-ctk", cache, "-ctv", cache,
                    "--kl-divergence-base", str(logits), "-lv", "4"]  # -lv 4: logs n_rot_k
             cmd += ["-f", str(text_file)] if cache == "f16" else ["--kl-divergence"]
             out = _llama_run(cmd)
@@ -272,6 +274,7 @@ def main() -> None:
     ap.add_argument("--text", type=Path, help="UTF-8 text to score (default: the pydoc topics)")
     ap.add_argument("--base", default="fp16", help="KV format of the KLD base (fp32 compute)")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--peer-threads", type=int, default=2, help="llama.cpp's threads (-t)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity rows")
     ap.add_argument("--json", type=Path, help="write every figure here")
     ap.add_argument("--passkey-depths", type=int, default=0, help="pass-key depths (0: none)")
@@ -308,7 +311,8 @@ def main() -> None:
 
     rows, text = quality(args.context, args.chunks, variants, args.base, args.stride, write,
                          args.text)
-    peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks)
+    peer = None if args.no_peer else llama_cpp(text, args.context, args.chunks,
+                                               args.peer_threads)
     cap = [] if args.no_capacity else capacity(variants, 256 << 20, 4096, 8)
     for row in cap:
         print(row)

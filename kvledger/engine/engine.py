@@ -129,12 +129,6 @@ class LLMEngine:
         self.model_name = model_name(config.model, config.load_format)
         self.max_model_len = spec.max_position_embeddings
         self.kv_layout = resolve_layout(config, spec, dtype)
-        if not self.kv_layout.blockwise and tiers_wanted(config):
-            raise InvalidParameterError(
-                "KV tiers hold blocks one at a time, and --kv-intact-tokens keeps the first "
-                "blocks outside them: drop it" if self.kv_layout.fmt.intact_tokens else
-                f"KV tiers hold blocks one at a time, and {self.kv_layout.kv_format} keys are "
-                f"grouped over several blocks: add --kv-key-group-tokens {config.block_size}")
         tuned = self.tuned
         attention = config.attention or tuned.attention_backend(spec, self.kv_layout.quantized)
         if self.parallel is None:

@@ -225,8 +225,8 @@ class KVFormatSpec:
         return self.intact_tokens
 
     def blockwise_defaults(self, block_size: int) -> KVFormatSpec:
-        """The spec with the defaults that keep every block self-contained, for the engines
-        that move or drop blocks one at a time (KV tiers, sliding layers): a key group of one
+        """The spec with the defaults that keep every block self-contained, for the models
+        whose sliding layers give blocks back one at a time: a key group of one
         block and no intact tokens where the options left them to the default (None). What
         the options set explicitly stays, for the caller to refuse."""
         group = block_size if self.key_group_tokens is None else self.key_group_tokens

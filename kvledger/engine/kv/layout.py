@@ -62,13 +62,6 @@ class KVLayout:
         return self.fmt.quantized
 
     @property
-    def blockwise(self) -> bool:
-        """Whether each block holds all it needs to be read (KV tiers move blocks one at a
-        time): not when a key group spans blocks (a block's scales sit in its group's other
-        blocks), nor with intact tokens (their blocks live in full-precision buffers)."""
-        return self.fmt.key_group_blocks(self.block_size) == 1 and not self.fmt.intact_tokens
-
-    @property
     def intact_blocks(self) -> int:
         """A sequence's first blocks kept at full precision (``KVFormatSpec.intact_blocks``;
         0 for a full-precision format)."""
@@ -184,25 +177,21 @@ def resolve_format(fmt: KVFormatSpec, head_dim: int) -> KVFormatSpec:
     return replace(fmt, group_size=group, outlier_channels=fmt.outlier_count(head_dim))
 
 
-def _blockwise_if_needed(fmt: KVFormatSpec, config, spec: ModelSpec) -> KVFormatSpec:
+def _blockwise_if_sliding(fmt: KVFormatSpec, config, spec: ModelSpec) -> KVFormatSpec:
     """``fmt`` with the defaults that keep each block self-contained
-    (``KVFormatSpec.blockwise_defaults``: keys over one block, no intact tokens) when KV
-    tiers or sliding layers move blocks one at a time, logging what that changed; the
-    options set explicitly are left for :func:`resolve_layout` and the engine to refuse."""
-    from kvledger.engine.kv.tiers.build import wanted as tiers_wanted
-
+    (``KVFormatSpec.blockwise_defaults``: keys over one block, no intact tokens) on a model
+    with sliding layers, which give blocks back one at a time, logging what that changed;
+    the options set explicitly are left for :func:`resolve_layout` to refuse."""
     bs = config.block_size
-    why = "KV tiers" if tiers_wanted(config) else \
-        "sliding layers" if len(kv_groups(spec)) > 1 else None
     blockwise = fmt.blockwise_defaults(bs)
-    if why is None or blockwise == fmt:
+    if len(kv_groups(spec)) == 1 or blockwise == fmt:
         return fmt
     dropped = [f"keys over {fmt.key_group_blocks(bs) * bs} tokens -> {bs}"
                if blockwise.key_group_blocks(bs) != fmt.key_group_blocks(bs) else "",
                f"{fmt.intact_count} intact tokens -> 0" if fmt.intact_blocks(bs) else ""]
     if any(dropped):
-        log.info("%s defaults with %s, which hold blocks one at a time: %s", fmt.name, why,
-                 ", ".join(d for d in dropped if d))
+        log.info("%s defaults with sliding layers, which give blocks back one at a time: %s",
+                 fmt.name, ", ".join(d for d in dropped if d))
     return blockwise
 
 
@@ -228,7 +217,7 @@ def resolve_layout(config, spec: ModelSpec, compute_dtype: torch.dtype) -> KVLay
     fmt = resolve_format(fmt, spec.head_dim)
     bs = config.block_size
     if fmt.quantized:
-        fmt = _blockwise_if_needed(fmt, config, spec)
+        fmt = _blockwise_if_sliding(fmt, config, spec)
         k = fmt.key_group_blocks(bs)
         fmt = replace(fmt, key_group_tokens=k * bs if fmt.name in INT_FORMATS else None,
                       residual_tokens=fmt.residual_blocks(bs) * bs, intact_tokens=fmt.intact_count)

@@ -124,6 +124,12 @@ class KVCacheManager:
             most = min((req.num_tokens - 1) // self.block_size, limit)
             if len(hits[0]) < most:
                 hits = [self.tiers.extend(req, hits[0], most)]  # continues into the KV tiers
+                # intact blocks restored from a tier hold buffers like cached ones: counted
+                # now (a lookup runs with a free sequence slot, whose reserve holds them),
+                # trimmed to the cap at the next free
+                for b in hits[0][: self.intact_blocks]:
+                    if self._cached(b):
+                        self._cached_intact.setdefault(b)
         return hits
 
     def blocks_needed(

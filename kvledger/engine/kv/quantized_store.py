@@ -147,6 +147,15 @@ class QuantizedKVStore:
             self.residual_of[block_id] = -1
             self._free_residuals.append(slot)
 
+    def open_buffers(self, block_ids: list[int]) -> list[int]:
+        """Give blocks ``block_ids`` (holding none) a residual buffer each, in order, as many
+        as are free (a KV tier restoring intact blocks); returns the buffers' slots."""
+        slots = [self._free_residuals.pop()
+                 for _ in range(min(len(block_ids), len(self._free_residuals)))]
+        if slots:
+            self.residual_of[torch.tensor(block_ids[:len(slots)])] = torch.tensor(slots)
+        return slots
+
     def shareable(self, blocks: list[int]) -> int:
         """Leading blocks of a prefix-cache hit ``blocks`` (from position 0) that another
         sequence may share: the intact blocks (each whole in its buffer), then whole key

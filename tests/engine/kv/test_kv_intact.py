@@ -146,17 +146,13 @@ def test_intact_blocks_under_eviction_reuse_and_the_cache_cap(tiny_engine_factor
     assert int((store.residual_of >= 0).sum()) == 0
 
 
-def test_intact_tokens_are_refused_with_kv_tiers_and_on_sliding_models(
-        tiny_engine_factory, tmp_path):  # noqa: F811
+def test_intact_tokens_are_refused_on_sliding_models():
     import dataclasses
 
     from kvledger.engine.config import EngineConfig
     from kvledger.engine.kv.layout import resolve_layout
     from kvledger.model.catalogue import load_model_spec
 
-    with pytest.raises(InvalidParameterError, match="--kv-intact-tokens keeps the first"):
-        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int4", kv_intact_tokens=16,
-                            kv_disk_dir=str(tmp_path))
     gemma = load_model_spec("google/gemma-3-1b-it")
     config = EngineConfig(kv_cache_dtype="int4", kv_intact_tokens=16)
     with pytest.raises(InvalidParameterError, match="this model has sliding layers"):

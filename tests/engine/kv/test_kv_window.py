@@ -9,8 +9,6 @@ whole sequence (nothing is ever quantized, so the greedy tokens are the same); s
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 from test_quantized_engine import _alone, _prompts, _run, tiny_engine_factory  # noqa: F401
@@ -195,29 +193,21 @@ def test_bad_key_group_or_window_is_refused(tiny_engine_factory, options, messag
         tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **options)
 
 
-def test_kv_tiers_with_key_groups_over_blocks_are_refused(tiny_engine_factory, tmp_path):  # noqa: F811
-    from kvledger.errors import InvalidParameterError
-
-    with pytest.raises(InvalidParameterError, match="KV tiers hold blocks one at a time"):
-        tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_key_group_tokens=32,
-                            kv_disk_dir=str(tmp_path))
-
-
 @pytest.mark.parametrize("tier", ["kv_disk_dir", "kv_ram_gib"])
-def test_kv_tiers_take_one_block_key_groups_and_no_intact_tokens_by_default(
-        tiny_engine_factory, tmp_path, caplog, tier):  # noqa: F811
-    """int2's defaults (keys over 32 tokens, 32 intact tokens) do not fit tiers, which move
-    blocks one at a time: with a tier the defaults are keys over one block and no intact
-    tokens, and the engine says so; the window keeps its default of 128 tokens."""
+def test_kv_tiers_keep_the_defaults_and_explicit_key_groups(
+        tiny_engine_factory, tmp_path, tier):  # noqa: F811
+    """A tier stores a grouped block with its group's tag and an intact block's buffer
+    (``tiers/payload.py``), so int2's defaults (keys over 32 tokens, 32 intact tokens, a
+    window of 128) and an explicit key group stay as they are without a tier."""
     value = str(tmp_path) if tier == "kv_disk_dir" else 0.01
-    with caplog.at_level(logging.INFO, logger="kvledger.engine"):
-        engine = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **{tier: value})
-    fmt = engine.kv_layout.fmt
-    assert (fmt.key_group_tokens, fmt.intact_tokens, fmt.residual_tokens) == (16, 0, 128)
-    assert "int2 defaults with KV tiers, which hold blocks one at a time: keys over 32 " \
-        "tokens -> 16, 32 intact tokens -> 0" in caplog.text
+    fmt = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", **{tier: value}).kv_layout.fmt
     plain = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2").kv_layout.fmt
-    assert (plain.key_group_tokens, plain.intact_tokens, plain.residual_tokens) == (32, 32, 128)
+    assert (fmt.key_group_tokens, fmt.intact_tokens, fmt.residual_tokens) == (32, 32, 128)
+    assert fmt == plain
+    value = str(tmp_path / "other") if tier == "kv_disk_dir" else 0.01
+    fmt = tiny_engine_factory(num_blocks=8, kv_cache_dtype="int2", kv_key_group_tokens=64,
+                              kv_intact_tokens=16, **{tier: value}).kv_layout.fmt
+    assert (fmt.key_group_tokens, fmt.intact_tokens) == (64, 16)
 
 
 def test_chunked_prefill_and_decode_keep_at_most_the_window_unsealed(tiny_engine_factory):  # noqa: F811

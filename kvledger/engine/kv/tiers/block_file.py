@@ -98,16 +98,18 @@ def parse_header(data: bytes, fingerprint: str) -> BlockHeader:
     return header
 
 
-def check_payload(data: bytes, header: BlockHeader, payload_bytes: int) -> memoryview:
+def check_payload(data: bytes, header: BlockHeader, payload_bytes: int | tuple[int, ...]
+                  ) -> memoryview:
     """The payload of a whole file ``data``, checked against its header and the engine's
-    ``payload_bytes`` per block.
+    ``payload_bytes`` per block (or the lengths a block's payload may have).
 
     Raises:
         BlockFileError: a length or checksum that does not match.
     """
-    if header.payload_bytes != payload_bytes:
+    sizes = (payload_bytes,) if isinstance(payload_bytes, int) else payload_bytes
+    if header.payload_bytes not in sizes:
         raise BlockFileError(f"payload of {header.payload_bytes} bytes, a block holds "
-                             f"{payload_bytes}")
+                             f"{' or '.join(map(str, sizes))}")
     if len(data) != header.file_bytes:
         raise BlockFileError(f"file of {len(data)} bytes, its header says {header.file_bytes}")
     payload = memoryview(data)[header.header_bytes:]

@@ -22,7 +22,7 @@ from kvledger.engine.kv.tiers.chain import TierChain
 from kvledger.engine.kv.tiers.disk import DiskTier
 from kvledger.engine.kv.tiers.fingerprint import fingerprint, tensors_digest, weights_digest
 from kvledger.engine.kv.tiers.link import LoadPolicy, TierLink
-from kvledger.engine.kv.tiers.payload import payload_bytes
+from kvledger.engine.kv.tiers.payload import block_bytes, payload_sizes
 from kvledger.engine.kv.tiers.ram import RAMTier
 from kvledger.engine.kv.tiers.tier_dir import TierDir
 from kvledger.errors import InvalidParameterError
@@ -84,8 +84,8 @@ def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: Mode
     """The tiers of ``config`` (RAM, then disk in ``tier_dir``), and what joins them to the
     engine's pool and prefix cache (``KVCacheManager``'s ``link_tiers``); ``events`` gives a
     tier's KV events hook by its name (None: none)."""
-    size = payload_bytes(store)
-    assert size == bytes_per_block, f"payload {size} != ledger bytes per block {bytes_per_block}"
+    size = block_bytes(store)
+    assert size == bytes_per_block, f"block of {size} bytes != ledger's {bytes_per_block}"
     fp = fingerprint(weights=weights_id, dtype=config.dtype, weight_formats=weight_formats,
                      device="cpu", spec=spec, kv_format_json=fmt_json, outliers=outliers,
                      block_size=config.block_size, tp_size=config.tensor_parallel_size,
@@ -95,7 +95,7 @@ def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: Mode
         tiers.append(RAMTier(int(config.kv_ram_gib * GIB), events and events("ram")))
     if tier_dir is not None:
         gib = config.kv_disk_gib if config.kv_disk_gib is not None else DEFAULT_DISK_GIB
-        tiers.append(DiskTier(Path(tier_dir.path), fp, int(gib * GIB), size,
+        tiers.append(DiskTier(Path(tier_dir.path), fp, int(gib * GIB), payload_sizes(store),
                               events and events("disk")))
     chain = TierChain(tiers)
     atexit.register(chain.close)
@@ -110,7 +110,7 @@ def tier_linker(config, tier_dir: TierDir | None, *, weights_id: str, spec: Mode
         f"{t.name} {t.stats.capacity_bytes / GIB:g} GiB" for t in tiers), fp[:16])
 
     def link(pool: BlockPool, prefix: PrefixCache) -> TierLink:
-        return TierLink(chain, pool, prefix, store, config.block_size, policy, size,
+        return TierLink(chain, pool, prefix, store, config.block_size, policy,
                         config.max_num_batched_tokens)
 
     return link

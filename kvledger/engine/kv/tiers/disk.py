@@ -59,7 +59,8 @@ class DiskTier:
         root: the locked tier directory (``tier_dir.open_tier_dir``).
         fingerprint: the engine's fingerprint (hex).
         capacity_bytes: most bytes of block files kept (headers included).
-        payload_bytes: bytes of one block's payload (the ledger's bytes per block).
+        payload_bytes: bytes of one block's payload (the ledger's bytes per block), or the
+            lengths a block's payload may have (``payload.payload_sizes``).
         events: told each block the tier comes to hold (``stored``: written, or found at
             start-up) or stops holding (``removed``); None = nothing.
 
@@ -70,7 +71,7 @@ class DiskTier:
     name = "disk"
 
     def __init__(self, root: Path, fingerprint: str, capacity_bytes: int,
-                 payload_bytes: int, events: CacheEvents | None = None) -> None:
+                 payload_bytes: int | tuple[int, ...], events: CacheEvents | None = None) -> None:
         self.fingerprint, self.payload_bytes = fingerprint, payload_bytes
         self.events = events
         self.dir = Path(root) / fingerprint[:16]

@@ -6,8 +6,11 @@ tokens (:class:`LoadPolicy`), they are read, copied into freshly allocated pool 
 cached there, then freed as *evictable*, so the scheduler's usual hit path takes them (the
 admission rule and the pool size do not change). The blocks already hit are pinned meanwhile so
 the allocation cannot evict them. Each loaded block's tier is remembered on the request
-(``Request.tier_blocks``) for ``cached_tokens_by_tier``. ``write_through``: a block entering the
-prefix cache is copied out and offered to the chain's writer, unless every tier has it.
+(``Request.tier_blocks``) for ``cached_tokens_by_tier``. With keys grouped over k blocks the
+blocks are loaded and shared in whole key groups, each restored only when its blocks' group
+tags agree (``payload.py``); a quantized format's intact blocks are restored into residual
+buffers. ``write_through``: a block entering the prefix cache is copied out and offered to the
+chain's writer, unless every tier has it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import asdict, dataclass
 from kvledger.engine.kv.pool import BlockPool
 from kvledger.engine.kv.prefix import PrefixCache
 from kvledger.engine.kv.tiers.chain import TierChain
-from kvledger.engine.kv.tiers.payload import read_block, write_blocks
+from kvledger.engine.kv.tiers.payload import payload_bytes, read_block, whole_groups, write_blocks
 from kvledger.engine.request import Request
 from kvledger.ledger.tier_load import ReadSpeed, recompute_seconds
 from kvledger.spec import ModelSpec
@@ -73,15 +76,13 @@ class TierLink:
         pool, prefix, store: the engine's block pool, prefix cache and KV store.
         block_size: tokens per block.
         policy: load or recompute.
-        payload_bytes: bytes of one block's payload.
         chunk_tokens: most tokens one step prefills for a request (``max_num_batched_tokens``).
     """
 
     def __init__(self, chain: TierChain, pool: BlockPool, prefix: PrefixCache, store,
-                 block_size: int, policy: LoadPolicy, payload_bytes: int,
-                 chunk_tokens: int) -> None:
+                 block_size: int, policy: LoadPolicy, chunk_tokens: int) -> None:
         self.chain, self.pool, self.prefix, self.store = chain, pool, prefix, store
-        self.block_size, self.policy, self.payload_bytes = block_size, policy, payload_bytes
+        self.block_size, self.policy = block_size, policy
         self.chunk_tokens = chunk_tokens
         self.recomputed_blocks = 0  # found in a tier, recomputed because loading was slower
         self.deferred_loads = 0  # tier hits not loaded: the request could not run yet
@@ -117,6 +118,7 @@ class TierLink:
             if tier is None:
                 break
             found.append((block_hash, key, tier))
+        found = found[:whole_groups(self.store, len(hits), len(found))]
         if not found:
             return hits
         rest = req.num_tokens - (len(hits) + len(found)) * self.block_size
@@ -127,7 +129,9 @@ class TierLink:
         predicted = None
         if self.policy.cold is not None:
             warm = sum(tier.warm(block_hash) for block_hash, _, tier in found)
-            predicted = self.policy.load_seconds(self.payload_bytes, warm, len(found) - warm)
+            size = sum(payload_bytes(self.store, len(hits) + i)
+                       for i in range(len(found))) // len(found)
+            predicted = self.policy.load_seconds(size, warm, len(found) - warm)
         recompute = self.policy.recompute_seconds(len(hits) * self.block_size,
                                                   (len(hits) + len(found)) * self.block_size)
         if not self.policy.loads(predicted, recompute):
@@ -142,13 +146,16 @@ class TierLink:
             if payload is None:
                 break
             payloads.append(payload)
-        write_blocks(self.store, fresh[:len(payloads)], payloads)
+        restored = write_blocks(self.store, fresh[:len(payloads)], payloads, len(hits))
         loaded = []
-        for block_id, (block_hash, key, tier) in zip(fresh[:len(payloads)], found):
+        for block_id, (block_hash, key, tier) in zip(fresh[:restored], found):
             if not self.pool.cache_block(block_id, block_hash, key):
                 break
             req.tier_blocks[block_hash] = tier.name
             loaded.append(block_id)
+        # whole key groups only: a group cut short by a block the pool caches already is
+        # not shared (its cached blocks stay, and a pool hit refuses them as not whole)
+        loaded = loaded[:whole_groups(self.store, len(hits), len(loaded))]
         self.pool.free(reversed(fresh))  # loaded blocks stay cached (evictable)
         self.pool.free(reversed(hits))
         req.tier_load_s += time.perf_counter() - start
