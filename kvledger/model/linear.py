@@ -14,9 +14,10 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.tuning.probe`):
   int8 kernel (:mod:`kvledger.device.cpu.w8a8`), which also rounds the activations to int8 per block
   of 32 inputs; without the native library it is ``int8``;
 - ``w4a8``: a GGUF Q4_0/Q4_1 matrix in the file's own blocks (4-bit codes, fp32 scale and
-  minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), multiplied by the native kernel
-  with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8 scheme): no weight
-  rounding beyond the file's; without the native library it is ``int4``;
+  minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), repacked at load into groups
+  of 8 rows with the scales inline (:mod:`kvledger.device.cpu.q4_repack`) and multiplied by the
+  native kernel with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8
+  scheme): no weight rounding beyond the file's; without the native library it is ``int4``;
 - ``kquant-avx512``, ``kquant-avx2``, ``kquant-torch``: a K-quant GGUF's matrices in the file's
   own blocks (:mod:`kvledger.model.kquant`, which subclasses :class:`Linear`).
 
@@ -184,9 +185,9 @@ class Linear:
 
     def _pack_q4(self, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         q, scale, zero = q4
-        if self.format == "w4a8":
-            self.packed, self.scales, self._minima = q4_blocks(q, scale, zero)
-            self._native = self.kernels.w8a8().bind_q4(self.packed, self.scales, self._minima)
+        if self.format == "w4a8":  # held repacked by the kernel (kvledger.device.cpu.q4_repack)
+            self._native = self.kernels.w8a8().bind_q4(*q4_blocks(q, scale, zero))
+            self.packed, self.scales = self._native.packed, None
             return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
@@ -209,7 +210,7 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes of the stored weight (and its scales)."""
-        parts = [self.weight, self.packed, self.scales, getattr(self, "_minima", None)]
+        parts = [self.weight, self.packed, self.scales]
         return sum(t.nbytes for t in parts if t is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -253,8 +254,8 @@ class Linear:
         native = self.kernels.w8a8() if self.kernels and dtype == torch.bfloat16 else None
         if self.format == "w4a8":
             if native is not None:
-                return native.dense_q4(self.packed, self.scales, self._minima)
-            return q4_dequantize(self.packed, self.scales, self._minima).to(dtype)
+                return self._native.dense_bf16()
+            return q4_dequantize(*self._native.blocks()).to(dtype)
         if self.format == "w8a8":
             if native is not None:
                 return native.dense_q8(self.packed, self.scales)
@@ -274,7 +275,7 @@ class Linear:
         if self.format == "w8a8":
             return self._dequantized_blocks(self.packed[ids], self.scales[ids]).to(dtype)
         if self.format == "w4a8":
-            return q4_dequantize(self.packed[ids], self.scales[ids], self._minima[ids]).to(dtype)
+            return q4_dequantize(*self._native.blocks(ids)).to(dtype)
         raise ValueError("rows of an int4-packed weight cannot be read back")
 
     @staticmethod

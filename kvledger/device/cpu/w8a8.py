@@ -1,6 +1,6 @@
 """The native products with int8 activations behind the ``w8a8`` and ``w4a8`` weight formats
 (``int8_gemv.cpp``), and their weights written out in bf16 for a prefill's GEMM
-(:meth:`W8A8Kernel.dense_q4`, :meth:`W8A8Kernel.dense_q8`; ``dequant_bf16.cpp``).
+(:meth:`W4A8Weight.dense_bf16`, :meth:`W8A8Kernel.dense_q8`; ``dequant_bf16.cpp``).
 
 w8a8:
 
@@ -19,7 +19,10 @@ w4a8 (:meth:`W8A8Kernel.bind_q4`): the weight is a GGUF Q4_0 / Q4_1 matrix as th
 (4-bit codes c with a scale e and a minimum m per block of 32 inputs, ``w = e * c + m``;
 :func:`kvledger.model.q4.q4_blocks`), times the same int8 activations:
 ``y[r, o] = sum_b d[r, b] (e[o, b] sum_{i in b} c[o, i] a[r, i] + m[o, b] sum_{i in b} a[r, i])``
-(llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file.
+(llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file. The
+weight is held repacked for streaming (:mod:`kvledger.device.cpu.q4_repack`); its paths (plain
+loops, AVX2, AVX-512 VNNI: :data:`Q4_PATHS`) give the same bits, and :attr:`W8A8Kernel.q4_path`
+is the fastest of them on this machine, measured once per process.
 
 Output rows are split over
 ``torch.get_num_threads()`` threads (OpenMP, torch's own pool) once the weight holds at least
@@ -33,12 +36,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 
 import torch
+
+from kvledger.device.cpu import q4_repack
 
 BLOCK = 32
 THREAD_BYTES = 1 << 16
 """Weights smaller than this (bytes of codes) run on one thread."""
+Q4_PATHS = {"scalar": 1, "avx2": 2, "avx512vnni": 3}
+"""The w4a8 product's paths, as ``kvl_w4a8_mm``'s ``path`` argument names them."""
 
 
 class W8A8Kernel:
@@ -54,11 +62,14 @@ class W8A8Kernel:
         self._fn.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, i32, i32]
         self._fn.restype = None
         self._fn4 = lib.kvl_w4a8_mm
-        self._fn4.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32]
-        self._fn4.restype = None
+        self._fn4.argtypes = [ptr, i32, i32, ptr, i32, ptr, i32, i32]
+        self._fn4.restype = i32
         self._dense4 = lib.kvl_q4_dequant_bf16
-        self._dense4.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32]
+        self._dense4.argtypes = [ptr, i32, i32, ptr, i32]
         self._dense4.restype = None
+        built = lib.kvl_w4a8_paths()
+        self.q4_paths = tuple(name for name, bit in Q4_PATHS.items() if built >> bit & 1)
+        """The w4a8 paths built here (names of :data:`Q4_PATHS`)."""
         self._grouped = lib.kvl_w8a8_mm_grouped
         self._grouped.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, ptr, i32, i32, ptr, i32, i32]
         self._grouped.restype = i32
@@ -93,15 +104,16 @@ class W8A8Kernel:
         Raises:
             ValueError: no weights, a w4a8 weight, or weights of different shapes.
         """
-        if not weights or any(w._fn is not self._fn or len(w._held) != 2 for w in weights) or len(
-                {(w.out_features, w.in_features) for w in weights}) != 1:
+        shapes = {(w.out_features, w.in_features) for w in weights}
+        if not weights or len(shapes) != 1 or any(
+                not isinstance(w, W8A8Weight) or w._fn is not self._fn for w in weights):
             raise ValueError("a grouped w8a8 product takes w8a8 weights of one shape")
         return W8A8Group(self._grouped, weights)
 
-    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
+    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W4A8Weight:
         """The w4a8 product with one Q4 weight (:func:`kvledger.model.q4.q4_blocks`): uint8
         ``qs`` [out, in / 2] in ggml's block order, fp32 scales ``e`` and minima ``m``
-        [out, in / 32], all contiguous (kept alive by the result).
+        [out, in / 32], all contiguous; held repacked (:func:`q4_repack.repack`), not the parts.
 
         Raises:
             ValueError: a wrong dtype, shape or layout.
@@ -113,15 +125,32 @@ class W8A8Kernel:
                 or not all(t.is_contiguous() for t in (qs, e, m))):
             raise ValueError("w4a8 takes contiguous uint8 codes [out, in / 2] with in % 32 == 0 "
                              "and fp32 scales and minima [out, in / 32]")
-        return W8A8Weight(self._fn4, qs, e, m, in_features=2 * half)
+        return W4A8Weight(self, q4_repack.repack(qs, e, m), out)
 
-    def dense_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """bf16 [out, in] of a weight bound by :meth:`bind_q4` (same tensors): ``e * code + m``
-        in fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
-        w = torch.empty(qs.shape[0], 2 * qs.shape[1], dtype=torch.bfloat16)
-        self._dense4(qs.data_ptr(), e.data_ptr(), m.data_ptr(), w.shape[0], w.shape[1],
-                     w.data_ptr(), torch.get_num_threads())
-        return w
+    @functools.cached_property
+    def q4_path(self) -> str:
+        """The fastest w4a8 vector path here (they give the same bits): each built one timed on a
+        1024 x 2048 weight, one thread, best of 5 passes; ``scalar`` when none is built."""
+        paths = [p for p in self.q4_paths if p != "scalar"]
+        if len(paths) < 2:
+            return paths[0] if paths else "scalar"
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randint(0, 256, (128, 64, q4_repack.RECORD), dtype=torch.uint8,
+                               generator=gen)
+        weight[..., 128:] = 0  # scales and minima 0.0: finite
+        x = torch.randn(1, 2048, generator=gen).bfloat16()
+        y = torch.empty(1, 1024, dtype=torch.bfloat16)
+        best = {}
+        for path in paths:
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(8):
+                    self._fn4(x.data_ptr(), 1, 2048, weight.data_ptr(), 1024, y.data_ptr(), 1,
+                              Q4_PATHS[path])
+                times.append(time.perf_counter() - t)
+            best[path] = min(times)
+        return min(best, key=best.get)
 
     def dense_q8(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """bf16 [out, in] of a weight bound by :meth:`bind` (same tensors): ``code * s`` in
@@ -138,14 +167,11 @@ class W8A8Kernel:
 
 
 class W8A8Weight:
-    """One weight's product (:meth:`W8A8Kernel.bind`, :meth:`W8A8Kernel.bind_q4`): per call
-    only x is checked."""
+    """One int8 weight's product (:meth:`W8A8Kernel.bind`): per call only x is checked."""
 
-    def __init__(self, fn, codes: torch.Tensor, *scales: torch.Tensor,
-                 in_features: int | None = None) -> None:
-        self._fn, self._held = fn, (codes, *scales)
-        self.out_features = codes.shape[0]
-        self.in_features = codes.shape[1] if in_features is None else in_features
+    def __init__(self, fn, codes: torch.Tensor, scales: torch.Tensor) -> None:
+        self._fn, self._held = fn, (codes, scales)
+        self.out_features, self.in_features = codes.shape
         self._weight = [t.data_ptr() for t in self._held]
         self._threaded = codes.numel() >= THREAD_BYTES
 
@@ -165,6 +191,51 @@ class W8A8Weight:
                  self.out_features, y.data_ptr(),
                  torch.get_num_threads() if self._threaded else 1, int(scalar))
         return y
+
+
+class W4A8Weight:
+    """One Q4 weight's w4a8 product (:meth:`W8A8Kernel.bind_q4`), on its repacked form
+    ``packed`` (:mod:`kvledger.device.cpu.q4_repack`); per call only x is checked."""
+
+    def __init__(self, kernel: W8A8Kernel, packed: torch.Tensor, out_features: int) -> None:
+        self._kernel, self.packed = kernel, packed
+        self.out_features, self.in_features = out_features, packed.shape[1] * BLOCK
+        self._threaded = packed.numel() >= THREAD_BYTES
+
+    def __call__(self, x: torch.Tensor, scalar: bool = False,
+                 path: str | None = None) -> torch.Tensor:
+        """[rows, in] bf16 -> [rows, out] bf16 (the module docstring) on ``path`` (a built one of
+        :data:`Q4_PATHS`; default :attr:`W8A8Kernel.q4_path`; ``scalar``: the plain loops).
+
+        Raises:
+            ValueError: x not bf16 [rows, in], or a path not built here.
+        """
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"w4a8 takes bf16 x [rows, {self.in_features}]")
+        path = "scalar" if scalar else path or self._kernel.q4_path
+        if path not in self._kernel.q4_paths:
+            raise ValueError(f"w4a8 path {path!r} is not built here: {self._kernel.q4_paths}")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
+        self._kernel._fn4(x.data_ptr(), x.shape[0], self.in_features, self.packed.data_ptr(),
+                          self.out_features, y.data_ptr(),
+                          torch.get_num_threads() if self._threaded else 1, Q4_PATHS[path])
+        return y
+
+    def blocks(self, ids: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The file-form parts (qs, e, m) of rows ``ids`` (int64; default all) of the weight."""
+        if ids is None:
+            ids = torch.arange(self.out_features)
+        return q4_repack.unpack(self.packed, ids)
+
+    def dense_bf16(self) -> torch.Tensor:
+        """bf16 [out, in]: ``e * code + m`` in fp32, rounded once to bf16
+        (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
+        self._kernel._dense4(self.packed.data_ptr(), w.shape[0], w.shape[1], w.data_ptr(),
+                             torch.get_num_threads())
+        return w
 
 
 class W8A8Group:

@@ -76,19 +76,23 @@ void tiles(int o0, int o1, int rows, bool wide, Tile tile) {
 
 #endif
 
+// fn(u0, u1) over `threads` contiguous ranges of [0, units), one range per thread.
+template <class Fn>
+void split_units(int units, int threads, Fn fn) {
+    if (threads < 1) threads = 1;
+    if (threads > units) threads = units;
+#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
+    for (int t = 0; t < threads; ++t)
+        fn(static_cast<int>(static_cast<int64_t>(units) * t / threads),
+           static_cast<int>(static_cast<int64_t>(units) * (t + 1) / threads));
+}
+
 // rows_fn(o0, o1) over contiguous ranges of whole tiles of the out rows, one range per thread.
 template <class Fn>
 void split_rows(int out, int threads, Fn rows_fn) {
-    const int tiles = (out + TILE - 1) / TILE;
-    if (threads < 1) threads = 1;
-    if (threads > tiles) threads = tiles;
-#pragma omp parallel for num_threads(threads) schedule(static, 1) if (threads > 1)
-    for (int t = 0; t < threads; ++t) {
-        const int o0 = static_cast<int>(static_cast<int64_t>(tiles) * t / threads) * TILE;
-        int o1 = static_cast<int>(static_cast<int64_t>(tiles) * (t + 1) / threads) * TILE;
-        if (o1 > out) o1 = out;
-        rows_fn(o0, o1);
-    }
+    split_units((out + TILE - 1) / TILE, threads, [&](int t0, int t1) {
+        if (t0 < t1) rows_fn(t0 * TILE, t1 * TILE < out ? t1 * TILE : out);
+    });
 }
 
 }  // namespace

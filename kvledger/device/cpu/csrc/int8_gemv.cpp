@@ -73,22 +73,25 @@ int kvl_w8a8_mm_grouped(const uint16_t* x, int rows, int in, const int64_t* tabl
     return 0;
 }
 
-// As kvl_w8a8_mm with a Q4 weight: qs [out, in / 2] uint8 (ggml block order), e and m
-// [out, in / 32] fp32 (w = e * code + m).
-void kvl_w4a8_mm(const uint16_t* x, int rows, int in, const uint8_t* qs, const float* e,
-                 const float* m, int out, uint16_t* y, int threads, int scalar) {
-    const bool vector = use_vector(scalar);
-    const Quantized& a = quantize(x, rows, in, vector);
-    const Q4Weight w{qs, e, m};
-    split_rows(out, threads, [&](int o0, int o1) {
-#if defined(__AVX2__)
-        if (vector)
-            return tiles(o0, o1, rows, true, [&](auto t, auto r, int o, int r0) {
-                q4_tile_avx2<decltype(t)::value, decltype(r)::value>(w, in, o, a, r0, y, out);
-            });
-#endif
-        q4_rows_scalar(w, in, o0, o1, a, rows, y, out);
+// As kvl_w8a8_mm with a Q4 weight repacked (w4a8_gemv.h): packed [ceil(out / 8), in / 32, 192]
+// bytes. path: 0 the best built, 1 plain loops, 2 AVX2, 3 AVX-512 VNNI (kvl_w4a8_paths).
+// Returns -1 (computing nothing) for a path not built here, else 0.
+int kvl_w4a8_mm(const uint16_t* x, int rows, int in, const uint8_t* packed, int out,
+                uint16_t* y, int threads, int path) {
+    if (!q4_path_built(path)) return -1;
+    const Quantized& a = quantize(x, rows, in, path != Q4_SCALAR && use_vector(0));
+    split_units((out + Q4_ROWS - 1) / Q4_ROWS, threads, [&](int g0, int g1) {
+        q4_groups(path, packed, in, g0, g1, a, rows, y, out);
     });
+    return 0;
+}
+
+// Bit i set: path i of kvl_w4a8_mm is built here.
+int kvl_w4a8_paths() {
+    int mask = 0;
+    for (int p = Q4_SCALAR; p <= Q4_VNNI; ++p)
+        if (q4_path_built(p)) mask |= 1 << p;
+    return mask;
 }
 
 }  // extern "C"
