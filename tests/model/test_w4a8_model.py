@@ -1,5 +1,5 @@
 """The bundled model (its layers Q4_1 in the GGUF) with every layer ``w4a8``, which holds each
-weight repacked at load (``kvledger.device.cpu.q4_repack``), against the same model whose
+weight repacked at load (``kvledger.device.cpu.repack``), against the same model whose
 ``w4a8`` products are computed here from the file's Q4 blocks as given to the kernel, before any
 repacking (the scheme of ``w8a8.py``: activations rounded to int8 per block of 32,
 ``y = sum_b d (e sum c a + m sum a)``, summed in the kernel's documented fp32 order, so a near
@@ -34,7 +34,7 @@ class _Chunk:
 
 class _BlockProduct:
     """A w4a8 product computed here from the file-form Q4 blocks (no repacking), in the kernel's
-    documented order (``w4a8_gemv.h``): per block, ``acc = fma(dot, e * d, acc)`` then
+    documented order (``interleaved_gemv.h``): per block, ``acc = fma(dot, e * d, acc)`` then
     ``acc = fma(m, d * A, acc)`` in fp32 (each fma as one rounding of the exact fp64 value)."""
 
     def __init__(self, qs, e, m):
