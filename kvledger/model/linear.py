@@ -11,13 +11,15 @@ Formats (names used by the kernel probe, :mod:`kvledger.engine.tuning.probe`):
   (``aten._weight_int8pack_mm``, or the device's own product, ``Kernels.int8_weights``: the
   CUDA device's Triton kernel): rounds each weight to within ``s_row / 2``;
 - ``w8a8``: symmetric int8 per block of 32 inputs with fp32 scales (GGML's Q8_0 layout, so a
-  Q8_0 tensor of the file keeps its codes: :func:`int8_blocks`), multiplied by the native int8 x
-  int8 kernel (:mod:`kvledger.device.cpu.w8a8`), which also rounds the activations to int8 per block
-  of 32 inputs; without the native library it is ``int8``;
+  Q8_0 tensor of the file keeps its codes: :func:`int8_blocks`), repacked at load like ``w4a8``
+  below and multiplied by the native int8 x int8 kernel (:mod:`kvledger.device.cpu.w8a8`), which
+  also rounds the activations to int8 per block of 32 inputs; without the native library it is
+  ``int8``;
 - ``w4a8``: a GGUF Q4_0/Q4_1 matrix in the file's own blocks (4-bit codes, fp32 scale and
-  minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), multiplied by the native kernel
-  with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8 scheme): no weight
-  rounding beyond the file's; without the native library it is ``int4``;
+  minimum per 32 weights; :func:`kvledger.model.q4.q4_blocks`), repacked at load into groups
+  of 8 rows with the scales inline (:mod:`kvledger.device.cpu.repack`) and multiplied by the
+  native kernel with the activations rounded to int8 per block of 32 (llama.cpp's Q4 x Q8
+  scheme): no weight rounding beyond the file's; without the native library it is ``int4``;
 - ``kquant-avx512``, ``kquant-avx2``, ``kquant-torch``: a K-quant GGUF's matrices in the file's
   own blocks (:mod:`kvledger.model.kquant`, which subclasses :class:`Linear`).
 
@@ -155,8 +157,8 @@ class Linear:
         elif fmt in Q4_FORMATS:
             self._pack_q4(q4)
         elif fmt == "w8a8":
-            self.packed, self.scales = int8_blocks(weight, release)
-            self._native = kernels.w8a8().bind(self.packed, self.scales)
+            self._native = kernels.w8a8().bind(*int8_blocks(weight, release))
+            self.packed = self._native.packed  # repacked (kvledger.device.cpu.repack)
         else:
             self.packed, scale = int8_rows(weight, release=release)
             self.scales, self._row_scales = scale.to(torch.bfloat16), scale
@@ -186,9 +188,9 @@ class Linear:
 
     def _pack_q4(self, q4: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         q, scale, zero = q4
-        if self.format == "w4a8":
-            self.packed, self.scales, self._minima = q4_blocks(q, scale, zero)
-            self._native = self.kernels.w8a8().bind_q4(self.packed, self.scales, self._minima)
+        if self.format == "w4a8":  # held repacked by the kernel (kvledger.device.cpu.repack)
+            self._native = self.kernels.w8a8().bind_q4(*q4_blocks(q, scale, zero))
+            self.packed, self.scales = self._native.packed, None
             return
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), 1)
@@ -211,7 +213,7 @@ class Linear:
     @property
     def nbytes(self) -> int:
         """Bytes of the stored weight (and its scales)."""
-        parts = [self.weight, self.packed, self.scales, getattr(self, "_minima", None)]
+        parts = [self.weight, self.packed, self.scales]
         return sum(t.nbytes for t in parts if t is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -255,14 +257,12 @@ class Linear:
         if self.format == "dense":
             return self.weight.to(dtype)
         native = self.kernels.w8a8() if self.kernels and dtype == torch.bfloat16 else None
-        if self.format == "w4a8":
+        if self.format in ("w4a8", "w8a8"):
             if native is not None:
-                return native.dense_q4(self.packed, self.scales, self._minima)
-            return q4_dequantize(self.packed, self.scales, self._minima).to(dtype)
-        if self.format == "w8a8":
-            if native is not None:
-                return native.dense_q8(self.packed, self.scales)
-            return self._dequantized_blocks(self.packed, self.scales).to(dtype)
+                return self._native.dense_bf16()
+            if self.format == "w4a8":
+                return q4_dequantize(*self._native.blocks()).to(dtype)
+            return self._dequantized_blocks(*self._native.blocks()).to(dtype)
         return (self.packed.float() * self.scales.float()[:, None]).to(dtype)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -276,9 +276,9 @@ class Linear:
         if self.format == "int8":
             return (self.packed[ids].to(torch.float32) * self._row_scales[ids, None]).to(dtype)
         if self.format == "w8a8":
-            return self._dequantized_blocks(self.packed[ids], self.scales[ids]).to(dtype)
+            return self._dequantized_blocks(*self._native.blocks(ids)).to(dtype)
         if self.format == "w4a8":
-            return q4_dequantize(self.packed[ids], self.scales[ids], self._minima[ids]).to(dtype)
+            return q4_dequantize(*self._native.blocks(ids)).to(dtype)
         raise ValueError("rows of an int4-packed weight cannot be read back")
 
     @staticmethod

@@ -43,7 +43,7 @@ log = logging.getLogger("kvledger.engine")
 FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fopenmp"]
 SOURCES = ("paged_attention.cpp", "paged_vec.h", "paged_softmax.h", "paged_plain.h",
            "paged_quantized.h", "fused_ops.cpp", "int8_gemv.cpp", "int8_activations.h",
-           "gemv_tiles.h", "w8a8_gemv.h", "w4a8_gemv.h", "dequant_bf16.cpp", "int_encode.cpp",
+           "gemv_tiles.h", "interleaved_gemv.h", "dequant_bf16.cpp", "int_encode.cpp",
            "kquant_gemv.cpp", "kquant_blocks.h", "kquant_activations.h", "kquant_scalar.h",
            "kquant_avx2.h", "kquant_avx512.h", "state_steps.cpp")
 """Every source the library is built from, in ``csrc/`` beside this module: the ``.cpp`` files

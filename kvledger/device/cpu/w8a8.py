@@ -1,6 +1,6 @@
 """The native products with int8 activations behind the ``w8a8`` and ``w4a8`` weight formats
 (``int8_gemv.cpp``), and their weights written out in bf16 for a prefill's GEMM
-(:meth:`W8A8Kernel.dense_q4`, :meth:`W8A8Kernel.dense_q8`; ``dequant_bf16.cpp``).
+(:meth:`RepackedWeight.dense_bf16`; ``dequant_bf16.cpp``).
 
 w8a8:
 
@@ -21,6 +21,11 @@ w4a8 (:meth:`W8A8Kernel.bind_q4`): the weight is a GGUF Q4_0 / Q4_1 matrix as th
 ``y[r, o] = sum_b d[r, b] (e[o, b] sum_{i in b} c[o, i] a[r, i] + m[o, b] sum_{i in b} a[r, i])``
 (llama.cpp's Q4_1 x Q8_1 scheme), so only the activations are rounded beyond the file.
 
+Both weights are held repacked for streaming (:mod:`kvledger.device.cpu.repack`), not as the
+parts given; the products' paths (plain loops, AVX2, AVX-512 VNNI: :data:`PATHS`) give the same
+bits, and :attr:`W8A8Kernel.path` is the fastest of them on this machine, measured once per
+process.
+
 Output rows are split over
 ``torch.get_num_threads()`` threads (OpenMP, torch's own pool) once the weight holds at least
 :data:`THREAD_BYTES`, else one.
@@ -33,47 +38,53 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 
 import torch
+
+from kvledger.device.cpu import repack
 
 BLOCK = 32
 THREAD_BYTES = 1 << 16
 """Weights smaller than this (bytes of codes) run on one thread."""
+PATHS = {"scalar": 1, "avx2": 2, "avx512vnni": 3}
+"""The products' paths, as ``kvl_w8a8_mm``'s ``path`` argument names them."""
+Q8 = (BLOCK, torch.int8, 1)
+Q4 = (BLOCK // 2, torch.uint8, 2)
+"""A repacked weight's code bytes per row and block, their dtype and its fp32 numbers per block
+(w8a8: the scale; w4a8: the scale and the minimum)."""
 
 
 class W8A8Kernel:
     """ctypes wrapper of ``kvl_w8a8_mm``, ``kvl_w8a8_mm_grouped`` and ``kvl_w4a8_mm``.
 
     Attributes:
-        vector: whether the library was built with its AVX2 path (else plain loops only).
+        paths: the paths built here (names of :data:`PATHS`).
     """
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         ptr, i32 = ctypes.c_void_p, ctypes.c_int
-        self._fn = lib.kvl_w8a8_mm
-        self._fn.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, i32, i32]
-        self._fn.restype = None
-        self._fn4 = lib.kvl_w4a8_mm
-        self._fn4.argtypes = [ptr, i32, i32, ptr, ptr, ptr, i32, ptr, i32, i32]
-        self._fn4.restype = None
-        self._dense4 = lib.kvl_q4_dequant_bf16
-        self._dense4.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32]
-        self._dense4.restype = None
+        product = [ptr, i32, i32, ptr, i32, ptr, i32, i32]
+        self._fns = {Q8: lib.kvl_w8a8_mm, Q4: lib.kvl_w4a8_mm}
+        self._dense = {Q8: lib.kvl_q8_dequant_bf16, Q4: lib.kvl_q4_dequant_bf16}
+        for fn in self._fns.values():
+            fn.argtypes, fn.restype = product, i32
+        for fn in self._dense.values():
+            fn.argtypes, fn.restype = [ptr, i32, i32, ptr, i32], None
         self._grouped = lib.kvl_w8a8_mm_grouped
-        self._grouped.argtypes = [ptr, i32, i32, ptr, ptr, i32, ptr, ptr, i32, i32, ptr, i32, i32]
+        self._grouped.argtypes = [ptr, i32, i32, ptr, i32, ptr, ptr, i32, i32, ptr, i32, i32]
         self._grouped.restype = i32
-        self._dense8 = lib.kvl_q8_dequant_bf16
-        self._dense8.argtypes = [ptr, ptr, i32, i32, ptr, i32]
-        self._dense8.restype = None
+        built = lib.kvl_int8_paths()
+        self.paths = tuple(name for name, bit in PATHS.items() if built >> bit & 1)
 
     @staticmethod
     def accepts(in_features: int) -> bool:
         """Whether the kernel takes inputs of this width (whole blocks of :data:`BLOCK`)."""
         return in_features % BLOCK == 0
 
-    def bind(self, codes: torch.Tensor, scales: torch.Tensor) -> W8A8Weight:
-        """The product with one weight, checked once: int8 ``codes`` [out, in] and fp32 block
-        ``scales`` [out, in / 32], both contiguous (kept alive by the result).
+    def bind(self, codes: torch.Tensor, scales: torch.Tensor) -> RepackedWeight:
+        """The w8a8 product with one weight: int8 ``codes`` [out, in] and fp32 block ``scales``
+        [out, in / 32], both contiguous; held repacked (:func:`repack.repack`), not the parts.
 
         Raises:
             ValueError: a wrong dtype or layout, or ``in`` not a multiple of :data:`BLOCK`.
@@ -84,24 +95,25 @@ class W8A8Kernel:
                 or not (codes.is_contiguous() and scales.is_contiguous())):
             raise ValueError("w8a8 takes contiguous int8 codes [out, in] with in % 32 == 0 "
                              "and fp32 scales [out, in / 32]")
-        return W8A8Weight(self._fn, codes, scales)
+        return RepackedWeight(self, Q8, codes.view(codes.shape[0], -1, BLOCK), scales)
 
-    def bind_grouped(self, weights: list[W8A8Weight]) -> W8A8Group:
+    def bind_grouped(self, weights: list[RepackedWeight]) -> W8A8Group:
         """The grouped product over ``weights`` (each bound by :meth:`bind`, all of one shape):
         the routed experts of a mixture-of-experts layer.
 
         Raises:
             ValueError: no weights, a w4a8 weight, or weights of different shapes.
         """
-        if not weights or any(w._fn is not self._fn or len(w._held) != 2 for w in weights) or len(
-                {(w.out_features, w.in_features) for w in weights}) != 1:
+        shapes = {(w.out_features, w.in_features) for w in weights}
+        if not weights or len(shapes) != 1 or any(
+                not isinstance(w, RepackedWeight) or w.kind != Q8 for w in weights):
             raise ValueError("a grouped w8a8 product takes w8a8 weights of one shape")
         return W8A8Group(self._grouped, weights)
 
-    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> W8A8Weight:
+    def bind_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> RepackedWeight:
         """The w4a8 product with one Q4 weight (:func:`kvledger.model.q4.q4_blocks`): uint8
         ``qs`` [out, in / 2] in ggml's block order, fp32 scales ``e`` and minima ``m``
-        [out, in / 32], all contiguous (kept alive by the result).
+        [out, in / 32], all contiguous; held repacked (:func:`repack.repack`), not the parts.
 
         Raises:
             ValueError: a wrong dtype, shape or layout.
@@ -113,58 +125,86 @@ class W8A8Kernel:
                 or not all(t.is_contiguous() for t in (qs, e, m))):
             raise ValueError("w4a8 takes contiguous uint8 codes [out, in / 2] with in % 32 == 0 "
                              "and fp32 scales and minima [out, in / 32]")
-        return W8A8Weight(self._fn4, qs, e, m, in_features=2 * half)
+        return RepackedWeight(self, Q4, qs.view(out, -1, BLOCK // 2), e, m)
 
-    def dense_q4(self, qs: torch.Tensor, e: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """bf16 [out, in] of a weight bound by :meth:`bind_q4` (same tensors): ``e * code + m``
-        in fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
-        w = torch.empty(qs.shape[0], 2 * qs.shape[1], dtype=torch.bfloat16)
-        self._dense4(qs.data_ptr(), e.data_ptr(), m.data_ptr(), w.shape[0], w.shape[1],
-                     w.data_ptr(), torch.get_num_threads())
-        return w
-
-    def dense_q8(self, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """bf16 [out, in] of a weight bound by :meth:`bind` (same tensors): ``code * s`` in
-        fp32, rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
-        w = torch.empty(codes.shape, dtype=torch.bfloat16)
-        self._dense8(codes.data_ptr(), scales.data_ptr(), w.shape[0], w.shape[1],
-                     w.data_ptr(), torch.get_num_threads())
-        return w
+    @functools.cached_property
+    def path(self) -> str:
+        """The fastest vector path here (they give the same bits): each built one timed on a
+        1024 x 2048 w4a8 weight, one thread, best of 5 passes; ``scalar`` when none is built."""
+        paths = [p for p in self.paths if p != "scalar"]
+        if len(paths) < 2:
+            return paths[0] if paths else "scalar"
+        gen = torch.Generator().manual_seed(0)
+        weight = RepackedWeight(self, Q4, torch.randint(0, 256, (1024, 64, 16), generator=gen,
+                                                        dtype=torch.uint8),
+                                *torch.zeros(2, 1024, 64))
+        x = torch.randn(1, 2048, generator=gen).bfloat16()
+        best = {}
+        for path in paths:
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                for _ in range(8):
+                    weight(x, path=path)
+                times.append(time.perf_counter() - t)
+            best[path] = min(times)
+        return min(best, key=best.get)
 
     def __call__(self, x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                  scalar: bool = False) -> torch.Tensor:
-        """``bind(codes, scales)(x, scalar)`` (see :class:`W8A8Weight`)."""
+        """``bind(codes, scales)(x, scalar)`` (see :class:`RepackedWeight`)."""
         return self.bind(codes, scales)(x, scalar)
 
 
-class W8A8Weight:
-    """One weight's product (:meth:`W8A8Kernel.bind`, :meth:`W8A8Kernel.bind_q4`): per call
-    only x is checked."""
+class RepackedWeight:
+    """One weight's w8a8 or w4a8 product (:meth:`W8A8Kernel.bind`, :meth:`W8A8Kernel.bind_q4`)
+    on its repacked form ``packed`` (:mod:`kvledger.device.cpu.repack`); per call only x is
+    checked."""
 
-    def __init__(self, fn, codes: torch.Tensor, *scales: torch.Tensor,
-                 in_features: int | None = None) -> None:
-        self._fn, self._held = fn, (codes, *scales)
-        self.out_features = codes.shape[0]
-        self.in_features = codes.shape[1] if in_features is None else in_features
-        self._weight = [t.data_ptr() for t in self._held]
+    def __init__(self, kernel: W8A8Kernel, kind: tuple, codes: torch.Tensor,
+                 *floats: torch.Tensor) -> None:
+        self._kernel, self.kind = kernel, kind
+        self.packed = repack.repack(codes, *floats)
+        self.out_features, self.in_features = codes.shape[0], codes.shape[1] * BLOCK
         self._threaded = codes.numel() >= THREAD_BYTES
 
-    def __call__(self, x: torch.Tensor, scalar: bool = False) -> torch.Tensor:
-        """[rows, in] bf16 (made contiguous here) -> [rows, out] bf16 (the module docstring);
-        ``scalar`` runs the plain loops even where the AVX2 path is built (tests).
+    def __call__(self, x: torch.Tensor, scalar: bool = False,
+                 path: str | None = None) -> torch.Tensor:
+        """[rows, in] bf16 (made contiguous here) -> [rows, out] bf16 (the module docstring) on
+        ``path`` (a built one of :data:`PATHS`; default :attr:`W8A8Kernel.path`; ``scalar``:
+        the plain loops).
 
         Raises:
-            ValueError: x not bf16 [rows, in].
+            ValueError: x not bf16 [rows, in], or a path not built here.
         """
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"w8a8 takes bf16 x [rows, {self.in_features}]")
+        path = "scalar" if scalar else path or self._kernel.path
+        if path not in self._kernel.paths:
+            raise ValueError(f"path {path!r} is not built here: {self._kernel.paths}")
         x = x.contiguous()
-        rows = x.shape[0]
-        y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
-        self._fn(x.data_ptr(), rows, self.in_features, *self._weight,
-                 self.out_features, y.data_ptr(),
-                 torch.get_num_threads() if self._threaded else 1, int(scalar))
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
+        self._kernel._fns[self.kind](
+            x.data_ptr(), x.shape[0], self.in_features, self.packed.data_ptr(), self.out_features,
+            y.data_ptr(), torch.get_num_threads() if self._threaded else 1, PATHS[path])
         return y
+
+    def blocks(self, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """The parts bound of rows ``ids`` (int64; default all): w8a8 codes int8 [T, in] and
+        scales [T, in / 32]; w4a8 qs uint8 [T, in / 2], e and m [T, in / 32]."""
+        if ids is None:
+            ids = torch.arange(self.out_features)
+        n, dtype, _ = self.kind
+        codes, *floats = repack.unpack(self.packed, ids, n)
+        return codes.view(dtype).flatten(1), *floats
+
+    def dense_bf16(self) -> torch.Tensor:
+        """bf16 [out, in]: each weight (w8a8 ``code * s``, w4a8 ``e * code + m``) in fp32,
+        rounded once to bf16 (``dequant_bf16.cpp``), on all torch threads."""
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.bfloat16)
+        self._kernel._dense[self.kind](self.packed.data_ptr(), w.shape[0], w.shape[1],
+                                       w.data_ptr(), torch.get_num_threads())
+        return w
 
 
 class W8A8Group:
@@ -172,18 +212,17 @@ class W8A8Group:
     weights of one shape (:meth:`W8A8Kernel.bind_grouped`): one native call, one quantization of
     the rows and one thread team for all groups (``kvl_w8a8_mm_grouped``)."""
 
-    def __init__(self, fn, weights: list[W8A8Weight]) -> None:
-        self._fn, self._held = fn, weights
+    def __init__(self, fn, weights: list[RepackedWeight]) -> None:
+        self._fn, self._held, self._kernel = fn, weights, weights[0]._kernel
         self.out_features, self.in_features = weights[0].out_features, weights[0].in_features
-        self._tables = [torch.tensor([w._weight[i] for w in weights], dtype=torch.int64)
-                        for i in (0, 1)]
+        self._table = torch.tensor([w.packed.data_ptr() for w in weights], dtype=torch.int64)
         self._threaded = weights[0]._threaded
 
     def __call__(self, x: torch.Tensor, experts: torch.Tensor, starts: torch.Tensor,
                  scalar: bool = False) -> torch.Tensor:
         """[rows, in] bf16 -> [rows, out] bf16: rows ``starts[g]:starts[g + 1]`` times weight
         ``experts[g]``, for ``experts`` int64 [groups] and ``starts`` int64 [groups + 1]
-        (non-decreasing, from 0 to rows); ``scalar`` as :meth:`W8A8Weight.__call__`.
+        (non-decreasing, from 0 to rows); ``scalar`` as :meth:`RepackedWeight.__call__`.
 
         Raises:
             ValueError: x not bf16 [rows, in]; ``experts`` or ``starts`` of another dtype or
@@ -198,10 +237,11 @@ class W8A8Group:
             raise ValueError("grouped w8a8 takes int64 experts [groups] and starts [groups + 1]")
         x, experts, starts = x.contiguous(), experts.contiguous(), starts.contiguous()
         y = torch.empty(rows, self.out_features, dtype=torch.bfloat16)
-        if self._fn(x.data_ptr(), rows, self.in_features, self._tables[0].data_ptr(),
-                    self._tables[1].data_ptr(), len(self._held), experts.data_ptr(),
-                    starts.data_ptr(), groups, self.out_features, y.data_ptr(),
-                    torch.get_num_threads() if self._threaded else 1, int(scalar)) != 0:
+        path = PATHS["scalar" if scalar else self._kernel.path]
+        if self._fn(x.data_ptr(), rows, self.in_features, self._table.data_ptr(),
+                    len(self._held), experts.data_ptr(), starts.data_ptr(), groups,
+                    self.out_features, y.data_ptr(),
+                    torch.get_num_threads() if self._threaded else 1, path) != 0:
             raise ValueError(f"grouped w8a8: experts must lie in [0, {len(self._held)}) and "
                              f"starts rise from 0 to the {rows} rows")
         return y

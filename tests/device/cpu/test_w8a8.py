@@ -122,12 +122,13 @@ def test_linear_keeps_one_int8_copy_and_falls_back_without_the_kernel(monkeypatc
     w = (torch.randn(48, 64, generator=torch.Generator().manual_seed(4)) * 0.1).bfloat16()
     linear = Linear(w, fmt="w8a8", kernels=KERNELS)
     assert linear.format == "w8a8" and linear.weight is None
-    assert linear.scales.dtype == torch.float32 and linear.scales.shape == (48, 2)
+    codes, scales = int8_blocks(w)
+    assert linear.nbytes == codes.nbytes + scales.nbytes  # one copy: repacked codes + scales
     ids = torch.tensor([0, 47])
     assert torch.equal(linear.rows(ids, torch.float32),  # one rounding of code x scale
-                       _int8_weight(linear.packed, linear.scales)[ids].float())
+                       _int8_weight(codes, scales)[ids].float())
     x = torch.randn(3, 64).bfloat16()
-    assert torch.equal(linear(x), w8a8.kernel()(x, linear.packed, linear.scales))
+    assert torch.equal(linear(x), w8a8.kernel()(x, codes, scales))
     assert Linear(w[:, :48], fmt="w8a8", kernels=KERNELS).format == "int8"  # not whole blocks of 32
     monkeypatch.setattr(w8a8, "kernel", lambda: None)
     assert Linear(w, fmt="w8a8", kernels=KERNELS).format == "int8"
@@ -248,7 +249,7 @@ def test_bf16_weight_of_the_gguf_blocks_is_each_weight_rounded_once(monkeypatch,
     w4 = Linear(dense[:64].bfloat16(), None, (q[:64], scale[:64], zero[:64]), "w4a8",
                 kernels=KERNELS)
     w8 = Linear(dense[:64].bfloat16(), None, None, "w8a8", kernels=KERNELS)
-    codes = w8.packed.double() * w8.scales.double().repeat_interleave(32, 1)
+    codes = _int8_weight(*w8._native.blocks())  # the parts bound, from the repacked weight
     if not native:
         monkeypatch.setattr(w8a8, "kernel", lambda: None)
     for linear, expected in ((w4, dense[:64].double()), (w8, codes)):

@@ -214,7 +214,7 @@ def test_gemm_path_is_the_layers_own_weight(path):
     sum |x| |w| (and the fp32 sum's, far smaller)."""
     import torch
 
-    from kvledger.model.linear import Linear
+    from kvledger.model.linear import Linear, int8_blocks
 
     gen = torch.Generator().manual_seed(0)
     w = (torch.randn(96, 64, generator=gen) * 0.02).bfloat16()
@@ -232,7 +232,8 @@ def test_gemm_path_is_the_layers_own_weight(path):
         elif fmt == "int8":
             weight = lin.packed.float() * lin.scales.float()[:, None]
         elif fmt == "w8a8":
-            weight = lin.packed.float() * lin.scales.repeat_interleave(32, 1)
+            codes, scales = int8_blocks(w)  # its codes x block scales (held repacked)
+            weight = codes.float() * scales.repeat_interleave(32, 1)
         else:  # the Q4 parts as given: w = (q - 8) * scale + zero
             weight = (q4[0].float() - 8) * q4[1].repeat_interleave(32, 1) \
                 + q4[2].repeat_interleave(32, 1)

@@ -1,4 +1,5 @@
-// A weight of the "w4a8" or "w8a8" format (kvledger/engine/linear.py) written out as a dense
+// A weight of the "w4a8" or "w8a8" format (kvledger/model/linear.py), repacked
+// (interleaved_gemv.h), written out as a dense
 // bf16 matrix, for the bf16 GEMM that a prefill chunk's many rows take (oneDNN through
 // F.linear): the int8 kernels of int8_gemv.cpp are made for the few rows of a decode step.
 //
@@ -32,40 +33,47 @@ void each_row(int out, int threads, Row row) {
 
 extern "C" {
 
-// qs: [out, in / 2] uint8, per block of 32 byte j holding code j (low nibble) and code j + 16
-// (high nibble), ggml's order; e, m: [out, in / 32] fp32; w: [out, in] bf16 (raw bits).
-// in must be a multiple of 32.
-void kvl_q4_dequant_bf16(const uint8_t* qs, const float* e, const float* m, int out, int in,
-                         uint16_t* w, int threads) {
+// packed: a Q4 weight repacked for the w4a8 product (interleaved_gemv.h: groups of 8 rows, a
+// 192-byte record per group and block: 8 x 16 code bytes interleaved 4 bytes at a time, then
+// e[8] and m[8] fp32); w: [out, in] bf16 (raw bits), w = e * code + m. in must be a multiple of
+// 32.
+void kvl_q4_dequant_bf16(const uint8_t* packed, int out, int in, uint16_t* w, int threads) {
+    constexpr int ROWS = 8, CODES = ROWS * BLOCK / 2, RECORD = CODES + 2 * ROWS * 4;
     const int blocks = in / BLOCK;
     each_row(out, threads, [&](int o) {
+        const int g = o / ROWS, t = o % ROWS;
         for (int b = 0; b < blocks; ++b) {
-            const uint8_t* q = qs + (static_cast<int64_t>(o) * blocks + b) * (BLOCK / 2);
-            const float scale = e[static_cast<int64_t>(o) * blocks + b];
-            const float low = m[static_cast<int64_t>(o) * blocks + b];
+            const uint8_t* rec = packed + (static_cast<int64_t>(g) * blocks + b) * RECORD;
+            float scale, low;
+            std::memcpy(&scale, rec + CODES + 4 * t, 4);
+            std::memcpy(&low, rec + CODES + 4 * ROWS + 4 * t, 4);
             uint16_t* dst = w + static_cast<int64_t>(o) * in + b * BLOCK;
-#pragma omp simd
-            for (int j = 0; j < BLOCK / 2; ++j)
-                dst[j] = bf16_bits(scale * static_cast<float>(q[j] & 0x0F) + low);
-#pragma omp simd
-            for (int j = 0; j < BLOCK / 2; ++j)
-                dst[j + BLOCK / 2] = bf16_bits(scale * static_cast<float>(q[j] >> 4) + low);
+            for (int i = 0; i < BLOCK / 2; ++i) {
+                const uint8_t byte = rec[32 * (i / 4) + 4 * t + i % 4];
+                dst[i] = bf16_bits(scale * static_cast<float>(byte & 0x0F) + low);
+                dst[i + BLOCK / 2] = bf16_bits(scale * static_cast<float>(byte >> 4) + low);
+            }
         }
     });
 }
 
-// codes: [out, in] int8; s: [out, in / 32] fp32; w: [out, in] bf16 (raw bits). in must be a
-// multiple of 32.
-void kvl_q8_dequant_bf16(const int8_t* codes, const float* s, int out, int in, uint16_t* w,
-                         int threads) {
+// packed: an int8 weight repacked for the w8a8 product (interleaved_gemv.h: groups of 8 rows, a
+// 288-byte record per group and block: 8 x 32 codes interleaved 4 at a time, then s[8] fp32);
+// w: [out, in] bf16 (raw bits), w = code * s. in must be a multiple of 32.
+void kvl_q8_dequant_bf16(const uint8_t* packed, int out, int in, uint16_t* w, int threads) {
+    constexpr int ROWS = 8, CODES = ROWS * BLOCK, RECORD = CODES + ROWS * 4;
     const int blocks = in / BLOCK;
     each_row(out, threads, [&](int o) {
+        const int g = o / ROWS, t = o % ROWS;
         for (int b = 0; b < blocks; ++b) {
-            const int8_t* q = codes + static_cast<int64_t>(o) * in + b * BLOCK;
+            const uint8_t* rec = packed + (static_cast<int64_t>(g) * blocks + b) * RECORD;
+            float scale;
+            std::memcpy(&scale, rec + CODES + 4 * t, 4);
             uint16_t* dst = w + static_cast<int64_t>(o) * in + b * BLOCK;
-            const float scale = s[static_cast<int64_t>(o) * blocks + b];
-#pragma omp simd
-            for (int j = 0; j < BLOCK; ++j) dst[j] = bf16_bits(static_cast<float>(q[j]) * scale);
+            for (int i = 0; i < BLOCK; ++i) {
+                const auto code = static_cast<int8_t>(rec[32 * (i / 4) + 4 * t + i % 4]);
+                dst[i] = bf16_bits(static_cast<float>(code) * scale);
+            }
         }
     });
 }

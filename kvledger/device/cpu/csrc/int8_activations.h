@@ -1,6 +1,6 @@
 // The int8 activations of the decode products with int8 or 4-bit weights (int8_gemv.cpp; the
-// scheme is in w8a8_gemv.h): bf16 <-> fp32, and the activations x [rows, in] quantized per row
-// in blocks of 32 into this thread's buffers, by plain loops or AVX2 (identical codes).
+// scheme is in interleaved_gemv.h): bf16 <-> fp32, and the activations x [rows, in] quantized
+// per row in blocks of 32 into this thread's buffers, by plain loops or AVX2 (identical codes).
 //
 // Included by int8_gemv.cpp only: everything is in an anonymous namespace, as in one
 // translation unit.
