@@ -39,6 +39,8 @@ COMMAND_RANGES: dict[str, Range] = {
     "replicas": Range(1, 1 << 20, optional=True), "target_rps": _POSITIVE, "ttft_p90": _SECONDS,
     "prefixes": _COUNT, "prefix_tokens": _COUNT, "unique_tokens": _COUNT,
     "output_tokens": _COUNT, "fleet_requests": _SIZE, "replica_blocks": _COUNT,
+    # plan: a draft model (one verify row per k up to this)
+    "num_speculative_tokens": Range(1, 64),
     # probe
     "buffer_mib": Range(1, 1 << 20), "matmul_n": Range(1, 1 << 16), "repeats": Range(1, 1 << 20),
     # generate, chat
