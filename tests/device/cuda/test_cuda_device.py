@@ -69,18 +69,6 @@ def test_without_triton_every_kernel_is_none_and_a_gpu_machine_says_so(monkeypat
     assert DEVICE.unavailable() == "triton is not installed (pip install -e '.[cuda]')"
 
 
-def _count(monkeypatch, module: str, name: str) -> list[int]:
-    """Calls of the Triton wrapper ``module.name`` from here on (a list of ones)."""
-    target = importlib.import_module(f"kvledger.device.cuda.triton_kernels.{module}")
-    calls, inner = [], getattr(target, name)
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(target, name, counted)
-    return calls
-
 
 def _store(heads=2, dim=16, blocks=24):
     store = KVStore(1, blocks, BLOCK, heads, dim, torch.float32)
@@ -105,9 +93,9 @@ to paged-torch and the kernel was never called."""
 @INTERPRETER
 @pytest.mark.triton
 @pytest.mark.parametrize("how", LAYERS, ids=["plain", "window", "sinks", "soft-cap"])
-def test_paged_native_on_the_cuda_kernels_matches_the_reference_backend(how, monkeypatch):
+def test_paged_native_on_the_cuda_kernels_matches_the_reference_backend(how, monkeypatch, count_calls):
     store, kernels = _store(), CudaKernels(lambda: 4)
-    calls = _count(monkeypatch, "paged_attention", "paged_attention")
+    calls = count_calls("paged_attention", "paged_attention")
     tables, lengths = [[5, 17, 2, 9, 11], [3], [20, 0]], [19, 2, 8]
     group = _decode_group(0, [_slots(t, n) for t, n in zip(tables, lengths)])
     seg = PrefillSegment(0, 3, _slots([7, 1, 14, 22], 14), _prefix_causal_mask(11, 3))
@@ -128,8 +116,8 @@ def test_paged_native_on_the_cuda_kernels_matches_the_reference_backend(how, mon
 @INTERPRETER
 @pytest.mark.triton
 @pytest.mark.parametrize("fmt", ["int8", "int4", "int2", "int3"])  # int3: the PyTorch codec
-def test_the_quantized_store_holds_the_same_pool_with_the_triton_encoder(fmt, monkeypatch):
-    calls = _count(monkeypatch, "kv_int", "encode_into")
+def test_the_quantized_store_holds_the_same_pool_with_the_triton_encoder(fmt, monkeypatch, count_calls):
+    calls = count_calls("kv_int", "encode_into")
     bs, heads, dim = 4, 2, 16
     channels = torch.tensor([[[3, 9], [7, 8]]])  # outlier key channels of the one layer
     keys, values = make_codecs(fmt, bs, heads, dim, 8, "per-channel", channels)
@@ -168,7 +156,7 @@ def test_probe_on_cuda_without_a_gpu_refuses_before_measuring_or_saving(tmp_path
                                                  ("int2", False, None), ("fp8", False, 2.0),
                                                  ("fp8", True, None)])
 def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotated, softcap,
-                                                                      monkeypatch):
+                                                                      monkeypatch, count_calls):
     from kvledger.engine.kv.rotation import hadamard
 
     bs, heads, dim = 4, 2, 16
@@ -182,7 +170,7 @@ def test_paged_native_reads_a_quantized_pool_as_the_reference_backend(fmt, rotat
     store.write(0, slots, torch.randn(21, heads, dim, generator=gen),
                 torch.randn(21, heads, dim, generator=gen))
     assert int((store.residual_of >= 0).sum()) >= 1, "no block read from a residual buffer"
-    kernels, calls = CudaKernels(lambda: 4), _count(monkeypatch, "paged_attention",
+    kernels, calls = CudaKernels(lambda: 4), count_calls("paged_attention",
                                                      "paged_attention_quantized")
     group = _decode_group(0, [torch.arange(0, 13), torch.arange(32, 40)])
     meta = AttentionMetadata(None, decodes=[group])

@@ -12,7 +12,6 @@ device does not run is refused by name, and the test mode needs both variables."
 from __future__ import annotations
 
 import gc
-import importlib
 import types
 
 import pytest
@@ -64,17 +63,6 @@ def cuda_path(dev, monkeypatch):
     return resolve("cuda")
 
 
-def _counted(monkeypatch, module: str, name: str) -> list[int]:
-    target = importlib.import_module(f"kvledger.device.cuda.triton_kernels.{module}")
-    calls, inner = [], getattr(target, name)
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return inner(*args, **kwargs)
-
-    monkeypatch.setattr(target, name, counted)
-    return calls
-
 
 def _generate(folder, device: str, dtype: str, kv: str) -> tuple[list, list, int, object]:
     """(greedy tokens after PROMPT, after FOLLOW_UP, its cached tokens, the engine); a lossy
@@ -98,13 +86,13 @@ def _generate(folder, device: str, dtype: str, kv: str) -> tuple[list, list, int
                                               ("fp32", "int4", "dense"),
                                               ("bf16", "int8", "int8")])
 def test_the_engine_on_the_cuda_device_generates_the_greedy_tokens_of_the_oracles(
-        tiny, cuda_path, dtype, kv, weights, monkeypatch):
+        tiny, cuda_path, dtype, kv, weights, monkeypatch, count_calls):
     folder, want = tiny
     monkeypatch.setenv("KVLEDGER_WEIGHT_FORMAT", weights)
-    attend = _counted(monkeypatch, "paged_attention",
+    attend = count_calls("paged_attention",
                       "paged_attention" if kv == "auto" else "paged_attention_quantized")
-    encode = _counted(monkeypatch, "kv_int", "encode_into")
-    product = _counted(monkeypatch, "linear_int8", "int8_matmul")
+    encode = count_calls("kv_int", "encode_into")
+    product = count_calls("linear_int8", "int8_matmul")
     first, second, cached, engine = _generate(folder, "cuda", dtype, kv)
     assert cached == 20, "the follow-up did not hit the first prompt's 5 full blocks"
     on, head = cuda_path.torch_device.type, engine.model.lm_head
