@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import random
 import shutil
+from functools import partial
 
 import pytest
 import torch
+from tier_kit import finish
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
@@ -21,6 +23,7 @@ from kvledger.engine.sample.sampling_params import SamplingParams
 from kvledger.model.weights.loader import load_weights
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=0)
+run = partial(finish, GREEDY)  # run(engine, prompt, request_id="r"): its final output
 BS = 16
 _rng = random.Random(4)
 PROMPT = [_rng.randrange(3, 320) for _ in range(300)]
@@ -53,14 +56,6 @@ def build(model):
         engine.close()
 
 
-def run(engine, prompt, request_id="r"):
-    engine.add_request(request_id, prompt, GREEDY)
-    final = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final = out
-    return final
 
 
 def answer(out):

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import random
 import shutil
+from functools import partial
 
 import pytest
 import torch
+from tier_kit import finish
 
 from kvledger.engine.config import EngineConfig
 from kvledger.engine.engine import LLMEngine
@@ -18,6 +20,7 @@ from kvledger.errors import InvalidParameterError
 from kvledger.model.weights.loader import load_weights
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+run = partial(finish, GREEDY)  # run(engine, prompt, request_id="r"): its final output
 BS = 16
 
 
@@ -48,14 +51,6 @@ def build(models):
         engine.close()
 
 
-def run(engine, prompt, request_id="r"):
-    engine.add_request(request_id, prompt, GREEDY)
-    final = None
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final = out
-    return final
 
 
 def restart(engine, build, **options):
